@@ -1,0 +1,42 @@
+//! Shared build script for every crate that links libR.
+//!
+//! Finds R (the `R_HOME` environment variable, else `R RHOME`), tells the
+//! linker where libR lives, embeds an rpath so the binary finds libR without
+//! `LD_LIBRARY_PATH`, and bakes the build-time R_HOME in as the run-time
+//! default (`RVISOR_BUILD_R_HOME`): R refuses to start without R_HOME.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=R_HOME");
+    let r_home = match std::env::var("R_HOME") {
+        Ok(home) if !home.is_empty() => PathBuf::from(home),
+        _ => {
+            let out = Command::new("R")
+                .args(["RHOME"])
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "failed to run `R RHOME` ({e}): install R (Debian: apt-get install \
+                         r-base-core r-base-dev) or set R_HOME"
+                    )
+                });
+            assert!(
+                out.status.success(),
+                "`R RHOME` failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    let lib = r_home.join("lib");
+    assert!(
+        lib.join("libR.so").exists(),
+        "libR.so not found in {}: R must be built as a shared library (Debian's r-base-core is)",
+        lib.display()
+    );
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    println!("cargo:rustc-env=RVISOR_BUILD_R_HOME={}", r_home.display());
+}

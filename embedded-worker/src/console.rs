@@ -1,0 +1,188 @@
+//! Capture of everything R writes during a call, in order, with a byte cap.
+//!
+//! R reports console output through `ptr_R_WriteConsoleEx`; the R-side driver
+//! reports warnings, messages and errors through `.Call`. Both land here, on
+//! the R thread, in one ordered list of segments, so stdout, stderr and
+//! conditions keep the order in which they happened.
+
+use rvisor_protocol::Segment;
+use std::cell::RefCell;
+
+/// The output of the call in progress.
+#[derive(Debug, Default)]
+pub struct Capture {
+    /// Segments in order; adjacent text of the same stream is merged.
+    pub segments: Vec<Segment>,
+    /// Bytes counted against the cap so far.
+    pub bytes: u64,
+    /// The cap for this call.
+    pub cap: u64,
+    /// Set once something was dropped because of the cap.
+    pub truncated: bool,
+}
+
+thread_local! {
+    // Only the R thread writes here (R calls the hooks on its own thread).
+    static CAPTURE: RefCell<Capture> = RefCell::new(Capture { cap: u64::MAX, ..Capture::default() });
+}
+
+/// Which stream console text went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// Starts a new capture with the given cap and returns nothing; the previous
+/// capture, if any, is discarded.
+pub fn begin(cap: u64) {
+    CAPTURE.with(|c| {
+        *c.borrow_mut() = Capture {
+            cap,
+            ..Capture::default()
+        }
+    });
+}
+
+/// Ends the capture in progress and returns it.
+pub fn take() -> Capture {
+    CAPTURE.with(|c| {
+        std::mem::replace(
+            &mut *c.borrow_mut(),
+            Capture {
+                cap: u64::MAX,
+                ..Capture::default()
+            },
+        )
+    })
+}
+
+/// Appends console text. Text past the cap is dropped (cut at a character
+/// boundary) and the capture marked truncated.
+pub fn write_text(stream: Stream, bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    CAPTURE.with(|c| {
+        let mut c = c.borrow_mut();
+        let Some(text) = c.admit(&text) else { return };
+        match (stream, c.segments.last_mut()) {
+            (Stream::Stdout, Some(Segment::Stdout { text: t }))
+            | (Stream::Stderr, Some(Segment::Stderr { text: t })) => t.push_str(&text),
+            (Stream::Stdout, _) => c.segments.push(Segment::Stdout { text }),
+            (Stream::Stderr, _) => c.segments.push(Segment::Stderr { text }),
+        }
+    });
+}
+
+/// Appends a typed segment (warning, message, error), counting its console
+/// text against the cap. A segment that does not fit whole is dropped.
+pub fn push(seg: Segment) {
+    let len = seg.console_text().map_or(0, |t| t.len() as u64);
+    CAPTURE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.truncated || c.bytes + len > c.cap {
+            c.truncated = true;
+            return;
+        }
+        c.bytes += len;
+        c.segments.push(seg);
+    });
+}
+
+/// Counts `n` bytes of non-text output (plots) against the cap; returns false
+/// (and marks the capture truncated) when they do not fit.
+pub fn admit_bytes(n: u64) -> bool {
+    CAPTURE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.truncated || c.bytes + n > c.cap {
+            c.truncated = true;
+            false
+        } else {
+            c.bytes += n;
+            true
+        }
+    })
+}
+
+impl Capture {
+    /// Returns the part of `text` that fits under the cap and counts it.
+    fn admit(&mut self, text: &str) -> Option<String> {
+        if self.truncated {
+            return None;
+        }
+        let room = self.cap.saturating_sub(self.bytes);
+        if (text.len() as u64) <= room {
+            self.bytes += text.len() as u64;
+            return Some(text.to_string());
+        }
+        self.truncated = true;
+        let mut cut = room as usize;
+        while cut > 0 && !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.bytes += cut as u64;
+        (cut > 0).then(|| text[..cut].to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_same_stream_and_keeps_order() {
+        begin(1000);
+        write_text(Stream::Stdout, b"a");
+        write_text(Stream::Stdout, b"b\n");
+        write_text(Stream::Stderr, b"e\n");
+        write_text(Stream::Stdout, b"c\n");
+        let c = take();
+        assert_eq!(
+            c.segments,
+            vec![
+                Segment::Stdout {
+                    text: "ab\n".into()
+                },
+                Segment::Stderr { text: "e\n".into() },
+                Segment::Stdout { text: "c\n".into() },
+            ]
+        );
+        assert_eq!(c.bytes, 7);
+        assert!(!c.truncated);
+    }
+
+    #[test]
+    fn cap_cuts_at_char_boundary_and_drops_the_rest() {
+        begin(5);
+        write_text(Stream::Stdout, "abcé".as_bytes()); // 5 bytes: fits exactly
+        write_text(Stream::Stdout, b"x");
+        let c = take();
+        assert!(c.truncated);
+        assert_eq!(
+            c.segments,
+            vec![Segment::Stdout {
+                text: "abcé".into()
+            }]
+        );
+
+        begin(4);
+        write_text(Stream::Stdout, "abcé".as_bytes()); // é would straddle the cap
+        let c = take();
+        assert_eq!(c.segments, vec![Segment::Stdout { text: "abc".into() }]);
+        assert!(c.truncated);
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_not_lost() {
+        begin(100);
+        write_text(Stream::Stdout, b"a\xffb");
+        let c = take();
+        assert_eq!(
+            c.segments,
+            vec![Segment::Stdout {
+                text: "a\u{fffd}b".into()
+            }]
+        );
+    }
+}

@@ -1,0 +1,261 @@
+## rvisor's R-side driver. Evaluated once at worker start in a private
+## environment whose parent is baseenv(); `emit` (a NativeSymbolInfo for the
+## worker's .Call entry "rvisor_emit") is assigned into it by the worker.
+## Everything here runs on the R thread, called from Rust through R_tryEval.
+
+state <- new.env(parent = emptyenv())
+state$dev <- 0L            # our png device number, 0 when closed
+state$last <- NULL         # recordPlot() of the last page of the previous call
+state$newpage_pending <- FALSE
+state$replayed <- FALSE    # the open device started by replaying state$last
+state$replay_len <- 0L
+state$drop_first <- FALSE  # the replayed page got nothing new: do not report it
+state$plot_dir <- ""
+state$width <- 1000L
+state$height <- 650L
+state$base <- 0L           # sys.nframe() where user code starts
+state$warnings <- list()   # warnings of the current top-level expression
+
+html_classes <- c("htmlwidget", "gt_tbl", "flextable", "shiny.tag",
+                  "shiny.tag.list", "html", "datatables", "reactable")
+
+first_line <- function(x) if (length(x)) x[[1L]] else ""
+
+deparse_call <- function(cl) {
+  if (is.null(cl)) return(NULL)
+  s <- deparse(cl, width.cutoff = 500L, nlines = 2L)
+  if (length(s) > 1L) paste0(s[[1L]], " ...") else s
+}
+
+## --- conditions -----------------------------------------------------------
+
+on_warning <- function(w) {
+  level <- getOption("warn", 0)
+  if (is.numeric(level) && level >= 2) return(invisible())  # R turns it into an error
+  if (!is.numeric(level) || level >= 0) {
+    # Shown after the top-level expression finishes, as at the R prompt.
+    state$warnings[[length(state$warnings) + 1L]] <-
+      list(conditionMessage(w), deparse_call(conditionCall(w)))
+  }
+  tryInvokeRestart("muffleWarning")
+}
+
+on_message <- function(m) {
+  .Call(emit, "message", conditionMessage(m), NULL, NULL)
+  tryInvokeRestart("muffleMessage")
+}
+
+on_error <- function(e) {
+  calls <- sys.calls()
+  n <- length(calls) - 1L  # drop this handler's own frame
+  if (n >= 1L && identical(calls[[n]][[1L]], quote(.handleSimpleError))) n <- n - 1L
+  tb <- character()
+  from <- state$base + 3L  # skip eval_user(), eval() and eval's own context
+  if (n >= from) {
+    tb <- vapply(rev(calls[from:n]), function(cl) first_line(deparse_call(cl)), "")
+  }
+  .Call(emit, "error", conditionMessage(e), deparse_call(conditionCall(e)), tb)
+}
+
+eval_user <- function(expr) {
+  state$base <- sys.nframe()
+  eval(expr, globalenv())
+}
+
+print_value <- function(v) {
+  if (inherits(v, html_classes)) {
+    .Call(emit, "unsupported", sprintf(paste0(
+      "rvisor: a value of class '%s' renders only as HTML, which rvisor cannot ",
+      "show; print the underlying data instead (for example print(head(df)) or str(x))."),
+      class(v)[[1L]]), NULL, NULL)
+    return("unsupported")
+  }
+  if (isS4(v)) methods::show(v) else print(v)
+  "complete"
+}
+
+flush_warnings <- function() {
+  for (w in state$warnings) .Call(emit, "warning", w[[1L]], w[[2L]], NULL)
+  state$warnings <- list()
+}
+
+eval_top <- function(expr) {
+  state$warnings <- list()
+  on.exit(flush_warnings())
+  tryCatch(
+    withCallingHandlers({
+      v <- withVisible(eval_user(expr))
+      if (v$visible) print_value(v$value) else "complete"
+    }, warning = on_warning, message = on_message, error = on_error),
+    error = function(e) "error",
+    interrupt = function(i) "interrupted")
+}
+
+## --- plots ----------------------------------------------------------------
+## A png device is opened only when something draws (options(device=)), and
+## closed at the end of the call, which writes one file per page. The last
+## page is kept with recordPlot(): if the next call draws on the current plot
+## without starting a new page (lines(), points(), abline()...), the device
+## opens by replaying it, so the low-level call adds to the previous plot and
+## the call returns the updated page.
+
+dl_len <- function() length(grDevices::recordPlot()[[1L]])
+
+open_device <- function() {
+  grDevices::png(filename = file.path(state$plot_dir, "rvisor-plot-%04d.png"),
+                 width = state$width, height = state$height, type = "cairo")
+  grDevices::dev.control("enable")
+  state$dev <- grDevices::dev.cur()
+  state$replayed <- FALSE
+  if (!state$newpage_pending && !is.null(state$last)) {
+    ok <- tryCatch({ grDevices::replayPlot(state$last); TRUE },
+                   error = function(e) FALSE)
+    if (ok) {
+      state$replayed <- TRUE
+      state$replay_len <- dl_len()
+    }
+  }
+  state$newpage_pending <- FALSE
+  invisible()
+}
+
+check_replay <- function() {
+  state$replayed <- FALSE
+  if (dl_len() <= state$replay_len) state$drop_first <- TRUE
+}
+
+on_new_page <- function(...) {
+  cur <- grDevices::dev.cur()
+  if (cur == 1L) state$newpage_pending <- TRUE
+  else if (state$replayed && cur == state$dev) check_replay()
+  invisible()
+}
+
+finish_plots <- function() {
+  d <- state$dev
+  state$dev <- 0L
+  state$newpage_pending <- FALSE
+  if (d > 1L) {
+    if (d %in% grDevices::dev.list()) {
+      prev <- grDevices::dev.cur()
+      if (prev != d) grDevices::dev.set(d)
+      if (state$replayed) check_replay()
+      rec <- grDevices::recordPlot()
+      if (length(rec[[1L]]) > 0L) state$last <- rec
+      grDevices::dev.off()
+      if (prev != d && prev %in% grDevices::dev.list()) grDevices::dev.set(prev)
+    } else {
+      state$last <- NULL  # the code closed the device itself: no plot to continue
+    }
+  }
+  state$replayed <- FALSE
+  files <- sort(list.files(state$plot_dir, pattern = "^rvisor-plot-[0-9]+[.]png$",
+                           full.names = TRUE))
+  if (state$drop_first && length(files)) {
+    unlink(files[[1L]])
+    files <- files[-1L]
+  }
+  state$drop_first <- FALSE
+  if (length(files)) .Call(emit, "plots", files, NULL, NULL)
+}
+
+## --- entry point ------------------------------------------------------------
+
+parse_code <- function(code) {
+  tryCatch(parse(text = code, keep.source = FALSE, encoding = "UTF-8"),
+           error = function(e) {
+             msg <- conditionMessage(e)
+             m <- regmatches(msg, regexec("^<text>:([0-9]+):([0-9]+): ([^\n]*)", msg))[[1L]]
+             if (length(m) == 4L) {
+               detail <- sub("^[^\n]*\n", "", msg)
+               .Call(emit, "parse_error", paste0(m[[4L]], "\n", detail), m[[2L]], m[[3L]])
+             } else {
+               .Call(emit, "parse_error", msg, NULL, NULL)
+             }
+             NULL
+           })
+}
+
+run <- function(code, width, height, workdir) {
+  state$width <- width
+  state$height <- height
+  state$newpage_pending <- FALSE
+  if (nzchar(workdir)) {
+    moved <- tryCatch({ setwd(workdir); TRUE }, error = function(e) FALSE)
+    if (!moved) .Call(emit, "notice", paste0(
+      "rvisor: could not change to the working directory ", workdir, "\n"), NULL, NULL)
+  }
+  exprs <- parse_code(code)
+  if (is.null(exprs)) return(invisible())
+  status <- "complete"
+  for (expr in exprs) {
+    s <- eval_top(expr)
+    if (s == "unsupported") status <- s
+    else if (s != "complete") { status <- s; break }
+  }
+  tryCatch(finish_plots(), error = function(e)
+    .Call(emit, "notice", paste0("rvisor: failed to capture plots: ",
+                                 conditionMessage(e), "\n"), NULL, NULL))
+  .Call(emit, "status", status, NULL, NULL)
+  invisible()
+}
+
+## --- helpers visible to user code (attached as "rvisor") ---------------------
+
+json_string <- function(s) {
+  s <- enc2utf8(as.character(s))
+  s <- gsub("\\", "\\\\", s, fixed = TRUE)
+  s <- gsub("\"", "\\\"", s, fixed = TRUE)
+  s <- gsub("\n", "\\n", s, fixed = TRUE)
+  s <- gsub("\r", "\\r", s, fixed = TRUE)
+  s <- gsub("\t", "\\t", s, fixed = TRUE)
+  s <- gsub("[\001-\037]", " ", s, perl = TRUE)
+  paste0("\"", s, "\"")
+}
+
+to_json <- function(x, unbox = TRUE) {
+  if (is.null(x)) return("null")
+  if (is.data.frame(x)) {
+    rows <- lapply(seq_len(nrow(x)), function(i) as.list(x[i, , drop = FALSE]))
+    return(paste0("[", paste(vapply(rows, to_json, ""), collapse = ","), "]"))
+  }
+  if (is.list(x)) {
+    parts <- vapply(x, to_json, "")
+    nm <- names(x)
+    if (!is.null(nm) && all(nzchar(nm)))
+      return(paste0("{", paste0(json_string(nm), ":", parts, collapse = ","), "}"))
+    return(paste0("[", paste(parts, collapse = ","), "]"))
+  }
+  if (is.factor(x) || inherits(x, c("Date", "POSIXt"))) x <- as.character(x)
+  vals <- if (is.logical(x)) ifelse(x, "true", "false")
+          else if (is.numeric(x)) ifelse(is.finite(x), formatC(x, digits = 15, format = "fg", flag = "-"), "null")
+          else if (is.character(x)) json_string(x)
+          else json_string(format(x))
+  vals <- trimws(vals)
+  vals[is.na(x)] <- "null"
+  if (unbox && length(x) == 1L && is.null(names(x))) return(vals)
+  if (!is.null(names(x)) && all(nzchar(names(x))))
+    return(paste0("{", paste0(json_string(names(x)), ":", vals, collapse = ","), "}"))
+  paste0("[", paste(vals, collapse = ","), "]")
+}
+
+helpers <- new.env(parent = baseenv())
+helpers$rvisor_result <- function(x) {
+  json <- if (requireNamespace("jsonlite", quietly = TRUE))
+    as.character(jsonlite::toJSON(x, auto_unbox = TRUE, digits = NA, null = "null",
+                                  na = "null", dataframe = "rows", force = TRUE))
+  else to_json(x)
+  cat("<<<RVISOR_RESULT_START>>>\n", json, "\n<<<RVISOR_RESULT_END>>>\n", sep = "")
+  invisible(x)
+}
+helpers$.rvisor_to_json <- to_json
+
+init <- function(plot_dir) {
+  state$plot_dir <- plot_dir
+  dir.create(plot_dir, showWarnings = FALSE, recursive = TRUE)
+  options(device = open_device)
+  setHook("before.plot.new", on_new_page)
+  setHook("before.grid.newpage", on_new_page)
+  attach(helpers, name = "rvisor", warn.conflicts = FALSE)
+  invisible()
+}

@@ -1,0 +1,324 @@
+//! One call: run the driver on the request, then turn what it reported into
+//! a RunResult.
+
+use crate::console::{self, Capture};
+use crate::{interrupt, r::R, result_block};
+use base64::Engine;
+use libR_sys::*;
+use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
+use std::cell::RefCell;
+use std::os::raw::c_int;
+use std::time::Instant;
+
+/// What the driver reported during the call, besides console text.
+#[derive(Debug, Default)]
+struct CallState {
+    status: Option<String>,
+    error: Option<ErrorInfo>,
+    parse_error: bool,
+    unsupported: bool,
+    plot_files: Vec<String>,
+}
+
+/// What the `quit()` hook needs to report the call that is running.
+struct Running {
+    request: RunRequest,
+    r_version: String,
+    started: Instant,
+    rusage: Rusage,
+    sink: Box<dyn FnMut(&RunResult)>,
+}
+
+thread_local! {
+    static CALL: RefCell<CallState> = RefCell::new(CallState::default());
+    static RUNNING: RefCell<Option<Running>> = const { RefCell::new(None) };
+}
+
+/// Called by the driver through `.Call(emit, kind, a, b, c)`.
+pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
+    let first = |v: &Vec<String>| v.first().cloned();
+    match kind {
+        "warning" => console::push(Segment::Warning {
+            message: first(&a).unwrap_or_default(),
+            call: first(&b),
+        }),
+        "message" => console::push(Segment::Message {
+            text: first(&a).unwrap_or_default(),
+        }),
+        "error" => {
+            let message = first(&a).unwrap_or_default();
+            let call = first(&b);
+            console::push(Segment::Error {
+                message: message.clone(),
+                call: call.clone(),
+                traceback: c.clone(),
+            });
+            CALL.with(|s| {
+                s.borrow_mut().error = Some(ErrorInfo {
+                    message,
+                    call,
+                    traceback: c,
+                    ..ErrorInfo::default()
+                })
+            });
+        }
+        "parse_error" => {
+            let message = first(&a).unwrap_or_default();
+            let line = first(&b).and_then(|s| s.parse().ok());
+            let column = first(&c).and_then(|s| s.parse().ok());
+            let headline = message.lines().next().unwrap_or("").to_string();
+            let place = match (line, column) {
+                (Some(l), Some(c)) => format!(" at line {l}, column {c}"),
+                _ => String::new(),
+            };
+            console::write_text(
+                console::Stream::Stderr,
+                format!("Error: parse error{place}: {message}\n").as_bytes(),
+            );
+            CALL.with(|s| {
+                let mut s = s.borrow_mut();
+                s.parse_error = true;
+                s.error = Some(ErrorInfo {
+                    message: headline,
+                    line,
+                    column,
+                    ..ErrorInfo::default()
+                });
+            });
+        }
+        "unsupported" => {
+            let text = first(&a).unwrap_or_default();
+            console::write_text(console::Stream::Stderr, format!("{text}\n").as_bytes());
+            CALL.with(|s| s.borrow_mut().unsupported = true);
+        }
+        "notice" => console::write_text(
+            console::Stream::Stderr,
+            first(&a).unwrap_or_default().as_bytes(),
+        ),
+        "plots" => CALL.with(|s| s.borrow_mut().plot_files = a),
+        "status" => CALL.with(|s| s.borrow_mut().status = first(&a)),
+        _ => {}
+    }
+}
+
+/// CPU time and peak RSS of this process and its children.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rusage {
+    cpu_us: i64,
+    peak_rss: u64,
+}
+
+fn rusage() -> Rusage {
+    let mut total = Rusage::default();
+    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+        // SAFETY: getrusage fills the zeroed struct we own.
+        let ru = unsafe {
+            let mut ru: libc::rusage = std::mem::zeroed();
+            libc::getrusage(who, &mut ru);
+            ru
+        };
+        total.cpu_us += ru.ru_utime.tv_sec * 1_000_000
+            + ru.ru_utime.tv_usec
+            + ru.ru_stime.tv_sec * 1_000_000
+            + ru.ru_stime.tv_usec;
+        if who == libc::RUSAGE_SELF {
+            total.peak_rss = ru.ru_maxrss as u64 * 1024;
+        }
+    }
+    total
+}
+
+/// Evaluates one request. `sink` is used only if the code calls `quit()`:
+/// the process then reports through it and exits instead of returning.
+pub fn run(r: &R, req: RunRequest, sink: Box<dyn FnMut(&RunResult)>) -> RunResult {
+    let started = Instant::now();
+    let before = rusage();
+    console::begin(req.max_output_bytes);
+    CALL.with(|s| *s.borrow_mut() = CallState::default());
+    interrupt::clear();
+
+    if req.code.contains('\0') {
+        let mut res = RunResult::failed(
+            req.execution_id.clone(),
+            req.code.clone(),
+            Outcome::ParseError,
+            "the code contains a NUL byte, which R cannot parse; remove it".into(),
+        );
+        res.r_version = r.version.clone();
+        console::take();
+        return res;
+    }
+
+    let wd = req
+        .working_dir
+        .clone()
+        .unwrap_or_default()
+        .replace('\0', "");
+    RUNNING.with(|x| {
+        *x.borrow_mut() = Some(Running {
+            request: req.clone(),
+            r_version: r.version.clone(),
+            started,
+            rusage: before,
+            sink,
+        })
+    });
+    let mut err: c_int = 0;
+    // SAFETY: on the R thread; the call and its arguments are protected
+    // while R_tryEval runs, and R_tryEval catches every R error and
+    // interrupt (R_ToplevelExec) so no longjmp crosses this frame.
+    unsafe {
+        let call = Rf_protect(Rf_lang5(
+            r.run_fn,
+            crate::r::mk_string(&req.code),
+            Rf_ScalarInteger(req.plot_width as c_int),
+            Rf_ScalarInteger(req.plot_height as c_int),
+            crate::r::mk_string(&wd),
+        ));
+        R_tryEval(call, r.driver, &mut err);
+        Rf_unprotect(1);
+    }
+    RUNNING.with(|x| x.borrow_mut().take());
+    let call = CALL.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    finish(req, &r.version, started, before, call, err != 0, None)
+}
+
+/// Called from R's clean-up hook when the code calls `quit()`: reports the
+/// call as `worker_exited` (with the output so far) before the process ends.
+pub fn on_quit(status: c_int) {
+    let Some(mut running) = RUNNING.with(|x| x.borrow_mut().take()) else {
+        return;
+    };
+    let call = CALL.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let res = finish(
+        running.request.clone(),
+        &running.r_version,
+        running.started,
+        running.rusage,
+        call,
+        false,
+        Some(status),
+    );
+    (running.sink)(&res);
+}
+
+fn finish(
+    req: RunRequest,
+    r_version: &str,
+    started: Instant,
+    before: Rusage,
+    mut call: CallState,
+    escaped: bool,
+    quit_status: Option<c_int>,
+) -> RunResult {
+    let plots = collect_plots(&call.plot_files, req.plot_width, req.plot_height);
+    let Capture {
+        mut segments,
+        bytes,
+        truncated,
+        ..
+    } = console::take();
+    let block = result_block::extract(&mut segments);
+
+    let mut res = RunResult::empty(req.execution_id, req.code);
+    res.r_version = r_version.to_string();
+    for seg in segments {
+        res.push_segment(seg);
+    }
+    for problem in block.problems {
+        res.push_segment(Segment::Warning {
+            message: format!("rvisor: {problem}"),
+            call: None,
+        });
+    }
+    res.result = block.value;
+    for (i, plot) in plots.into_iter().enumerate() {
+        res.plots.push(plot);
+        res.segments.push(Segment::Plot { index: i });
+    }
+
+    let interrupted = interrupt::seen();
+    let outcome = if let Some(status) = quit_status {
+        let msg = format!(
+            "quit() was called (status {status}): the R session ended. The next call \
+             starts a fresh R session without the previous variables."
+        );
+        res.push_segment(Segment::Stderr {
+            text: format!("{msg}\n"),
+        });
+        call.error = Some(ErrorInfo::message(msg));
+        Outcome::WorkerExited
+    } else if call.parse_error {
+        Outcome::ParseError
+    } else {
+        match call.status.as_deref() {
+            Some("complete") => Outcome::Complete,
+            Some("unsupported") => Outcome::UnsupportedOutput,
+            Some("error") => Outcome::Error,
+            Some("interrupted") => Outcome::Interrupted,
+            _ if interrupted => Outcome::Interrupted,
+            _ => {
+                // The driver itself failed (should not happen): say so.
+                if call.error.is_none() {
+                    call.error = Some(ErrorInfo::message(if escaped {
+                        "the evaluation ended abnormally (an error escaped rvisor's driver)"
+                    } else {
+                        "the evaluation ended without reporting a status"
+                    }));
+                }
+                Outcome::Error
+            }
+        }
+    };
+    if outcome == Outcome::Interrupted && call.error.is_none() {
+        call.error = Some(ErrorInfo::message("the evaluation was interrupted"));
+    }
+    if outcome == Outcome::UnsupportedOutput && call.error.is_none() {
+        call.error = Some(ErrorInfo::message(
+            "a value renders only as HTML, which rvisor cannot show; print the data instead",
+        ));
+    }
+    res.truncated = truncated;
+    let code_ok = outcome == Outcome::Complete;
+    res.outcome = if truncated && code_ok {
+        Outcome::OutputTruncated
+    } else {
+        outcome
+    };
+    res.success = code_ok;
+    res.error = call.error;
+    let after = rusage();
+    res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+    res.usage = Usage {
+        cpu_ms: (after.cpu_us - before.cpu_us) as f64 / 1000.0,
+        peak_rss_bytes: after.peak_rss,
+        output_bytes: bytes
+            + res
+                .plots
+                .iter()
+                .map(|p| p.data_base64.len() as u64 * 3 / 4)
+                .sum::<u64>(),
+    };
+    res
+}
+
+/// Reads the PNG files the driver reported, deletes them, and keeps those
+/// that fit under the output cap.
+fn collect_plots(files: &[String], width: u32, height: u32) -> Vec<Plot> {
+    let mut out = Vec::new();
+    for f in files {
+        let data = std::fs::read(f);
+        let _ = std::fs::remove_file(f);
+        let Ok(data) = data else { continue };
+        if data.is_empty() || !console::admit_bytes(data.len() as u64) {
+            continue;
+        }
+        out.push(Plot {
+            mime: "image/png".into(),
+            width,
+            height,
+            data_base64: base64::engine::general_purpose::STANDARD.encode(&data),
+        });
+    }
+    out
+}

@@ -1,0 +1,50 @@
+//! Raw declarations of R's embedding symbols that `libR-sys` 0.7.1 lacks.
+//!
+//! All of these are exported by Debian's `libR.so` (R 4.2) and documented in
+//! "Writing R Extensions", section 8 (Linking GUIs and other front-ends to
+//! R); they are not in R's public API headers that libR-sys binds. Every use
+//! must happen on the R thread (the process's main thread), which is the only
+//! thread that ever touches R: that is the invariant the SAFETY comments in
+//! the rest of the crate refer to as "on the R thread".
+
+#![allow(non_upper_case_globals, non_snake_case)]
+
+use libR_sys::SEXP;
+use std::os::raw::{c_char, c_int, c_uchar};
+
+/// `ptr_R_WriteConsoleEx`: `otype` 0 = stdout, 1 = stderr.
+pub type WriteConsoleEx = unsafe extern "C" fn(buf: *const c_char, len: c_int, otype: c_int);
+/// `ptr_R_WriteConsole` (the legacy hook, must be NULL for Ex to be used).
+pub type WriteConsole = unsafe extern "C" fn(buf: *const c_char, len: c_int);
+/// `ptr_R_ReadConsole`: returns 0 for EOF.
+pub type ReadConsole = unsafe extern "C" fn(
+    prompt: *const c_char,
+    buf: *mut c_uchar,
+    len: c_int,
+    add_history: c_int,
+) -> c_int;
+/// `ptr_R_CleanUp(SA_TYPE save, int status, int runLast)`.
+pub type CleanUp = unsafe extern "C" fn(save: c_int, status: c_int, run_last: c_int);
+
+// SEXP is a pointer to an opaque struct: passing it is FFI-safe in practice.
+#[allow(improper_ctypes)]
+extern "C" {
+    /// 0 stops R from installing its own signal handlers (SIGINT, SIGSEGV...).
+    pub static mut R_SignalHandlers: c_int;
+    /// R's idea of interactivity (`interactive()`); an `Rboolean`.
+    pub static mut R_Interactive: c_int;
+    /// Stdio streams R writes to when no console hook is set.
+    pub static mut R_Outputfile: *mut libc::FILE;
+    /// See [`R_Outputfile`].
+    pub static mut R_Consolefile: *mut libc::FILE;
+    /// Console output hooks.
+    pub static mut ptr_R_WriteConsole: Option<WriteConsole>;
+    /// See [`ptr_R_WriteConsole`].
+    pub static mut ptr_R_WriteConsoleEx: Option<WriteConsoleEx>;
+    /// Console input hook.
+    pub static mut ptr_R_ReadConsole: Option<ReadConsole>;
+    /// Called by `quit()`.
+    pub static mut ptr_R_CleanUp: Option<CleanUp>;
+    /// Type of an R object (a function in R 4.2's API; libR-sys lacks it).
+    pub fn TYPEOF(x: SEXP) -> c_int;
+}

@@ -1,0 +1,189 @@
+//! rvisor-worker: embeds libR and evaluates the calls its supervisor sends.
+//!
+//! The supervisor starts this binary with one end of a socketpair inherited
+//! as a file descriptor (its number in `RVISOR_WORKER_FD`), fds 1 and 2 as
+//! pipes it reads, and fd 0 from /dev/null. Frames are those of
+//! `rvisor-protocol`. There is no path another process could connect to.
+
+mod console;
+mod eval;
+mod ffi;
+mod interrupt;
+mod r;
+mod result_block;
+
+use rvisor_protocol::{
+    read_frame, write_frame, FrameError, FromWorker, ToWorker, WorkerHello, ENV_SYNC_TOKEN,
+    ENV_WORKER_FD, PROTOCOL_VERSION,
+};
+use std::os::fd::FromRawFd;
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Stack R runs on. 8 MiB (the usual default) allows ~600 nested R calls;
+/// 64 MiB lets deep recursion reach R's own expression limit or its clean
+/// "C stack usage is too close to the limit" error. R treats limits above
+/// 1e8 bytes as unlimited and stops checking, so "unlimited" is lowered too.
+const STACK_BYTES: u64 = 64 * 1024 * 1024;
+const ENV_REEXEC: &str = "RVISOR_WORKER_STACK_SET";
+
+/// The main thread's stack size is fixed at exec from RLIMIT_STACK, so a
+/// worker started with another limit sets it and executes itself again.
+fn ensure_stack() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    let (cur, max) = unsafe {
+        let mut rl: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_STACK, &mut rl);
+        (rl.rlim_cur, rl.rlim_max)
+    };
+    if cur == STACK_BYTES || std::env::var_os(ENV_REEXEC).is_some() {
+        return;
+    }
+    let want = if max == libc::RLIM_INFINITY {
+        STACK_BYTES
+    } else {
+        max.min(STACK_BYTES)
+    };
+    if want == cur {
+        return;
+    }
+    // SAFETY: as above; a failure leaves the old limit, which R copes with.
+    let ok = unsafe {
+        let rl = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: max,
+        };
+        libc::setrlimit(libc::RLIMIT_STACK, &rl) == 0
+    };
+    if !ok {
+        return;
+    }
+    std::env::set_var(ENV_REEXEC, "1");
+    let exe = std::env::current_exe();
+    if let Ok(exe) = exe {
+        use std::os::unix::process::CommandExt;
+        let err = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .exec();
+        eprintln!("rvisor-worker: failed to re-execute with a larger stack: {err}");
+    }
+}
+
+fn main() -> ExitCode {
+    ensure_stack();
+    std::env::remove_var(ENV_REEXEC);
+    let Some(fd) = std::env::var(ENV_WORKER_FD)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        eprintln!(
+            "rvisor-worker: {ENV_WORKER_FD} is not set. This program is started by the rvisor \
+             supervisor (e.g. `rvisor run script.R`), not by hand."
+        );
+        return ExitCode::from(2);
+    };
+    // SAFETY: the supervisor passed us this descriptor and nothing else in
+    // the process owns it; FD_CLOEXEC keeps R's child processes from
+    // inheriting the link to the supervisor.
+    let stream = unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        UnixStream::from_raw_fd(fd)
+    };
+    let sync = std::env::var(ENV_SYNC_TOKEN).ok();
+    std::env::remove_var(ENV_WORKER_FD);
+    std::env::remove_var(ENV_SYNC_TOKEN);
+    match serve(stream, sync) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rvisor-worker: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Writes the sync token to fds 1 and 2, after flushing C stdio, so the
+/// supervisor knows all raw output of the call before it has arrived.
+fn write_sync(token: &Option<String>) {
+    let Some(token) = token else { return };
+    let bytes = format!("\x1e{token}\x1e");
+    // SAFETY: fflush(NULL) flushes every C stdio stream; write() of a buffer
+    // we own to the inherited fds 1 and 2.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        for fd in [1, 2] {
+            libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        }
+    }
+}
+
+/// The worker's main loop over any transport (a socketpair in production).
+fn serve(mut stream: UnixStream, sync: Option<String>) -> Result<(), String> {
+    let t0 = Instant::now();
+    match read_frame::<_, ToWorker>(&mut stream) {
+        Ok(ToWorker::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {}
+        Ok(ToWorker::Hello { protocol_version }) => {
+            let message = format!(
+                "protocol mismatch: the supervisor speaks version {protocol_version}, this \
+                 worker {PROTOCOL_VERSION}; install matching rvisor and rvisor-worker binaries"
+            );
+            let _ = write_frame(
+                &mut stream,
+                &FromWorker::Fatal {
+                    message: message.clone(),
+                },
+            );
+            return Err(message);
+        }
+        Ok(other) => return Err(format!("expected hello, got {other:?}")),
+        Err(FrameError::Closed) => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+    }
+    let r = r::start().map_err(|e| format!("failed to start R: {e}"))?;
+    interrupt::install();
+    warm_up(&r);
+    let hello = WorkerHello {
+        protocol_version: PROTOCOL_VERSION,
+        r_version: r.version.clone(),
+        pid: std::process::id(),
+        r_tempdir: r.tempdir.clone(),
+        startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
+    };
+    write_frame(&mut stream, &FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
+    loop {
+        match read_frame::<_, ToWorker>(&mut stream) {
+            Ok(ToWorker::Run(req)) => {
+                let mut quit_stream = stream.try_clone().map_err(|e| e.to_string())?;
+                let quit_sync = sync.clone();
+                let sink = Box::new(move |res: &rvisor_protocol::RunResult| {
+                    write_sync(&quit_sync);
+                    let _ =
+                        write_frame(&mut quit_stream, &FromWorker::Result(Box::new(res.clone())));
+                });
+                let res = eval::run(&r, req, sink);
+                write_sync(&sync);
+                write_frame(&mut stream, &FromWorker::Result(Box::new(res)))
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => return Ok(()),
+            Ok(ToWorker::Hello { .. }) => return Err("unexpected second hello".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Runs the driver a few times so R's JIT has compiled it before the first
+/// real call (a new closure's second call otherwise costs ~100 ms).
+fn warm_up(r: &r::R) {
+    for code in ["invisible(NULL)", "1", "invisible(NULL)"] {
+        let req = rvisor_protocol::RunRequest {
+            execution_id: "warm-up".into(),
+            code: code.into(),
+            plot_width: 100,
+            plot_height: 100,
+            max_output_bytes: 1 << 20,
+            working_dir: None,
+        };
+        let _ = eval::run(r, req, Box::new(|_| {}));
+    }
+}

@@ -1,0 +1,249 @@
+//! Starting embedded R and the few primitive ways Rust calls into it.
+//!
+//! Everything here must run on the R thread: the process's main thread, which
+//! called [`start`]. `main` never spawns threads that touch R, and R's hooks
+//! call back on that same thread.
+
+use crate::ffi;
+use libR_sys::*;
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_int, c_uchar};
+use std::ptr;
+
+/// Handles kept alive for the life of the process.
+#[derive(Debug)]
+pub struct R {
+    /// The driver's private environment (preserved).
+    pub driver: SEXP,
+    /// The driver's `run` function (reachable from `driver`).
+    pub run_fn: SEXP,
+    /// "4.2.2".
+    pub version: String,
+    /// R's session temporary directory.
+    pub tempdir: String,
+}
+
+const DRIVER_SOURCE: &str = include_str!("driver.R");
+
+/// Console output hook: R calls it for everything it prints.
+unsafe extern "C" fn write_console_ex(buf: *const c_char, len: c_int, otype: c_int) {
+    if buf.is_null() || len <= 0 {
+        return;
+    }
+    // SAFETY: R passes a buffer of `len` bytes that stays valid for the call.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len as usize) };
+    let stream = if otype == 0 {
+        crate::console::Stream::Stdout
+    } else {
+        crate::console::Stream::Stderr
+    };
+    crate::console::write_text(stream, bytes);
+}
+
+/// Console input hook: a worker has no console, so every read is EOF.
+unsafe extern "C" fn read_console(
+    _prompt: *const c_char,
+    _buf: *mut c_uchar,
+    _len: c_int,
+    _hist: c_int,
+) -> c_int {
+    0
+}
+
+/// `quit()` hook: report the call's result, then end the process.
+unsafe extern "C" fn clean_up(_save: c_int, status: c_int, _run_last: c_int) {
+    crate::eval::on_quit(status);
+    // SAFETY: on the R thread; removes R's own temporary directory.
+    unsafe { R_CleanTempDir() };
+    // SAFETY: _exit ends the process at once; nothing after it runs.
+    unsafe { libc::_exit(status) };
+}
+
+/// `.Call` entry used by the driver to report conditions, plots and status.
+unsafe extern "C" fn rvisor_emit(kind: SEXP, a: SEXP, b: SEXP, c: SEXP) -> SEXP {
+    // SAFETY: on the R thread, called by .Call with four live arguments.
+    let (kind, a, b, c) = unsafe { (strings(kind), strings(a), strings(b), strings(c)) };
+    crate::eval::on_emit(kind.first().map(String::as_str).unwrap_or(""), a, b, c);
+    // SAFETY: R_NilValue is a constant of an initialised R.
+    unsafe { R_NilValue }
+}
+
+/// Copies a character vector (or NULL) into owned strings; NA becomes "NA".
+///
+/// # Safety
+/// On the R thread; `x` is a live R object.
+pub unsafe fn strings(x: SEXP) -> Vec<String> {
+    // SAFETY: per the function's contract.
+    unsafe {
+        if ffi::TYPEOF(x) != SEXPTYPE::STRSXP as c_int {
+            return Vec::new();
+        }
+        let n = Rf_xlength(x);
+        let mut out = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let el = STRING_ELT(x, i);
+            if el == R_NaString {
+                out.push("NA".to_string());
+            } else {
+                let p = Rf_translateCharUTF8(el);
+                out.push(CStr::from_ptr(p).to_string_lossy().into_owned());
+            }
+        }
+        out
+    }
+}
+
+/// A length-one character vector holding `s` (UTF-8). `s` must not contain
+/// NUL bytes (R would raise an error, which must not cross Rust frames).
+///
+/// # Safety
+/// On the R thread. The result is unprotected.
+pub unsafe fn mk_string(s: &str) -> SEXP {
+    debug_assert!(!s.contains('\0'));
+    // SAFETY: per the function's contract; the pointer/length pair is valid
+    // for the duration of the call and R copies the bytes.
+    unsafe {
+        Rf_ScalarString(Rf_mkCharLenCE(
+            s.as_ptr().cast::<c_char>(),
+            s.len() as c_int,
+            cetype_t::CE_UTF8,
+        ))
+    }
+}
+
+/// Parses `code` and evaluates each expression in `env`, returning the last
+/// value (unprotected) or the error R reported.
+///
+/// # Safety
+/// On the R thread; `env` is a live environment.
+pub unsafe fn eval_string(code: &str, env: SEXP) -> Result<SEXP, String> {
+    // SAFETY: per the function's contract; every object allocated here is
+    // protected until it is no longer used, and R errors are caught by
+    // R_tryEval instead of unwinding through this frame.
+    unsafe {
+        let text = Rf_protect(mk_string(code));
+        let mut status = ParseStatus::PARSE_NULL;
+        let exprs = Rf_protect(R_ParseVector(text, -1, &mut status, R_NilValue));
+        if status != ParseStatus::PARSE_OK {
+            Rf_unprotect(2);
+            return Err(format!("failed to parse internal R code ({status:?})"));
+        }
+        let mut value = R_NilValue;
+        for i in 0..Rf_xlength(exprs) {
+            let mut err: c_int = 0;
+            value = R_tryEval(VECTOR_ELT(exprs, i), env, &mut err);
+            if err != 0 {
+                Rf_unprotect(2);
+                return Err("internal R code raised an error".to_string());
+            }
+        }
+        Rf_unprotect(2);
+        Ok(value)
+    }
+}
+
+/// Starts R. Must be called once, on the main thread, before anything else
+/// touches R.
+pub fn start() -> Result<R, String> {
+    if std::env::var_os("R_HOME").is_none() {
+        std::env::set_var("R_HOME", env!("RVISOR_BUILD_R_HOME"));
+    }
+    if std::env::var_os("LC_ALL").is_none() && std::env::var_os("LANG").is_none() {
+        // Without a UTF-8 locale R prints non-ASCII text as <U+00E9>.
+        std::env::set_var("LANG", "C.UTF-8");
+    }
+    let args: Vec<CString> = ["R", "--vanilla", "--quiet", "--no-echo", "--no-save"]
+        .iter()
+        .map(|a| CString::new(*a).expect("static argument"))
+        .collect();
+    // R keeps argv pointers (commandArgs()), so they live for the process.
+    let args: &'static [CString] = Box::leak(args.into_boxed_slice());
+    let mut argv: Vec<*mut c_char> = args.iter().map(|a| a.as_ptr() as *mut c_char).collect();
+    let argv: &'static mut [*mut c_char] = Box::leak(argv.split_off(0).into_boxed_slice());
+
+    // SAFETY: first and only initialisation of R, on the main thread; the
+    // hooks are `extern "C"` functions that never unwind (a panic in them
+    // aborts) and only touch this thread's capture.
+    unsafe {
+        ffi::R_SignalHandlers = 0;
+        Rf_initialize_R(argv.len() as c_int, argv.as_mut_ptr());
+        ffi::R_Interactive = 0;
+        ffi::R_Outputfile = ptr::null_mut();
+        ffi::R_Consolefile = ptr::null_mut();
+        ffi::ptr_R_WriteConsole = None;
+        ffi::ptr_R_WriteConsoleEx = Some(write_console_ex);
+        ffi::ptr_R_ReadConsole = Some(read_console);
+        ffi::ptr_R_CleanUp = Some(clean_up);
+        setup_Rmainloop();
+    }
+
+    // SAFETY: R is initialised; on the R thread. The method table is
+    // 'static and terminated by a null entry, as R_registerRoutines requires.
+    unsafe {
+        static mut CALL_METHODS: [R_CallMethodDef; 2] = [
+            R_CallMethodDef {
+                name: c"rvisor_emit".as_ptr(),
+                fun: None,
+                numArgs: 4,
+            },
+            R_CallMethodDef {
+                name: ptr::null(),
+                fun: None,
+                numArgs: 0,
+            },
+        ];
+        let emit: unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP = rvisor_emit;
+        // DL_FUNC is R's generic function pointer; .Call casts it back using
+        // numArgs, which matches the real signature above.
+        CALL_METHODS[0].fun = Some(std::mem::transmute::<
+            unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP,
+            unsafe extern "C" fn() -> *mut std::os::raw::c_void,
+        >(emit));
+        let info = R_getEmbeddingDllInfo();
+        R_registerRoutines(
+            info,
+            ptr::null(),
+            ptr::addr_of!(CALL_METHODS).cast::<R_CallMethodDef>(),
+            ptr::null(),
+            ptr::null(),
+        );
+        R_useDynamicSymbols(info, Rboolean::FALSE);
+    }
+
+    // SAFETY: on the R thread; objects are protected (or preserved) while used.
+    unsafe {
+        let driver = eval_string("new.env(parent = baseenv())", R_GlobalEnv)?;
+        R_PreserveObject(driver);
+        let sym = eval_string("getNativeSymbolInfo('rvisor_emit')", R_BaseEnv)?;
+        Rf_defineVar(Rf_install(c"emit".as_ptr()), sym, driver);
+        eval_string(DRIVER_SOURCE, driver)
+            .map_err(|e| format!("failed to load the driver: {e}"))?;
+        let run_fn = Rf_findVarInFrame(driver, Rf_install(c"run".as_ptr()));
+        let version = strings(eval_string(
+            "paste(R.version$major, R.version$minor, sep = '.')",
+            R_BaseEnv,
+        )?)
+        .pop()
+        .unwrap_or_default();
+        let tempdir = strings(eval_string("tempdir()", R_BaseEnv)?)
+            .pop()
+            .unwrap_or_default();
+        let plot_dir = format!("{tempdir}/rvisor-plots");
+        let init = Rf_protect(Rf_lang2(
+            Rf_findVarInFrame(driver, Rf_install(c"init".as_ptr())),
+            mk_string(&plot_dir),
+        ));
+        let mut err = 0;
+        R_tryEval(init, driver, &mut err);
+        Rf_unprotect(1);
+        if err != 0 {
+            return Err("failed to initialise the driver".into());
+        }
+        Ok(R {
+            driver,
+            run_fn,
+            version,
+            tempdir,
+        })
+    }
+}

@@ -1,0 +1,148 @@
+//! The structured result block: JSON printed between marker lines.
+//!
+//! A script prints `<<<RVISOR_RESULT_START>>>`, JSON, `<<<RVISOR_RESULT_END>>>`
+//! on lines of their own (or the JUBE markers). The block is removed from the
+//! stdout text and parsed; the last block of a call wins.
+
+use rvisor_protocol::Segment;
+
+const MARKERS: [(&str, &str); 2] = [
+    ("<<<RVISOR_RESULT_START>>>", "<<<RVISOR_RESULT_END>>>"),
+    ("<<<JUBE_RESULT_START>>>", "<<<JUBE_RESULT_END>>>"),
+];
+
+/// What was found in a call's output.
+#[derive(Debug, Default, PartialEq)]
+pub struct Extracted {
+    /// The parsed value of the last valid block.
+    pub value: Option<serde_json::Value>,
+    /// Why a block was rejected (invalid JSON, no end marker).
+    pub problems: Vec<String>,
+}
+
+/// Removes result blocks from the stdout segments and parses them. A block
+/// may span several stdout segments (output interleaved with stderr); text on
+/// other streams stays where it is.
+pub fn extract(segments: &mut Vec<Segment>) -> Extracted {
+    let mut out = Extracted::default();
+    // Fast path: nothing to do unless a start marker appears somewhere.
+    let any = segments.iter().any(|s| match s {
+        Segment::Stdout { text } => MARKERS.iter().any(|(start, _)| text.contains(start)),
+        _ => false,
+    });
+    if !any {
+        return out;
+    }
+    let mut open: Option<(usize, String)> = None; // (marker pair, block text)
+    for seg in segments.iter_mut() {
+        let Segment::Stdout { text } = seg else {
+            continue;
+        };
+        let mut kept = String::with_capacity(text.len());
+        for line in text.split_inclusive('\n') {
+            let bare = line.trim_end_matches(['\n', '\r']).trim();
+            match &mut open {
+                None => {
+                    if let Some(i) = MARKERS.iter().position(|(s, _)| bare == *s) {
+                        open = Some((i, String::new()));
+                    } else {
+                        kept.push_str(line);
+                    }
+                }
+                Some((i, block)) => {
+                    if bare == MARKERS[*i].1 {
+                        match serde_json::from_str(block.trim()) {
+                            Ok(v) => out.value = Some(v),
+                            Err(e) => out.problems.push(format!(
+                                "the result block is not valid JSON ({e}); `result` is null"
+                            )),
+                        }
+                        open = None;
+                    } else {
+                        block.push_str(line);
+                    }
+                }
+            }
+        }
+        *text = kept;
+    }
+    if let Some((i, block)) = open {
+        out.problems.push(format!(
+            "the result block has no end marker {}; `result` is null",
+            MARKERS[i].1
+        ));
+        // Give the text back so nothing printed is lost.
+        segments.push(Segment::Stdout {
+            text: format!("{}\n{block}", MARKERS[i].0),
+        });
+    }
+    segments.retain(|s| !matches!(s, Segment::Stdout { text } if text.is_empty()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stdout(t: &str) -> Segment {
+        Segment::Stdout { text: t.into() }
+    }
+
+    #[test]
+    fn block_is_parsed_and_removed() {
+        let mut segs = vec![stdout(
+            "before\n<<<RVISOR_RESULT_START>>>\n{\"a\": [1, 2]}\n<<<RVISOR_RESULT_END>>>\nafter\n",
+        )];
+        let x = extract(&mut segs);
+        assert_eq!(x.value, Some(serde_json::json!({"a": [1, 2]})));
+        assert!(x.problems.is_empty());
+        assert_eq!(segs, vec![stdout("before\nafter\n")]);
+    }
+
+    #[test]
+    fn jube_markers_and_split_segments() {
+        let mut segs = vec![
+            stdout("<<<JUBE_RESULT_START>>>\n[1,"),
+            Segment::Stderr {
+                text: "note\n".into(),
+            },
+            stdout("2]\n<<<JUBE_RESULT_END>>>\n"),
+        ];
+        let x = extract(&mut segs);
+        assert_eq!(x.value, Some(serde_json::json!([1, 2])));
+        assert_eq!(
+            segs,
+            vec![Segment::Stderr {
+                text: "note\n".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn invalid_json_gives_null_and_a_reason() {
+        let mut segs = vec![stdout(
+            "<<<RVISOR_RESULT_START>>>\n{oops\n<<<RVISOR_RESULT_END>>>\n",
+        )];
+        let x = extract(&mut segs);
+        assert_eq!(x.value, None);
+        assert_eq!(x.problems.len(), 1);
+        assert!(x.problems[0].contains("not valid JSON"));
+    }
+
+    #[test]
+    fn unterminated_block_keeps_the_text() {
+        let mut segs = vec![stdout("<<<RVISOR_RESULT_START>>>\n{\"a\":1}\n")];
+        let x = extract(&mut segs);
+        assert_eq!(x.value, None);
+        assert!(x.problems[0].contains("no end marker"));
+        assert!(matches!(&segs[0], Segment::Stdout { text } if text.contains("{\"a\":1}")));
+    }
+
+    #[test]
+    fn markers_inside_a_line_are_plain_text() {
+        let mut segs = vec![stdout("say <<<RVISOR_RESULT_START>>> here\n")];
+        let x = extract(&mut segs);
+        assert_eq!(x, Extracted::default());
+        assert_eq!(segs, vec![stdout("say <<<RVISOR_RESULT_START>>> here\n")]);
+    }
+}

@@ -1,0 +1,30 @@
+//! Wire types of rvisor and the frame codec that carries them.
+//!
+//! Every surface (library, CLI, JSONL, HTTP, MCP, nng) speaks the shapes
+//! defined here, so the contract in `CONTRACT.md` is written down once. The
+//! crate has no R and no I/O runtime: host programs may depend on it alone.
+
+pub mod frame;
+pub mod result;
+pub mod worker;
+
+pub use frame::{read_frame, write_frame, FrameDecoder, FrameError, MAX_FRAME_BYTES};
+pub use result::*;
+pub use worker::*;
+
+/// Version of the supervisor <-> worker frame protocol. Bump on every
+/// incompatible change of [`ToWorker`] or [`FromWorker`]; the hello exchange
+/// refuses a worker built with another version.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Version of the [`RunResult`] schema (the `schema_version` field).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Default plot size in pixels.
+pub const DEFAULT_PLOT_WIDTH: u32 = 1000;
+/// Default plot size in pixels.
+pub const DEFAULT_PLOT_HEIGHT: u32 = 650;
+/// Largest plot side accepted, in pixels.
+pub const MAX_PLOT_SIDE: u32 = 4096;
+/// Default cap on the output of one call (console text and plots), in bytes.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 8 * 1024 * 1024;

@@ -1,0 +1,379 @@
+//! The RunResult: what every surface returns for one call (CONTRACT.md).
+
+use serde::{Deserialize, Serialize};
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The code ran to its end.
+    Complete,
+    /// The code raised an R error; evaluation stopped there, like `source()`.
+    Error,
+    /// R's parser rejected the code; nothing ran.
+    ParseError,
+    /// The call was interrupted (SIGINT) and R answered; state is kept.
+    Interrupted,
+    /// The call ran past its deadline.
+    TimedOut,
+    /// Output went past `max_output_bytes`; capture stopped, the session lives.
+    OutputTruncated,
+    /// A visible value renders only as HTML, which rvisor cannot show.
+    UnsupportedOutput,
+    /// The call was cancelled while running.
+    Cancelled,
+    /// The session was closed.
+    Closed,
+    /// The worker process ended during the call (e.g. `quit()`).
+    WorkerExited,
+    /// The worker process failed (crash, killed by the OS, broken protocol).
+    WorkerFailed,
+    /// The call was dropped before it started (cancel, reset).
+    NotExecuted,
+    /// The worker could not be started.
+    StartupFailed,
+    /// The worker did not become ready within the startup timeout.
+    StartupTimedOut,
+    /// The request was refused before running (invalid input, full queue).
+    Rejected,
+}
+
+impl Outcome {
+    /// The snake_case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Complete => "complete",
+            Outcome::Error => "error",
+            Outcome::ParseError => "parse_error",
+            Outcome::Interrupted => "interrupted",
+            Outcome::TimedOut => "timed_out",
+            Outcome::OutputTruncated => "output_truncated",
+            Outcome::UnsupportedOutput => "unsupported_output",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Closed => "closed",
+            Outcome::WorkerExited => "worker_exited",
+            Outcome::WorkerFailed => "worker_failed",
+            Outcome::NotExecuted => "not_executed",
+            Outcome::StartupFailed => "startup_failed",
+            Outcome::StartupTimedOut => "startup_timed_out",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One piece of a call's output, in the order it happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Segment {
+    /// Text written to standard output.
+    Stdout {
+        /// The text.
+        text: String,
+    },
+    /// Text written to standard error.
+    Stderr {
+        /// The text.
+        text: String,
+    },
+    /// A warning (`warning()` or from C code).
+    Warning {
+        /// The warning's message.
+        message: String,
+        /// The call that raised it, deparsed, if any.
+        call: Option<String>,
+    },
+    /// A message (`message()`), text ends with its newline.
+    Message {
+        /// The text.
+        text: String,
+    },
+    /// The error that stopped evaluation.
+    Error {
+        /// The error's message.
+        message: String,
+        /// The call that raised it, deparsed, if any.
+        call: Option<String>,
+        /// Calls on the stack, innermost first (as R's `traceback()`).
+        traceback: Vec<String>,
+    },
+    /// A plot page; `index` points into [`RunResult::plots`].
+    Plot {
+        /// Index into `plots`.
+        index: usize,
+    },
+}
+
+impl Segment {
+    /// The text a person sees at the R prompt for this segment, or `None`
+    /// when it has no console text (plots).
+    pub fn console_text(&self) -> Option<String> {
+        match self {
+            Segment::Stdout { text } | Segment::Stderr { text } | Segment::Message { text } => {
+                Some(text.clone())
+            }
+            Segment::Warning { message, call } => Some(match call {
+                Some(call) => format!("Warning message:\nIn {call} : {message}\n"),
+                None => format!("Warning message:\n{message}\n"),
+            }),
+            Segment::Error { message, call, .. } => Some(match call {
+                Some(call) => format!("Error in {call} : {message}\n"),
+                None => format!("Error: {message}\n"),
+            }),
+            Segment::Plot { .. } => None,
+        }
+    }
+
+    /// The warning in the one-line form of `RunResult::warnings`.
+    pub fn warning_line(message: &str, call: Option<&str>) -> String {
+        match call {
+            Some(call) => format!("In {call} : {message}"),
+            None => message.to_string(),
+        }
+    }
+}
+
+/// The error of a call that did not complete.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// What went wrong, for a person.
+    pub message: String,
+    /// The R call that raised the error, deparsed.
+    pub call: Option<String>,
+    /// Calls on the stack, innermost first.
+    #[serde(default)]
+    pub traceback: Vec<String>,
+    /// Parse errors: the line (1-based).
+    pub line: Option<u32>,
+    /// Parse errors: the column (1-based).
+    pub column: Option<u32>,
+    /// True when the call ended because it reached its deadline.
+    #[serde(default)]
+    pub timed_out: bool,
+}
+
+impl ErrorInfo {
+    /// An error with only a message.
+    pub fn message(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A captured plot page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plot {
+    /// Always `image/png` for now.
+    pub mime: String,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// The image, base64 (standard alphabet, padded).
+    pub data_base64: String,
+}
+
+/// Which session and incarnation of it produced a result.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Session id.
+    pub id: String,
+    /// Incremented each time the session's worker is replaced.
+    pub generation: u64,
+    /// True for the first result after the worker was (re)started.
+    pub fresh: bool,
+    /// Why the previous worker was replaced, if it was.
+    pub reset_reason: Option<String>,
+}
+
+/// Resources the call used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// CPU time (user + system) of the worker during the call.
+    pub cpu_ms: f64,
+    /// Peak resident set size of the worker so far.
+    pub peak_rss_bytes: u64,
+    /// Bytes of output produced (console text and plots), counted up to the cap.
+    pub output_bytes: u64,
+}
+
+/// The result of one call, the same on every surface.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// [`crate::SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Unique per call.
+    pub execution_id: String,
+    /// The code as run.
+    pub code: String,
+    /// How the call ended.
+    pub outcome: Outcome,
+    /// True for `complete`, and for `output_truncated` when the code succeeded.
+    pub success: bool,
+    /// Stdout and stderr interleaved in the order written.
+    pub console: String,
+    /// The same output, typed.
+    pub segments: Vec<Segment>,
+    /// Warnings in `In call : message` form.
+    pub warnings: Vec<String>,
+    /// What went wrong, if anything did.
+    pub error: Option<ErrorInfo>,
+    /// Plot pages, in order.
+    pub plots: Vec<Plot>,
+    /// The structured result block, parsed.
+    pub result: Option<serde_json::Value>,
+    /// Evaluation time in the worker.
+    pub duration_ms: f64,
+    /// R's version, e.g. "4.2.2".
+    pub r_version: String,
+    /// The session that ran the call.
+    pub session: SessionInfo,
+    /// Resources used.
+    pub usage: Usage,
+    /// True when output was cut at `max_output_bytes`.
+    pub truncated: bool,
+}
+
+impl RunResult {
+    /// A result for a call that produced nothing (rejected, not executed,
+    /// failed to start...), with `message` as its error.
+    pub fn failed(execution_id: String, code: String, outcome: Outcome, message: String) -> Self {
+        let mut r = Self::empty(execution_id, code);
+        r.outcome = outcome;
+        r.success = false;
+        r.push_segment(Segment::Stderr {
+            text: format!("{message}\n"),
+        });
+        r.error = Some(ErrorInfo::message(message));
+        r
+    }
+
+    /// A complete, successful result with no output.
+    pub fn empty(execution_id: String, code: String) -> Self {
+        Self {
+            schema_version: crate::SCHEMA_VERSION,
+            execution_id,
+            code,
+            outcome: Outcome::Complete,
+            success: true,
+            console: String::new(),
+            segments: Vec::new(),
+            warnings: Vec::new(),
+            error: None,
+            plots: Vec::new(),
+            result: None,
+            duration_ms: 0.0,
+            r_version: String::new(),
+            session: SessionInfo::default(),
+            usage: Usage::default(),
+            truncated: false,
+        }
+    }
+
+    /// Appends a segment and its console text.
+    pub fn push_segment(&mut self, seg: Segment) {
+        if let Some(text) = seg.console_text() {
+            self.console.push_str(&text);
+        }
+        if let Segment::Warning { message, call } = &seg {
+            self.warnings
+                .push(Segment::warning_line(message, call.as_deref()));
+        }
+        self.segments.push(seg);
+    }
+
+    /// Puts a line of text (a notice from rvisor, e.g. that the session was
+    /// restarted) before all other output.
+    pub fn prepend_notice(&mut self, line: &str) {
+        let text = format!("{line}\n");
+        self.console.insert_str(0, &text);
+        self.segments.insert(0, Segment::Stderr { text });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_names_match_serde() {
+        for o in [
+            Outcome::Complete,
+            Outcome::ParseError,
+            Outcome::OutputTruncated,
+            Outcome::StartupTimedOut,
+            Outcome::WorkerExited,
+        ] {
+            assert_eq!(serde_json::to_value(o).unwrap(), o.as_str());
+        }
+    }
+
+    #[test]
+    fn wire_names_follow_the_contract() {
+        let mut r = RunResult::empty("e1".into(), "1+1".into());
+        r.push_segment(Segment::Stdout {
+            text: "[1] 2\n".into(),
+        });
+        r.push_segment(Segment::Warning {
+            message: "NaNs produced".into(),
+            call: Some("log(-1)".into()),
+        });
+        r.push_segment(Segment::Plot { index: 0 });
+        let v = serde_json::to_value(&r).unwrap();
+        for key in [
+            "schema_version",
+            "execution_id",
+            "code",
+            "outcome",
+            "success",
+            "console",
+            "segments",
+            "warnings",
+            "error",
+            "plots",
+            "result",
+            "duration_ms",
+            "r_version",
+            "session",
+            "usage",
+            "truncated",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["segments"][0]["kind"], "stdout");
+        assert_eq!(v["segments"][1]["kind"], "warning");
+        assert_eq!(v["segments"][1]["call"], "log(-1)");
+        assert_eq!(v["segments"][2]["kind"], "plot");
+        assert_eq!(v["warnings"][0], "In log(-1) : NaNs produced");
+        assert_eq!(
+            r.console,
+            "[1] 2\nWarning message:\nIn log(-1) : NaNs produced\n"
+        );
+        for key in ["id", "generation", "fresh", "reset_reason"] {
+            assert!(v["session"].get(key).is_some(), "missing session.{key}");
+        }
+        for key in ["cpu_ms", "peak_rss_bytes", "output_bytes"] {
+            assert!(v["usage"].get(key).is_some(), "missing usage.{key}");
+        }
+        let back: RunResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn notice_goes_first() {
+        let mut r = RunResult::empty("e".into(), "x".into());
+        r.push_segment(Segment::Stdout { text: "a\n".into() });
+        r.prepend_notice("rvisor: started a fresh R session (timeout)");
+        assert!(r.console.starts_with("rvisor: started"));
+        assert!(matches!(r.segments[0], Segment::Stderr { .. }));
+    }
+}

@@ -1,0 +1,74 @@
+//! Messages between the supervisor and a worker over their socketpair.
+
+use crate::RunResult;
+use serde::{Deserialize, Serialize};
+
+/// Name of the environment variable that carries the worker's end of the
+/// socketpair (a file descriptor number inherited across exec).
+pub const ENV_WORKER_FD: &str = "RVISOR_WORKER_FD";
+/// Name of the environment variable with the token the worker writes to its
+/// stdout and stderr after each call, so the supervisor knows that all raw
+/// output of that call has arrived.
+pub const ENV_SYNC_TOKEN: &str = "RVISOR_SYNC_TOKEN";
+
+/// Supervisor to worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToWorker {
+    /// First frame: the supervisor's protocol version.
+    Hello {
+        /// [`crate::PROTOCOL_VERSION`] of the supervisor.
+        protocol_version: u32,
+    },
+    /// Evaluate code.
+    Run(RunRequest),
+    /// Finish and exit cleanly.
+    Shutdown,
+}
+
+/// One call, as the worker receives it (already validated).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// Unique id of the call.
+    pub execution_id: String,
+    /// R code.
+    pub code: String,
+    /// Plot width in pixels.
+    pub plot_width: u32,
+    /// Plot height in pixels.
+    pub plot_height: u32,
+    /// Cap on console text plus plot bytes.
+    pub max_output_bytes: u64,
+    /// Directory to `setwd()` into before the call.
+    pub working_dir: Option<String>,
+}
+
+/// Worker to supervisor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FromWorker {
+    /// Answer to [`ToWorker::Hello`] once R is ready.
+    Hello(WorkerHello),
+    /// The result of a [`ToWorker::Run`].
+    Result(Box<RunResult>),
+    /// The worker cannot go on (e.g. protocol version mismatch).
+    Fatal {
+        /// Why.
+        message: String,
+    },
+}
+
+/// What a ready worker tells about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerHello {
+    /// [`crate::PROTOCOL_VERSION`] of the worker.
+    pub protocol_version: u32,
+    /// R's version, e.g. "4.2.2".
+    pub r_version: String,
+    /// The worker's process id.
+    pub pid: u32,
+    /// R's session temporary directory.
+    pub r_tempdir: String,
+    /// Milliseconds from process start to R ready.
+    pub startup_ms: f64,
+}

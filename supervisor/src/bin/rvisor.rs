@@ -1,0 +1,201 @@
+//! The `rvisor` command: thin adapters over the rvisor library.
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use clap::{Parser, Subcommand};
+use rvisor::{CallOptions, Outcome, RunResult, Segment, Worker, WorkerConfig};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rvisor",
+    version,
+    about = "Run R code fast, safely and with state"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run an R script in a fresh worker and print its output.
+    Run {
+        /// The script, or `-` for standard input.
+        file: String,
+        /// Print one RunResult as JSON instead of the console output.
+        #[arg(long)]
+        json: bool,
+        /// Time limit in seconds (0 = none).
+        #[arg(long, default_value_t = 30.0)]
+        timeout: f64,
+        /// Write plots as PNG files into this directory.
+        #[arg(long)]
+        plots_dir: Option<PathBuf>,
+        /// Plot width in pixels.
+        #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_WIDTH)]
+        width: u32,
+        /// Plot height in pixels.
+        #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_HEIGHT)]
+        height: u32,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Run {
+            file,
+            json,
+            timeout,
+            plots_dir,
+            width,
+            height,
+        } => match run(&file, json, timeout, plots_dir, width, height) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("rvisor: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn read_code(file: &str) -> Result<String> {
+    let mut bytes = Vec::new();
+    if file == "-" {
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .context("failed to read the script from stdin")?;
+    } else {
+        bytes = std::fs::read(file).with_context(|| format!("failed to read {file}"))?;
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        anyhow::anyhow!("{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry")
+    })
+}
+
+fn run(
+    file: &str,
+    json: bool,
+    timeout: f64,
+    plots_dir: Option<PathBuf>,
+    width: u32,
+    height: u32,
+) -> Result<ExitCode> {
+    let code = read_code(file)?;
+    if !(timeout >= 0.0 && timeout.is_finite()) {
+        bail!("--timeout must be a number of seconds >= 0 (0 means no limit)");
+    }
+    for (name, v) in [("--width", width), ("--height", height)] {
+        if v == 0 || v > rvisor::MAX_PLOT_SIDE {
+            bail!(
+                "{name} must be between 1 and {} pixels",
+                rvisor::MAX_PLOT_SIDE
+            );
+        }
+    }
+    let execution_id = rvisor::ids::execution_id();
+    let result = if code.trim().is_empty() {
+        RunResult::failed(
+            execution_id,
+            code,
+            Outcome::Rejected,
+            "the script is empty".into(),
+        )
+    } else if code.len() > rvisor::MAX_CODE_BYTES {
+        let msg = format!(
+            "the script is {} bytes, over the limit of {} bytes; split it or load data from files",
+            code.len(),
+            rvisor::MAX_CODE_BYTES
+        );
+        RunResult::failed(execution_id, code, Outcome::Rejected, msg)
+    } else {
+        match Worker::spawn(&WorkerConfig::default()) {
+            Ok(mut worker) => {
+                let opts = CallOptions {
+                    timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+                    plot_width: width,
+                    plot_height: height,
+                    working_dir: std::env::current_dir().ok(),
+                    ..CallOptions::default()
+                };
+                let mut r = worker.run_with_id(execution_id, &code, &opts);
+                r.session.id = "run".into();
+                r.session.generation = 1;
+                r.session.fresh = true;
+                worker.shutdown(Duration::from_millis(500));
+                r
+            }
+            Err(e) => {
+                let outcome = match e {
+                    rvisor::Error::StartupTimeout(_) => Outcome::StartupTimedOut,
+                    _ => Outcome::StartupFailed,
+                };
+                RunResult::failed(execution_id, code, outcome, e.to_string())
+            }
+        }
+    };
+
+    let mut saved = Vec::new();
+    if let Some(dir) = &plots_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("failed to create {}", dir.display()))?;
+        for (i, p) in result.plots.iter().enumerate() {
+            let path = dir.join(format!("plot-{:03}.png", i + 1));
+            let data = base64::engine::general_purpose::STANDARD.decode(&p.data_base64)?;
+            std::fs::write(&path, data)
+                .with_context(|| format!("failed to write {}", path.display()))?;
+            saved.push(path);
+        }
+    }
+
+    if json {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &result)?;
+        writeln!(out)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        let mut err = std::io::stderr().lock();
+        for seg in &result.segments {
+            match seg {
+                Segment::Stdout { text } => {
+                    err.flush()?;
+                    out.write_all(text.as_bytes())?;
+                }
+                Segment::Plot { .. } => {}
+                other => {
+                    out.flush()?;
+                    if let Some(t) = other.console_text() {
+                        err.write_all(t.as_bytes())?;
+                    }
+                }
+            }
+        }
+        out.flush()?;
+        if result.truncated {
+            writeln!(err, "rvisor: output truncated at the output limit")?;
+        }
+        for p in &saved {
+            writeln!(err, "rvisor: plot saved to {}", p.display())?;
+        }
+        if plots_dir.is_none() && !result.plots.is_empty() {
+            writeln!(
+                err,
+                "rvisor: {} plot(s) not saved; pass --plots-dir DIR to write them as PNG files",
+                result.plots.len()
+            )?;
+        }
+        if let Some(v) = &result.result {
+            writeln!(err, "rvisor: result = {v}")?;
+        }
+    }
+    Ok(if result.success {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,578 @@
+//! One worker process: spawn, hello, run calls with a deadline, interrupt,
+//! kill. A worker is disposable; whoever owns it keeps anything that must
+//! survive the worker (results, queue, metadata).
+
+use crate::raw::RawOutput;
+use crate::{ids, Error};
+use rvisor_protocol::{
+    read_frame, write_frame, ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment,
+    ToWorker, WorkerHello, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH,
+    ENV_SYNC_TOKEN, ENV_WORKER_FD, PROTOCOL_VERSION,
+};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// Environment variables a worker inherits from the host: those that locate
+/// programs, libraries, locales and time zones. Everything else (secrets!)
+/// stays in the host.
+const INHERITED_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "R_HOME", "USER", "LOGNAME",
+];
+const INHERITED_ENV_PREFIXES: &[&str] = &["LC_", "R_LIBS"];
+
+/// Stack limit set for the worker before exec (see the worker's main.rs).
+const WORKER_STACK_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How to start workers.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The `rvisor-worker` binary.
+    pub worker_bin: Option<PathBuf>,
+    /// How long R may take to start.
+    pub startup_timeout: Duration,
+    /// Extra environment variable names R code may read.
+    pub env: Vec<String>,
+    /// Parent of the per-worker temporary directories.
+    pub temp_root: PathBuf,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            worker_bin: None,
+            startup_timeout: Duration::from_secs(60),
+            env: Vec::new(),
+            temp_root: std::env::temp_dir(),
+        }
+    }
+}
+
+/// Per-call settings.
+#[derive(Debug, Clone)]
+pub struct CallOptions {
+    /// Deadline of the call; `None` for no limit.
+    pub timeout: Option<Duration>,
+    /// How long R gets to answer an interrupt before the worker is killed.
+    pub grace: Duration,
+    /// Plot size in pixels.
+    pub plot_width: u32,
+    /// Plot size in pixels.
+    pub plot_height: u32,
+    /// Cap on console text plus plot bytes.
+    pub max_output_bytes: u64,
+    /// Directory to run in.
+    pub working_dir: Option<PathBuf>,
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Some(Duration::from_secs(30)),
+            grace: Duration::from_secs(2),
+            plot_width: DEFAULT_PLOT_WIDTH,
+            plot_height: DEFAULT_PLOT_HEIGHT,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+            working_dir: None,
+        }
+    }
+}
+
+/// Finds the worker binary: `RVISOR_WORKER`, else next to the current
+/// executable (or one level up, for test binaries in `target/*/deps`), else
+/// on `PATH`.
+pub fn locate_worker() -> Result<PathBuf, Error> {
+    if let Some(p) = std::env::var_os("RVISOR_WORKER") {
+        return Ok(PathBuf::from(p));
+    }
+    let mut looked = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent().map(Path::to_path_buf);
+        for _ in 0..2 {
+            let Some(d) = dir else { break };
+            let cand = d.join("rvisor-worker");
+            if cand.is_file() {
+                return Ok(cand);
+            }
+            looked.push(d.display().to_string());
+            dir = d.parent().map(Path::to_path_buf);
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            let cand = d.join("rvisor-worker");
+            if cand.is_file() {
+                return Ok(cand);
+            }
+        }
+        looked.push("PATH".into());
+    }
+    Err(Error::WorkerNotFound(looked.join(", ")))
+}
+
+/// A private directory removed when dropped.
+#[derive(Debug)]
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(root: &Path) -> Result<Self, Error> {
+        use std::os::unix::fs::DirBuilderExt;
+        let p = root.join(format!(
+            "rvisor-{}-{}",
+            std::process::id(),
+            ids::random_hex(6)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&p)
+            .map_err(|source| Error::Io {
+                what: "create the worker's temporary directory",
+                source,
+            })?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub struct Worker {
+    child: Child,
+    stream: UnixStream,
+    frames: Receiver<Result<FromWorker, String>>,
+    raw: RawOutput,
+    sync_token: Vec<u8>,
+    hello: WorkerHello,
+    startup: Duration,
+    exited: bool,
+    _tmp: TempDir,
+}
+
+impl Worker {
+    /// Starts a worker and waits until R is ready.
+    pub fn spawn(cfg: &WorkerConfig) -> Result<Self, Error> {
+        let t0 = Instant::now();
+        let bin = match &cfg.worker_bin {
+            Some(p) => p.clone(),
+            None => locate_worker()?,
+        };
+        let tmp = TempDir::new(&cfg.temp_root)?;
+        let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
+            what: "create the worker socketpair",
+            source,
+        })?;
+        let child_fd: OwnedFd = child_end.into();
+        let token = ids::random_hex(16);
+
+        let mut cmd = Command::new(&bin);
+        cmd.env_clear();
+        for (k, v) in std::env::vars_os() {
+            let Some(name) = k.to_str() else { continue };
+            let keep = INHERITED_ENV.contains(&name)
+                || INHERITED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
+                || cfg.env.iter().any(|e| e == name);
+            if keep {
+                cmd.env(&k, v);
+            }
+        }
+        cmd.env("TMPDIR", &tmp.0)
+            .env(ENV_WORKER_FD, "3")
+            .env(ENV_SYNC_TOKEN, &token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let raw_fd = child_fd.as_raw_fd();
+        let parent_pid = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs between fork and exec and only makes
+        // async-signal-safe system calls (setpgid, prctl, setrlimit, dup2,
+        // fcntl, getppid, kill); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Own process group: a terminal's Ctrl-C does not reach R.
+                libc::setpgid(0, 0);
+                // Die with the supervisor.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent_pid {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
+                let rl = libc::rlimit {
+                    rlim_cur: WORKER_STACK_BYTES,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                let mut cur: libc::rlimit = std::mem::zeroed();
+                libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
+                let rl = libc::rlimit {
+                    rlim_cur: if cur.rlim_max == libc::RLIM_INFINITY {
+                        rl.rlim_cur
+                    } else {
+                        rl.rlim_cur.min(cur.rlim_max)
+                    },
+                    rlim_max: cur.rlim_max,
+                };
+                libc::setrlimit(libc::RLIMIT_STACK, &rl);
+                if raw_fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0);
+                } else if libc::dup2(raw_fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+            path: bin.clone(),
+            source,
+        })?;
+        drop(child_fd);
+
+        let raw = RawOutput::default();
+        if let Some(out) = child.stdout.take() {
+            raw.attach(0, out);
+        }
+        if let Some(err) = child.stderr.take() {
+            raw.attach(1, err);
+        }
+        let mut reader = parent.try_clone().map_err(|source| Error::Io {
+            what: "clone the worker socket",
+            source,
+        })?;
+        let (tx, frames) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("rvisor-worker-link".into())
+            .spawn(move || loop {
+                let msg = read_frame::<_, FromWorker>(&mut reader).map_err(|e| e.to_string());
+                let stop = msg.is_err();
+                if tx.send(msg).is_err() || stop {
+                    break;
+                }
+            })
+            .map_err(|source| Error::Io {
+                what: "start the worker reader thread",
+                source,
+            })?;
+
+        let mut w = Worker {
+            child,
+            stream: parent,
+            frames,
+            raw,
+            sync_token: format!("\x1e{token}\x1e").into_bytes(),
+            hello: WorkerHello {
+                protocol_version: 0,
+                r_version: String::new(),
+                pid: 0,
+                r_tempdir: String::new(),
+                startup_ms: 0.0,
+            },
+            startup: Duration::ZERO,
+            exited: false,
+            _tmp: tmp,
+        };
+        write_frame(
+            &mut w.stream,
+            &ToWorker::Hello {
+                protocol_version: PROTOCOL_VERSION,
+            },
+        )
+        .map_err(|e| Error::Startup(format!("the worker closed its link at once ({e})")))?;
+        match w.frames.recv_timeout(cfg.startup_timeout) {
+            Ok(Ok(FromWorker::Hello(h))) if h.protocol_version == PROTOCOL_VERSION => {
+                w.hello = h;
+            }
+            Ok(Ok(FromWorker::Hello(h))) => {
+                w.kill();
+                return Err(Error::Startup(format!(
+                    "protocol mismatch: worker speaks {}, supervisor {PROTOCOL_VERSION}",
+                    h.protocol_version
+                )));
+            }
+            Ok(Ok(FromWorker::Fatal { message })) => {
+                w.kill();
+                return Err(Error::Startup(message));
+            }
+            Ok(Ok(other)) => {
+                w.kill();
+                return Err(Error::Startup(format!(
+                    "unexpected first message {other:?}"
+                )));
+            }
+            Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
+                let status = w.child.wait().ok();
+                w.exited = true;
+                let [o, e] = w.raw.take_all(Instant::now() + Duration::from_secs(1));
+                return Err(Error::Startup(format!(
+                    "the worker exited during start-up ({}){}",
+                    status
+                        .map(describe_exit)
+                        .unwrap_or_else(|| "status unknown".into()),
+                    printed(&o, &e)
+                )));
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                w.kill();
+                return Err(Error::StartupTimeout(cfg.startup_timeout));
+            }
+        }
+        w.startup = t0.elapsed();
+        Ok(w)
+    }
+
+    /// What the worker said when it became ready.
+    pub fn hello(&self) -> &WorkerHello {
+        &self.hello
+    }
+
+    /// Time from spawn to ready.
+    pub fn startup_time(&self) -> Duration {
+        self.startup
+    }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the worker process has ended.
+    pub fn is_alive(&mut self) -> bool {
+        !self.exited && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGINT: R ends the running evaluation, keeping its state.
+    pub fn interrupt(&self) {
+        if !self.exited {
+            // SAFETY: kill(2) on our own child's pid; it is not reaped yet
+            // (`exited` is false), so the pid cannot have been reused.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        }
+    }
+
+    /// Kills the worker's process group and reaps it.
+    pub fn kill(&mut self) {
+        if self.exited {
+            return;
+        }
+        // SAFETY: kill(2) on the process group our child leads (setpgid in
+        // pre_exec), before it is reaped, so the id is still ours.
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.exited = true;
+    }
+
+    /// Runs `code` and returns its result. Never fails: every problem
+    /// (timeout, crash, broken link) is a result with its outcome.
+    pub fn run(&mut self, code: &str, opts: &CallOptions) -> RunResult {
+        self.run_with_id(ids::execution_id(), code, opts)
+    }
+
+    /// [`Worker::run`] with a caller-chosen execution id.
+    pub fn run_with_id(
+        &mut self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+    ) -> RunResult {
+        let req = RunRequest {
+            execution_id: execution_id.clone(),
+            code: code.to_string(),
+            plot_width: opts.plot_width,
+            plot_height: opts.plot_height,
+            max_output_bytes: opts.max_output_bytes,
+            working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
+        };
+        if self.exited {
+            return RunResult::failed(
+                execution_id,
+                code.into(),
+                Outcome::WorkerFailed,
+                "the worker is no longer running".into(),
+            );
+        }
+        if let Err(e) = write_frame(&mut self.stream, &ToWorker::Run(req)) {
+            return self.dead_result(execution_id, code, format!("failed to send the call ({e})"));
+        }
+        let started = Instant::now();
+        let deadline = opts.timeout.map(|t| started + t);
+        let mut timed_out = false;
+        loop {
+            let wait = match (deadline, timed_out) {
+                (Some(d), false) => d.saturating_duration_since(Instant::now()),
+                (Some(d), true) => (d + opts.grace).saturating_duration_since(Instant::now()),
+                (None, _) => Duration::from_secs(3600),
+            };
+            match self.frames.recv_timeout(wait) {
+                Ok(Ok(FromWorker::Result(res))) => {
+                    let mut res = *res;
+                    self.fold_raw_output(&mut res, Instant::now() + Duration::from_secs(2));
+                    if timed_out && res.outcome == Outcome::Interrupted {
+                        mark_timed_out(&mut res, opts.timeout, false);
+                    }
+                    if res.outcome == Outcome::WorkerExited {
+                        let _ = self.child.wait();
+                        self.exited = true;
+                    }
+                    return res;
+                }
+                Ok(Ok(other)) => {
+                    self.kill();
+                    return self.dead_result(
+                        execution_id,
+                        code,
+                        format!("the worker broke the protocol (sent {other:?})"),
+                    );
+                }
+                Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
+                    return self.dead_result(execution_id, code, String::new());
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if deadline.is_none() {
+                        continue;
+                    }
+                    if !timed_out {
+                        timed_out = true;
+                        self.interrupt();
+                        continue;
+                    }
+                    // R did not answer the interrupt: tight C code. Kill.
+                    self.kill();
+                    let mut res = RunResult::empty(execution_id, code.into());
+                    res.r_version = self.hello.r_version.clone();
+                    let [o, e] = self.raw.take_all(Instant::now() + Duration::from_secs(1));
+                    push_raw(&mut res, o, e);
+                    mark_timed_out(&mut res, opts.timeout, true);
+                    res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+                    return res;
+                }
+            }
+        }
+    }
+
+    /// Asks the worker to exit and waits for it (kills it after `wait`).
+    pub fn shutdown(mut self, wait: Duration) {
+        let _ = write_frame(&mut self.stream, &ToWorker::Shutdown);
+        let end = Instant::now() + wait;
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                self.exited = true;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.kill();
+    }
+
+    fn fold_raw_output(&mut self, res: &mut RunResult, deadline: Instant) {
+        let [o, e] = self.raw.take_until(&self.sync_token, deadline);
+        push_raw(res, o, e);
+    }
+
+    /// The result of a call whose worker went away.
+    fn dead_result(&mut self, execution_id: String, code: &str, why: String) -> RunResult {
+        let status = self.child.wait().ok();
+        self.exited = true;
+        let [o, e] = self.raw.take_all(Instant::now() + Duration::from_secs(1));
+        let (outcome, what) = match status {
+            Some(s) if s.signal().is_some() => (Outcome::WorkerFailed, describe_exit(s)),
+            Some(s) => (Outcome::WorkerExited, describe_exit(s)),
+            None => (Outcome::WorkerFailed, "status unknown".into()),
+        };
+        let mut message = format!("the R worker ended during the call ({what})");
+        if !why.is_empty() {
+            message = format!("{message}: {why}");
+        }
+        let mut res = RunResult::empty(execution_id, code.into());
+        res.r_version = self.hello.r_version.clone();
+        push_raw(&mut res, o, e);
+        res.push_segment(Segment::Stderr {
+            text: format!("rvisor: {message}\n"),
+        });
+        res.outcome = outcome;
+        res.success = false;
+        res.error = Some(ErrorInfo::message(message));
+        res
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn mark_timed_out(res: &mut RunResult, timeout: Option<Duration>, killed: bool) {
+    let secs = timeout.map(|t| t.as_secs_f64()).unwrap_or(0.0);
+    let message = if killed {
+        format!(
+            "the call exceeded its timeout of {secs} s and R did not answer the interrupt, so \
+             the worker was killed; the session's state is lost"
+        )
+    } else {
+        format!(
+            "the call exceeded its timeout of {secs} s and was interrupted; the session's \
+             variables are kept"
+        )
+    };
+    res.push_segment(Segment::Stderr {
+        text: format!("rvisor: {message}\n"),
+    });
+    res.outcome = Outcome::TimedOut;
+    res.success = false;
+    let mut err = res.error.take().unwrap_or_default();
+    err.message = message;
+    err.timed_out = true;
+    res.error = Some(err);
+}
+
+fn push_raw(res: &mut RunResult, out: Vec<u8>, err: Vec<u8>) {
+    if !out.is_empty() {
+        res.push_segment(Segment::Stdout {
+            text: String::from_utf8_lossy(&out).into_owned(),
+        });
+    }
+    if !err.is_empty() {
+        res.push_segment(Segment::Stderr {
+            text: String::from_utf8_lossy(&err).into_owned(),
+        });
+    }
+}
+
+fn printed(out: &[u8], err: &[u8]) -> String {
+    let mut s = String::new();
+    for b in [out, err] {
+        let t = String::from_utf8_lossy(b);
+        let t = t.trim();
+        if !t.is_empty() {
+            s.push_str("; it printed: ");
+            s.push_str(t);
+        }
+    }
+    s
+}
+
+fn describe_exit(s: std::process::ExitStatus) -> String {
+    if let Some(sig) = s.signal() {
+        let name = match sig {
+            libc::SIGSEGV => "SIGSEGV",
+            libc::SIGKILL => "SIGKILL",
+            libc::SIGABRT => "SIGABRT",
+            libc::SIGBUS => "SIGBUS",
+            libc::SIGTERM => "SIGTERM",
+            _ => "",
+        };
+        format!("killed by signal {sig} {name}")
+            .trim_end()
+            .to_string()
+    } else {
+        format!("exit status {}", s.code().unwrap_or(-1))
+    }
+}
