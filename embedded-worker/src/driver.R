@@ -46,15 +46,35 @@ on_message <- function(m) {
 }
 
 on_error <- function(e) {
-  calls <- sys.calls()
-  n <- length(calls) - 1L  # drop this handler's own frame
-  if (n >= 1L && identical(calls[[n]][[1L]], quote(.handleSimpleError))) n <- n - 1L
-  tb <- character()
-  from <- state$base + 3L  # skip eval_user(), eval() and eval's own context
-  if (n >= from) {
-    tb <- vapply(rev(calls[from:n]), function(cl) first_line(deparse_call(cl)), "")
-  }
-  .Call(emit, "error", conditionMessage(e), deparse_call(conditionCall(e)), tb)
+  # Runs at the point of the error, possibly thousands of frames deep (stack
+  # overflow): do little, and never fail.
+  msg <- tryCatch(conditionMessage(e), error = function(e2) "unknown error")
+  cl <- tryCatch(deparse_call(conditionCall(e)), error = function(e2) NULL)
+  tb <- tryCatch({
+    calls <- sys.calls()
+    n <- length(calls) - 1L  # drop this handler's own frame
+    if (n >= 1L && identical(calls[[n]][[1L]], quote(.handleSimpleError))) n <- n - 1L
+    from <- state$base + 3L  # skip eval_user(), eval() and eval's own context
+    if (n >= from) {
+      idx <- rev(from:n)
+      more <- length(idx) - 50L
+      if (more > 0L) idx <- idx[seq_len(50L)]
+      out <- vapply(calls[idx], function(cl) first_line(deparse_call(cl)), "")
+      if (more > 0L) out <- c(out, sprintf("... and %d more frames", more))
+      out
+    } else character()
+  }, error = function(e2) character())
+  .Call(emit, "error", msg, cl, tb)
+  state$error_emitted <- TRUE
+}
+
+## The calling handler cannot run when the error is that the stack is
+## exhausted (calling it hits the same limit); the exiting handler runs after
+## unwinding and reports what it can.
+on_error_exit <- function(e) {
+  if (!state$error_emitted)
+    .Call(emit, "error", conditionMessage(e), deparse_call(conditionCall(e)), character())
+  "error"
 }
 
 eval_user <- function(expr) {
@@ -70,7 +90,10 @@ print_value <- function(v) {
       class(v)[[1L]]), NULL, NULL)
     return("unsupported")
   }
-  if (isS4(v)) methods::show(v) else print(v)
+  # Dispatch from the global environment, as the R prompt does, so methods
+  # defined by the user (print.myclass) are found.
+  if (isS4(v)) eval(quote(methods::show(.rvisor_value)), list(.rvisor_value = v), globalenv())
+  else eval(quote(print(.rvisor_value)), list(.rvisor_value = v), globalenv())
   "complete"
 }
 
@@ -81,13 +104,14 @@ flush_warnings <- function() {
 
 eval_top <- function(expr) {
   state$warnings <- list()
+  state$error_emitted <- FALSE
   on.exit(flush_warnings())
   tryCatch(
     withCallingHandlers({
       v <- withVisible(eval_user(expr))
       if (v$visible) print_value(v$value) else "complete"
     }, warning = on_warning, message = on_message, error = on_error),
-    error = function(e) "error",
+    error = on_error_exit,
     interrupt = function(i) "interrupted")
 }
 

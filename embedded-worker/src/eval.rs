@@ -254,7 +254,14 @@ fn finish(
         match call.status.as_deref() {
             Some("complete") => Outcome::Complete,
             Some("unsupported") => Outcome::UnsupportedOutput,
-            Some("error") => Outcome::Error,
+            Some("error") => {
+                if call.error.is_none() {
+                    call.error = Some(ErrorInfo::message(
+                        "an R error occurred but its details could not be captured",
+                    ));
+                }
+                Outcome::Error
+            }
             Some("interrupted") => Outcome::Interrupted,
             _ if interrupted => Outcome::Interrupted,
             _ => {

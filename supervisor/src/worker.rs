@@ -143,6 +143,21 @@ impl Drop for TempDir {
     }
 }
 
+/// Sends SIGINT to a worker from any thread (see [`Worker::interrupter`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Interrupter {
+    pid: libc::pid_t,
+}
+
+impl Interrupter {
+    /// Interrupts the running evaluation; R answers with outcome
+    /// `interrupted` and keeps the session's state.
+    pub fn interrupt(&self) {
+        // SAFETY: kill(2) with a pid we spawned; see `Worker::interrupter`.
+        unsafe { libc::kill(self.pid, libc::SIGINT) };
+    }
+}
+
 /// A running worker.
 #[derive(Debug)]
 pub struct Worker {
@@ -345,6 +360,15 @@ impl Worker {
         !self.exited && matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// A handle that can interrupt this worker from another thread while a
+    /// call runs. Use it only while the worker is alive (its pid could be
+    /// reused once the worker has been reaped).
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter {
+            pid: self.child.id() as libc::pid_t,
+        }
+    }
+
     /// Sends SIGINT: R ends the running evaluation, keeping its state.
     pub fn interrupt(&self) {
         if !self.exited {
@@ -390,6 +414,9 @@ impl Worker {
             max_output_bytes: opts.max_output_bytes,
             working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
         };
+        if let Err(message) = crate::validate_call(code, opts) {
+            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
+        }
         if self.exited {
             return RunResult::failed(
                 execution_id,

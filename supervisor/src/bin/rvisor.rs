@@ -42,11 +42,33 @@ enum Cmd {
         #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_HEIGHT)]
         height: u32,
     },
+    /// Measure rvisor's latency on standard workloads (table and JSON).
+    Bench {
+        /// Fewer samples.
+        #[arg(long)]
+        quick: bool,
+        /// Print JSON only.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Bench { quick, json } => match rvisor::bench::run(quick) {
+            Ok(results) => {
+                if !json {
+                    print!("{}", rvisor::bench::table(&results));
+                }
+                println!("{}", serde_json::to_string(&results).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rvisor bench: {e}");
+                ExitCode::from(1)
+            }
+        },
         Cmd::Run {
             file,
             json,

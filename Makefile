@@ -1,0 +1,27 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both install R and everything else that is missing first (scripts/setup.sh).
+
+CARGO ?= cargo
+
+.PHONY: setup build demo test lint
+
+setup:
+	@./scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release --workspace
+
+# Runs examples/demo.R in a fresh embedded R worker: output, a warning, a plot.
+demo: build
+	./target/release/rvisor run examples/demo.R --plots-dir demo-plots
+
+# Every test: unit tests, the tests against real R (one process per test
+# under nextest), and the doc examples.
+test: setup
+	$(CARGO) build --workspace
+	$(CARGO) test --workspace --doc
+	$(CARGO) nextest run --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what rvisor needs on a fresh Debian machine with Rust: R (with its
+# headers and shared library), the R packages the tests use, and
+# cargo-nextest if missing. Safe to run again: it installs only what is
+# missing. Needs root (or sudo) for apt-get.
+set -euo pipefail
+
+need=()
+command -v R >/dev/null 2>&1 || need+=(r-base-core r-base-dev)
+[ -e /usr/share/R/include/R.h ] || [ -e "$(R RHOME 2>/dev/null)/include/R.h" ] || need+=(r-base-dev)
+r_has() { command -v Rscript >/dev/null 2>&1 && Rscript -e "quit(status = !requireNamespace('$1', quietly = TRUE))" >/dev/null 2>&1; }
+for pkg in ggplot2 jsonlite; do
+  r_has "$pkg" || need+=("r-cran-$pkg")
+done
+
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "setup: installing ${need[*]}" >&2
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest" >&2
+  cargo install cargo-nextest --locked
+fi
