@@ -15,6 +15,7 @@
 
 pub mod bench;
 mod error;
+pub mod html;
 pub mod ids;
 mod raw;
 pub mod worker;

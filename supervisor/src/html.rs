@@ -1,0 +1,1 @@
+//! Rendering a RunResult as one self-contained HTML fragment.
