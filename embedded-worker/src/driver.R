@@ -21,8 +21,12 @@ html_classes <- c("htmlwidget", "gt_tbl", "flextable", "shiny.tag",
 
 first_line <- function(x) if (length(x)) x[[1L]] else ""
 
+driver_call <- quote(eval(expr, globalenv()))
+
 deparse_call <- function(cl) {
-  if (is.null(cl)) return(NULL)
+  # An error in top-level code has the driver's eval() as its call; the R
+  # prompt shows no call there ("Error: object 'y' not found").
+  if (is.null(cl) || identical(cl, driver_call)) return(NULL)
   s <- deparse(cl, width.cutoff = 500L, nlines = 2L)
   if (length(s) > 1L) paste0(s[[1L]], " ...") else s
 }
@@ -200,7 +204,8 @@ parse_code <- function(code) {
            })
 }
 
-run <- function(code, width, height, workdir) {
+run <- function(code, width, height, workdir, tools = character()) {
+  if (!identical(tools, state$tool_names)) set_tools(tools)
   state$width <- width
   state$height <- height
   state$newpage_pending <- FALSE
@@ -273,6 +278,40 @@ helpers$rvisor_result <- function(x) {
   invisible(x)
 }
 helpers$.rvisor_to_json <- to_json
+
+## --- tools from the host ---------------------------------------------------
+
+state$tool_names <- character()
+
+call_tool <- function(name, args) {
+  res <- .Call(tool_sym, name, to_json(args, unbox = TRUE))
+  if (!isTRUE(res[[1L]])) stop(res[[2L]], call. = FALSE)
+  res[[2L]]
+}
+
+set_tools <- function(names) {
+  fns <- lapply(names, function(nm) {
+    force(nm)
+    function(...) call_tool(nm, list(...))
+  })
+  names(fns) <- names
+  helpers$tools <- structure(fns, class = "rvisor_tools")
+  state$tool_names <- names
+}
+
+helpers$`$.rvisor_tools` <- function(x, name) {
+  f <- .subset2(x, name)
+  if (is.null(f))
+    stop(sprintf("unknown tool '%s'; this session's tools: %s", name,
+                 if (length(x)) paste(names(x), collapse = ", ") else "none"), call. = FALSE)
+  f
+}
+helpers$`[[.rvisor_tools` <- helpers$`$.rvisor_tools`
+helpers$print.rvisor_tools <- function(x, ...) {
+  cat("rvisor tools:", if (length(x)) paste(names(x), collapse = ", ") else "none", "\n")
+  invisible(x)
+}
+helpers$tools <- structure(list(), class = "rvisor_tools")
 
 init <- function(plot_dir) {
   state$plot_dir <- plot_dir

@@ -20,18 +20,32 @@ struct CallState {
     plot_files: Vec<String>,
 }
 
-/// What the `quit()` hook needs to report the call that is running.
+/// What the `quit()` hook and tool calls need to know about the call that is
+/// running.
 struct Running {
     request: RunRequest,
     r_version: String,
     started: Instant,
     rusage: Rusage,
-    sink: Box<dyn FnMut(&RunResult)>,
 }
 
 thread_local! {
     static CALL: RefCell<CallState> = RefCell::new(CallState::default());
     static RUNNING: RefCell<Option<Running>> = const { RefCell::new(None) };
+    static TOOL_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The execution id of the call in progress, if any.
+pub fn current_execution_id() -> Option<String> {
+    RUNNING.with(|x| x.borrow().as_ref().map(|r| r.request.execution_id.clone()))
+}
+
+/// A new tool call id, unique within this worker.
+pub fn next_tool_call_id() -> u64 {
+    TOOL_CALLS.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    })
 }
 
 /// Called by the driver through `.Call(emit, kind, a, b, c)`.
@@ -128,9 +142,9 @@ fn rusage() -> Rusage {
     total
 }
 
-/// Evaluates one request. `sink` is used only if the code calls `quit()`:
-/// the process then reports through it and exits instead of returning.
-pub fn run(r: &R, req: RunRequest, sink: Box<dyn FnMut(&RunResult)>) -> RunResult {
+/// Evaluates one request. If the code calls `quit()`, the result is sent
+/// from the clean-up hook and the process exits instead of returning.
+pub fn run(r: &R, req: RunRequest) -> RunResult {
     let started = Instant::now();
     let before = rusage();
     console::begin(req.max_output_bytes);
@@ -160,7 +174,6 @@ pub fn run(r: &R, req: RunRequest, sink: Box<dyn FnMut(&RunResult)>) -> RunResul
             r_version: r.version.clone(),
             started,
             rusage: before,
-            sink,
         })
     });
     let mut err: c_int = 0;
@@ -168,15 +181,27 @@ pub fn run(r: &R, req: RunRequest, sink: Box<dyn FnMut(&RunResult)>) -> RunResul
     // while R_tryEval runs, and R_tryEval catches every R error and
     // interrupt (R_ToplevelExec) so no longjmp crosses this frame.
     unsafe {
-        let call = Rf_protect(Rf_lang5(
+        let tools = Rf_protect(Rf_allocVector(
+            SEXPTYPE::STRSXP,
+            req.tools.len() as R_xlen_t,
+        ));
+        for (i, name) in req.tools.iter().enumerate() {
+            SET_STRING_ELT(
+                tools,
+                i as R_xlen_t,
+                STRING_ELT(crate::r::mk_string(&name.replace('\0', "")), 0),
+            );
+        }
+        let call = Rf_protect(Rf_lang6(
             r.run_fn,
             crate::r::mk_string(&req.code),
             Rf_ScalarInteger(req.plot_width as c_int),
             Rf_ScalarInteger(req.plot_height as c_int),
             crate::r::mk_string(&wd),
+            tools,
         ));
         R_tryEval(call, r.driver, &mut err);
-        Rf_unprotect(1);
+        Rf_unprotect(2);
     }
     RUNNING.with(|x| x.borrow_mut().take());
     let call = CALL.with(|s| std::mem::take(&mut *s.borrow_mut()));
@@ -186,7 +211,7 @@ pub fn run(r: &R, req: RunRequest, sink: Box<dyn FnMut(&RunResult)>) -> RunResul
 /// Called from R's clean-up hook when the code calls `quit()`: reports the
 /// call as `worker_exited` (with the output so far) before the process ends.
 pub fn on_quit(status: c_int) {
-    let Some(mut running) = RUNNING.with(|x| x.borrow_mut().take()) else {
+    let Some(running) = RUNNING.with(|x| x.borrow_mut().take()) else {
         return;
     };
     let call = CALL.with(|s| std::mem::take(&mut *s.borrow_mut()));
@@ -199,7 +224,8 @@ pub fn on_quit(status: c_int) {
         false,
         Some(status),
     );
-    (running.sink)(&res);
+    crate::link::write_sync();
+    let _ = crate::link::send(&rvisor_protocol::FromWorker::Result(Box::new(res)));
 }
 
 fn finish(

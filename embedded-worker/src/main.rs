@@ -9,12 +9,13 @@ mod console;
 mod eval;
 mod ffi;
 mod interrupt;
+mod link;
 mod r;
 mod result_block;
+mod tools;
 
 use rvisor_protocol::{
-    read_frame, write_frame, FrameError, FromWorker, ToWorker, WorkerHello, ENV_SYNC_TOKEN,
-    ENV_WORKER_FD, PROTOCOL_VERSION,
+    FrameError, FromWorker, ToWorker, WorkerHello, ENV_SYNC_TOKEN, ENV_WORKER_FD, PROTOCOL_VERSION,
 };
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
@@ -102,37 +103,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// Writes the sync token to fds 1 and 2, after flushing C stdio, so the
-/// supervisor knows all raw output of the call before it has arrived.
-fn write_sync(token: &Option<String>) {
-    let Some(token) = token else { return };
-    let bytes = format!("\x1e{token}\x1e");
-    // SAFETY: fflush(NULL) flushes every C stdio stream; write() of a buffer
-    // we own to the inherited fds 1 and 2.
-    unsafe {
-        libc::fflush(std::ptr::null_mut());
-        for fd in [1, 2] {
-            libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-        }
-    }
-}
-
 /// The worker's main loop over any transport (a socketpair in production).
-fn serve(mut stream: UnixStream, sync: Option<String>) -> Result<(), String> {
+fn serve(stream: UnixStream, sync: Option<String>) -> Result<(), String> {
     let t0 = Instant::now();
-    match read_frame::<_, ToWorker>(&mut stream) {
+    link::install(stream, sync);
+    match link::recv() {
         Ok(ToWorker::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {}
         Ok(ToWorker::Hello { protocol_version }) => {
             let message = format!(
                 "protocol mismatch: the supervisor speaks version {protocol_version}, this \
                  worker {PROTOCOL_VERSION}; install matching rvisor and rvisor-worker binaries"
             );
-            let _ = write_frame(
-                &mut stream,
-                &FromWorker::Fatal {
-                    message: message.clone(),
-                },
-            );
+            let _ = link::send(&FromWorker::Fatal {
+                message: message.clone(),
+            });
             return Err(message);
         }
         Ok(other) => return Err(format!("expected hello, got {other:?}")),
@@ -149,22 +133,16 @@ fn serve(mut stream: UnixStream, sync: Option<String>) -> Result<(), String> {
         r_tempdir: r.tempdir.clone(),
         startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
     };
-    write_frame(&mut stream, &FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
+    link::send(&FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
     loop {
-        match read_frame::<_, ToWorker>(&mut stream) {
+        match link::recv() {
             Ok(ToWorker::Run(req)) => {
-                let mut quit_stream = stream.try_clone().map_err(|e| e.to_string())?;
-                let quit_sync = sync.clone();
-                let sink = Box::new(move |res: &rvisor_protocol::RunResult| {
-                    write_sync(&quit_sync);
-                    let _ =
-                        write_frame(&mut quit_stream, &FromWorker::Result(Box::new(res.clone())));
-                });
-                let res = eval::run(&r, req, sink);
-                write_sync(&sync);
-                write_frame(&mut stream, &FromWorker::Result(Box::new(res)))
-                    .map_err(|e| e.to_string())?;
+                let res = eval::run(&r, req);
+                link::write_sync();
+                link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
             }
+            // An answer to a tool call that was given up (interrupted).
+            Ok(ToWorker::ToolResult { .. }) => {}
             Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => return Ok(()),
             Ok(ToWorker::Hello { .. }) => return Err("unexpected second hello".into()),
             Err(e) => return Err(e.to_string()),
@@ -183,7 +161,8 @@ fn warm_up(r: &r::R) {
             plot_height: 100,
             max_output_bytes: 1 << 20,
             working_dir: None,
+            tools: Vec::new(),
         };
-        let _ = eval::run(r, req, Box::new(|_| {}));
+        let _ = eval::run(r, req);
     }
 }

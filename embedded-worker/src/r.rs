@@ -180,11 +180,16 @@ pub fn start() -> Result<R, String> {
     // SAFETY: R is initialised; on the R thread. The method table is
     // 'static and terminated by a null entry, as R_registerRoutines requires.
     unsafe {
-        static mut CALL_METHODS: [R_CallMethodDef; 2] = [
+        static mut CALL_METHODS: [R_CallMethodDef; 3] = [
             R_CallMethodDef {
                 name: c"rvisor_emit".as_ptr(),
                 fun: None,
                 numArgs: 4,
+            },
+            R_CallMethodDef {
+                name: c"rvisor_tool".as_ptr(),
+                fun: None,
+                numArgs: 2,
             },
             R_CallMethodDef {
                 name: ptr::null(),
@@ -199,6 +204,11 @@ pub fn start() -> Result<R, String> {
             unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP,
             unsafe extern "C" fn() -> *mut std::os::raw::c_void,
         >(emit));
+        let tool: unsafe extern "C" fn(SEXP, SEXP) -> SEXP = crate::tools::rvisor_tool;
+        CALL_METHODS[1].fun = Some(std::mem::transmute::<
+            unsafe extern "C" fn(SEXP, SEXP) -> SEXP,
+            unsafe extern "C" fn() -> *mut std::os::raw::c_void,
+        >(tool));
         let info = R_getEmbeddingDllInfo();
         R_registerRoutines(
             info,
@@ -216,6 +226,8 @@ pub fn start() -> Result<R, String> {
         R_PreserveObject(driver);
         let sym = eval_string("getNativeSymbolInfo('rvisor_emit')", R_BaseEnv)?;
         Rf_defineVar(Rf_install(c"emit".as_ptr()), sym, driver);
+        let sym = eval_string("getNativeSymbolInfo('rvisor_tool')", R_BaseEnv)?;
+        Rf_defineVar(Rf_install(c"tool_sym".as_ptr()), sym, driver);
         eval_string(DRIVER_SOURCE, driver)
             .map_err(|e| format!("failed to load the driver: {e}"))?;
         let run_fn = Rf_findVarInFrame(driver, Rf_install(c"run".as_ptr()));

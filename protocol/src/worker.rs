@@ -6,6 +6,11 @@ use serde::{Deserialize, Serialize};
 /// Name of the environment variable that carries the worker's end of the
 /// socketpair (a file descriptor number inherited across exec).
 pub const ENV_WORKER_FD: &str = "RVISOR_WORKER_FD";
+/// Largest tool request (serialised arguments) accepted, in bytes.
+pub const MAX_TOOL_REQUEST_BYTES: usize = 256 * 1024;
+/// Largest tool result (serialised JSON) accepted, in bytes.
+pub const MAX_TOOL_RESULT_BYTES: usize = 8 * 1024 * 1024;
+
 /// Name of the environment variable with the token the worker writes to its
 /// stdout and stderr after each call, so the supervisor knows that all raw
 /// output of that call has arrived.
@@ -22,6 +27,14 @@ pub enum ToWorker {
     },
     /// Evaluate code.
     Run(RunRequest),
+    /// The answer to a [`FromWorker::ToolCall`].
+    ToolResult {
+        /// The `call_id` of the tool call.
+        call_id: u64,
+        /// The handler's JSON result, or why it failed.
+        #[serde(flatten)]
+        outcome: ToolOutcome,
+    },
     /// Finish and exit cleanly.
     Shutdown,
 }
@@ -41,6 +54,19 @@ pub struct RunRequest {
     pub max_output_bytes: u64,
     /// Directory to `setwd()` into before the call.
     pub working_dir: Option<String>,
+    /// Names of the tools R code may call as `tools$name(...)`.
+    #[serde(default)]
+    pub tools: Vec<String>,
+}
+
+/// What a tool handler produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolOutcome {
+    /// The handler's result.
+    Value(serde_json::Value),
+    /// Why the call failed (unknown tool, handler error, limit); becomes an R error.
+    Error(String),
 }
 
 /// Worker to supervisor.
@@ -51,6 +77,17 @@ pub enum FromWorker {
     Hello(WorkerHello),
     /// The result of a [`ToWorker::Run`].
     Result(Box<RunResult>),
+    /// R code called a host tool; the worker waits for [`ToWorker::ToolResult`].
+    ToolCall {
+        /// The call during which the tool was called.
+        execution_id: String,
+        /// Unique within the worker.
+        call_id: u64,
+        /// Tool name.
+        name: String,
+        /// Arguments as JSON (an object for named arguments, an array otherwise).
+        args: serde_json::Value,
+    },
     /// The worker cannot go on (e.g. protocol version mismatch).
     Fatal {
         /// Why.

@@ -17,7 +17,10 @@ pub mod bench;
 mod error;
 pub mod html;
 pub mod ids;
+pub mod jsonl;
 mod raw;
+pub mod session;
+pub mod tools;
 pub mod worker;
 
 pub use error::Error;
@@ -25,7 +28,12 @@ pub use rvisor_protocol::{
     ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE,
 };
-pub use worker::{locate_worker, CallOptions, Interrupter, Worker, WorkerConfig};
+pub use session::{
+    CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, Session, SessionOptions, SessionState,
+    SessionStatus, Supervisor, SupervisorConfig,
+};
+pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
+pub use worker::{locate_worker, CallOptions, Canceller, Interrupter, Worker, WorkerConfig};
 
 /// Largest accepted code, in bytes.
 pub const MAX_CODE_BYTES: usize = 256 * 1024;

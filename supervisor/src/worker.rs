@@ -3,18 +3,20 @@
 //! survive the worker (results, queue, metadata).
 
 use crate::raw::RawOutput;
+use crate::tools::{CallContext, ToolCall};
 use crate::{ids, Error};
 use rvisor_protocol::{
     read_frame, write_frame, ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment,
     ToWorker, WorkerHello, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH,
     ENV_SYNC_TOKEN, ENV_WORKER_FD, PROTOCOL_VERSION,
 };
+use rvisor_protocol::{ToolOutcome, MAX_TOOL_RESULT_BYTES};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 /// Environment variables a worker inherits from the host: those that locate
@@ -37,6 +39,10 @@ pub struct WorkerConfig {
     pub startup_timeout: Duration,
     /// Extra environment variable names R code may read.
     pub env: Vec<String>,
+    /// Pass the host's whole environment (explicit opt-in; secrets included).
+    pub inherit_env: bool,
+    /// R library directories, in order (set as `R_LIBS`).
+    pub libpath: Vec<PathBuf>,
     /// Parent of the per-worker temporary directories.
     pub temp_root: PathBuf,
 }
@@ -47,6 +53,8 @@ impl Default for WorkerConfig {
             worker_bin: None,
             startup_timeout: Duration::from_secs(60),
             env: Vec::new(),
+            inherit_env: false,
+            libpath: Vec::new(),
             temp_root: std::env::temp_dir(),
         }
     }
@@ -143,6 +151,37 @@ impl Drop for TempDir {
     }
 }
 
+/// What reaches a worker's call loop: frames from the worker, tool results
+/// from handler threads, cancellation from other threads.
+#[derive(Debug)]
+enum LinkEvent {
+    Frame(Result<FromWorker, String>),
+    ToolDone { call_id: u64, outcome: ToolOutcome },
+    Cancel(String),
+}
+
+/// Why the supervisor interrupted a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Timeout,
+    Cancel,
+}
+
+/// Cancels a running call from another thread.
+#[derive(Debug, Clone)]
+pub struct Canceller {
+    tx: Sender<LinkEvent>,
+}
+
+impl Canceller {
+    /// Cancels the call with this execution id if it is the one running:
+    /// interrupt, and kill the worker if R does not answer within the grace
+    /// period. The result's outcome is `cancelled`.
+    pub fn cancel(&self, execution_id: &str) {
+        let _ = self.tx.send(LinkEvent::Cancel(execution_id.to_string()));
+    }
+}
+
 /// Sends SIGINT to a worker from any thread (see [`Worker::interrupter`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Interrupter {
@@ -163,7 +202,8 @@ impl Interrupter {
 pub struct Worker {
     child: Child,
     stream: UnixStream,
-    frames: Receiver<Result<FromWorker, String>>,
+    events: Receiver<LinkEvent>,
+    events_tx: Sender<LinkEvent>,
     raw: RawOutput,
     sync_token: Vec<u8>,
     hello: WorkerHello,
@@ -192,12 +232,19 @@ impl Worker {
         cmd.env_clear();
         for (k, v) in std::env::vars_os() {
             let Some(name) = k.to_str() else { continue };
-            let keep = INHERITED_ENV.contains(&name)
+            let keep = cfg.inherit_env
+                || INHERITED_ENV.contains(&name)
                 || INHERITED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
                 || cfg.env.iter().any(|e| e == name);
             if keep {
                 cmd.env(&k, v);
             }
+        }
+        if !cfg.libpath.is_empty() {
+            let joined = std::env::join_paths(&cfg.libpath).map_err(|e| {
+                Error::Invalid(format!("a libpath entry cannot be used in R_LIBS: {e}"))
+            })?;
+            cmd.env("R_LIBS", joined);
         }
         cmd.env("TMPDIR", &tmp.0)
             .env(ENV_WORKER_FD, "3")
@@ -259,13 +306,14 @@ impl Worker {
             what: "clone the worker socket",
             source,
         })?;
-        let (tx, frames) = mpsc::channel();
+        let (events_tx, events) = mpsc::channel();
+        let tx = events_tx.clone();
         std::thread::Builder::new()
             .name("rvisor-worker-link".into())
             .spawn(move || loop {
                 let msg = read_frame::<_, FromWorker>(&mut reader).map_err(|e| e.to_string());
                 let stop = msg.is_err();
-                if tx.send(msg).is_err() || stop {
+                if tx.send(LinkEvent::Frame(msg)).is_err() || stop {
                     break;
                 }
             })
@@ -277,7 +325,8 @@ impl Worker {
         let mut w = Worker {
             child,
             stream: parent,
-            frames,
+            events,
+            events_tx,
             raw,
             sync_token: format!("\x1e{token}\x1e").into_bytes(),
             hello: WorkerHello {
@@ -298,7 +347,12 @@ impl Worker {
             },
         )
         .map_err(|e| Error::Startup(format!("the worker closed its link at once ({e})")))?;
-        match w.frames.recv_timeout(cfg.startup_timeout) {
+        let first = match w.events.recv_timeout(cfg.startup_timeout) {
+            Ok(LinkEvent::Frame(f)) => Ok(f),
+            Ok(_) => Ok(Err("unexpected event".to_string())),
+            Err(e) => Err(e),
+        };
+        match first {
             Ok(Ok(FromWorker::Hello(h))) if h.protocol_version == PROTOCOL_VERSION => {
                 w.hello = h;
             }
@@ -350,6 +404,11 @@ impl Worker {
         self.startup
     }
 
+    /// The worker's private temporary directory (removed when it ends).
+    pub fn temp_dir(&self) -> &Path {
+        &self._tmp.0
+    }
+
     /// The worker's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -396,7 +455,7 @@ impl Worker {
     /// Runs `code` and returns its result. Never fails: every problem
     /// (timeout, crash, broken link) is a result with its outcome.
     pub fn run(&mut self, code: &str, opts: &CallOptions) -> RunResult {
-        self.run_with_id(ids::execution_id(), code, opts)
+        self.run_call(ids::execution_id(), code, opts, &CallContext::default())
     }
 
     /// [`Worker::run`] with a caller-chosen execution id.
@@ -406,14 +465,25 @@ impl Worker {
         code: &str,
         opts: &CallOptions,
     ) -> RunResult {
-        let req = RunRequest {
-            execution_id: execution_id.clone(),
-            code: code.to_string(),
-            plot_width: opts.plot_width,
-            plot_height: opts.plot_height,
-            max_output_bytes: opts.max_output_bytes,
-            working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
-        };
+        self.run_call(execution_id, code, opts, &CallContext::default())
+    }
+
+    /// A handle that cancels the call with a given execution id from any
+    /// thread (see [`Canceller::cancel`]).
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            tx: self.events_tx.clone(),
+        }
+    }
+
+    /// Runs one call with tools and cancellation.
+    pub fn run_call(
+        &mut self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+    ) -> RunResult {
         if let Err(message) = crate::validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
         }
@@ -425,24 +495,48 @@ impl Worker {
                 "the worker is no longer running".into(),
             );
         }
+        let req = RunRequest {
+            execution_id: execution_id.clone(),
+            code: code.to_string(),
+            plot_width: opts.plot_width,
+            plot_height: opts.plot_height,
+            max_output_bytes: opts.max_output_bytes,
+            working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
+            tools: ctx.tools.iter().map(|t| t.name.clone()).collect(),
+        };
         if let Err(e) = write_frame(&mut self.stream, &ToWorker::Run(req)) {
             return self.dead_result(execution_id, code, format!("failed to send the call ({e})"));
         }
         let started = Instant::now();
         let deadline = opts.timeout.map(|t| started + t);
-        let mut timed_out = false;
+        // Set once SIGINT was sent: why, and when to give up on R.
+        let mut stopping: Option<(Stop, Instant)> = None;
         loop {
-            let wait = match (deadline, timed_out) {
-                (Some(d), false) => d.saturating_duration_since(Instant::now()),
-                (Some(d), true) => (d + opts.grace).saturating_duration_since(Instant::now()),
-                (None, _) => Duration::from_secs(3600),
+            let until = match (stopping, deadline) {
+                (Some((_, kill_at)), _) => Some(kill_at),
+                (None, d) => d,
             };
-            match self.frames.recv_timeout(wait) {
-                Ok(Ok(FromWorker::Result(res))) => {
+            let event = match until {
+                Some(t) => self
+                    .events
+                    .recv_timeout(t.saturating_duration_since(Instant::now())),
+                None => self
+                    .events
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match event {
+                Ok(LinkEvent::Frame(Ok(FromWorker::Result(res)))) => {
                     let mut res = *res;
                     self.fold_raw_output(&mut res, Instant::now() + Duration::from_secs(2));
-                    if timed_out && res.outcome == Outcome::Interrupted {
-                        mark_timed_out(&mut res, opts.timeout, false);
+                    if res.outcome == Outcome::Interrupted {
+                        match stopping {
+                            Some((Stop::Timeout, _)) => {
+                                mark_timed_out(&mut res, opts.timeout, false)
+                            }
+                            Some((Stop::Cancel, _)) => mark_cancelled(&mut res, false),
+                            None => {}
+                        }
                     }
                     if res.outcome == Outcome::WorkerExited {
                         let _ = self.child.wait();
@@ -450,7 +544,36 @@ impl Worker {
                     }
                     return res;
                 }
-                Ok(Ok(other)) => {
+                Ok(LinkEvent::Frame(Ok(FromWorker::ToolCall {
+                    execution_id: eid,
+                    call_id,
+                    name,
+                    args,
+                }))) => {
+                    if eid != execution_id || stopping.is_some() {
+                        continue; // the call is ending; R will not wait for this
+                    }
+                    self.start_tool(ctx, eid, call_id, name, args);
+                }
+                Ok(LinkEvent::ToolDone { call_id, outcome }) => {
+                    if stopping.is_none() {
+                        let msg = ToWorker::ToolResult { call_id, outcome };
+                        if let Err(e) = write_frame(&mut self.stream, &msg) {
+                            return self.dead_result(
+                                execution_id,
+                                code,
+                                format!("failed to send a tool result ({e})"),
+                            );
+                        }
+                    }
+                }
+                Ok(LinkEvent::Cancel(id)) => {
+                    if id == execution_id && stopping.is_none() {
+                        self.interrupt();
+                        stopping = Some((Stop::Cancel, Instant::now() + opts.grace));
+                    }
+                }
+                Ok(LinkEvent::Frame(Ok(other))) => {
                     self.kill();
                     return self.dead_result(
                         execution_id,
@@ -458,29 +581,110 @@ impl Worker {
                         format!("the worker broke the protocol (sent {other:?})"),
                     );
                 }
-                Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
-                    return self.dead_result(execution_id, code, String::new());
+                Ok(LinkEvent::Frame(Err(_))) | Err(RecvTimeoutError::Disconnected) => {
+                    let mut res = self.dead_result(execution_id, code, String::new());
+                    if let Some((why, _)) = stopping {
+                        // We were stopping it anyway: report why, not the crash.
+                        match why {
+                            Stop::Timeout => mark_timed_out(&mut res, opts.timeout, true),
+                            Stop::Cancel => mark_cancelled(&mut res, true),
+                        }
+                    }
+                    return res;
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if deadline.is_none() {
-                        continue;
-                    }
-                    if !timed_out {
-                        timed_out = true;
+                    if stopping.is_none() {
                         self.interrupt();
+                        stopping = Some((Stop::Timeout, Instant::now() + opts.grace));
                         continue;
                     }
-                    // R did not answer the interrupt: tight C code. Kill.
+                    // R did not answer the interrupt (tight C code): kill.
+                    let why = stopping.map(|s| s.0).unwrap_or(Stop::Timeout);
                     self.kill();
                     let mut res = RunResult::empty(execution_id, code.into());
                     res.r_version = self.hello.r_version.clone();
                     let [o, e] = self.raw.take_all(Instant::now() + Duration::from_secs(1));
                     push_raw(&mut res, o, e);
-                    mark_timed_out(&mut res, opts.timeout, true);
+                    match why {
+                        Stop::Timeout => mark_timed_out(&mut res, opts.timeout, true),
+                        Stop::Cancel => mark_cancelled(&mut res, true),
+                    }
                     res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
                     return res;
                 }
             }
+        }
+    }
+
+    /// Runs a tool handler on its own thread; its answer comes back as a
+    /// [`LinkEvent::ToolDone`], so a slow handler never holds up deadlines.
+    fn start_tool(
+        &self,
+        ctx: &CallContext,
+        execution_id: String,
+        call_id: u64,
+        name: String,
+        args: serde_json::Value,
+    ) {
+        let tx = self.events_tx.clone();
+        let Some(tool) = ctx.tools.iter().find(|t| t.name == name).cloned() else {
+            let known: Vec<&str> = ctx.tools.iter().map(|t| t.name.as_str()).collect();
+            let msg = format!(
+                "unknown tool '{name}'; this session's tools: {}",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+            let _ = tx.send(LinkEvent::ToolDone {
+                call_id,
+                outcome: ToolOutcome::Error(msg),
+            });
+            return;
+        };
+        let call = ToolCall {
+            session_id: ctx.session_id.clone(),
+            execution_id,
+            name,
+            args,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("rvisor-tool".into())
+            .spawn(move || {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    (tool.handler)(&call)
+                }));
+                let outcome = match result {
+                    Ok(Ok(v)) => {
+                        let size = serde_json::to_vec(&v)
+                            .map(|b| b.len())
+                            .unwrap_or(usize::MAX);
+                        if size > MAX_TOOL_RESULT_BYTES {
+                            ToolOutcome::Error(format!(
+                                "the result of tool '{}' is {size} bytes, over the limit of \
+                             {MAX_TOOL_RESULT_BYTES} bytes",
+                                call.name
+                            ))
+                        } else {
+                            ToolOutcome::Value(v)
+                        }
+                    }
+                    Ok(Err(msg)) => {
+                        ToolOutcome::Error(format!("tool '{}' failed: {msg}", call.name))
+                    }
+                    Err(_) => ToolOutcome::Error(format!(
+                        "tool '{}' failed: its handler panicked",
+                        call.name
+                    )),
+                };
+                let _ = tx.send(LinkEvent::ToolDone { call_id, outcome });
+            });
+        if spawned.is_err() {
+            let _ = self.events_tx.send(LinkEvent::ToolDone {
+                call_id,
+                outcome: ToolOutcome::Error("failed to start a thread for the tool call".into()),
+            });
         }
     }
 
@@ -557,6 +761,23 @@ fn mark_timed_out(res: &mut RunResult, timeout: Option<Duration>, killed: bool) 
     let mut err = res.error.take().unwrap_or_default();
     err.message = message;
     err.timed_out = true;
+    res.error = Some(err);
+}
+
+fn mark_cancelled(res: &mut RunResult, killed: bool) {
+    let message = if killed {
+        "the call was cancelled; R did not answer the interrupt, so the worker was killed and \
+         the session's state is lost"
+    } else {
+        "the call was cancelled; the session's variables are kept"
+    };
+    res.push_segment(Segment::Stderr {
+        text: format!("rvisor: {message}\n"),
+    });
+    res.outcome = Outcome::Cancelled;
+    res.success = false;
+    let mut err = res.error.take().unwrap_or_default();
+    err.message = message.to_string();
     res.error = Some(err);
 }
 

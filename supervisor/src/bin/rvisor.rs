@@ -42,6 +42,14 @@ enum Cmd {
         #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_HEIGHT)]
         height: u32,
     },
+    /// One or more persistent sessions over JSON lines on stdin/stdout.
+    Session {
+        /// Speak JSON lines (the only mode so far; required for clarity).
+        #[arg(long)]
+        jsonl: bool,
+        #[command(flatten)]
+        opts: SessionArgs,
+    },
     /// Measure rvisor's latency on standard workloads (table and JSON).
     Bench {
         /// Fewer samples.
@@ -53,9 +61,87 @@ enum Cmd {
     },
 }
 
+/// Session options shared by `session` and `repl`.
+#[derive(clap::Args, Debug)]
+struct SessionArgs {
+    /// Time limit per call in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    /// Calls that may wait behind the running one.
+    #[arg(long, default_value_t = 16)]
+    queue_limit: usize,
+    /// Cap on output per call, in bytes.
+    #[arg(long, default_value_t = rvisor::DEFAULT_MAX_OUTPUT_BYTES)]
+    max_output_bytes: u64,
+    /// Plot width in pixels.
+    #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_WIDTH)]
+    plot_width: u32,
+    /// Plot height in pixels.
+    #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_HEIGHT)]
+    plot_height: u32,
+    /// An environment variable R code may read (repeatable).
+    #[arg(long = "env", value_name = "NAME")]
+    env: Vec<String>,
+    /// Let R code read the whole host environment (secrets included).
+    #[arg(long)]
+    inherit_env: bool,
+    /// An R library directory (repeatable, in order).
+    #[arg(long)]
+    libpath: Vec<PathBuf>,
+    /// Directory calls run in (default: a private one per session).
+    #[arg(long)]
+    working_dir: Option<PathBuf>,
+}
+
+impl SessionArgs {
+    fn options(&self) -> Result<rvisor::SessionOptions> {
+        if !(self.timeout > 0.0 && self.timeout.is_finite()) {
+            bail!("--timeout must be a positive number of seconds");
+        }
+        Ok(rvisor::SessionOptions {
+            timeout: Duration::from_secs_f64(self.timeout),
+            queue_limit: self.queue_limit,
+            max_output_bytes: self.max_output_bytes,
+            plot_width: self.plot_width,
+            plot_height: self.plot_height,
+            env: if self.inherit_env {
+                rvisor::EnvPolicy::Inherit
+            } else {
+                rvisor::EnvPolicy::Names(self.env.clone())
+            },
+            libpath: self.libpath.clone(),
+            working_dir: self.working_dir.clone(),
+            ..rvisor::SessionOptions::default()
+        })
+    }
+}
+
+fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
+    let opts = args.options()?;
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+    sup.cleanup_on_signals()?;
+    let stdin = std::io::stdin().lock();
+    rvisor::jsonl::serve(&sup, opts, stdin, std::io::stdout())?;
+    sup.shutdown();
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Session { jsonl, opts } => {
+            if !jsonl {
+                eprintln!("rvisor session: pass --jsonl (JSON lines on stdin/stdout); for an interactive session use `rvisor repl`");
+                return ExitCode::from(2);
+            }
+            match session_jsonl(&opts) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("rvisor: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Cmd::Bench { quick, json } => match rvisor::bench::run(quick) {
             Ok(results) => {
                 if !json {

@@ -1,0 +1,962 @@
+//! Persistent sessions: one worker, one R global environment, one queue.
+//!
+//! A [`Supervisor`] hands out [`Session`]s. Each session has a runner thread
+//! that owns its worker and takes calls from its queue in order, so calls of
+//! one session run one after another while sessions run in parallel. Handles
+//! ([`CallHandle`]) resolve with a [`RunResult`] whatever happens: every
+//! failure is an outcome, never a lost call.
+//!
+//! State machine of a session (see ARCHITECTURE.md):
+//! `new` --first call--> `starting` --> `running` <--> `idle`;
+//! a reset (timeout kill, cancel kill, crash, `quit()`, [`Session::reset`])
+//! goes back to `starting` with the next generation; `close()` --> `closed`.
+
+use crate::tools::{CallContext, Tool};
+use crate::worker::{Canceller, Interrupter};
+use crate::{ids, CallOptions, Error, Outcome, RunResult, Worker, WorkerConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Which host environment variables R code may read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum EnvPolicy {
+    /// Only the variables that locate programs, libraries, locales and time
+    /// zones, plus these names.
+    Names(Vec<String>),
+    /// The whole host environment (explicit opt-in: secrets included).
+    Inherit,
+    /// Only the locating variables.
+    #[default]
+    Minimal,
+}
+
+/// Options of a session.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// Time limit per call (default 30 s).
+    pub timeout: Duration,
+    /// How long R may take to start (default 60 s).
+    pub startup_timeout: Duration,
+    /// How long R gets to answer an interrupt before its worker is killed.
+    pub grace: Duration,
+    /// Calls that may wait behind the running one (default 16).
+    pub queue_limit: usize,
+    /// Cap on output per call (default 8 MiB).
+    pub max_output_bytes: u64,
+    /// Plot width in pixels (default 1000).
+    pub plot_width: u32,
+    /// Plot height in pixels (default 650).
+    pub plot_height: u32,
+    /// Environment variables R code may read.
+    pub env: EnvPolicy,
+    /// R library directories, in order.
+    pub libpath: Vec<PathBuf>,
+    /// Working directory; by default a private directory that lives as long
+    /// as the session.
+    pub working_dir: Option<PathBuf>,
+    /// Tools R code may call as `tools$name(...)`.
+    pub tools: Vec<Tool>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(30),
+            startup_timeout: Duration::from_secs(60),
+            grace: Duration::from_secs(2),
+            queue_limit: 16,
+            max_output_bytes: crate::DEFAULT_MAX_OUTPUT_BYTES,
+            plot_width: crate::DEFAULT_PLOT_WIDTH,
+            plot_height: crate::DEFAULT_PLOT_HEIGHT,
+            env: EnvPolicy::Minimal,
+            libpath: Vec::new(),
+            working_dir: None,
+            tools: Vec::new(),
+        }
+    }
+}
+
+/// Per-call overrides of the session's options.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Time limit of this call.
+    pub timeout: Option<Duration>,
+    /// Plot width of this call.
+    pub plot_width: Option<u32>,
+    /// Plot height of this call.
+    pub plot_height: Option<u32>,
+}
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// No call yet; no worker.
+    New,
+    /// A worker is starting.
+    Starting,
+    /// Ready, nothing running.
+    Idle,
+    /// A call is running.
+    Running,
+    /// Closed for good.
+    Closed,
+}
+
+/// The last reset of a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResetInfo {
+    /// Why: `timeout`, `cancel`, `crash`, `killed`, `quit`, `reset`.
+    pub reason: String,
+    /// When (RFC 3339, UTC).
+    pub at: String,
+}
+
+/// A session's status (CONTRACT.md `SessionStatus`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    /// Session id.
+    pub id: String,
+    /// Life-cycle state.
+    pub state: SessionState,
+    /// Incremented each time a new worker starts (0 before the first).
+    pub generation: u64,
+    /// Calls waiting behind the running one.
+    pub queued: usize,
+    /// The last reset, if any.
+    pub last_reset: Option<ResetInfo>,
+    /// The worker's process id, when one runs.
+    pub pid: Option<u32>,
+    /// The directory calls run in.
+    pub working_dir: String,
+}
+
+/// Why a call was refused before it was queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// Empty code, code over the size limit, a bad plot size...
+    #[error("{0}")]
+    Invalid(String),
+    /// `queue_limit` calls already wait.
+    #[error("the session's queue is full ({0} calls waiting); wait for a result or cancel")]
+    QueueFull(usize),
+    /// The session was closed.
+    #[error("the session is closed; create a new one")]
+    Closed,
+}
+
+impl Rejection {
+    /// A stable code for the wire (`{code, message}`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::Invalid(_) => "invalid",
+            Rejection::QueueFull(_) => "queue_full",
+            Rejection::Closed => "closed",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Call handles
+
+#[derive(Debug, Default)]
+struct SlotState {
+    result: Option<RunResult>,
+    wakers: Vec<Waker>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    m: Mutex<SlotState>,
+    cv: Condvar,
+}
+
+impl Slot {
+    fn resolve(&self, r: RunResult) {
+        let wakers = {
+            let mut s = lock(&self.m);
+            if s.result.is_some() {
+                return;
+            }
+            s.result = Some(r);
+            std::mem::take(&mut s.wakers)
+        };
+        self.cv.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// The pending result of one call: wait on it (blocking, with a deadline),
+/// or `.await` it.
+#[derive(Debug, Clone)]
+pub struct CallHandle {
+    execution_id: String,
+    slot: Arc<Slot>,
+}
+
+impl CallHandle {
+    /// The call's execution id (also in its result).
+    pub fn execution_id(&self) -> &str {
+        &self.execution_id
+    }
+
+    /// Blocks until the result is there.
+    pub fn wait(self) -> RunResult {
+        let mut s = lock(&self.slot.m);
+        loop {
+            if let Some(r) = &s.result {
+                return r.clone();
+            }
+            s = self.slot.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Blocks until the result is there or `timeout` passed.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<RunResult> {
+        let end = Instant::now() + timeout;
+        let mut s = lock(&self.slot.m);
+        loop {
+            if let Some(r) = &s.result {
+                return Some(r.clone());
+            }
+            let now = Instant::now();
+            if now >= end {
+                return None;
+            }
+            s = self
+                .slot
+                .cv
+                .wait_timeout(s, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The result, if it is there.
+    pub fn try_result(&self) -> Option<RunResult> {
+        lock(&self.slot.m).result.clone()
+    }
+}
+
+impl Future for CallHandle {
+    type Output = RunResult;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<RunResult> {
+        let mut s = lock(&self.slot.m);
+        match &s.result {
+            Some(r) => Poll::Ready(r.clone()),
+            None => {
+                if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    s.wakers.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Session internals
+
+#[derive(Debug)]
+struct Pending {
+    execution_id: String,
+    code: String,
+    opts: CallOptions,
+    slot: Arc<Slot>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: SessionState,
+    generation: u64,
+    queue: VecDeque<Pending>,
+    running: Option<String>,
+    last_reset: Option<ResetInfo>,
+    /// Set by a reset, reported (and cleared) by the next result.
+    unreported_reset: Option<String>,
+    /// The next result is the first of its generation.
+    fresh: bool,
+    pid: Option<u32>,
+    canceller: Option<Canceller>,
+    interrupter: Option<Interrupter>,
+    reset_requested: bool,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    id: String,
+    opts: SessionOptions,
+    worker_cfg: WorkerConfig,
+    working_dir: PathBuf,
+    owns_working_dir: bool,
+    ctx: CallContext,
+    inner: Mutex<Inner>,
+    cv: Condvar,
+    registry: Arc<Registry>,
+}
+
+/// Live workers of a supervisor, so they can be killed on host signals.
+#[derive(Debug, Default)]
+struct Registry {
+    workers: Mutex<HashMap<u32, PathBuf>>,
+}
+
+impl Registry {
+    fn kill_all(&self) {
+        let workers = std::mem::take(&mut *lock(&self.workers));
+        for (pid, tmp) in workers {
+            // SAFETY: kill(2) of a process group we created; if it already
+            // ended the call fails harmlessly.
+            unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+            let _ = std::fs::remove_dir_all(tmp);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now_rfc3339() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+fn reset_words(reason: &str) -> &'static str {
+    match reason {
+        "timeout" => "the previous call ran past its timeout and R did not answer the interrupt, so its worker was killed",
+        "cancel" => "a call was cancelled and R did not answer the interrupt, so its worker was killed",
+        "crash" => "the previous worker crashed",
+        "killed" => "the previous worker was killed from outside (possibly out of memory)",
+        "quit" => "the code called quit()",
+        "reset" => "the session was reset on request",
+        "exited" => "the previous worker exited",
+        _ => "the previous worker ended",
+    }
+}
+
+impl Shared {
+    fn status(&self) -> SessionStatus {
+        let i = lock(&self.inner);
+        SessionStatus {
+            id: self.id.clone(),
+            state: i.state,
+            generation: i.generation,
+            queued: i.queue.len(),
+            last_reset: i.last_reset.clone(),
+            pid: i.pid,
+            working_dir: self.working_dir.display().to_string(),
+        }
+    }
+
+    /// Resolves every queued call with `outcome` and `message`.
+    fn drop_queue(inner: &mut Inner, outcome: Outcome, message: &str) {
+        for p in inner.queue.drain(..) {
+            p.slot.resolve(RunResult::failed(
+                p.execution_id,
+                p.code,
+                outcome,
+                message.to_string(),
+            ));
+        }
+    }
+
+    /// Records a reset: queued calls become `not_executed`.
+    fn note_reset(&self, inner: &mut Inner, reason: &str) {
+        inner.last_reset = Some(ResetInfo {
+            reason: reason.to_string(),
+            at: now_rfc3339(),
+        });
+        inner.unreported_reset = Some(reason.to_string());
+        inner.pid = None;
+        inner.canceller = None;
+        inner.interrupter = None;
+        Self::drop_queue(
+            inner,
+            Outcome::NotExecuted,
+            &format!(
+                "not executed: the session was reset ({}) before this call ran",
+                reset_words(reason)
+            ),
+        );
+    }
+
+    fn spawn_worker(&self) -> Result<Worker, Error> {
+        let w = Worker::spawn(&self.worker_cfg)?;
+        lock(&self.registry.workers).insert(w.pid(), w.temp_dir().to_path_buf());
+        Ok(w)
+    }
+
+    fn retire(&self, w: Worker) {
+        lock(&self.registry.workers).remove(&w.pid());
+        w.shutdown(Duration::from_millis(200));
+    }
+
+    /// The runner thread: owns the worker, runs calls in order.
+    fn runner(self: Arc<Self>) {
+        let mut worker: Option<Worker> = None;
+        loop {
+            // Take the next call (or a reset request, or the close).
+            let next = {
+                let mut i = lock(&self.inner);
+                loop {
+                    if i.closed {
+                        break None;
+                    }
+                    if i.reset_requested {
+                        i.reset_requested = false;
+                        if let Some(w) = worker.take() {
+                            self.retire(w);
+                        }
+                        self.note_reset(&mut i, "reset");
+                        continue;
+                    }
+                    if let Some(p) = i.queue.pop_front() {
+                        i.running = Some(p.execution_id.clone());
+                        i.state = if worker.is_some() {
+                            SessionState::Running
+                        } else {
+                            SessionState::Starting
+                        };
+                        break Some(p);
+                    }
+                    if worker.is_some() {
+                        i.state = SessionState::Idle;
+                    }
+                    i = self.cv.wait(i).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let Some(call) = next else { break };
+
+            // Start a worker if there is none (lazily, or after a reset).
+            if worker.is_none() {
+                match self.spawn_worker() {
+                    Ok(w) => {
+                        let mut i = lock(&self.inner);
+                        i.generation += 1;
+                        i.fresh = true;
+                        i.pid = Some(w.pid());
+                        i.canceller = Some(w.canceller());
+                        i.interrupter = Some(w.interrupter());
+                        i.state = SessionState::Running;
+                        worker = Some(w);
+                    }
+                    Err(e) => {
+                        let outcome = match e {
+                            Error::StartupTimeout(_) => Outcome::StartupTimedOut,
+                            _ => Outcome::StartupFailed,
+                        };
+                        let mut r =
+                            RunResult::failed(call.execution_id, call.code, outcome, e.to_string());
+                        r.session.id = self.id.clone();
+                        let mut i = lock(&self.inner);
+                        r.session.generation = i.generation;
+                        i.running = None;
+                        i.state = SessionState::New;
+                        drop(i);
+                        call.slot.resolve(r);
+                        continue;
+                    }
+                }
+            }
+            let Some(w) = worker.as_mut() else { continue };
+            let mut res = w.run_call(call.execution_id.clone(), &call.code, &call.opts, &self.ctx);
+            let alive = w.is_alive();
+
+            let mut i = lock(&self.inner);
+            i.running = None;
+            res.session.id = self.id.clone();
+            res.session.generation = i.generation;
+            res.session.fresh = std::mem::take(&mut i.fresh);
+            if let Some(reason) = i.unreported_reset.take() {
+                res.session.reset_reason = Some(reason.clone());
+                res.prepend_notice(&format!(
+                    "rvisor: started a fresh R session (generation {}) because {}; earlier variables are gone.",
+                    i.generation,
+                    reset_words(&reason)
+                ));
+            }
+            if !alive {
+                let reason = match res.outcome {
+                    Outcome::TimedOut => "timeout",
+                    Outcome::Cancelled => "cancel",
+                    Outcome::WorkerExited
+                        if res
+                            .error
+                            .as_ref()
+                            .is_some_and(|e| e.message.starts_with("quit()")) =>
+                    {
+                        "quit"
+                    }
+                    Outcome::WorkerExited => "exited",
+                    Outcome::WorkerFailed if res.console.contains("signal 9") => "killed",
+                    _ => "crash",
+                };
+                if let Some(w) = worker.take() {
+                    lock(&self.registry.workers).remove(&w.pid());
+                    drop(w);
+                }
+                self.note_reset(&mut i, reason);
+                i.state = SessionState::Starting;
+            } else {
+                i.state = if i.queue.is_empty() {
+                    SessionState::Idle
+                } else {
+                    SessionState::Running
+                };
+            }
+            let respawn = !alive && !i.closed;
+            drop(i);
+            call.slot.resolve(res);
+
+            // After a reset, start the next worker at once so the next call
+            // does not pay for it.
+            if respawn {
+                if let Ok(w) = self.spawn_worker() {
+                    let mut i = lock(&self.inner);
+                    i.generation += 1;
+                    i.fresh = true;
+                    i.pid = Some(w.pid());
+                    i.canceller = Some(w.canceller());
+                    i.interrupter = Some(w.interrupter());
+                    if i.running.is_none() && i.queue.is_empty() {
+                        i.state = SessionState::Idle;
+                    }
+                    worker = Some(w);
+                }
+            }
+        }
+        if let Some(w) = worker.take() {
+            self.retire(w);
+        }
+        let mut i = lock(&self.inner);
+        i.state = SessionState::Closed;
+        i.pid = None;
+        Self::drop_queue(
+            &mut i,
+            Outcome::Closed,
+            "the session was closed before this call ran",
+        );
+        drop(i);
+        if self.owns_working_dir {
+            let _ = std::fs::remove_dir_all(&self.working_dir);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Public handles
+
+/// Closes its session when the last [`Session`] clone is dropped.
+#[derive(Debug)]
+struct CloseOnDrop(Arc<Shared>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        close(&self.0);
+    }
+}
+
+fn close(shared: &Shared) {
+    let mut i = lock(&shared.inner);
+    if i.closed {
+        return;
+    }
+    i.closed = true;
+    if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
+        c.cancel(&id);
+    }
+    Shared::drop_queue(
+        &mut i,
+        Outcome::Closed,
+        "the session was closed before this call ran",
+    );
+    drop(i);
+    shared.cv.notify_all();
+}
+
+/// A persistent R session: one worker, one global environment. Cloning gives
+/// another handle to the same session; dropping the last handle closes it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    handle: Arc<CloseOnDrop>,
+}
+
+impl Session {
+    fn shared(&self) -> &Arc<Shared> {
+        &self.handle.0
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> &str {
+        &self.shared().id
+    }
+
+    /// Queues `code` and returns at once. Fails at once when the code is
+    /// empty or over 256 KiB, the queue is full, or the session is closed.
+    pub fn run(&self, code: &str) -> Result<CallHandle, Rejection> {
+        self.run_with(code, &RunOptions::default())
+    }
+
+    /// [`Session::run`] with per-call overrides.
+    pub fn run_with(&self, code: &str, over: &RunOptions) -> Result<CallHandle, Rejection> {
+        let s = self.shared();
+        let opts = CallOptions {
+            timeout: Some(over.timeout.unwrap_or(s.opts.timeout)),
+            grace: s.opts.grace,
+            plot_width: over.plot_width.unwrap_or(s.opts.plot_width),
+            plot_height: over.plot_height.unwrap_or(s.opts.plot_height),
+            max_output_bytes: s.opts.max_output_bytes,
+            working_dir: Some(s.working_dir.clone()),
+        };
+        crate::validate_call(code, &opts).map_err(Rejection::Invalid)?;
+        let slot = Arc::new(Slot::default());
+        let execution_id = ids::execution_id();
+        {
+            let mut i = lock(&s.inner);
+            if i.closed {
+                return Err(Rejection::Closed);
+            }
+            let waiting = i.queue.len();
+            let busy = i.running.is_some() || waiting > 0;
+            if busy && waiting >= s.opts.queue_limit {
+                return Err(Rejection::QueueFull(waiting));
+            }
+            i.queue.push_back(Pending {
+                execution_id: execution_id.clone(),
+                code: code.to_string(),
+                opts,
+                slot: slot.clone(),
+            });
+        }
+        s.cv.notify_all();
+        Ok(CallHandle { execution_id, slot })
+    }
+
+    /// The session's status.
+    pub fn status(&self) -> SessionStatus {
+        self.shared().status()
+    }
+
+    /// Stops the running call (outcome `cancelled`; the worker is killed if
+    /// R does not answer within the grace period) and drops the queued ones
+    /// (outcome `not_executed`).
+    pub fn cancel(&self) {
+        let s = self.shared();
+        let mut i = lock(&s.inner);
+        Shared::drop_queue(
+            &mut i,
+            Outcome::NotExecuted,
+            "not executed: the session's calls were cancelled",
+        );
+        if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
+            c.cancel(&id);
+        }
+    }
+
+    /// Interrupts the running call without dropping the queue (outcome
+    /// `interrupted`; state kept). Used by interactive front ends (Ctrl-C).
+    pub fn interrupt(&self) {
+        let i = lock(&self.shared().inner);
+        if let (Some(_), Some(int)) = (&i.running, i.interrupter) {
+            int.interrupt();
+        }
+    }
+
+    /// Replaces the worker with a fresh one after the running call ends
+    /// (cancel first to stop it); queued calls become `not_executed`.
+    pub fn reset(&self) {
+        let s = self.shared();
+        let mut i = lock(&s.inner);
+        i.reset_requested = true;
+        if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
+            c.cancel(&id);
+        }
+        drop(i);
+        s.cv.notify_all();
+    }
+
+    /// Closes the session for good: the running call is cancelled, queued
+    /// calls resolve as `closed`, the worker ends.
+    pub fn close(&self) {
+        close(self.shared());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Supervisor
+
+/// Configuration of a [`Supervisor`].
+#[derive(Debug, Clone, Default)]
+pub struct SupervisorConfig {
+    /// How workers are started.
+    pub worker: WorkerConfig,
+    /// Defaults for new sessions.
+    pub defaults: SessionOptions,
+}
+
+#[derive(Debug)]
+struct SupShared {
+    cfg: SupervisorConfig,
+    sessions: Mutex<HashMap<String, Weak<CloseOnDrop>>>,
+    registry: Arc<Registry>,
+    shut: AtomicBool,
+}
+
+/// Hands out sessions; owns every worker they start. Dropping the last
+/// clone shuts every session down.
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    inner: Arc<SupShared>,
+}
+
+impl Supervisor {
+    /// A supervisor with this configuration. Removes temporary directories
+    /// left behind by supervisors that were killed.
+    pub fn new(cfg: SupervisorConfig) -> Result<Self, Error> {
+        if cfg.worker.worker_bin.is_none() {
+            crate::locate_worker()?;
+        }
+        sweep_stale_dirs(&cfg.worker.temp_root);
+        Ok(Self {
+            inner: Arc::new(SupShared {
+                cfg,
+                sessions: Mutex::new(HashMap::new()),
+                registry: Arc::new(Registry::default()),
+                shut: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SupervisorConfig {
+        &self.inner.cfg
+    }
+
+    /// A new session with the supervisor's default options.
+    pub fn session(&self) -> Result<Session, Error> {
+        self.session_with(self.inner.cfg.defaults.clone())
+    }
+
+    /// A new session. Its worker starts with the first call.
+    pub fn session_with(&self, opts: SessionOptions) -> Result<Session, Error> {
+        if self.inner.shut.load(Ordering::SeqCst) {
+            return Err(Error::Invalid("the supervisor is shut down".into()));
+        }
+        if opts.plot_width == 0
+            || opts.plot_width > crate::MAX_PLOT_SIDE
+            || opts.plot_height == 0
+            || opts.plot_height > crate::MAX_PLOT_SIDE
+        {
+            return Err(Error::Invalid(format!(
+                "plot sizes must be between 1 and {} pixels",
+                crate::MAX_PLOT_SIDE
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
+        for t in &opts.tools {
+            if !crate::tools::valid_name(&t.name) {
+                return Err(Error::Invalid(format!("tool name {:?} is invalid", t.name)));
+            }
+            if !names.insert(t.name.clone()) {
+                return Err(Error::Invalid(format!(
+                    "tool {:?} is registered twice",
+                    t.name
+                )));
+            }
+        }
+        let id = format!("s-{}", ids::random_hex(8));
+        let (working_dir, owns) = match &opts.working_dir {
+            Some(d) => {
+                if !d.is_dir() {
+                    return Err(Error::Invalid(format!(
+                        "working_dir {} is not a directory; create it first",
+                        d.display()
+                    )));
+                }
+                (
+                    std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()),
+                    false,
+                )
+            }
+            None => {
+                use std::os::unix::fs::DirBuilderExt;
+                let d = self
+                    .inner
+                    .cfg
+                    .worker
+                    .temp_root
+                    .join(format!("rvisor-{}-{id}", std::process::id()));
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&d)
+                    .map_err(|source| Error::Io {
+                        what: "create the session's working directory",
+                        source,
+                    })?;
+                (d, true)
+            }
+        };
+        let mut worker_cfg = self.inner.cfg.worker.clone();
+        worker_cfg.startup_timeout = opts.startup_timeout;
+        worker_cfg.libpath = opts.libpath.clone();
+        match &opts.env {
+            EnvPolicy::Inherit => worker_cfg.inherit_env = true,
+            EnvPolicy::Names(n) => worker_cfg.env.extend(n.iter().cloned()),
+            EnvPolicy::Minimal => {}
+        }
+        let shared = Arc::new(Shared {
+            id: id.clone(),
+            ctx: CallContext {
+                session_id: id.clone(),
+                tools: Arc::new(opts.tools.clone()),
+            },
+            opts,
+            worker_cfg,
+            working_dir,
+            owns_working_dir: owns,
+            inner: Mutex::new(Inner {
+                state: SessionState::New,
+                generation: 0,
+                queue: VecDeque::new(),
+                running: None,
+                last_reset: None,
+                unreported_reset: None,
+                fresh: false,
+                pid: None,
+                canceller: None,
+                interrupter: None,
+                reset_requested: false,
+                closed: false,
+            }),
+            cv: Condvar::new(),
+            registry: self.inner.registry.clone(),
+        });
+        let runner = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("rvisor-session-{id}"))
+            .spawn(move || runner.runner())
+            .map_err(|source| Error::Io {
+                what: "start the session thread",
+                source,
+            })?;
+        let handle = Arc::new(CloseOnDrop(shared));
+        let mut sessions = lock(&self.inner.sessions);
+        sessions.retain(|_, w| w.strong_count() > 0);
+        sessions.insert(id, Arc::downgrade(&handle));
+        Ok(Session { handle })
+    }
+
+    /// Looks up a live session by id.
+    pub fn get(&self, id: &str) -> Option<Session> {
+        lock(&self.inner.sessions)
+            .get(id)
+            .and_then(Weak::upgrade)
+            .map(|handle| Session { handle })
+    }
+
+    /// Closes every session and kills every worker.
+    pub fn shutdown(&self) {
+        self.inner.shut.store(true, Ordering::SeqCst);
+        let sessions: Vec<_> = lock(&self.inner.sessions)
+            .drain()
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
+        for s in &sessions {
+            close(&s.0);
+        }
+        self.inner.registry.kill_all();
+    }
+
+    /// Kills every worker and exits when the host gets SIGINT or SIGTERM
+    /// (for hosts without signal handling of their own; call once).
+    pub fn cleanup_on_signals(&self) -> Result<(), Error> {
+        let registry = self.inner.registry.clone();
+        ctrlc::set_handler(move || {
+            registry.kill_all();
+            std::process::exit(130);
+        })
+        .map_err(|e| Error::Invalid(format!("failed to install the signal handler: {e}")))
+    }
+}
+
+impl Drop for SupShared {
+    fn drop(&mut self) {
+        for (_, w) in lock(&self.sessions).drain() {
+            if let Some(s) = w.upgrade() {
+                close(&s.0);
+            }
+        }
+        self.registry.kill_all();
+    }
+}
+
+/// Removes `rvisor-<pid>-*` directories of processes that no longer exist.
+fn sweep_stale_dirs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix("rvisor-") else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(meta) = e.metadata() {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if meta.is_dir() && meta.uid() == me {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_shape() {
+        let t = super::now_rfc3339();
+        assert_eq!(t.len(), 20);
+        assert!(t.starts_with("20"));
+        assert!(t.ends_with('Z'));
+    }
+}
