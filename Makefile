@@ -19,7 +19,7 @@ demo: build
 # under nextest), and the doc examples.
 test: setup
 	$(CARGO) build --workspace
-	$(CARGO) test --workspace --doc
+	RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker $(CARGO) test --workspace --doc
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 lint:

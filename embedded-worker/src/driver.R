@@ -295,7 +295,7 @@ set_tools <- function(names) {
     function(...) call_tool(nm, list(...))
   })
   names(fns) <- names
-  helpers$tools <- structure(fns, class = "rvisor_tools")
+  assign("tools", structure(fns, class = "rvisor_tools"), envir = state$attached)
   state$tool_names <- names
 }
 
@@ -319,6 +319,7 @@ init <- function(plot_dir) {
   options(device = open_device)
   setHook("before.plot.new", on_new_page)
   setHook("before.grid.newpage", on_new_page)
-  attach(helpers, name = "rvisor", warn.conflicts = FALSE)
+  # attach() copies `helpers`; later changes (tools) go to the copy.
+  state$attached <- attach(helpers, name = "rvisor", warn.conflicts = FALSE)
   invisible()
 }

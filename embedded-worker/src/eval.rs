@@ -149,7 +149,7 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
     let before = rusage();
     console::begin(req.max_output_bytes);
     CALL.with(|s| *s.borrow_mut() = CallState::default());
-    interrupt::clear();
+    interrupt::begin_call(req.seq);
 
     if req.code.contains('\0') {
         let mut res = RunResult::failed(
@@ -160,6 +160,7 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
         );
         res.r_version = r.version.clone();
         console::take();
+        interrupt::end_call();
         return res;
     }
 
@@ -204,6 +205,7 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
         Rf_unprotect(2);
     }
     RUNNING.with(|x| x.borrow_mut().take());
+    interrupt::end_call();
     let call = CALL.with(|s| std::mem::take(&mut *s.borrow_mut()));
     finish(req, &r.version, started, before, call, err != 0, None)
 }

@@ -4,41 +4,81 @@
 //! `R_interrupts_pending`, which R polls in loops, `Sys.sleep` and most
 //! long-running internals, then signals an `interrupt` condition that the
 //! driver turns into outcome `interrupted` with the session intact.
+//!
+//! The supervisor tags its interrupts with the call's sequence number
+//! (`sigqueue`), because a signal can overtake the call it is meant for (a
+//! cancel right after the call was sent) or arrive after it (a deadline as
+//! the call finishes). A tagged interrupt hits exactly its own call: if it
+//! arrives early it waits for that call to start; if late, it is dropped.
+//! An untagged SIGINT (a person's `kill -INT`) hits whatever runs.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static SEEN: AtomicBool = AtomicBool::new(false);
+/// Sequence number of the call being evaluated (0 between calls).
+static CURRENT: AtomicU64 = AtomicU64::new(0);
+/// Sequence number of the last call the supervisor asked to interrupt.
+static REQUESTED: AtomicU64 = AtomicU64::new(0);
 
-extern "C" fn on_sigint(_sig: libc::c_int) {
+fn set_pending() {
     SEEN.store(true, Ordering::SeqCst);
-    // SAFETY: a store to an int that R polls; async-signal-safe (a plain
-    // volatile write, no allocation, no locks).
+    // SAFETY: a volatile store to an int that R polls; async-signal-safe.
     unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!(libR_sys::R_interrupts_pending), 1) };
+}
+
+extern "C" fn on_sigint(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler;
+    // si_value is meaningful only for SI_QUEUE, which we check first.
+    let tag = unsafe {
+        if !info.is_null() && (*info).si_code == libc::SI_QUEUE {
+            (*info).si_value().sival_ptr as u64
+        } else {
+            0
+        }
+    };
+    if tag == 0 {
+        set_pending();
+        return;
+    }
+    REQUESTED.store(tag, Ordering::SeqCst);
+    if CURRENT.load(Ordering::SeqCst) == tag {
+        set_pending();
+    }
 }
 
 /// Installs the handler. No SA_RESTART: a blocking `select()` inside
 /// `Sys.sleep` must return early so R notices the interrupt.
 pub fn install() {
-    // SAFETY: sigaction with a zeroed struct, a valid handler and an empty
-    // mask; the handler is async-signal-safe (see above).
+    // SAFETY: sigaction with a zeroed struct, a valid SA_SIGINFO handler and
+    // an empty mask; the handler is async-signal-safe (atomics and a
+    // volatile store only).
     unsafe {
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = on_sigint as *const () as usize;
         libc::sigemptyset(&mut act.sa_mask);
-        act.sa_flags = 0;
+        act.sa_flags = libc::SA_SIGINFO;
         libc::sigaction(libc::SIGINT, &act, std::ptr::null_mut());
     }
 }
 
-/// Forgets interrupts that arrived between calls (e.g. a deadline that hit
-/// just as the previous call finished), so they cannot hit the next call.
-pub fn clear() {
+/// Starts call `seq`: forgets untagged interrupts that arrived between
+/// calls, and applies a tagged one that arrived before the call started.
+pub fn begin_call(seq: u64) {
     SEEN.store(false, Ordering::SeqCst);
     // SAFETY: on the R thread, between evaluations.
     unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!(libR_sys::R_interrupts_pending), 0) };
+    CURRENT.store(seq, Ordering::SeqCst);
+    if seq != 0 && REQUESTED.load(Ordering::SeqCst) == seq {
+        set_pending();
+    }
 }
 
-/// Whether SIGINT arrived since the last [`clear`].
+/// Ends the call: later tagged interrupts for it are dropped.
+pub fn end_call() {
+    CURRENT.store(0, Ordering::SeqCst);
+}
+
+/// Whether an interrupt hit the current call.
 pub fn seen() -> bool {
     SEEN.load(Ordering::SeqCst)
 }

@@ -156,6 +156,7 @@ fn warm_up(r: &r::R) {
     for code in ["invisible(NULL)", "1", "invisible(NULL)"] {
         let req = rvisor_protocol::RunRequest {
             execution_id: "warm-up".into(),
+            seq: 0,
             code: code.into(),
             plot_width: 100,
             plot_height: 100,

@@ -44,6 +44,10 @@ pub enum ToWorker {
 pub struct RunRequest {
     /// Unique id of the call.
     pub execution_id: String,
+    /// Per-worker call number (from 1); the supervisor tags its SIGINTs
+    /// with it (`sigqueue`) so an interrupt hits exactly this call.
+    #[serde(default)]
+    pub seq: u64,
     /// R code.
     pub code: String,
     /// Plot width in pixels.

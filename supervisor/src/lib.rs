@@ -5,11 +5,25 @@
 //! [`RunResult`]s. It never links libR itself. The `rvisor` binary is a thin
 //! command-line adapter over this library.
 //!
-//! ```no_run
-//! use rvisor::{Worker, WorkerConfig, CallOptions};
+//! ```
+//! use rvisor::{Supervisor, SupervisorConfig, Outcome};
+//! let sup = Supervisor::new(SupervisorConfig::default())?;
+//! let session = sup.session()?;
+//! session.run("x <- 41")?;                   // queued, returns at once
+//! let result = session.run("x + 1")?.wait(); // calls run in order
+//! assert_eq!(result.outcome, Outcome::Complete);
+//! assert_eq!(result.console, "[1] 42\n");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A one-off call on a worker of its own:
+//!
+//! ```
+//! use rvisor::{CallOptions, Worker, WorkerConfig};
 //! let mut worker = Worker::spawn(&WorkerConfig::default())?;
-//! let result = worker.run("1 + 1", &CallOptions::default());
-//! assert_eq!(result.console, "[1] 2\n");
+//! let result = worker.run("plot(1:10); log(-1)", &CallOptions::default());
+//! assert_eq!(result.plots.len(), 1);
+//! assert_eq!(result.warnings, ["In log(-1) : NaNs produced"]);
 //! # Ok::<(), rvisor::Error>(())
 //! ```
 

@@ -197,7 +197,16 @@ impl Slot {
 }
 
 /// The pending result of one call: wait on it (blocking, with a deadline),
-/// or `.await` it.
+/// or `.await` it (it is a `Future`, usable from any async runtime).
+///
+/// ```
+/// # let sup = rvisor::Supervisor::new(Default::default())?;
+/// let session = sup.session()?;
+/// let handle = session.run("Sys.sleep(0.2); 7")?;
+/// assert!(handle.wait_timeout(std::time::Duration::from_millis(1)).is_none());
+/// assert_eq!(handle.wait().console, "[1] 7\n");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct CallHandle {
     execution_id: String,
@@ -625,6 +634,17 @@ impl Session {
 
     /// Queues `code` and returns at once. Fails at once when the code is
     /// empty or over 256 KiB, the queue is full, or the session is closed.
+    ///
+    /// ```
+    /// # let sup = rvisor::Supervisor::new(Default::default())?;
+    /// let session = sup.session()?;
+    /// let first = session.run("Sys.sleep(0.1); 'first'")?;
+    /// let second = session.run("'second'")?; // waits behind the first
+    /// assert_eq!(first.wait().console, "[1] \"first\"\n");
+    /// assert_eq!(second.wait().console, "[1] \"second\"\n");
+    /// assert!(matches!(session.run(""), Err(rvisor::Rejection::Invalid(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn run(&self, code: &str) -> Result<CallHandle, Rejection> {
         self.run_with(code, &RunOptions::default())
     }
@@ -672,6 +692,23 @@ impl Session {
     /// Stops the running call (outcome `cancelled`; the worker is killed if
     /// R does not answer within the grace period) and drops the queued ones
     /// (outcome `not_executed`).
+    ///
+    /// ```
+    /// # let sup = rvisor::Supervisor::new(Default::default())?;
+    /// use rvisor::Outcome;
+    /// let session = sup.session()?;
+    /// session.run("kept <- TRUE")?.wait();
+    /// let long = session.run("Sys.sleep(60)")?;
+    /// let queued = session.run("1")?;
+    /// while session.status().state != rvisor::SessionState::Running {
+    ///     std::thread::yield_now();
+    /// }
+    /// session.cancel();
+    /// assert_eq!(long.wait().outcome, Outcome::Cancelled);
+    /// assert_eq!(queued.wait().outcome, Outcome::NotExecuted);
+    /// assert_eq!(session.run("kept")?.wait().console, "[1] TRUE\n");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cancel(&self) {
         let s = self.shared();
         let mut i = lock(&s.inner);

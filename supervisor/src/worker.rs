@@ -209,6 +209,7 @@ pub struct Worker {
     hello: WorkerHello,
     startup: Duration,
     exited: bool,
+    call_seq: u64,
     _tmp: TempDir,
 }
 
@@ -338,6 +339,7 @@ impl Worker {
             },
             startup: Duration::ZERO,
             exited: false,
+            call_seq: 0,
             _tmp: tmp,
         };
         write_frame(
@@ -437,6 +439,19 @@ impl Worker {
         }
     }
 
+    /// Interrupts call `seq` only (see the worker's interrupt.rs): a signal
+    /// that overtakes its call waits for it, a late one is dropped.
+    fn interrupt_call(&self, seq: u64) {
+        if self.exited {
+            return;
+        }
+        let value = libc::sigval {
+            sival_ptr: seq as usize as *mut libc::c_void,
+        };
+        // SAFETY: sigqueue(2) to our own unreaped child (pid not reused).
+        unsafe { libc::sigqueue(self.child.id() as libc::pid_t, libc::SIGINT, value) };
+    }
+
     /// Kills the worker's process group and reaps it.
     pub fn kill(&mut self) {
         if self.exited {
@@ -495,7 +510,10 @@ impl Worker {
                 "the worker is no longer running".into(),
             );
         }
+        self.call_seq += 1;
+        let seq = self.call_seq;
         let req = RunRequest {
+            seq,
             execution_id: execution_id.clone(),
             code: code.to_string(),
             plot_width: opts.plot_width,
@@ -569,7 +587,7 @@ impl Worker {
                 }
                 Ok(LinkEvent::Cancel(id)) => {
                     if id == execution_id && stopping.is_none() {
-                        self.interrupt();
+                        self.interrupt_call(seq);
                         stopping = Some((Stop::Cancel, Instant::now() + opts.grace));
                     }
                 }
@@ -594,7 +612,7 @@ impl Worker {
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     if stopping.is_none() {
-                        self.interrupt();
+                        self.interrupt_call(seq);
                         stopping = Some((Stop::Timeout, Instant::now() + opts.grace));
                         continue;
                     }

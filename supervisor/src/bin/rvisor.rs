@@ -1,5 +1,7 @@
 //! The `rvisor` command: thin adapters over the rvisor library.
 
+mod repl;
+
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use clap::{Parser, Subcommand};
@@ -47,6 +49,15 @@ enum Cmd {
         /// Speak JSON lines (the only mode so far; required for clarity).
         #[arg(long)]
         jsonl: bool,
+        #[command(flatten)]
+        opts: SessionArgs,
+    },
+    /// An interactive persistent R session (line editing, history, plots
+    /// saved to files, Ctrl-C interrupts).
+    Repl {
+        /// Where plots are written.
+        #[arg(long, default_value = "rvisor-plots")]
+        plots_dir: PathBuf,
         #[command(flatten)]
         opts: SessionArgs,
     },
@@ -129,6 +140,21 @@ fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Repl { plots_dir, opts } => {
+            let run = || -> Result<ExitCode> {
+                let session_opts = opts.options()?;
+                let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+                let session = sup.session_with(session_opts)?;
+                repl::run(session, plots_dir)
+            };
+            match run() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("rvisor: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Cmd::Session { jsonl, opts } => {
             if !jsonl {
                 eprintln!("rvisor session: pass --jsonl (JSON lines on stdin/stdout); for an interactive session use `rvisor repl`");

@@ -1,0 +1,1107 @@
+//! Persistent sessions end to end: the `rvisor` library's Supervisor and
+//! Session against real R workers, plus the `rvisor session --jsonl` CLI.
+//!
+//! No test sleeps and hopes: R code announces progress by creating marker
+//! files that the test polls for (with a generous deadline), or waits for a
+//! release file that the test creates. Durations are only bounded from above
+//! to prove that nothing hung.
+
+use rvisor::{
+    EnvPolicy, Outcome, Rejection, RunOptions, RunResult, Session, SessionOptions, SessionState,
+    Supervisor, SupervisorConfig, Tool,
+};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long anything may take before the test calls it a hang.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The notice a result carries when it is the first of a new worker.
+const FRESH_NOTICE: &str = "rvisor: started a fresh R session";
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+fn supervisor() -> Supervisor {
+    Supervisor::new(SupervisorConfig::default()).expect("supervisor starts")
+}
+
+fn session(sup: &Supervisor) -> Session {
+    sup.session().expect("session is created")
+}
+
+fn session_with(sup: &Supervisor, opts: SessionOptions) -> Session {
+    sup.session_with(opts).expect("session is created")
+}
+
+/// A unique path in the temp dir (nothing is created).
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "rvisor-test-{name}-{}",
+        rvisor::ids::random_hex(6)
+    ))
+}
+
+/// A unique, new directory in the temp dir.
+fn temp_dir(name: &str) -> PathBuf {
+    let d = temp_path(name);
+    std::fs::create_dir_all(&d).expect("create a temp dir");
+    d
+}
+
+/// A path as an R string literal.
+fn r_str(p: &Path) -> String {
+    let s = p.display().to_string();
+    assert!(
+        !s.contains('\'') && !s.contains('\\'),
+        "temp path {s} needs quoting"
+    );
+    format!("'{s}'")
+}
+
+/// R code that creates `marker` and then waits until `release` exists.
+fn block_until(marker: &Path, release: &Path) -> String {
+    format!(
+        "file.create({}); while (!file.exists({})) Sys.sleep(0.01)",
+        r_str(marker),
+        r_str(release)
+    )
+}
+
+/// Polls until `cond` holds; panics with `what` after [`DEADLINE`].
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn wait_for_file(p: &Path) {
+    wait_until(&format!("file {}", p.display()), || p.exists());
+}
+
+/// Runs `code` and waits for its result (at most [`DEADLINE`]).
+fn run(s: &Session, code: &str) -> RunResult {
+    let h = s.run(code).expect("call accepted");
+    h.wait_timeout(DEADLINE)
+        .unwrap_or_else(|| panic!("no result within {DEADLINE:?} for {code:?}"))
+}
+
+/// Waits for a handle's result (at most [`DEADLINE`]).
+fn wait(h: &rvisor::CallHandle) -> RunResult {
+    h.wait_timeout(DEADLINE)
+        .unwrap_or_else(|| panic!("no result within {DEADLINE:?} for {}", h.execution_id()))
+}
+
+/// Runs `code`, asserts it completed and returns its console.
+fn console(s: &Session, code: &str) -> String {
+    let r = run(s, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{code}: {}", r.console);
+    r.console
+}
+
+/// Whether a process is gone (no /proc entry, or a zombie: it has ended
+/// and only waits to be reaped by its parent).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the ")" that closes the command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+fn sigkill(pid: u32) {
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is a
+    // process this test started (directly or through the supervisor).
+    let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(rc, 0, "kill({pid})");
+}
+
+// ---------------------------------------------------------------------------
+// 1. persistence
+
+#[test]
+fn variables_packages_and_options_persist_across_calls() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let r = run(
+        &s,
+        "x <- 41; library(tools); options(rvisor.test.opt = 'kept')",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.session.fresh, "first call runs on a fresh worker");
+    assert_eq!(r.session.generation, 1);
+    assert_eq!(r.session.id, s.id());
+    assert_eq!(r.session.reset_reason, None);
+
+    let r = run(
+        &s,
+        "x + 1\n'package:tools' %in% search()\nexists('file_path_sans_ext')\ngetOption('rvisor.test.opt')",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(
+        r.console,
+        "[1] 42\n[1] TRUE\n[1] TRUE\n[1] \"kept\"\n",
+        "state of the first call is visible in the second"
+    );
+    assert!(!r.session.fresh);
+    assert_eq!(r.session.generation, 1);
+    assert!(!r.console.contains(FRESH_NOTICE));
+}
+
+// ---------------------------------------------------------------------------
+// 2. ordering
+
+#[test]
+fn queued_calls_run_in_order_and_each_result_is_complete() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let handles: Vec<_> = (1..=6)
+        .map(|i| {
+            s.run(&format!(
+                "if (!exists('v')) v <- integer(); v <- c(v, {i}L); cat(paste(v, collapse = ','))"
+            ))
+            .expect("call accepted")
+        })
+        .collect();
+    let mut ids = std::collections::HashSet::new();
+    for (i, h) in handles.iter().enumerate() {
+        let r = wait(h);
+        assert_eq!(r.outcome, Outcome::Complete, "call {}: {}", i + 1, r.console);
+        let expected: Vec<String> = (1..=i + 1).map(|k| k.to_string()).collect();
+        assert_eq!(
+            r.console,
+            expected.join(","),
+            "call {} saw exactly the calls before it",
+            i + 1
+        );
+        assert_eq!(r.execution_id, h.execution_id());
+        assert!(ids.insert(r.execution_id.clone()), "execution ids are distinct");
+    }
+    assert_eq!(ids.len(), 6);
+    assert_eq!(console(&s, "v"), "[1] 1 2 3 4 5 6\n");
+}
+
+// ---------------------------------------------------------------------------
+// 3. sessions run in parallel
+
+#[test]
+fn two_sessions_run_in_parallel() {
+    let sup = supervisor();
+    let a = session(&sup);
+    let b = session(&sup);
+    let started = temp_path("a-started");
+    let release = temp_path("release");
+    let ha = a
+        .run_with(
+            &format!("{}; 'A done'", block_until(&started, &release)),
+            &RunOptions {
+                timeout: Some(DEADLINE),
+                ..RunOptions::default()
+            },
+        )
+        .expect("call accepted");
+    wait_for_file(&started);
+    // A is now blocked until B creates the file: B must not wait for A.
+    let rb = run(&b, &format!("file.create({})", r_str(&release)));
+    assert_eq!(rb.outcome, Outcome::Complete, "{}", rb.console);
+    assert_eq!(rb.console, "[1] TRUE\n");
+    let ra = wait(&ha);
+    assert_eq!(
+        ra.outcome,
+        Outcome::Complete,
+        "A finished because B ran while A was blocked: {}",
+        ra.console
+    );
+    assert_eq!(ra.console, "[1] \"A done\"\n");
+    assert_ne!(ra.session.id, rb.session.id);
+    let _ = std::fs::remove_file(started);
+    let _ = std::fs::remove_file(release);
+}
+
+// ---------------------------------------------------------------------------
+// 4. queue limit
+
+#[test]
+fn a_full_queue_rejects_at_once_and_accepted_calls_complete() {
+    let sup = supervisor();
+    let s = session_with(
+        &sup,
+        SessionOptions {
+            queue_limit: 2,
+            ..SessionOptions::default()
+        },
+    );
+    let started = temp_path("q-started");
+    let release = temp_path("q-release");
+    let h1 = s
+        .run(&format!("{}; 'one'", block_until(&started, &release)))
+        .expect("first call accepted");
+    wait_for_file(&started);
+    let h2 = s.run("'two'").expect("second call queued");
+    let h3 = s.run("'three'").expect("third call queued");
+    assert_eq!(s.status().queued, 2);
+    match s.run("'four'") {
+        Err(Rejection::QueueFull(n)) => assert_eq!(n, 2),
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    let e = s.run("'four'").unwrap_err();
+    assert_eq!(e.code(), "queue_full");
+    assert!(e.to_string().contains("queue is full"), "{e}");
+    // Nothing of the rejected calls was queued.
+    assert_eq!(s.status().queued, 2);
+
+    std::fs::write(&release, "").unwrap();
+    for (h, want) in [(&h1, "one"), (&h2, "two"), (&h3, "three")] {
+        let r = wait(h);
+        assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+        assert_eq!(r.console, format!("[1] \"{want}\"\n"));
+    }
+    // The queue has room again.
+    assert_eq!(console(&s, "'five'"), "[1] \"five\"\n");
+    let _ = std::fs::remove_file(started);
+    let _ = std::fs::remove_file(release);
+}
+
+// ---------------------------------------------------------------------------
+// 5. rejections
+
+#[test]
+fn invalid_code_and_closed_sessions_are_rejected_at_once() {
+    let sup = supervisor();
+    let s = session(&sup);
+    for empty in ["", "  \n\t "] {
+        match s.run(empty) {
+            Err(Rejection::Invalid(msg)) => {
+                assert!(msg.contains("empty"), "helpful message: {msg}")
+            }
+            other => panic!("expected Invalid for {empty:?}, got {other:?}"),
+        }
+    }
+    let big = format!("x <- '{}'", "a".repeat(256 * 1024));
+    match s.run(&big) {
+        Err(e @ Rejection::Invalid(_)) => {
+            let msg = e.to_string();
+            assert!(msg.contains("limit"), "helpful message: {msg}");
+            assert!(msg.contains(&(256 * 1024).to_string()), "{msg}");
+            assert_eq!(e.code(), "invalid");
+        }
+        other => panic!("expected Invalid for big code, got {other:?}"),
+    }
+    // Rejected calls never started a worker.
+    assert_eq!(s.status().state, SessionState::New);
+    assert_eq!(s.status().generation, 0);
+    // The session still works.
+    assert_eq!(console(&s, "1 + 1"), "[1] 2\n");
+
+    s.close();
+    match s.run("1") {
+        Err(Rejection::Closed) => {}
+        other => panic!("expected Closed, got {other:?}"),
+    }
+    assert_eq!(s.run("1").unwrap_err().code(), "closed");
+}
+
+// ---------------------------------------------------------------------------
+// 6. timeout R answers
+
+#[test]
+fn a_timeout_r_answers_keeps_the_session() {
+    let sup = supervisor();
+    let s = session(&sup);
+    assert_eq!(console(&s, "keep <- 'still here'"), "");
+    let t0 = Instant::now();
+    let h = s
+        .run_with(
+            "while (TRUE) {}",
+            &RunOptions {
+                timeout: Some(Duration::from_millis(500)),
+                ..RunOptions::default()
+            },
+        )
+        .unwrap();
+    let r = wait(&h);
+    assert!(t0.elapsed() < DEADLINE, "the timeout did not hang");
+    assert_eq!(r.outcome, Outcome::TimedOut, "{}", r.console);
+    assert!(!r.success);
+    let err = r.error.as_ref().expect("error info");
+    assert!(err.timed_out);
+    assert!(err.message.contains("kept"), "{}", err.message);
+    assert_eq!(r.session.generation, 1);
+
+    let r = run(&s, "keep");
+    assert_eq!(r.outcome, Outcome::Complete);
+    assert_eq!(r.console, "[1] \"still here\"\n");
+    assert!(!r.session.fresh);
+    assert_eq!(r.session.generation, 1, "no new worker");
+    assert_eq!(r.session.reset_reason, None);
+    assert!(s.status().last_reset.is_none());
+}
+
+// ---------------------------------------------------------------------------
+// 7. timeout on C code that ignores interrupts
+
+/// Compiles a C function that spins forever without checking for
+/// interrupts; returns the path of the shared library.
+fn compile_spin() -> PathBuf {
+    let dir = temp_dir("spin");
+    std::fs::write(
+        dir.join("spin.c"),
+        "void spin(int *n) { volatile unsigned long x = 0; for (;;) x++; }\n",
+    )
+    .unwrap();
+    let out = Command::new("R")
+        .args(["CMD", "SHLIB", "spin.c"])
+        .current_dir(&dir)
+        .output()
+        .expect("run R CMD SHLIB");
+    assert!(
+        out.status.success(),
+        "R CMD SHLIB failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let so = dir.join("spin.so");
+    assert!(so.is_file(), "{} was built", so.display());
+    so
+}
+
+#[test]
+fn a_timeout_in_c_code_kills_the_worker_and_the_next_call_is_fresh() {
+    let so = compile_spin();
+    let sup = supervisor();
+    let s = session_with(
+        &sup,
+        SessionOptions {
+            grace: Duration::from_millis(300),
+            ..SessionOptions::default()
+        },
+    );
+    let h = s
+        .run_with(
+            &format!("x <- 1; dyn.load({}); .C('spin', 0L)", r_str(&so)),
+            &RunOptions {
+                timeout: Some(Duration::from_millis(500)),
+                ..RunOptions::default()
+            },
+        )
+        .unwrap();
+    // Queued behind the spinning call: dropped when its worker is killed.
+    let queued = s.run("y <- 2").unwrap();
+    let r = wait(&h);
+    assert_eq!(r.outcome, Outcome::TimedOut, "{}", r.console);
+    let err = r.error.as_ref().expect("error info");
+    assert!(err.timed_out);
+    assert!(err.message.contains("killed"), "{}", err.message);
+    assert_eq!(r.session.generation, 1);
+
+    let q = wait(&queued);
+    assert_eq!(q.outcome, Outcome::NotExecuted, "{}", q.console);
+    assert!(q.console.contains("not executed"), "{}", q.console);
+
+    let r = run(&s, "exists('x')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.session.fresh);
+    assert_eq!(r.session.generation, 2);
+    assert_eq!(r.session.reset_reason.as_deref(), Some("timeout"));
+    assert!(
+        r.console.starts_with(FRESH_NOTICE),
+        "notice first: {}",
+        r.console
+    );
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    let reset = s.status().last_reset.expect("a reset is recorded");
+    assert_eq!(reset.reason, "timeout");
+    assert!(reset.at.ends_with('Z'), "{}", reset.at);
+
+    // The call after that is an ordinary one.
+    let r = run(&s, "1");
+    assert!(!r.session.fresh);
+    assert_eq!(r.session.reset_reason, None);
+    assert_eq!(r.console, "[1] 1\n");
+    let _ = std::fs::remove_dir_all(so.parent().unwrap());
+}
+
+// ---------------------------------------------------------------------------
+// 8. cancel
+
+#[test]
+fn cancel_stops_the_running_call_and_drops_the_queue() {
+    let sup = supervisor();
+    let s = session(&sup);
+    assert_eq!(console(&s, "before <- 'kept'"), "");
+    let started = temp_path("c-started");
+    let never = temp_path("c-never");
+    let h1 = s
+        .run_with(
+            &format!("{}; after <- TRUE", block_until(&started, &never)),
+            &RunOptions {
+                timeout: Some(Duration::from_secs(120)),
+                ..RunOptions::default()
+            },
+        )
+        .unwrap();
+    wait_for_file(&started);
+    let h2 = s.run("'two'").unwrap();
+    let h3 = s.run("'three'").unwrap();
+    s.cancel();
+
+    let r1 = wait(&h1);
+    assert_eq!(r1.outcome, Outcome::Cancelled, "{}", r1.console);
+    assert!(!r1.success);
+    for h in [&h2, &h3] {
+        let r = wait(h);
+        assert_eq!(r.outcome, Outcome::NotExecuted, "{}", r.console);
+        assert_eq!(r.execution_id, h.execution_id());
+    }
+
+    // R answered the interrupt: same worker, same variables.
+    let r = run(&s, "before; exists('after')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(r.console, "[1] \"kept\"\n[1] FALSE\n");
+    assert!(!r.session.fresh);
+    assert_eq!(r.session.generation, 1);
+    assert_eq!(r.session.reset_reason, None);
+    assert!(s.status().last_reset.is_none());
+    let _ = std::fs::remove_file(started);
+}
+
+// ---------------------------------------------------------------------------
+// 9. crash
+
+#[test]
+fn a_crash_mid_call_is_reported_and_the_next_call_is_fresh() {
+    let sup = supervisor();
+    let s = session(&sup);
+    assert_eq!(console(&s, "x <- 1"), "");
+    let r = run(&s, "tools::pskill(Sys.getpid(), 11L); Sys.sleep(30)");
+    assert_eq!(r.outcome, Outcome::WorkerFailed, "{}", r.console);
+    assert!(!r.success);
+    let msg = &r.error.as_ref().expect("error info").message;
+    assert!(
+        msg.contains("signal 11") && msg.contains("SIGSEGV"),
+        "names the signal: {msg}"
+    );
+
+    let r = run(&s, "exists('x')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.session.fresh);
+    assert_eq!(r.session.generation, 2);
+    assert_eq!(r.session.reset_reason.as_deref(), Some("crash"));
+    assert!(r.console.starts_with(FRESH_NOTICE), "{}", r.console);
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    assert_eq!(s.status().last_reset.unwrap().reason, "crash");
+}
+
+// ---------------------------------------------------------------------------
+// 10. quit()
+
+#[test]
+fn quit_ends_the_worker_and_the_next_call_is_fresh() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let r = run(&s, "x <- 1; cat('bye\\n'); quit()");
+    assert_eq!(r.outcome, Outcome::WorkerExited, "{}", r.console);
+    assert!(r.console.contains("bye"), "{}", r.console);
+    let r = run(&s, "exists('x')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.session.fresh);
+    assert_eq!(r.session.generation, 2);
+    assert_eq!(r.session.reset_reason.as_deref(), Some("quit"));
+    assert!(r.console.starts_with(FRESH_NOTICE), "{}", r.console);
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+}
+
+// ---------------------------------------------------------------------------
+// 11. secrets and start-up files
+
+#[test]
+fn host_secrets_are_hidden_unless_named() {
+    let name = format!("RVISOR_TEST_SECRET_{}", rvisor::ids::random_hex(4).to_uppercase());
+    std::env::set_var(&name, "hunter2");
+    let sup = supervisor();
+
+    let hidden = session(&sup);
+    assert_eq!(
+        console(&hidden, &format!("Sys.getenv('{name}')")),
+        "[1] \"\"\n",
+        "a host variable is not visible by default"
+    );
+    assert_eq!(
+        console(&hidden, &format!("'{name}' %in% names(Sys.getenv())")),
+        "[1] FALSE\n"
+    );
+
+    let named = session_with(
+        &sup,
+        SessionOptions {
+            env: EnvPolicy::Names(vec![name.clone()]),
+            ..SessionOptions::default()
+        },
+    );
+    assert_eq!(
+        console(&named, &format!("Sys.getenv('{name}')")),
+        "[1] \"hunter2\"\n"
+    );
+    std::env::remove_var(&name);
+}
+
+#[test]
+fn rprofile_and_renviron_are_not_read() {
+    let var = format!("RVISOR_TEST_RENVIRON_{}", rvisor::ids::random_hex(4).to_uppercase());
+    let files = |dir: &Path, tag: &str| {
+        std::fs::write(
+            dir.join(".Rprofile"),
+            format!("cat('PROFILE-{tag}\\n'); profile_{tag} <- TRUE\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join(".Renviron"), format!("{var}=from-{tag}\n")).unwrap();
+    };
+    let wd = temp_dir("wd");
+    files(&wd, "wd");
+    // HOME is passed to workers: its start-up files must not run either.
+    // (nextest runs each test in its own process, so this is local.)
+    let home = temp_dir("home");
+    files(&home, "home");
+    std::env::set_var("HOME", &home);
+
+    let sup = supervisor();
+    let s = session_with(
+        &sup,
+        SessionOptions {
+            working_dir: Some(wd.clone()),
+            ..SessionOptions::default()
+        },
+    );
+    let r = run(
+        &s,
+        &format!(
+            "cat(normalizePath(getwd()) == {}, Sys.getenv('HOME') == {}, '\\n')\n\
+             exists('profile_wd'); exists('profile_home'); Sys.getenv('{var}')",
+            r_str(&wd.canonicalize().unwrap()),
+            r_str(&home)
+        ),
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(
+        r.console, "TRUE TRUE \n[1] FALSE\n[1] FALSE\n[1] \"\"\n",
+        "the call ran in working_dir with HOME set, and no start-up file ran"
+    );
+    assert!(!r.console.contains("PROFILE"));
+    let _ = std::fs::remove_dir_all(&wd);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+// ---------------------------------------------------------------------------
+// 12. temp dir of a killed worker
+
+#[test]
+fn a_worker_killed_from_outside_is_replaced_and_its_tempdir_removed() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let r = run(&s, "x <- 1; cat(tempdir())");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    let old_tmp = PathBuf::from(&r.console);
+    assert!(old_tmp.is_dir(), "R's tempdir {} exists", old_tmp.display());
+    let pid = s.status().pid.expect("a worker runs");
+
+    sigkill(pid);
+    // The worker is our child: once dead it stays a zombie until reaped.
+    wait_until("the worker to die", || process_gone(pid));
+
+    let r = run(&s, "exists('x')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.session.fresh, "{r:?}");
+    assert_eq!(r.session.generation, 2);
+    let reason = r.session.reset_reason.clone().expect("a reset reason");
+    assert!(
+        reason == "killed" || reason == "crash",
+        "reason is killed or crash: {reason}"
+    );
+    assert!(r.console.starts_with(FRESH_NOTICE), "{}", r.console);
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    assert_ne!(s.status().pid, Some(pid));
+    wait_until("the old tempdir to be removed", || !old_tmp.exists());
+}
+
+// ---------------------------------------------------------------------------
+// 13. status
+
+#[test]
+fn status_follows_the_session_life_cycle() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let st = s.status();
+    assert_eq!(st.id, s.id());
+    assert_eq!(st.state, SessionState::New);
+    assert_eq!(st.generation, 0);
+    assert_eq!(st.pid, None);
+    assert_eq!(st.queued, 0);
+    assert!(st.last_reset.is_none());
+    assert!(Path::new(&st.working_dir).is_dir());
+
+    let r = run(&s, "cat(getwd(), Sys.getpid(), sep = '\\n')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    let lines: Vec<&str> = r.console.lines().collect();
+    let st = s.status();
+    assert_eq!(st.state, SessionState::Idle);
+    assert_eq!(st.generation, 1);
+    assert_eq!(lines[0], st.working_dir, "calls run in working_dir");
+    assert_eq!(Some(lines[1].parse::<u32>().unwrap()), st.pid);
+
+    let started = temp_path("s-started");
+    let release = temp_path("s-release");
+    let h = s.run(&block_until(&started, &release)).unwrap();
+    wait_for_file(&started);
+    assert_eq!(s.status().state, SessionState::Running);
+    let q = s.run("1").unwrap();
+    assert_eq!(s.status().queued, 1);
+    std::fs::write(&release, "").unwrap();
+    assert_eq!(wait(&h).outcome, Outcome::Complete);
+    assert_eq!(wait(&q).outcome, Outcome::Complete);
+    assert_eq!(s.status().state, SessionState::Idle);
+    assert_eq!(s.status().queued, 0);
+
+    let wd = PathBuf::from(&st.working_dir);
+    s.close();
+    assert_eq!(s.status().state, SessionState::Closed);
+    // The private working directory goes with the session.
+    wait_until("the session's working dir to be removed", || !wd.exists());
+    assert_eq!(s.status().pid, None);
+    let _ = std::fs::remove_file(started);
+    let _ = std::fs::remove_file(release);
+}
+
+#[test]
+fn closing_a_session_resolves_its_running_and_queued_calls() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let started = temp_path("close-started");
+    let never = temp_path("close-never");
+    let h1 = s.run(&block_until(&started, &never)).unwrap();
+    wait_for_file(&started);
+    let h2 = s.run("1").unwrap();
+    let pid = s.status().pid.unwrap();
+    s.close();
+    let r1 = wait(&h1);
+    assert_eq!(r1.outcome, Outcome::Cancelled, "{}", r1.console);
+    let r2 = wait(&h2);
+    assert_eq!(r2.outcome, Outcome::Closed, "{}", r2.console);
+    wait_until("the worker to end", || process_gone(pid));
+    let _ = std::fs::remove_file(started);
+}
+
+// ---------------------------------------------------------------------------
+// 14. tools
+
+#[derive(Debug, Default)]
+struct Seen {
+    calls: Vec<(String, String, String)>,
+}
+
+fn tools(seen: Arc<Mutex<Seen>>) -> Vec<Tool> {
+    let add = Tool::new("add", "adds a and b", json!({}), move |call| {
+        seen.lock().unwrap().calls.push((
+            call.name.clone(),
+            call.session_id.clone(),
+            call.execution_id.clone(),
+        ));
+        let a = call.args["a"].as_f64().ok_or("a must be a number")?;
+        let b = call.args["b"].as_f64().ok_or("b must be a number")?;
+        Ok(json!(a + b))
+    })
+    .unwrap();
+    let fail = Tool::new("fail", "always fails", json!({}), |_| {
+        Err("no luck".to_string())
+    })
+    .unwrap();
+    let echo = Tool::new("echo", "returns its arguments", json!({}), |call| {
+        Ok(call.args.clone())
+    })
+    .unwrap();
+    vec![add, fail, echo]
+}
+
+#[test]
+fn tools_are_called_from_r_with_session_and_execution_ids() {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let sup = supervisor();
+    let s = session_with(
+        &sup,
+        SessionOptions {
+            tools: tools(seen.clone()),
+            ..SessionOptions::default()
+        },
+    );
+    let r = run(&s, "tools$add(a = 1, b = 2)");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(r.console, "[1] 3\n");
+    let calls = seen.lock().unwrap().calls.clone();
+    assert_eq!(
+        calls,
+        vec![("add".to_string(), s.id().to_string(), r.execution_id.clone())],
+        "the handler saw this session and this call"
+    );
+
+    // Two tool calls in one R call share its execution id; the result is an
+    // ordinary R value.
+    let r = run(&s, "z <- tools$add(a = 10, b = 0.5) * 2; z; tools$add(a = z, b = -1)");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(r.console, "[1] 21\n[1] 20\n");
+    let calls = seen.lock().unwrap().calls.clone();
+    assert_eq!(calls.len(), 3);
+    assert!(calls[1..].iter().all(|c| c.2 == r.execution_id));
+
+    // A handler error is an R error (catchable by R code).
+    let r = run(&s, "tools$fail()");
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    let msg = &r.error.as_ref().unwrap().message;
+    assert!(msg.contains("no luck"), "{msg}");
+    assert_eq!(
+        console(&s, "tryCatch(tools$fail(), error = function(e) 'caught')"),
+        "[1] \"caught\"\n"
+    );
+
+    // An unknown tool names the known ones.
+    let r = run(&s, "tools$nope()");
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    let msg = &r.error.as_ref().unwrap().message;
+    assert!(msg.contains("unknown tool"), "{msg}");
+    assert!(msg.contains("add"), "{msg}");
+
+    // A request over the limit never reaches the host.
+    let before = seen.lock().unwrap().calls.len();
+    let r = run(&s, "tools$echo(x = strrep('a', 300000))");
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    let msg = &r.error.as_ref().unwrap().message;
+    assert!(msg.contains("limit"), "{msg}");
+    assert_eq!(seen.lock().unwrap().calls.len(), before);
+
+    // Nested values survive the round trip.
+    let r = run(
+        &s,
+        "v <- tools$echo(n = 1:3, d = c(1.5, 2), s = c('a', 'b'), flag = TRUE, \
+         inner = list(k = 'v', m = list(z = 7L)))\n\
+         identical(v$n, 1:3); identical(v$d, c(1.5, 2)); identical(v$s, c('a', 'b'))\n\
+         isTRUE(v$flag); identical(v$inner$k, 'v'); identical(v$inner$m$z, 7L)\n\
+         sort(names(v))",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(
+        r.console,
+        "[1] TRUE\n[1] TRUE\n[1] TRUE\n[1] TRUE\n[1] TRUE\n[1] TRUE\n\
+         [1] \"d\"     \"flag\"  \"inner\" \"n\"     \"s\"    \n"
+    );
+    // The session is unharmed by all that.
+    assert_eq!(console(&s, "z"), "[1] 21\n");
+}
+
+// ---------------------------------------------------------------------------
+// 15. handles as futures
+
+struct ThreadWaker(std::thread::Thread);
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Drives a future on this thread; panics after [`DEADLINE`].
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        let now = Instant::now();
+        assert!(now < end, "the future never resolved");
+        // Woken by the waker; the timeout only guards against a hang.
+        std::thread::park_timeout(end - now);
+    }
+}
+
+#[test]
+fn a_call_handle_is_a_future() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let h = s.run("1 + 1").unwrap();
+    let id = h.execution_id().to_string();
+    let r = block_on(h);
+    assert_eq!(r.outcome, Outcome::Complete);
+    assert_eq!(r.console, "[1] 2\n");
+    assert_eq!(r.execution_id, id);
+
+    // Several awaited in one async block, in order.
+    let (a, b) = block_on(async {
+        let a = s.run("y <- 5; y").unwrap().await;
+        let b = s.run("y * 2").unwrap().await;
+        (a, b)
+    });
+    assert_eq!(a.console, "[1] 5\n");
+    assert_eq!(b.console, "[1] 10\n");
+
+    // A pending future wakes when the blocked call is released.
+    let started = temp_path("f-started");
+    let release = temp_path("f-release");
+    let h = s.run(&format!("{}; 'released'", block_until(&started, &release))).unwrap();
+    let releaser = {
+        let (started, release) = (started.clone(), release.clone());
+        std::thread::spawn(move || {
+            wait_for_file(&started);
+            std::fs::write(release, "").unwrap();
+        })
+    };
+    let r = block_on(h);
+    releaser.join().unwrap();
+    assert_eq!(r.console, "[1] \"released\"\n");
+    let _ = std::fs::remove_file(started);
+    let _ = std::fs::remove_file(release);
+}
+
+#[test]
+fn wait_timeout_is_none_while_running_and_some_after() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let started = temp_path("w-started");
+    let release = temp_path("w-release");
+    let h = s.run(&format!("{}; 'done'", block_until(&started, &release))).unwrap();
+    wait_for_file(&started);
+    // The call cannot end before the release file exists.
+    assert!(h.wait_timeout(Duration::from_millis(50)).is_none());
+    assert!(h.try_result().is_none());
+    std::fs::write(&release, "").unwrap();
+    let r = h.wait_timeout(DEADLINE).expect("result after release");
+    assert_eq!(r.console, "[1] \"done\"\n");
+    assert_eq!(h.try_result().unwrap().execution_id, r.execution_id);
+    // `wait` on a clone returns the same result.
+    assert_eq!(h.clone().wait().execution_id, r.execution_id);
+    let _ = std::fs::remove_file(started);
+    let _ = std::fs::remove_file(release);
+}
+
+// ---------------------------------------------------------------------------
+// 16-17. the JSONL CLI
+
+/// `rvisor session --jsonl` as a child, with its output lines on a channel.
+struct Cli {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    /// Lines read but not yet asked for.
+    backlog: Vec<Value>,
+}
+
+impl Cli {
+    fn start() -> Self {
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(|d| d.join("rvisor"))
+            .unwrap();
+        assert!(bin.is_file(), "{} exists (cargo build --workspace)", bin.display());
+        let mut child = Command::new(&bin)
+            .args(["session", "--jsonl"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the CLI");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+            backlog: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.write_all(b"\n").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn send_json(&mut self, v: Value) {
+        self.send(&v.to_string());
+    }
+
+    /// The response line whose `id` is `id` (others are kept for later).
+    fn response(&mut self, id: &Value) -> Value {
+        if let Some(i) = self.backlog.iter().position(|v| &v["id"] == id) {
+            return self.backlog.remove(i);
+        }
+        let end = Instant::now() + DEADLINE;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let v: Value = serde_json::from_str(&line)
+                        .unwrap_or_else(|e| panic!("response is JSON ({e}): {line}"));
+                    if &v["id"] == id {
+                        return v;
+                    }
+                    self.backlog.push(v);
+                }
+                Err(RecvTimeoutError::Timeout) => panic!("no response for id {id}"),
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("the CLI closed its output before answering id {id}")
+                }
+            }
+        }
+    }
+
+    /// Sends a run and returns its result object.
+    fn run(&mut self, id: u64, session: Option<&str>, code: &str) -> Value {
+        let mut req = json!({"id": id, "op": "run", "code": code});
+        if let Some(s) = session {
+            req["session"] = json!(s);
+        }
+        self.send_json(req);
+        let resp = self.response(&json!(id));
+        assert!(resp.get("error").is_none(), "{resp}");
+        resp["result"].clone()
+    }
+}
+
+impl Drop for Cli {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn no_worker_survives_a_killed_cli() {
+    let mut cli = Cli::start();
+    let result = cli.run(1, None, "cat(Sys.getpid())");
+    assert_eq!(result["outcome"], "complete", "{result}");
+    let pid: u32 = result["console"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("a pid");
+    assert!(!process_gone(pid), "the worker runs");
+
+    sigkill(cli.child.id());
+    let _ = cli.child.wait();
+    // The worker dies with its supervisor (parent-death signal). Whoever
+    // reaps it then (init or a subreaper) may be slow, so a zombie counts as
+    // gone.
+    wait_until(&format!("worker {pid} to end"), || process_gone(pid));
+}
+
+#[test]
+fn jsonl_bad_lines_get_errors_and_the_session_goes_on() {
+    let mut cli = Cli::start();
+    assert_eq!(cli.run(1, None, "x <- 7; x")["console"], "[1] 7\n");
+
+    cli.send("this is not json");
+    let resp = cli.response(&Value::Null);
+    assert_eq!(resp["error"]["code"], "bad_request", "{resp}");
+    assert!(resp["error"]["message"].as_str().unwrap().contains("invalid request"));
+
+    cli.send(r#"{"id": 2, "op": "fly"}"#);
+    let resp = cli.response(&json!(2));
+    assert_eq!(resp["error"]["code"], "bad_request", "{resp}");
+
+    cli.send(r#"{"id": 3, "op": "run"}"#);
+    let resp = cli.response(&json!(3));
+    assert_eq!(resp["error"]["code"], "bad_request", "{resp}");
+
+    cli.send(r#"{"id": 4, "op": "run", "code": "   "}"#);
+    let resp = cli.response(&json!(4));
+    assert_eq!(resp["error"]["code"], "invalid", "{resp}");
+
+    let r = cli.run(5, None, "x + 1");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["console"], "[1] 8\n", "state kept after the bad lines");
+    assert_eq!(r["session"]["fresh"], false);
+
+    cli.send(r#"{"id": 6, "op": "status"}"#);
+    let resp = cli.response(&json!(6));
+    assert_eq!(resp["status"]["state"], "idle", "{resp}");
+    assert_eq!(resp["status"]["generation"], 1, "{resp}");
+}
+
+#[test]
+fn jsonl_cancel_works_mid_run() {
+    let mut cli = Cli::start();
+    assert_eq!(cli.run(1, None, "keep <- 'yes'")["outcome"], "complete");
+    let started = temp_path("j-started");
+    let never = temp_path("j-never");
+    cli.send_json(json!({"id": 2, "op": "run", "code": block_until(&started, &never)}));
+    wait_for_file(&started);
+    cli.send_json(json!({"id": 3, "op": "cancel"}));
+    let status = cli.response(&json!(3));
+    assert!(status.get("status").is_some(), "{status}");
+    let run = cli.response(&json!(2));
+    assert_eq!(run["result"]["outcome"], "cancelled", "{run}");
+    assert_eq!(run["result"]["success"], false);
+    let r = cli.run(4, None, "keep");
+    assert_eq!(r["console"], "[1] \"yes\"\n", "{r}");
+    let _ = std::fs::remove_file(started);
+}
+
+#[test]
+fn jsonl_named_sessions_are_separate() {
+    let mut cli = Cli::start();
+    assert_eq!(cli.run(1, Some("a"), "x <- 'from a'")["outcome"], "complete");
+    let b = cli.run(2, Some("b"), "exists('x')");
+    assert_eq!(b["console"], "[1] FALSE\n", "{b}");
+    assert_eq!(cli.run(3, Some("b"), "x <- 'from b'")["outcome"], "complete");
+    let a = cli.run(4, Some("a"), "x");
+    assert_eq!(a["console"], "[1] \"from a\"\n", "{a}");
+    let b = cli.run(5, Some("b"), "x");
+    assert_eq!(b["console"], "[1] \"from b\"\n", "{b}");
+    assert_ne!(a["session"]["id"], b["session"]["id"]);
+
+    // Each has its own worker.
+    let pa = cli.run(6, Some("a"), "cat(Sys.getpid())");
+    let pb = cli.run(7, Some("b"), "cat(Sys.getpid())");
+    assert_ne!(pa["console"], pb["console"]);
+
+    cli.send(r#"{"id": 8, "op": "status", "session": "nope"}"#);
+    let st = cli.response(&json!(8));
+    assert_eq!(st["status"]["state"], "new", "status creates the session: {st}");
+    cli.send(r#"{"id": 9, "op": "cancel", "session": "zzz"}"#);
+    let e = cli.response(&json!(9));
+    assert_eq!(e["error"]["code"], "unknown_session", "{e}");
+
+    // Closing the input ends the CLI cleanly.
+    let Cli { mut child, stdin, .. } = cli;
+    drop(stdin);
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(Instant::now() < end, "the CLI did not exit after EOF");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,150 @@
+//! `rvisor repl`: an interactive persistent session for a person.
+
+use anyhow::{Context, Result};
+use base64::Engine;
+use rustyline::error::ReadlineError;
+use rvisor::{Outcome, RunResult, Segment, Session};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+const HELP: &str = "\
+rvisor repl: R in a persistent embedded session.
+  :status   show the session's status
+  :reset    start a fresh R session (variables are lost)
+  :help     this help
+  :quit     leave (also Ctrl-D)
+Ctrl-C interrupts the running call; variables are kept.
+Plots are saved as PNG files and their paths printed.";
+
+/// Whether R's parser stopped because the input is not finished yet.
+fn incomplete(r: &RunResult) -> bool {
+    r.outcome == Outcome::ParseError
+        && r.error.as_ref().is_some_and(|e| {
+            e.message.contains("unexpected end of input") || e.message.contains("INCOMPLETE_STRING")
+        })
+}
+
+fn print_result(r: &RunResult, plots_dir: &Path, counter: &mut usize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr().lock();
+    for seg in &r.segments {
+        match seg {
+            Segment::Stdout { text } => {
+                err.flush()?;
+                out.write_all(text.as_bytes())?;
+            }
+            Segment::Plot { index } => {
+                let Some(p) = r.plots.get(*index) else {
+                    continue;
+                };
+                std::fs::create_dir_all(plots_dir)
+                    .with_context(|| format!("failed to create {}", plots_dir.display()))?;
+                *counter += 1;
+                let path = plots_dir.join(format!("plot-{:03}.png", *counter));
+                let data = base64::engine::general_purpose::STANDARD.decode(&p.data_base64)?;
+                std::fs::write(&path, data)
+                    .with_context(|| format!("failed to write {}", path.display()))?;
+                out.flush()?;
+                writeln!(err, "[plot saved to {}]", path.display())?;
+            }
+            other => {
+                out.flush()?;
+                if let Some(t) = other.console_text() {
+                    err.write_all(t.as_bytes())?;
+                }
+            }
+        }
+    }
+    out.flush()?;
+    if r.truncated {
+        writeln!(err, "[output truncated at the output limit]")?;
+    }
+    if matches!(r.outcome, Outcome::Interrupted) {
+        writeln!(err, "[interrupted; variables are kept]")?;
+    }
+    Ok(())
+}
+
+/// Runs the REPL on `session` until the user leaves.
+pub fn run(session: Session, plots_dir: PathBuf) -> Result<ExitCode> {
+    // Ctrl-C while a call runs interrupts it; while typing, rustyline sees
+    // the key itself (raw mode) and clears the line.
+    let current: Arc<Mutex<Option<Session>>> = Arc::new(Mutex::new(None));
+    {
+        let current = current.clone();
+        ctrlc::set_handler(move || {
+            if let Some(s) = current.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                s.interrupt();
+            }
+        })
+        .context("failed to install the Ctrl-C handler")?;
+    }
+    let mut rl = rustyline::DefaultEditor::new().context("failed to start line editing")?;
+    let history = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".rvisor_history"));
+    if let Some(h) = &history {
+        let _ = rl.load_history(h);
+    }
+    eprintln!("rvisor repl (R in an embedded worker). :help for commands, Ctrl-D to leave.");
+    let mut buffer = String::new();
+    let mut counter = 0usize;
+    loop {
+        let prompt = if buffer.is_empty() { "> " } else { "+ " };
+        let line = match rl.readline(prompt) {
+            Ok(l) => l,
+            Err(ReadlineError::Interrupted) => {
+                buffer.clear();
+                continue;
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e).context("failed to read input"),
+        };
+        if buffer.is_empty() {
+            match line.trim() {
+                "" => continue,
+                ":quit" | ":q" => break,
+                ":help" => {
+                    eprintln!("{HELP}");
+                    continue;
+                }
+                ":status" => {
+                    println!("{}", serde_json::to_string_pretty(&session.status())?);
+                    continue;
+                }
+                ":reset" => {
+                    session.reset();
+                    eprintln!("[the next call starts in a fresh R session]");
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        if !buffer.is_empty() {
+            buffer.push('\n');
+        }
+        buffer.push_str(&line);
+        let handle = match session.run(&buffer) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("rvisor: {e}");
+                buffer.clear();
+                continue;
+            }
+        };
+        *current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
+        let result = handle.wait();
+        *current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if incomplete(&result) {
+            continue; // keep reading: R needs more input
+        }
+        let _ = rl.add_history_entry(buffer.as_str());
+        buffer.clear();
+        print_result(&result, &plots_dir, &mut counter)?;
+    }
+    if let Some(h) = &history {
+        let _ = rl.save_history(h);
+    }
+    session.close();
+    Ok(ExitCode::SUCCESS)
+}
