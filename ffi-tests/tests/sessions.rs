@@ -898,7 +898,7 @@ fn wait_timeout_is_none_while_running_and_some_after() {
 /// `rvisor session --jsonl` as a child, with its output lines on a channel.
 struct Cli {
     child: Child,
-    stdin: ChildStdin,
+    stdin: Option<ChildStdin>,
     lines: Receiver<String>,
     /// Lines read but not yet asked for.
     backlog: Vec<Value>,
@@ -933,16 +933,30 @@ impl Cli {
         });
         Self {
             child,
-            stdin,
+            stdin: Some(stdin),
             lines,
             backlog: Vec::new(),
         }
     }
 
     fn send(&mut self, line: &str) {
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.write_all(b"\n").unwrap();
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().expect("input is open");
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Closes the CLI's input and waits for it to exit.
+    fn finish(&mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        let end = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < end, "the CLI did not exit after EOF");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn send_json(&mut self, v: Value) {
@@ -1093,15 +1107,6 @@ fn jsonl_named_sessions_are_separate() {
     assert_eq!(e["error"]["code"], "unknown_session", "{e}");
 
     // Closing the input ends the CLI cleanly.
-    let Cli { mut child, stdin, .. } = cli;
-    drop(stdin);
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(Instant::now() < end, "the CLI did not exit after EOF");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let status = cli.finish();
+    assert!(status.success(), "{status}");
 }
