@@ -313,6 +313,20 @@ helpers$print.rvisor_tools <- function(x, ...) {
 }
 helpers$tools <- structure(list(), class = "rvisor_tools")
 
+## In a worker forked from the zygote: its own plot directory, no plot to
+## continue, no RNG state shared with its siblings.
+reinit <- function(plot_dir) {
+  state$plot_dir <- plot_dir
+  dir.create(plot_dir, showWarnings = FALSE, recursive = TRUE)
+  state$last <- NULL
+  state$dev <- 0L
+  state$replayed <- FALSE
+  state$drop_first <- FALSE
+  if (exists(".Random.seed", envir = globalenv(), inherits = FALSE))
+    rm(".Random.seed", envir = globalenv())
+  invisible()
+}
+
 init <- function(plot_dir) {
   state$plot_dir <- plot_dir
   dir.create(plot_dir, showWarnings = FALSE, recursive = TRUE)
@@ -321,5 +335,12 @@ init <- function(plot_dir) {
   setHook("before.grid.newpage", on_new_page)
   # attach() copies `helpers`; later changes (tools) go to the copy.
   state$attached <- attach(helpers, name = "rvisor", warn.conflicts = FALSE)
+  # S3 dispatch skips attached environments between the global and base
+  # environments (R >= 3.6), so the tools object's methods are not found in
+  # the attached copy: register them where dispatch looks (base's S3 table).
+  # Without this, `tools$nope()` gave "attempt to apply non-function".
+  for (g in c("$", "[[", "print"))
+    registerS3method(g, "rvisor_tools", get(paste0(g, ".rvisor_tools"), envir = helpers),
+                     envir = baseenv())
   invisible()
 }

@@ -45,6 +45,9 @@ extern "C" {
     pub static mut ptr_R_ReadConsole: Option<ReadConsole>;
     /// Called by `quit()`.
     pub static mut ptr_R_CleanUp: Option<CleanUp>;
+    /// R's session temporary directory (what `tempdir()` returns); a
+    /// forked worker points it at a directory of its own.
+    pub static mut R_TempDir: *mut c_char;
     /// Type of an R object (a function in R 4.2's API; libR-sys lacks it).
     pub fn TYPEOF(x: SEXP) -> c_int;
 }

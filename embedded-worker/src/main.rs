@@ -13,6 +13,7 @@ mod link;
 mod r;
 mod result_block;
 mod tools;
+mod zygote;
 
 use rvisor_protocol::{
     FrameError, FromWorker, ToWorker, WorkerHello, ENV_SYNC_TOKEN, ENV_WORKER_FD, PROTOCOL_VERSION,
@@ -74,6 +75,19 @@ fn ensure_stack() {
 fn main() -> ExitCode {
     ensure_stack();
     std::env::remove_var(ENV_REEXEC);
+    if let Some(fd) = std::env::var(rvisor_protocol::ENV_ZYGOTE_FD)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    {
+        std::env::remove_var(rvisor_protocol::ENV_ZYGOTE_FD);
+        return match zygote::run(fd) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rvisor-worker (zygote): {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let Some(fd) = std::env::var(ENV_WORKER_FD)
         .ok()
         .and_then(|v| v.parse::<i32>().ok())
@@ -103,12 +117,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// The worker's main loop over any transport (a socketpair in production).
-fn serve(stream: UnixStream, sync: Option<String>) -> Result<(), String> {
-    let t0 = Instant::now();
-    link::install(stream, sync);
+/// Reads the supervisor's hello. `Ok(false)`: the supervisor went away.
+fn check_hello() -> Result<bool, String> {
     match link::recv() {
-        Ok(ToWorker::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {}
+        Ok(ToWorker::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {
+            Ok(true)
+        }
         Ok(ToWorker::Hello { protocol_version }) => {
             let message = format!(
                 "protocol mismatch: the supervisor speaks version {protocol_version}, this \
@@ -117,27 +131,42 @@ fn serve(stream: UnixStream, sync: Option<String>) -> Result<(), String> {
             let _ = link::send(&FromWorker::Fatal {
                 message: message.clone(),
             });
-            return Err(message);
+            Err(message)
         }
-        Ok(other) => return Err(format!("expected hello, got {other:?}")),
-        Err(FrameError::Closed) => return Ok(()),
-        Err(e) => return Err(e.to_string()),
+        Ok(other) => Err(format!("expected hello, got {other:?}")),
+        Err(FrameError::Closed) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A worker started by exec: hello, start R, serve calls.
+fn serve(stream: UnixStream, sync: Option<String>) -> Result<(), String> {
+    let t0 = Instant::now();
+    link::install(stream, sync);
+    if !check_hello()? {
+        return Ok(());
     }
     let r = r::start().map_err(|e| format!("failed to start R: {e}"))?;
     interrupt::install();
     warm_up(&r);
+    serve_calls(&r, t0.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// Says hello with R ready, then evaluates calls until the supervisor
+/// closes the link or says shutdown. Used by exec'd and forked workers.
+fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
     let hello = WorkerHello {
         protocol_version: PROTOCOL_VERSION,
         r_version: r.version.clone(),
         pid: std::process::id(),
         r_tempdir: r.tempdir.clone(),
-        startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        startup_ms,
     };
     link::send(&FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
     loop {
         match link::recv() {
             Ok(ToWorker::Run(req)) => {
-                let res = eval::run(&r, req);
+                let res = eval::run(r, req);
                 link::write_sync();
                 link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
             }
@@ -153,11 +182,16 @@ fn serve(stream: UnixStream, sync: Option<String>) -> Result<(), String> {
 /// Runs the driver a few times so R's JIT has compiled it before the first
 /// real call (a new closure's second call otherwise costs ~100 ms).
 fn warm_up(r: &r::R) {
-    for code in ["invisible(NULL)", "1", "invisible(NULL)"] {
+    warm_up_with(r, &["invisible(NULL)", "1", "invisible(NULL)"]);
+}
+
+/// Runs `codes` through the driver, discarding the results.
+fn warm_up_with(r: &r::R, codes: &[&str]) {
+    for code in codes {
         let req = rvisor_protocol::RunRequest {
             execution_id: "warm-up".into(),
             seq: 0,
-            code: code.into(),
+            code: (*code).into(),
             plot_width: 100,
             plot_height: 100,
             max_output_bytes: 1 << 20,

@@ -11,7 +11,7 @@ use std::os::raw::{c_char, c_int, c_uchar};
 use std::ptr;
 
 /// Handles kept alive for the life of the process.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct R {
     /// The driver's private environment (preserved).
     pub driver: SEXP,

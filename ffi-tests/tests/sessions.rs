@@ -41,10 +41,7 @@ fn session_with(sup: &Supervisor, opts: SessionOptions) -> Session {
 
 /// A unique path in the temp dir (nothing is created).
 fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "rvisor-test-{name}-{}",
-        rvisor::ids::random_hex(6)
-    ))
+    std::env::temp_dir().join(format!("rvisor-test-{name}-{}", rvisor::ids::random_hex(6)))
 }
 
 /// A unique, new directory in the temp dir.
@@ -67,7 +64,7 @@ fn r_str(p: &Path) -> String {
 /// R code that creates `marker` and then waits until `release` exists.
 fn block_until(marker: &Path, release: &Path) -> String {
     format!(
-        "file.create({}); while (!file.exists({})) Sys.sleep(0.01)",
+        "invisible(file.create({})); while (!file.exists({})) Sys.sleep(0.01)",
         r_str(marker),
         r_str(release)
     )
@@ -149,8 +146,7 @@ fn variables_packages_and_options_persist_across_calls() {
     );
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert_eq!(
-        r.console,
-        "[1] 42\n[1] TRUE\n[1] TRUE\n[1] \"kept\"\n",
+        r.console, "[1] 42\n[1] TRUE\n[1] TRUE\n[1] \"kept\"\n",
         "state of the first call is visible in the second"
     );
     assert!(!r.session.fresh);
@@ -176,7 +172,13 @@ fn queued_calls_run_in_order_and_each_result_is_complete() {
     let mut ids = std::collections::HashSet::new();
     for (i, h) in handles.iter().enumerate() {
         let r = wait(h);
-        assert_eq!(r.outcome, Outcome::Complete, "call {}: {}", i + 1, r.console);
+        assert_eq!(
+            r.outcome,
+            Outcome::Complete,
+            "call {}: {}",
+            i + 1,
+            r.console
+        );
         let expected: Vec<String> = (1..=i + 1).map(|k| k.to_string()).collect();
         assert_eq!(
             r.console,
@@ -185,7 +187,10 @@ fn queued_calls_run_in_order_and_each_result_is_complete() {
             i + 1
         );
         assert_eq!(r.execution_id, h.execution_id());
-        assert!(ids.insert(r.execution_id.clone()), "execution ids are distinct");
+        assert!(
+            ids.insert(r.execution_id.clone()),
+            "execution ids are distinct"
+        );
     }
     assert_eq!(ids.len(), 6);
     assert_eq!(console(&s, "v"), "[1] 1 2 3 4 5 6\n");
@@ -350,17 +355,13 @@ fn a_timeout_r_answers_keeps_the_session() {
 // ---------------------------------------------------------------------------
 // 7. timeout on C code that ignores interrupts
 
-/// Compiles a C function that spins forever without checking for
-/// interrupts; returns the path of the shared library.
-fn compile_spin() -> PathBuf {
-    let dir = temp_dir("spin");
-    std::fs::write(
-        dir.join("spin.c"),
-        "void spin(int *n) { volatile unsigned long x = 0; for (;;) x++; }\n",
-    )
-    .unwrap();
+/// Compiles `source` into `<name>.so` in a new temp dir with
+/// `R CMD SHLIB`; returns the path of the shared library.
+fn compile_c(name: &str, source: &str) -> PathBuf {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join(format!("{name}.c")), source).unwrap();
     let out = Command::new("R")
-        .args(["CMD", "SHLIB", "spin.c"])
+        .args(["CMD", "SHLIB", &format!("{name}.c")])
         .current_dir(&dir)
         .output()
         .expect("run R CMD SHLIB");
@@ -370,9 +371,17 @@ fn compile_spin() -> PathBuf {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let so = dir.join("spin.so");
+    let so = dir.join(format!("{name}.so"));
     assert!(so.is_file(), "{} was built", so.display());
     so
+}
+
+/// A C function that spins forever without checking for interrupts.
+fn compile_spin() -> PathBuf {
+    compile_c(
+        "spin",
+        "void spin(int *n) { volatile unsigned long x = 0; for (;;) x++; }\n",
+    )
 }
 
 #[test]
@@ -475,31 +484,117 @@ fn cancel_stops_the_running_call_and_drops_the_queue() {
     let _ = std::fs::remove_file(started);
 }
 
-// ---------------------------------------------------------------------------
-// 9. crash
+#[test]
+fn interrupt_stops_the_running_call_and_keeps_the_queue() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let started = temp_path("i-started");
+    let never = temp_path("i-never");
+    let h1 = s
+        .run(&format!("kept <- 1; {}", block_until(&started, &never)))
+        .unwrap();
+    wait_for_file(&started);
+    let h2 = s.run("kept + 1").unwrap();
+    s.interrupt();
+    let r1 = wait(&h1);
+    assert_eq!(r1.outcome, Outcome::Interrupted, "{}", r1.console);
+    let r2 = wait(&h2);
+    assert_eq!(
+        r2.outcome,
+        Outcome::Complete,
+        "queued call still runs: {}",
+        r2.console
+    );
+    assert_eq!(r2.console, "[1] 2\n");
+    assert_eq!(r2.session.generation, 1);
+    let _ = std::fs::remove_file(started);
+}
 
 #[test]
-fn a_crash_mid_call_is_reported_and_the_next_call_is_fresh() {
+fn reset_starts_a_fresh_worker() {
     let sup = supervisor();
     let s = session(&sup);
     assert_eq!(console(&s, "x <- 1"), "");
-    let r = run(&s, "tools::pskill(Sys.getpid(), 11L); Sys.sleep(30)");
+    let old_pid = s.status().pid.unwrap();
+    s.reset();
+    wait_until("the reset to be recorded", || {
+        s.status().last_reset.is_some()
+    });
+    assert_eq!(s.status().last_reset.unwrap().reason, "reset");
+    let r = run(&s, "exists('x')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.session.fresh);
+    assert_eq!(r.session.generation, 2);
+    assert_eq!(r.session.reset_reason.as_deref(), Some("reset"));
+    assert!(r.console.starts_with(FRESH_NOTICE), "{}", r.console);
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    assert_ne!(s.status().pid, Some(old_pid));
+    wait_until("the old worker to end", || process_gone(old_pid));
+}
+
+// ---------------------------------------------------------------------------
+// 9. crash
+
+/// Runs `code` (which must end the worker with `signal`) after setting a
+/// variable, and checks the failed result and the fresh next call.
+fn check_crash(code: &str, signal: &str, reason: &str) {
+    let sup = supervisor();
+    let s = session(&sup);
+    assert_eq!(console(&s, "x <- 1"), "");
+    let r = run(&s, code);
     assert_eq!(r.outcome, Outcome::WorkerFailed, "{}", r.console);
     assert!(!r.success);
     let msg = &r.error.as_ref().expect("error info").message;
-    assert!(
-        msg.contains("signal 11") && msg.contains("SIGSEGV"),
-        "names the signal: {msg}"
-    );
+    assert!(msg.contains(signal), "names the signal ({signal}): {msg}");
+    assert!(r.console.contains(signal), "{}", r.console);
 
     let r = run(&s, "exists('x')");
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert!(r.session.fresh);
     assert_eq!(r.session.generation, 2);
-    assert_eq!(r.session.reset_reason.as_deref(), Some("crash"));
+    assert_eq!(r.session.reset_reason.as_deref(), Some(reason));
     assert!(r.console.starts_with(FRESH_NOTICE), "{}", r.console);
     assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
-    assert_eq!(s.status().last_reset.unwrap().reason, "crash");
+    assert_eq!(s.status().last_reset.unwrap().reason, reason);
+    assert_eq!(console(&s, "1"), "[1] 1\n");
+}
+
+#[test]
+fn a_segfault_mid_call_is_reported_and_the_next_call_is_fresh() {
+    // A real invalid memory access. (`tools::pskill(Sys.getpid(), 11L)` is
+    // not used: a SIGSEGV sent with kill(2) does not fault, and the Rust
+    // runtime's SIGSEGV handler of the worker swallows the first one.)
+    let so = compile_c(
+        "crash",
+        "void crash(int *n) { *(volatile int *) 0 = *n; }\n",
+    );
+    check_crash(
+        &format!(
+            "cat('before\\n'); dyn.load({}); .C('crash', 1L); cat('after\\n')",
+            r_str(&so)
+        ),
+        "signal 11 SIGSEGV",
+        "crash",
+    );
+    let _ = std::fs::remove_dir_all(so.parent().unwrap());
+}
+
+#[test]
+fn an_abort_signal_mid_call_is_a_crash() {
+    check_crash(
+        "tools::pskill(Sys.getpid(), 6L); Sys.sleep(30)",
+        "signal 6 SIGABRT",
+        "crash",
+    );
+}
+
+#[test]
+fn a_sigkill_mid_call_is_reported_as_killed() {
+    check_crash(
+        "tools::pskill(Sys.getpid(), tools::SIGKILL); Sys.sleep(30)",
+        "signal 9 SIGKILL",
+        "killed",
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -526,7 +621,10 @@ fn quit_ends_the_worker_and_the_next_call_is_fresh() {
 
 #[test]
 fn host_secrets_are_hidden_unless_named() {
-    let name = format!("RVISOR_TEST_SECRET_{}", rvisor::ids::random_hex(4).to_uppercase());
+    let name = format!(
+        "RVISOR_TEST_SECRET_{}",
+        rvisor::ids::random_hex(4).to_uppercase()
+    );
     std::env::set_var(&name, "hunter2");
     let sup = supervisor();
 
@@ -557,7 +655,10 @@ fn host_secrets_are_hidden_unless_named() {
 
 #[test]
 fn rprofile_and_renviron_are_not_read() {
-    let var = format!("RVISOR_TEST_RENVIRON_{}", rvisor::ids::random_hex(4).to_uppercase());
+    let var = format!(
+        "RVISOR_TEST_RENVIRON_{}",
+        rvisor::ids::random_hex(4).to_uppercase()
+    );
     let files = |dir: &Path, tag: &str| {
         std::fs::write(
             dir.join(".Rprofile"),
@@ -748,13 +849,20 @@ fn tools_are_called_from_r_with_session_and_execution_ids() {
     let calls = seen.lock().unwrap().calls.clone();
     assert_eq!(
         calls,
-        vec![("add".to_string(), s.id().to_string(), r.execution_id.clone())],
+        vec![(
+            "add".to_string(),
+            s.id().to_string(),
+            r.execution_id.clone()
+        )],
         "the handler saw this session and this call"
     );
 
     // Two tool calls in one R call share its execution id; the result is an
     // ordinary R value.
-    let r = run(&s, "z <- tools$add(a = 10, b = 0.5) * 2; z; tools$add(a = z, b = -1)");
+    let r = run(
+        &s,
+        "z <- tools$add(a = 10, b = 0.5) * 2; z; tools$add(a = z, b = -1)",
+    );
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert_eq!(r.console, "[1] 21\n[1] 20\n");
     let calls = seen.lock().unwrap().calls.clone();
@@ -856,7 +964,9 @@ fn a_call_handle_is_a_future() {
     // A pending future wakes when the blocked call is released.
     let started = temp_path("f-started");
     let release = temp_path("f-release");
-    let h = s.run(&format!("{}; 'released'", block_until(&started, &release))).unwrap();
+    let h = s
+        .run(&format!("{}; 'released'", block_until(&started, &release)))
+        .unwrap();
     let releaser = {
         let (started, release) = (started.clone(), release.clone());
         std::thread::spawn(move || {
@@ -877,7 +987,9 @@ fn wait_timeout_is_none_while_running_and_some_after() {
     let s = session(&sup);
     let started = temp_path("w-started");
     let release = temp_path("w-release");
-    let h = s.run(&format!("{}; 'done'", block_until(&started, &release))).unwrap();
+    let h = s
+        .run(&format!("{}; 'done'", block_until(&started, &release)))
+        .unwrap();
     wait_for_file(&started);
     // The call cannot end before the release file exists.
     assert!(h.wait_timeout(Duration::from_millis(50)).is_none());
@@ -912,7 +1024,11 @@ impl Cli {
             .and_then(Path::parent)
             .map(|d| d.join("rvisor"))
             .unwrap();
-        assert!(bin.is_file(), "{} exists (cargo build --workspace)", bin.display());
+        assert!(
+            bin.is_file(),
+            "{} exists (cargo build --workspace)",
+            bin.display()
+        );
         let mut child = Command::new(&bin)
             .args(["session", "--jsonl"])
             .stdin(Stdio::piped())
@@ -1037,7 +1153,10 @@ fn jsonl_bad_lines_get_errors_and_the_session_goes_on() {
     cli.send("this is not json");
     let resp = cli.response(&Value::Null);
     assert_eq!(resp["error"]["code"], "bad_request", "{resp}");
-    assert!(resp["error"]["message"].as_str().unwrap().contains("invalid request"));
+    assert!(resp["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("invalid request"));
 
     cli.send(r#"{"id": 2, "op": "fly"}"#);
     let resp = cli.response(&json!(2));
@@ -1084,10 +1203,16 @@ fn jsonl_cancel_works_mid_run() {
 #[test]
 fn jsonl_named_sessions_are_separate() {
     let mut cli = Cli::start();
-    assert_eq!(cli.run(1, Some("a"), "x <- 'from a'")["outcome"], "complete");
+    assert_eq!(
+        cli.run(1, Some("a"), "x <- 'from a'")["outcome"],
+        "complete"
+    );
     let b = cli.run(2, Some("b"), "exists('x')");
     assert_eq!(b["console"], "[1] FALSE\n", "{b}");
-    assert_eq!(cli.run(3, Some("b"), "x <- 'from b'")["outcome"], "complete");
+    assert_eq!(
+        cli.run(3, Some("b"), "x <- 'from b'")["outcome"],
+        "complete"
+    );
     let a = cli.run(4, Some("a"), "x");
     assert_eq!(a["console"], "[1] \"from a\"\n", "{a}");
     let b = cli.run(5, Some("b"), "x");
@@ -1101,7 +1226,10 @@ fn jsonl_named_sessions_are_separate() {
 
     cli.send(r#"{"id": 8, "op": "status", "session": "nope"}"#);
     let st = cli.response(&json!(8));
-    assert_eq!(st["status"]["state"], "new", "status creates the session: {st}");
+    assert_eq!(
+        st["status"]["state"], "new",
+        "status creates the session: {st}"
+    );
     cli.send(r#"{"id": 9, "op": "cancel", "session": "zzz"}"#);
     let e = cli.response(&json!(9));
     assert_eq!(e["error"]["code"], "unknown_session", "{e}");

@@ -4,13 +4,16 @@
 //! defined here, so the contract in `CONTRACT.md` is written down once. The
 //! crate has no R and no I/O runtime: host programs may depend on it alone.
 
+pub mod fdpass;
 pub mod frame;
 pub mod result;
 pub mod worker;
+pub mod zygote;
 
 pub use frame::{read_frame, write_frame, FrameDecoder, FrameError, MAX_FRAME_BYTES};
 pub use result::*;
 pub use worker::*;
+pub use zygote::*;
 
 /// Version of the supervisor <-> worker frame protocol. Bump on every
 /// incompatible change of [`ToWorker`] or [`FromWorker`]; the hello exchange

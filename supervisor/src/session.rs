@@ -380,7 +380,14 @@ impl Shared {
         let i = lock(&self.inner);
         SessionStatus {
             id: self.id.clone(),
-            state: i.state,
+            // `close()` only flags the session; the runner thread sets the
+            // state later. Report `closed` at once, so that status() right
+            // after close() does not still say idle or running.
+            state: if i.closed {
+                SessionState::Closed
+            } else {
+                i.state
+            },
             generation: i.generation,
             queued: i.queue.len(),
             last_reset: i.last_reset.clone(),
@@ -467,6 +474,34 @@ impl Shared {
                 }
             };
             let Some(call) = next else { break };
+
+            // A worker that died while idle (killed from outside, e.g. by the
+            // OOM killer) is replaced before this call runs; without this
+            // check the call was sent to the dead worker and failed. Queued
+            // calls keep their place: none of them was running.
+            let died = worker
+                .as_mut()
+                .and_then(|w| w.exit_status().map(|st| (w.pid(), st)));
+            if let Some((pid, status)) = died {
+                use std::os::unix::process::ExitStatusExt;
+                let reason = match status.signal() {
+                    Some(libc::SIGKILL) => "killed",
+                    Some(_) => "crash",
+                    None => "exited",
+                };
+                lock(&self.registry.workers).remove(&pid);
+                worker = None;
+                let mut i = lock(&self.inner);
+                i.last_reset = Some(ResetInfo {
+                    reason: reason.to_string(),
+                    at: now_rfc3339(),
+                });
+                i.unreported_reset = Some(reason.to_string());
+                i.pid = None;
+                i.canceller = None;
+                i.interrupter = None;
+                i.state = SessionState::Starting;
+            }
 
             // Start a worker if there is none (lazily, or after a reset).
             if worker.is_none() {

@@ -421,6 +421,11 @@ impl Worker {
         !self.exited && matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// How the worker process ended, or `None` while it runs.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// A handle that can interrupt this worker from another thread while a
     /// call runs. Use it only while the worker is alive (its pid could be
     /// reused once the worker has been reaped).

@@ -1,0 +1,363 @@
+//! The zygote: R initialised once (packages preloaded, JIT and plotting
+//! warmed), then forked into ready workers on request.
+//!
+//! The zygote is single-threaded and never evaluates user code: only its own
+//! warm-up. It reads `Fork` requests (with the new worker's socket and output
+//! pipes attached as SCM_RIGHTS) from its control socket, forks, and reports
+//! the child's pid; it reaps its children and reports how they ended. A
+//! forked child takes its descriptors, environment and temporary directory
+//! from the request and then runs the ordinary worker loop.
+
+use crate::{eval, interrupt, link, r};
+use rvisor_protocol::{
+    fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, ZygoteHello, ENV_PRELOAD,
+    PROTOCOL_VERSION,
+};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Instant;
+
+/// Write end of the self-pipe that SIGCHLD pokes.
+static CHLD_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_sigchld(_sig: libc::c_int) {
+    let fd = CHLD_PIPE.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: write(2) of one byte from a static to our own pipe;
+        // async-signal-safe. A full pipe means a wake-up is pending anyway.
+        unsafe { libc::write(fd, b"c".as_ptr().cast(), 1) };
+    }
+}
+
+fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
+    eval::run(
+        r,
+        RunRequest {
+            execution_id: "zygote".into(),
+            seq: 0,
+            code: code.into(),
+            plot_width: 200,
+            plot_height: 150,
+            max_output_bytes: 1 << 20,
+            working_dir: None,
+            tools: Vec::new(),
+        },
+    )
+}
+
+fn valid_package_name(p: &str) -> bool {
+    let mut c = p.chars();
+    matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic())
+        && p.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '.')
+}
+
+/// Loads the packages to preload and draws one plot per plotting package,
+/// so a forked worker's first plot costs what later ones cost.
+fn preload(r: &r::R) -> (Vec<String>, Vec<(String, String)>) {
+    let explicit = std::env::var(ENV_PRELOAD).ok();
+    let wanted: Vec<String> = match &explicit {
+        Some(list) => list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        None => vec!["ggplot2".to_string()],
+    };
+    let mut loaded = Vec::new();
+    let mut failed = Vec::new();
+    for pkg in wanted {
+        if !valid_package_name(&pkg) {
+            failed.push((pkg, "not a valid package name".into()));
+            continue;
+        }
+        let res = run_quiet(
+            r,
+            &format!("suppressPackageStartupMessages(library('{pkg}', character.only = TRUE))"),
+        );
+        if res.outcome == rvisor_protocol::Outcome::Complete {
+            loaded.push(pkg);
+        } else if explicit.is_some() {
+            let why = res.error.map(|e| e.message).unwrap_or_default();
+            failed.push((pkg, why));
+        }
+    }
+    // Warm base graphics, grid, and every loaded plotting package.
+    run_quiet(
+        r,
+        "plot(1:10, main = 'warm'); lines(1:10); hist(c(1, 2, 2, 3))",
+    );
+    run_quiet(r, "grid::grid.newpage(); grid::grid.text('warm')");
+    if loaded.iter().any(|p| p == "ggplot2") {
+        run_quiet(
+            r,
+            "print(ggplot2::ggplot(data.frame(x = c(1, 2, 3), y = c(3, 1, 2)), \
+             ggplot2::aes(x, y)) + ggplot2::geom_point() + ggplot2::geom_line() + \
+             ggplot2::geom_smooth(method = 'lm', formula = y ~ x) + ggplot2::labs(title = 'warm'))",
+        );
+    }
+    if loaded.iter().any(|p| p == "lattice") {
+        run_quiet(r, "print(lattice::xyplot(1:3 ~ 1:3))");
+    }
+    // Forked children must not share RNG state.
+    run_quiet(
+        r,
+        "if (exists('.Random.seed', envir = globalenv())) rm('.Random.seed', envir = globalenv())",
+    );
+    (loaded, failed)
+}
+
+/// Serves as a zygote on control socket `fd`.
+pub fn run(fd: RawFd) -> Result<(), String> {
+    let t0 = Instant::now();
+    // SAFETY: the supervisor passed us this descriptor and nothing else owns it.
+    let mut ctl = unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        UnixStream::from_raw_fd(fd)
+    };
+    match rvisor_protocol::read_frame::<_, ToZygote>(&mut ctl) {
+        Ok(ToZygote::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {}
+        Ok(other) => return Err(format!("expected a matching hello, got {other:?}")),
+        Err(e) => return Err(format!("failed to read the hello: {e}")),
+    }
+    // One thread per process matters for fork(): keep BLAS single-threaded.
+    for var in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"] {
+        if std::env::var_os(var).is_none() {
+            std::env::set_var(var, "1");
+        }
+    }
+    let r = r::start().map_err(|e| format!("failed to start R: {e}"))?;
+    crate::warm_up(&r);
+    let (preloaded, failed) = preload(&r);
+    crate::warm_up(&r);
+
+    // SIGCHLD -> self-pipe, so poll() wakes up to reap.
+    let mut pipe = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills the two-element array we own; sigaction installs
+    // an async-signal-safe handler (a one-byte write).
+    unsafe {
+        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) != 0 {
+            return Err("failed to create the SIGCHLD pipe".into());
+        }
+        CHLD_PIPE.store(pipe[1], Ordering::SeqCst);
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_sigchld as *const () as usize;
+        libc::sigemptyset(&mut act.sa_mask);
+        act.sa_flags = libc::SA_NOCLDSTOP;
+        libc::sigaction(libc::SIGCHLD, &act, std::ptr::null_mut());
+    }
+
+    let hello = ZygoteHello {
+        protocol_version: PROTOCOL_VERSION,
+        r_version: r.version.clone(),
+        pid: std::process::id(),
+        preloaded,
+        failed,
+        startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
+    };
+    write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
+
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: ctl.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: pipe[0],
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two pollfds we own.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            continue; // EINTR (SIGCHLD): reap below on the next round
+        }
+        if fds[1].revents != 0 {
+            let mut buf = [0u8; 64];
+            // SAFETY: read into our buffer from our non-blocking pipe.
+            while unsafe { libc::read(pipe[0], buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+            reap(&mut ctl)?;
+        }
+        if fds[0].revents != 0 {
+            let (req, fds) = match fdpass::recv_frame_with_fds::<_, ToZygote>(&mut ctl) {
+                Ok(x) => x,
+                Err(rvisor_protocol::FrameError::Closed) => return Ok(()),
+                Err(e) => return Err(format!("failed to read a request: {e}")),
+            };
+            match req {
+                ToZygote::Fork(req) => fork_worker(&r, &mut ctl, req, fds, pipe)?,
+                ToZygote::Hello { .. } => return Err("unexpected second hello".into()),
+            }
+        }
+    }
+}
+
+/// Reaps every ended child and reports it.
+fn reap(ctl: &mut UnixStream) -> Result<(), String> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own children, non-blocking.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return Ok(());
+        }
+        let (code, signal) = if libc::WIFEXITED(status) {
+            (Some(libc::WEXITSTATUS(status)), None)
+        } else if libc::WIFSIGNALED(status) {
+            (None, Some(libc::WTERMSIG(status)))
+        } else {
+            (None, None)
+        };
+        write_frame(
+            ctl,
+            &FromZygote::Exited {
+                pid: pid as u32,
+                code,
+                signal,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    }
+}
+
+fn fork_worker(
+    r: &r::R,
+    ctl: &mut UnixStream,
+    req: ForkRequest,
+    fds: Vec<OwnedFd>,
+    pipe: [RawFd; 2],
+) -> Result<(), String> {
+    if fds.len() != 3 {
+        let msg = FromZygote::ForkFailed {
+            worker_id: req.worker_id,
+            message: format!("expected 3 descriptors, got {}", fds.len()),
+        };
+        return write_frame(ctl, &msg).map_err(|e| e.to_string());
+    }
+    let zygote_pid = std::process::id() as libc::pid_t;
+    // SAFETY: the zygote is single-threaded (it starts no threads and BLAS
+    // is held to one), so the child is a consistent copy; it continues in
+    // `become_worker`, which never returns.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        become_worker(r, ctl.as_raw_fd(), req, fds, pipe, zygote_pid);
+    }
+    drop(fds); // the child has its copies
+    let msg = if pid < 0 {
+        FromZygote::ForkFailed {
+            worker_id: req.worker_id,
+            message: format!("fork failed: {}", std::io::Error::last_os_error()),
+        }
+    } else {
+        FromZygote::Forked {
+            worker_id: req.worker_id,
+            pid: pid as u32,
+        }
+    };
+    write_frame(ctl, &msg).map_err(|e| e.to_string())
+}
+
+/// The child side of a fork: set up, then serve calls; never returns.
+fn become_worker(
+    r: &r::R,
+    ctl_fd: RawFd,
+    req: ForkRequest,
+    fds: Vec<OwnedFd>,
+    pipe: [RawFd; 2],
+    zygote_pid: libc::pid_t,
+) -> ! {
+    let mut fds = fds.into_iter();
+    let (Some(sock), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
+        // SAFETY: _exit ends the child at once.
+        unsafe { libc::_exit(70) }
+    };
+    // SAFETY: in the freshly forked, single-threaded child: plain system
+    // calls on descriptors it owns (the zygote's control socket and
+    // self-pipe are closed, the output pipes become fds 1 and 2).
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGCHLD, &act, std::ptr::null_mut());
+        CHLD_PIPE.store(-1, Ordering::SeqCst);
+        libc::close(ctl_fd);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+        libc::dup2(out.as_raw_fd(), 1);
+        libc::dup2(err.as_raw_fd(), 2);
+        libc::setpgid(0, 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != zygote_pid {
+            libc::_exit(71);
+        }
+    }
+    drop(out);
+    drop(err);
+
+    // The worker's own environment and temporary directory.
+    // SAFETY: single-threaded child; clearenv/setenv do not race.
+    unsafe { libc::clearenv() };
+    for (k, v) in &req.env {
+        if !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0') {
+            std::env::set_var(k, v);
+        }
+    }
+    std::env::set_var("TMPDIR", &req.temp_dir);
+    let rtmp = format!("{}/Rtmp", req.temp_dir);
+    let _ = std::fs::create_dir_all(&rtmp);
+    if let Ok(c) = CString::new(rtmp.clone()) {
+        // SAFETY: on the R thread (the only thread); R reads R_TempDir as a
+        // C string that must live for the process: the CString is leaked.
+        unsafe { crate::ffi::R_TempDir = c.into_raw() };
+    }
+    let plot_dir = format!("{rtmp}/rvisor-plots");
+    // SAFETY: on the R thread; the driver environment is preserved.
+    let _ = unsafe { r::eval_string(&format!("reinit({})", r_string(&plot_dir)), r.driver) };
+    let r = r::R {
+        tempdir: rtmp,
+        ..r.clone()
+    };
+
+    interrupt::install();
+    // SAFETY: `sock` is an owned descriptor; ownership moves to the stream.
+    let stream = unsafe { UnixStream::from_raw_fd(sock.into_raw_fd()) };
+    link::install(stream, Some(req.sync_token));
+    let code = match crate::check_hello() {
+        Ok(true) => match crate::serve_calls(&r, 0.0) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("rvisor-worker: {e}");
+                1
+            }
+        },
+        Ok(false) => 0,
+        Err(e) => {
+            eprintln!("rvisor-worker: {e}");
+            1
+        }
+    };
+    // SAFETY: flush C stdio, then end the child without running the
+    // zygote's atexit handlers.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        libc::_exit(code)
+    }
+}
+
+/// `s` as an R string literal.
+fn r_string(s: &str) -> String {
+    let mut out = String::from("'");
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("\\'"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
