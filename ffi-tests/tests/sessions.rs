@@ -573,7 +573,7 @@ fn a_segfault_mid_call_is_reported_and_the_next_call_is_fresh() {
             "cat('before\\n'); dyn.load({}); .C('crash', 1L); cat('after\\n')",
             r_str(&so)
         ),
-        "signal 11 SIGSEGV",
+        "signal 11 (SIGSEGV)",
         "crash",
     );
     let _ = std::fs::remove_dir_all(so.parent().unwrap());
@@ -583,7 +583,7 @@ fn a_segfault_mid_call_is_reported_and_the_next_call_is_fresh() {
 fn an_abort_signal_mid_call_is_a_crash() {
     check_crash(
         "tools::pskill(Sys.getpid(), 6L); Sys.sleep(30)",
-        "signal 6 SIGABRT",
+        "signal 6 (SIGABRT)",
         "crash",
     );
 }
@@ -592,7 +592,7 @@ fn an_abort_signal_mid_call_is_a_crash() {
 fn a_sigkill_mid_call_is_reported_as_killed() {
     check_crash(
         "tools::pskill(Sys.getpid(), tools::SIGKILL); Sys.sleep(30)",
-        "signal 9 SIGKILL",
+        "signal 9 (SIGKILL)",
         "killed",
     );
 }

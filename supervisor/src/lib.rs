@@ -32,12 +32,15 @@ mod error;
 pub mod html;
 pub mod ids;
 pub mod jsonl;
+pub mod pool;
 mod raw;
 pub mod session;
 pub mod tools;
 pub mod worker;
+pub mod zygote;
 
 pub use error::Error;
+pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use rvisor_protocol::{
     ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE,
@@ -47,7 +50,9 @@ pub use session::{
     SessionStatus, Supervisor, SupervisorConfig,
 };
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
-pub use worker::{locate_worker, CallOptions, Canceller, Interrupter, Worker, WorkerConfig};
+pub use worker::{
+    locate_worker, CallOptions, Canceller, ExitInfo, Interrupter, Worker, WorkerConfig,
+};
 
 /// Largest accepted code, in bytes.
 pub const MAX_CODE_BYTES: usize = 256 * 1024;

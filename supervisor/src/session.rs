@@ -314,6 +314,7 @@ struct Shared {
     inner: Mutex<Inner>,
     cv: Condvar,
     registry: Arc<Registry>,
+    pool: Arc<crate::Pool>,
 }
 
 /// Live workers of a supervisor, so they can be killed on host signals.
@@ -429,7 +430,7 @@ impl Shared {
     }
 
     fn spawn_worker(&self) -> Result<Worker, Error> {
-        let w = Worker::spawn(&self.worker_cfg)?;
+        let w = self.pool.acquire(&self.worker_cfg)?;
         lock(&self.registry.workers).insert(w.pid(), w.temp_dir().to_path_buf());
         Ok(w)
     }
@@ -483,8 +484,7 @@ impl Shared {
                 .as_mut()
                 .and_then(|w| w.exit_status().map(|st| (w.pid(), st)));
             if let Some((pid, status)) = died {
-                use std::os::unix::process::ExitStatusExt;
-                let reason = match status.signal() {
+                let reason = match status.signal {
                     Some(libc::SIGKILL) => "killed",
                     Some(_) => "crash",
                     None => "exited",
@@ -537,6 +537,7 @@ impl Shared {
             let Some(w) = worker.as_mut() else { continue };
             let mut res = w.run_call(call.execution_id.clone(), &call.code, &call.opts, &self.ctx);
             let alive = w.is_alive();
+            let exit = if alive { None } else { w.exit_status() };
 
             let mut i = lock(&self.inner);
             i.running = None;
@@ -563,9 +564,11 @@ impl Shared {
                     {
                         "quit"
                     }
-                    Outcome::WorkerExited => "exited",
-                    Outcome::WorkerFailed if res.console.contains("signal 9") => "killed",
-                    _ => "crash",
+                    _ => match exit.and_then(|e| e.signal) {
+                        Some(libc::SIGKILL) => "killed",
+                        Some(_) => "crash",
+                        None => "exited",
+                    },
                 };
                 if let Some(w) = worker.take() {
                     lock(&self.registry.workers).remove(&w.pid());
@@ -796,6 +799,8 @@ pub struct SupervisorConfig {
     pub worker: WorkerConfig,
     /// Defaults for new sessions.
     pub defaults: SessionOptions,
+    /// Zygote and spares.
+    pub pool: crate::PoolConfig,
 }
 
 #[derive(Debug)]
@@ -803,6 +808,7 @@ struct SupShared {
     cfg: SupervisorConfig,
     sessions: Mutex<HashMap<String, Weak<CloseOnDrop>>>,
     registry: Arc<Registry>,
+    pool: Arc<crate::Pool>,
     shut: AtomicBool,
 }
 
@@ -821,10 +827,12 @@ impl Supervisor {
             crate::locate_worker()?;
         }
         sweep_stale_dirs(&cfg.worker.temp_root);
+        let pool = crate::Pool::new(cfg.worker.clone(), cfg.pool.clone())?;
         Ok(Self {
             inner: Arc::new(SupShared {
                 cfg,
                 sessions: Mutex::new(HashMap::new()),
+                pool,
                 registry: Arc::new(Registry::default()),
                 shut: AtomicBool::new(false),
             }),
@@ -934,6 +942,7 @@ impl Supervisor {
             }),
             cv: Condvar::new(),
             registry: self.inner.registry.clone(),
+            pool: self.inner.pool.clone(),
         });
         let runner = shared.clone();
         std::thread::Builder::new()
@@ -969,14 +978,72 @@ impl Supervisor {
             close(&s.0);
         }
         self.inner.registry.kill_all();
+        self.inner.pool.shutdown();
+    }
+
+    /// Where workers come from: zygote mode, spares, preloaded packages.
+    pub fn pool_status(&self) -> crate::PoolStatus {
+        self.inner.pool.status()
+    }
+
+    /// The pool (to wait until the zygote is ready, or find its pid).
+    pub fn pool(&self) -> &Arc<crate::Pool> {
+        &self.inner.pool
+    }
+
+    /// Runs `code` once in a fresh worker (a spare when one is ready) that is
+    /// discarded afterwards, so nothing leaks from one run to the next.
+    ///
+    /// ```
+    /// # let sup = rvisor::Supervisor::new(Default::default())?;
+    /// let r = sup.run_once("x <- 1; x + 1", &rvisor::CallOptions::default());
+    /// assert_eq!(r.console, "[1] 2\n");
+    /// assert_eq!(sup.run_once("exists('x')", &Default::default()).console, "[1] FALSE\n");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_once(&self, code: &str, opts: &CallOptions) -> RunResult {
+        self.run_once_with(ids::execution_id(), code, opts, &CallContext::default())
+    }
+
+    /// [`Supervisor::run_once`] with a chosen execution id and tools.
+    pub fn run_once_with(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+    ) -> RunResult {
+        if let Err(message) = crate::validate_call(code, opts) {
+            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
+        }
+        let mut worker = match self.inner.pool.acquire(&self.inner.cfg.worker) {
+            Ok(w) => w,
+            Err(e) => {
+                let outcome = match e {
+                    Error::StartupTimeout(_) => Outcome::StartupTimedOut,
+                    _ => Outcome::StartupFailed,
+                };
+                return RunResult::failed(execution_id, code.into(), outcome, e.to_string());
+            }
+        };
+        lock(&self.inner.registry.workers).insert(worker.pid(), worker.temp_dir().to_path_buf());
+        let mut r = worker.run_call(execution_id, code, opts, ctx);
+        lock(&self.inner.registry.workers).remove(&worker.pid());
+        r.session.id = format!("run-{}", worker.pid());
+        r.session.generation = 1;
+        r.session.fresh = true;
+        drop(worker); // killed: a one-shot worker is never reused
+        r
     }
 
     /// Kills every worker and exits when the host gets SIGINT or SIGTERM
     /// (for hosts without signal handling of their own; call once).
     pub fn cleanup_on_signals(&self) -> Result<(), Error> {
         let registry = self.inner.registry.clone();
+        let pool = self.inner.pool.clone();
         ctrlc::set_handler(move || {
             registry.kill_all();
+            pool.shutdown();
             std::process::exit(130);
         })
         .map_err(|e| Error::Invalid(format!("failed to install the signal handler: {e}")))
@@ -991,6 +1058,7 @@ impl Drop for SupShared {
             }
         }
         self.registry.kill_all();
+        self.pool.shutdown();
     }
 }
 

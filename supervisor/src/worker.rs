@@ -124,10 +124,15 @@ pub fn locate_worker() -> Result<PathBuf, Error> {
 
 /// A private directory removed when dropped.
 #[derive(Debug)]
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new(root: &Path) -> Result<Self, Error> {
+    /// The directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub(crate) fn new(root: &Path) -> Result<Self, Error> {
         use std::os::unix::fs::DirBuilderExt;
         let p = root.join(format!(
             "rvisor-{}-{}",
@@ -197,10 +202,177 @@ impl Interrupter {
     }
 }
 
+/// How a worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Exit status, if it exited.
+    pub code: Option<i32>,
+    /// Signal, if one killed it.
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    fn from_status(s: std::process::ExitStatus) -> Self {
+        Self {
+            code: s.code(),
+            signal: s.signal(),
+        }
+    }
+
+    /// "exit status 3", "killed by signal 9 (SIGKILL)".
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (_, Some(sig)) => {
+                let name = match sig {
+                    libc::SIGSEGV => " (SIGSEGV)",
+                    libc::SIGKILL => " (SIGKILL)",
+                    libc::SIGABRT => " (SIGABRT)",
+                    libc::SIGBUS => " (SIGBUS)",
+                    libc::SIGTERM => " (SIGTERM)",
+                    libc::SIGXCPU => " (SIGXCPU)",
+                    _ => "",
+                };
+                format!("killed by signal {sig}{name}")
+            }
+            (Some(code), None) => format!("exit status {code}"),
+            (None, None) => "status unknown".into(),
+        }
+    }
+}
+
+/// The worker's process: a child we spawned, or one the zygote forked (the
+/// zygote reaps it and tells us how it ended).
+#[derive(Debug)]
+pub(crate) enum Proc {
+    Spawned(Child),
+    Forked {
+        pid: u32,
+        zygote: std::sync::Arc<crate::zygote::ZygoteShared>,
+        reaped: Option<ExitInfo>,
+    },
+}
+
+impl Proc {
+    fn id(&self) -> u32 {
+        match self {
+            Proc::Spawned(c) => c.id(),
+            Proc::Forked { pid, .. } => *pid,
+        }
+    }
+
+    fn try_wait(&mut self) -> Option<ExitInfo> {
+        match self {
+            Proc::Spawned(c) => c.try_wait().ok().flatten().map(ExitInfo::from_status),
+            Proc::Forked {
+                pid,
+                zygote,
+                reaped,
+            } => {
+                if reaped.is_none() {
+                    *reaped = zygote.peek_exit(*pid);
+                }
+                *reaped
+            }
+        }
+    }
+
+    /// Waits for the end of a process that is dying or dead.
+    fn wait(&mut self) -> Option<ExitInfo> {
+        match self {
+            Proc::Spawned(c) => c.wait().ok().map(ExitInfo::from_status),
+            Proc::Forked {
+                pid,
+                zygote,
+                reaped,
+            } => {
+                if reaped.is_none() {
+                    *reaped = zygote.exit_of(*pid, Duration::from_secs(5));
+                }
+                *reaped
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        let pid = self.id() as libc::pid_t;
+        // SAFETY: kill(2) on the process group the worker leads (setpgid at
+        // start) and on the worker itself, before we have seen it end, so
+        // the ids are still its own.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// The environment a worker gets: the variables that locate programs,
+/// libraries, locales and time zones, the names the config lists (or all,
+/// with `inherit_env`), and `R_LIBS` from `libpath`.
+pub(crate) fn worker_env(cfg: &WorkerConfig) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut out = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let Some(name) = k.to_str() else { continue };
+        if name == "R_LIBS" && !cfg.libpath.is_empty() {
+            continue;
+        }
+        let keep = cfg.inherit_env
+            || INHERITED_ENV.contains(&name)
+            || INHERITED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
+            || cfg.env.iter().any(|e| e == name);
+        if keep {
+            out.push((k, v));
+        }
+    }
+    if !cfg.libpath.is_empty() {
+        if let Ok(joined) = std::env::join_paths(&cfg.libpath) {
+            out.push(("R_LIBS".into(), joined));
+        }
+    }
+    out
+}
+
+/// Sets what every exec'd worker (and the zygote) needs between fork and
+/// exec: own process group, death with the spawning thread, the stack R
+/// needs, and `fd` moved to fd 3.
+pub(crate) fn prepare_child(cmd: &mut Command, fd: std::os::fd::RawFd) {
+    let parent_pid = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe system calls (setpgid, prctl, getrlimit, setrlimit,
+    // dup2, fcntl, getppid, kill); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Own process group: a terminal's Ctrl-C does not reach R.
+            libc::setpgid(0, 0);
+            // Die with the supervisor.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent_pid {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            let mut cur: libc::rlimit = std::mem::zeroed();
+            libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
+            let rl = libc::rlimit {
+                rlim_cur: if cur.rlim_max == libc::RLIM_INFINITY {
+                    WORKER_STACK_BYTES
+                } else {
+                    WORKER_STACK_BYTES.min(cur.rlim_max)
+                },
+                rlim_max: cur.rlim_max,
+            };
+            libc::setrlimit(libc::RLIMIT_STACK, &rl);
+            if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0);
+            } else if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A running worker.
 #[derive(Debug)]
 pub struct Worker {
-    child: Child,
+    proc: Proc,
     stream: UnixStream,
     events: Receiver<LinkEvent>,
     events_tx: Sender<LinkEvent>,
@@ -214,7 +386,8 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts a worker and waits until R is ready.
+    /// Starts a worker process (exec, R starts from scratch) and waits until
+    /// R is ready.
     pub fn spawn(cfg: &WorkerConfig) -> Result<Self, Error> {
         let t0 = Instant::now();
         let bin = match &cfg.worker_bin {
@@ -231,65 +404,16 @@ impl Worker {
 
         let mut cmd = Command::new(&bin);
         cmd.env_clear();
-        for (k, v) in std::env::vars_os() {
-            let Some(name) = k.to_str() else { continue };
-            let keep = cfg.inherit_env
-                || INHERITED_ENV.contains(&name)
-                || INHERITED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
-                || cfg.env.iter().any(|e| e == name);
-            if keep {
-                cmd.env(&k, v);
-            }
+        for (k, v) in worker_env(cfg) {
+            cmd.env(k, v);
         }
-        if !cfg.libpath.is_empty() {
-            let joined = std::env::join_paths(&cfg.libpath).map_err(|e| {
-                Error::Invalid(format!("a libpath entry cannot be used in R_LIBS: {e}"))
-            })?;
-            cmd.env("R_LIBS", joined);
-        }
-        cmd.env("TMPDIR", &tmp.0)
+        cmd.env("TMPDIR", tmp.path())
             .env(ENV_WORKER_FD, "3")
             .env(ENV_SYNC_TOKEN, &token)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let raw_fd = child_fd.as_raw_fd();
-        let parent_pid = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe system calls (setpgid, prctl, setrlimit, dup2,
-        // fcntl, getppid, kill); it allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                // Own process group: a terminal's Ctrl-C does not reach R.
-                libc::setpgid(0, 0);
-                // Die with the supervisor.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != parent_pid {
-                    libc::kill(libc::getpid(), libc::SIGKILL);
-                }
-                let rl = libc::rlimit {
-                    rlim_cur: WORKER_STACK_BYTES,
-                    rlim_max: libc::RLIM_INFINITY,
-                };
-                let mut cur: libc::rlimit = std::mem::zeroed();
-                libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
-                let rl = libc::rlimit {
-                    rlim_cur: if cur.rlim_max == libc::RLIM_INFINITY {
-                        rl.rlim_cur
-                    } else {
-                        rl.rlim_cur.min(cur.rlim_max)
-                    },
-                    rlim_max: cur.rlim_max,
-                };
-                libc::setrlimit(libc::RLIMIT_STACK, &rl);
-                if raw_fd == 3 {
-                    libc::fcntl(3, libc::F_SETFD, 0);
-                } else if libc::dup2(raw_fd, 3) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        prepare_child(&mut cmd, child_fd.as_raw_fd());
         let mut child = cmd.spawn().map_err(|source| Error::Spawn {
             path: bin.clone(),
             source,
@@ -303,6 +427,28 @@ impl Worker {
         if let Some(err) = child.stderr.take() {
             raw.attach(1, err);
         }
+        let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
+        Self::connect(
+            Proc::Spawned(child),
+            parent,
+            raw,
+            &token,
+            tmp,
+            remaining,
+            t0,
+        )
+    }
+
+    /// Says hello to a started worker process and waits for R to be ready.
+    pub(crate) fn connect(
+        proc: Proc,
+        parent: UnixStream,
+        raw: RawOutput,
+        token: &str,
+        tmp: TempDir,
+        startup_timeout: Duration,
+        t0: Instant,
+    ) -> Result<Self, Error> {
         let mut reader = parent.try_clone().map_err(|source| Error::Io {
             what: "clone the worker socket",
             source,
@@ -324,7 +470,7 @@ impl Worker {
             })?;
 
         let mut w = Worker {
-            child,
+            proc,
             stream: parent,
             events,
             events_tx,
@@ -349,7 +495,7 @@ impl Worker {
             },
         )
         .map_err(|e| Error::Startup(format!("the worker closed its link at once ({e})")))?;
-        let first = match w.events.recv_timeout(cfg.startup_timeout) {
+        let first = match w.events.recv_timeout(startup_timeout) {
             Ok(LinkEvent::Frame(f)) => Ok(f),
             Ok(_) => Ok(Err("unexpected event".to_string())),
             Err(e) => Err(e),
@@ -376,20 +522,20 @@ impl Worker {
                 )));
             }
             Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
-                let status = w.child.wait().ok();
+                let status = w.proc.wait();
                 w.exited = true;
                 let [o, e] = w.raw.take_all(Instant::now() + Duration::from_secs(1));
                 return Err(Error::Startup(format!(
                     "the worker exited during start-up ({}){}",
                     status
-                        .map(describe_exit)
+                        .map(|s| s.describe())
                         .unwrap_or_else(|| "status unknown".into()),
                     printed(&o, &e)
                 )));
             }
             Err(RecvTimeoutError::Timeout) => {
                 w.kill();
-                return Err(Error::StartupTimeout(cfg.startup_timeout));
+                return Err(Error::StartupTimeout(startup_timeout));
             }
         }
         w.startup = t0.elapsed();
@@ -408,22 +554,27 @@ impl Worker {
 
     /// The worker's private temporary directory (removed when it ends).
     pub fn temp_dir(&self) -> &Path {
-        &self._tmp.0
+        self._tmp.path()
     }
 
     /// The worker's process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.id()
+    }
+
+    /// Whether the worker was forked from the zygote.
+    pub fn is_forked(&self) -> bool {
+        matches!(self.proc, Proc::Forked { .. })
     }
 
     /// Whether the worker process has ended.
     pub fn is_alive(&mut self) -> bool {
-        !self.exited && matches!(self.child.try_wait(), Ok(None))
+        !self.exited && self.proc.try_wait().is_none()
     }
 
     /// How the worker process ended, or `None` while it runs.
-    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+    pub fn exit_status(&mut self) -> Option<ExitInfo> {
+        self.proc.try_wait()
     }
 
     /// A handle that can interrupt this worker from another thread while a
@@ -431,7 +582,7 @@ impl Worker {
     /// reused once the worker has been reaped).
     pub fn interrupter(&self) -> Interrupter {
         Interrupter {
-            pid: self.child.id() as libc::pid_t,
+            pid: self.proc.id() as libc::pid_t,
         }
     }
 
@@ -440,7 +591,7 @@ impl Worker {
         if !self.exited {
             // SAFETY: kill(2) on our own child's pid; it is not reaped yet
             // (`exited` is false), so the pid cannot have been reused.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+            unsafe { libc::kill(self.proc.id() as libc::pid_t, libc::SIGINT) };
         }
     }
 
@@ -454,7 +605,7 @@ impl Worker {
             sival_ptr: seq as usize as *mut libc::c_void,
         };
         // SAFETY: sigqueue(2) to our own unreaped child (pid not reused).
-        unsafe { libc::sigqueue(self.child.id() as libc::pid_t, libc::SIGINT, value) };
+        unsafe { libc::sigqueue(self.proc.id() as libc::pid_t, libc::SIGINT, value) };
     }
 
     /// Kills the worker's process group and reaps it.
@@ -462,13 +613,8 @@ impl Worker {
         if self.exited {
             return;
         }
-        // SAFETY: kill(2) on the process group our child leads (setpgid in
-        // pre_exec), before it is reaped, so the id is still ours.
-        unsafe {
-            libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.kill();
+        let _ = self.proc.wait();
         self.exited = true;
     }
 
@@ -562,7 +708,7 @@ impl Worker {
                         }
                     }
                     if res.outcome == Outcome::WorkerExited {
-                        let _ = self.child.wait();
+                        let _ = self.proc.wait();
                         self.exited = true;
                     }
                     return res;
@@ -716,7 +862,7 @@ impl Worker {
         let _ = write_frame(&mut self.stream, &ToWorker::Shutdown);
         let end = Instant::now() + wait;
         while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if self.proc.try_wait().is_some() {
                 self.exited = true;
                 return;
             }
@@ -732,12 +878,12 @@ impl Worker {
 
     /// The result of a call whose worker went away.
     fn dead_result(&mut self, execution_id: String, code: &str, why: String) -> RunResult {
-        let status = self.child.wait().ok();
+        let status = self.proc.wait();
         self.exited = true;
         let [o, e] = self.raw.take_all(Instant::now() + Duration::from_secs(1));
         let (outcome, what) = match status {
-            Some(s) if s.signal().is_some() => (Outcome::WorkerFailed, describe_exit(s)),
-            Some(s) => (Outcome::WorkerExited, describe_exit(s)),
+            Some(s) if s.signal.is_some() => (Outcome::WorkerFailed, s.describe()),
+            Some(s) => (Outcome::WorkerExited, s.describe()),
             None => (Outcome::WorkerFailed, "status unknown".into()),
         };
         let mut message = format!("the R worker ended during the call ({what})");
@@ -828,22 +974,4 @@ fn printed(out: &[u8], err: &[u8]) -> String {
         }
     }
     s
-}
-
-fn describe_exit(s: std::process::ExitStatus) -> String {
-    if let Some(sig) = s.signal() {
-        let name = match sig {
-            libc::SIGSEGV => "SIGSEGV",
-            libc::SIGKILL => "SIGKILL",
-            libc::SIGABRT => "SIGABRT",
-            libc::SIGBUS => "SIGBUS",
-            libc::SIGTERM => "SIGTERM",
-            _ => "",
-        };
-        format!("killed by signal {sig} {name}")
-            .trim_end()
-            .to_string()
-    } else {
-        format!("exit status {}", s.code().unwrap_or(-1))
-    }
 }

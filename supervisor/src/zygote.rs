@@ -1,0 +1,342 @@
+//! The supervisor's side of the zygote: start it, ask it to fork workers,
+//! learn how its children ended.
+
+use crate::raw::RawOutput;
+use crate::worker::{worker_env, ExitInfo, Proc, TempDir};
+use crate::{ids, Error, Worker, WorkerConfig};
+use rvisor_protocol::{
+    fdpass, read_frame, write_frame, ForkRequest, FromZygote, ToZygote, ZygoteHello, ENV_PRELOAD,
+    ENV_ZYGOTE_FD, PROTOCOL_VERSION,
+};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the reader thread learns from the zygote.
+#[derive(Debug, Default)]
+pub(crate) struct ZygoteState {
+    pending: HashMap<u64, Sender<Result<u32, String>>>,
+    exits: HashMap<u32, ExitInfo>,
+    alive: bool,
+}
+
+/// Shared between the zygote handle, its reader thread and forked workers.
+#[derive(Debug, Default)]
+pub(crate) struct ZygoteShared {
+    state: Mutex<ZygoteState>,
+    cv: Condvar,
+}
+
+impl ZygoteShared {
+    /// How forked worker `pid` ended, waiting up to `wait` for the news.
+    pub(crate) fn exit_of(&self, pid: u32, wait: Duration) -> Option<ExitInfo> {
+        let end = Instant::now() + wait;
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(e) = s.exits.remove(&pid) {
+                return Some(e);
+            }
+            let now = Instant::now();
+            if now >= end || !s.alive {
+                return None;
+            }
+            s = self
+                .cv
+                .wait_timeout(s, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Whether forked worker `pid` has ended (non-blocking; keeps the news).
+    pub(crate) fn peek_exit(&self, pid: u32) -> Option<ExitInfo> {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = s.exits.get(&pid) {
+            return Some(*e);
+        }
+        // Without a zygote nobody reaps or reports: ask the kernel.
+        // SAFETY: kill(pid, 0) only checks for existence.
+        if !s.alive && unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 {
+            return Some(ExitInfo {
+                code: None,
+                signal: None,
+            });
+        }
+        None
+    }
+}
+
+/// A running zygote.
+#[derive(Debug)]
+pub struct Zygote {
+    ctl: Mutex<UnixStream>,
+    shared: Arc<ZygoteShared>,
+    hello: ZygoteHello,
+    child: Mutex<Child>,
+    next_id: Mutex<u64>,
+    _tmp: TempDir,
+}
+
+impl Zygote {
+    /// Starts a zygote and waits until it is ready to fork. `preload`:
+    /// packages to load (None: ggplot2 when installed).
+    /// `on_exit` runs (on the reader thread) when the zygote goes away.
+    pub fn start(
+        cfg: &WorkerConfig,
+        preload: Option<&[String]>,
+        on_exit: impl Fn() + Send + 'static,
+    ) -> Result<Zygote, Error> {
+        let bin = match &cfg.worker_bin {
+            Some(p) => p.clone(),
+            None => crate::locate_worker()?,
+        };
+        let tmp = TempDir::new(&cfg.temp_root)?;
+        let (mut parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
+            what: "create the zygote socketpair",
+            source,
+        })?;
+        let child_fd: OwnedFd = child_end.into();
+        let mut cmd = Command::new(&bin);
+        cmd.env_clear();
+        for (k, v) in worker_env(cfg) {
+            cmd.env(k, v);
+        }
+        cmd.env("TMPDIR", tmp.path())
+            .env(ENV_ZYGOTE_FD, "3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(p) = preload {
+            cmd.env(ENV_PRELOAD, p.join(","));
+        }
+        crate::worker::prepare_child(&mut cmd, child_fd.as_raw_fd());
+        let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+            path: bin.clone(),
+            source,
+        })?;
+        drop(child_fd);
+        let stderr = RawOutput::default();
+        if let Some(e) = child.stderr.take() {
+            stderr.attach(1, e);
+        }
+        write_frame(
+            &mut parent,
+            &ToZygote::Hello {
+                protocol_version: PROTOCOL_VERSION,
+            },
+        )
+        .map_err(|e| Error::Startup(format!("the zygote closed its link at once ({e})")))?;
+        let mut reader = parent.try_clone().map_err(|source| Error::Io {
+            what: "clone the zygote socket",
+            source,
+        })?;
+        let hello = match read_frame::<_, FromZygote>(&mut reader) {
+            Ok(FromZygote::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => h,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let [_, e] = stderr.take_all(Instant::now() + Duration::from_millis(500));
+                return Err(Error::Startup(format!(
+                    "the zygote did not start ({other:?}): {}",
+                    String::from_utf8_lossy(&e).trim()
+                )));
+            }
+        };
+        let shared = Arc::new(ZygoteShared::default());
+        shared.state.lock().unwrap_or_else(|e| e.into_inner()).alive = true;
+        let sh = shared.clone();
+        std::thread::Builder::new()
+            .name("rvisor-zygote-link".into())
+            .spawn(move || {
+                loop {
+                    match read_frame::<_, FromZygote>(&mut reader) {
+                        Ok(FromZygote::Forked { worker_id, pid }) => {
+                            let tx = sh
+                                .state
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .pending
+                                .remove(&worker_id);
+                            if let Some(tx) = tx {
+                                let _ = tx.send(Ok(pid));
+                            }
+                        }
+                        Ok(FromZygote::ForkFailed { worker_id, message }) => {
+                            let tx = sh
+                                .state
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .pending
+                                .remove(&worker_id);
+                            if let Some(tx) = tx {
+                                let _ = tx.send(Err(message));
+                            }
+                        }
+                        Ok(FromZygote::Exited { pid, code, signal }) => {
+                            let mut s = sh.state.lock().unwrap_or_else(|e| e.into_inner());
+                            s.exits.insert(pid, ExitInfo { code, signal });
+                            // Keep the map small: forget very old news.
+                            if s.exits.len() > 4096 {
+                                s.exits.clear();
+                            }
+                            drop(s);
+                            sh.cv.notify_all();
+                        }
+                        Ok(FromZygote::Hello(_)) => {}
+                        Err(_) => break,
+                    }
+                }
+                let mut s = sh.state.lock().unwrap_or_else(|e| e.into_inner());
+                s.alive = false;
+                for (_, tx) in s.pending.drain() {
+                    let _ = tx.send(Err("the zygote ended".into()));
+                }
+                drop(s);
+                sh.cv.notify_all();
+                on_exit();
+            })
+            .map_err(|source| Error::Io {
+                what: "start the zygote reader thread",
+                source,
+            })?;
+        Ok(Zygote {
+            ctl: Mutex::new(parent),
+            shared,
+            hello,
+            child: Mutex::new(child),
+            next_id: Mutex::new(0),
+            _tmp: tmp,
+        })
+    }
+
+    /// What the zygote said when it became ready.
+    pub fn hello(&self) -> &ZygoteHello {
+        &self.hello
+    }
+
+    /// The zygote's process id.
+    pub fn pid(&self) -> u32 {
+        self.hello.pid
+    }
+
+    /// Whether the zygote still runs.
+    pub fn is_alive(&self) -> bool {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .alive
+    }
+
+    /// Waits for the zygote process to end (returns at once if it has).
+    pub fn wait(&self) {
+        let _ = self.child.lock().unwrap_or_else(|e| e.into_inner()).wait();
+    }
+
+    /// Kills the zygote (its workers die with it: parent-death signal).
+    pub fn kill(&self) {
+        let mut c = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// Forks a ready worker with `cfg`'s environment and waits for its hello.
+    pub fn fork(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
+        let t0 = Instant::now();
+        let tmp = TempDir::new(&cfg.temp_root)?;
+        let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
+            what: "create the worker socketpair",
+            source,
+        })?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let token = ids::random_hex(16);
+        let mut env: Vec<(String, String)> = Vec::new();
+        for (k, v) in worker_env(cfg) {
+            if let (Some(k), Some(v)) = (k.to_str(), v.to_str()) {
+                env.push((k.to_string(), v.to_string()));
+            }
+        }
+        let worker_id = {
+            let mut n = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
+            *n += 1;
+            *n
+        };
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !s.alive {
+                return Err(Error::Startup("the zygote is not running".into()));
+            }
+            s.pending.insert(worker_id, tx);
+        }
+        let req = ToZygote::Fork(ForkRequest {
+            worker_id,
+            temp_dir: tmp.path().display().to_string(),
+            env,
+            sync_token: token.clone(),
+        });
+        {
+            let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+            fdpass::send_frame_with_fds(
+                &*ctl,
+                &req,
+                &[child_end.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            )
+            .map_err(|e| Error::Startup(format!("failed to ask the zygote to fork: {e}")))?;
+        }
+        drop((child_end, out_w, err_w));
+        let pid = match rx.recv_timeout(cfg.startup_timeout) {
+            Ok(Ok(pid)) => pid,
+            Ok(Err(message)) => {
+                return Err(Error::Startup(format!(
+                    "the zygote could not fork: {message}"
+                )))
+            }
+            Err(_) => {
+                self.shared
+                    .state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pending
+                    .remove(&worker_id);
+                return Err(Error::StartupTimeout(cfg.startup_timeout));
+            }
+        };
+        let raw = RawOutput::default();
+        raw.attach(0, std::fs::File::from(out_r));
+        raw.attach(1, std::fs::File::from(err_r));
+        let proc = Proc::Forked {
+            pid,
+            zygote: self.shared.clone(),
+            reaped: None,
+        };
+        let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
+        Worker::connect(proc, parent, raw, &token, tmp, remaining, t0)
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the array we own; both descriptors become owned.
+    unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(Error::Io {
+                what: "create a pipe",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        use std::os::fd::FromRawFd;
+        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
+}
