@@ -106,17 +106,26 @@ flush_warnings <- function() {
   state$warnings <- list()
 }
 
-eval_top <- function(expr) {
+## Evaluates the expressions of one call under one set of handlers: the
+## first error (or an interrupt) ends the call, like source(); warnings of
+## each top-level expression are shown after it, as at the R prompt.
+run_exprs <- function(exprs) {
   state$warnings <- list()
   state$error_emitted <- FALSE
-  on.exit(flush_warnings())
-  tryCatch(
+  status <- "complete"
+  result <- tryCatch(
     withCallingHandlers({
-      v <- withVisible(eval_user(expr))
-      if (v$visible) print_value(v$value) else "complete"
+      for (expr in exprs) {
+        v <- withVisible(eval_user(expr))
+        if (v$visible && print_value(v$value) == "unsupported") status <- "unsupported"
+        if (length(state$warnings)) flush_warnings()
+      }
+      status
     }, warning = on_warning, message = on_message, error = on_error),
     error = on_error_exit,
     interrupt = function(i) "interrupted")
+  if (length(state$warnings)) flush_warnings()
+  result
 }
 
 ## --- plots ----------------------------------------------------------------
@@ -204,27 +213,24 @@ parse_code <- function(code) {
            })
 }
 
-run <- function(code, width, height, workdir, tools = character()) {
+## The entry point. `exprs` is the code parsed by the worker (R_ParseVector),
+## or NULL when that failed: then R's parse() runs here to report the error
+## with its line and column. The worker has already changed directory.
+run <- function(exprs, code, width, height, tools) {
   if (!identical(tools, state$tool_names)) set_tools(tools)
   state$width <- width
   state$height <- height
   state$newpage_pending <- FALSE
-  if (nzchar(workdir)) {
-    moved <- tryCatch({ setwd(workdir); TRUE }, error = function(e) FALSE)
-    if (!moved) .Call(emit, "notice", paste0(
-      "rvisor: could not change to the working directory ", workdir, "\n"), NULL, NULL)
+  if (is.null(exprs)) {
+    exprs <- parse_code(code)
+    if (is.null(exprs)) return(invisible())
   }
-  exprs <- parse_code(code)
-  if (is.null(exprs)) return(invisible())
-  status <- "complete"
-  for (expr in exprs) {
-    s <- eval_top(expr)
-    if (s == "unsupported") status <- s
-    else if (s != "complete") { status <- s; break }
-  }
-  tryCatch(finish_plots(), error = function(e)
-    .Call(emit, "notice", paste0("rvisor: failed to capture plots: ",
-                                 conditionMessage(e), "\n"), NULL, NULL))
+  status <- run_exprs(exprs)
+  # Only a call that opened our device can have pages to collect.
+  if (state$dev > 1L)
+    tryCatch(finish_plots(), error = function(e)
+      .Call(emit, "notice", paste0("rvisor: failed to capture plots: ",
+                                   conditionMessage(e), "\n"), NULL, NULL))
   .Call(emit, "status", status, NULL, NULL)
   invisible()
 }

@@ -115,6 +115,47 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
     }
 }
 
+/// What [`parse`] hands to R_ToplevelExec.
+struct ParseJob {
+    text: SEXP,
+    status: ParseStatus,
+    exprs: SEXP,
+}
+
+unsafe extern "C" fn parse_in_toplevel(data: *mut std::os::raw::c_void) {
+    // SAFETY: `data` is the ParseJob that `parse` passes, alive for the call;
+    // on the R thread.
+    unsafe {
+        let job = &mut *data.cast::<ParseJob>();
+        job.exprs = R_ParseVector(job.text, -1, &mut job.status, R_NilValue);
+    }
+}
+
+/// Parses `text` with R's parser (no source references). Returns the
+/// expression vector, or R_NilValue when the code does not parse: the
+/// driver then asks R's `parse()` for the message, line and column.
+///
+/// # Safety
+/// On the R thread; `text` is a protected character vector. The result is
+/// unprotected.
+unsafe fn parse(text: SEXP) -> SEXP {
+    let mut job = ParseJob {
+        text,
+        status: ParseStatus::PARSE_NULL,
+        exprs: std::ptr::null_mut(),
+    };
+    // SAFETY: per the function's contract; R_ToplevelExec catches any R
+    // error raised while parsing.
+    unsafe {
+        let ok = R_ToplevelExec(Some(parse_in_toplevel), (&mut job as *mut ParseJob).cast());
+        if ok == Rboolean::TRUE && job.status == ParseStatus::PARSE_OK && !job.exprs.is_null() {
+            job.exprs
+        } else {
+            R_NilValue
+        }
+    }
+}
+
 /// CPU time and peak RSS of this process and its children.
 #[derive(Debug, Clone, Copy, Default)]
 struct Rusage {
@@ -164,11 +205,16 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
         return res;
     }
 
-    let wd = req
-        .working_dir
-        .clone()
-        .unwrap_or_default()
-        .replace('\0', "");
+    // The working directory is the process's: change it here (a syscall)
+    // rather than through R's setwd().
+    if let Some(wd) = req.working_dir.as_deref().filter(|w| !w.is_empty()) {
+        if let Err(e) = std::env::set_current_dir(wd) {
+            console::write_text(
+                console::Stream::Stderr,
+                format!("rvisor: could not change to the working directory {wd}: {e}\n").as_bytes(),
+            );
+        }
+    }
     RUNNING.with(|x| {
         *x.borrow_mut() = Some(Running {
             request: req.clone(),
@@ -178,31 +224,26 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
         })
     });
     let mut err: c_int = 0;
-    // SAFETY: on the R thread; the call and its arguments are protected
-    // while R_tryEval runs, and R_tryEval catches every R error and
-    // interrupt (R_ToplevelExec) so no longjmp crosses this frame.
+    // SAFETY: on the R thread. Every object is protected from its creation
+    // until the call has run (R may collect garbage at any allocation), and
+    // both the parse and the call run inside R_ToplevelExec (R_tryEval), so
+    // no R error or interrupt longjmps across this frame.
     unsafe {
+        let code = Rf_protect(crate::r::mk_string(&req.code));
+        let exprs = Rf_protect(parse(code));
+        let width = Rf_protect(Rf_ScalarInteger(req.plot_width as c_int));
+        let height = Rf_protect(Rf_ScalarInteger(req.plot_height as c_int));
         let tools = Rf_protect(Rf_allocVector(
             SEXPTYPE::STRSXP,
             req.tools.len() as R_xlen_t,
         ));
         for (i, name) in req.tools.iter().enumerate() {
-            SET_STRING_ELT(
-                tools,
-                i as R_xlen_t,
-                STRING_ELT(crate::r::mk_string(&name.replace('\0', "")), 0),
-            );
+            let el = crate::r::mk_char(&name.replace('\0', ""));
+            SET_STRING_ELT(tools, i as R_xlen_t, el);
         }
-        let call = Rf_protect(Rf_lang6(
-            r.run_fn,
-            crate::r::mk_string(&req.code),
-            Rf_ScalarInteger(req.plot_width as c_int),
-            Rf_ScalarInteger(req.plot_height as c_int),
-            crate::r::mk_string(&wd),
-            tools,
-        ));
+        let call = Rf_protect(Rf_lang6(r.run_fn, exprs, code, width, height, tools));
         R_tryEval(call, r.driver, &mut err);
-        Rf_unprotect(2);
+        Rf_unprotect(6);
     }
     RUNNING.with(|x| x.borrow_mut().take());
     interrupt::end_call();

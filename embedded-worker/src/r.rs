@@ -111,6 +111,22 @@ pub unsafe fn mk_string(s: &str) -> SEXP {
     }
 }
 
+/// A CHARSXP holding `s` (UTF-8; must not contain NUL).
+///
+/// # Safety
+/// On the R thread. The result is unprotected.
+pub unsafe fn mk_char(s: &str) -> SEXP {
+    debug_assert!(!s.contains('\0'));
+    // SAFETY: pointer/length of a live Rust string; R copies the bytes.
+    unsafe {
+        Rf_mkCharLenCE(
+            s.as_ptr().cast::<c_char>(),
+            s.len() as c_int,
+            cetype_t::CE_UTF8,
+        )
+    }
+}
+
 /// Parses `code` and evaluates each expression in `env`, returning the last
 /// value (unprotected) or the error R reported.
 ///
@@ -241,13 +257,14 @@ pub fn start() -> Result<R, String> {
             .pop()
             .unwrap_or_default();
         let plot_dir = format!("{tempdir}/rvisor-plots");
+        let dir = Rf_protect(mk_string(&plot_dir));
         let init = Rf_protect(Rf_lang2(
             Rf_findVarInFrame(driver, Rf_install(c"init".as_ptr())),
-            mk_string(&plot_dir),
+            dir,
         ));
         let mut err = 0;
         R_tryEval(init, driver, &mut err);
-        Rf_unprotect(1);
+        Rf_unprotect(2);
         if err != 0 {
             return Err("failed to initialise the driver".into());
         }

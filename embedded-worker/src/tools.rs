@@ -4,7 +4,7 @@
 use crate::{eval, link};
 use libR_sys::*;
 use rvisor_protocol::{FromWorker, ToolOutcome, MAX_TOOL_REQUEST_BYTES};
-use std::os::raw::{c_char, c_int};
+use std::os::raw::c_int;
 
 /// `.Call("rvisor_tool", name, args_json)`: returns `list(ok, value)`, where
 /// `value` is the result or, when `ok` is FALSE, the error message (the R
@@ -202,13 +202,6 @@ unsafe fn json_to_r(v: &serde_json::Value) -> SEXP {
 /// # Safety
 /// On the R thread; result unprotected.
 unsafe fn mk_char(s: &str) -> SEXP {
-    let s = s.replace('\0', "");
-    // SAFETY: pointer/length of a live Rust string; R copies the bytes.
-    unsafe {
-        Rf_mkCharLenCE(
-            s.as_ptr().cast::<c_char>(),
-            s.len() as c_int,
-            cetype_t::CE_UTF8,
-        )
-    }
+    // SAFETY: per the function's contract; NULs removed as mk_char requires.
+    unsafe { crate::r::mk_char(&s.replace('\0', "")) }
 }

@@ -72,9 +72,16 @@ fn preload(r: &r::R) -> (Vec<String>, Vec<(String, String)>) {
             failed.push((pkg, "not a valid package name".into()));
             continue;
         }
+        // Load the namespace, do not attach it: a forked worker must see the
+        // search path a spawned one sees (the pool falls back to spawning
+        // while the zygote starts or restarts). Attaching made `ggplot(...)`
+        // work without library(ggplot2) in forked workers only, and would
+        // let a preloaded package mask functions (dplyr's filter() over
+        // stats::filter) in some workers but not others. library() in the
+        // worker then only attaches the already loaded namespace.
         let res = run_quiet(
             r,
-            &format!("suppressPackageStartupMessages(library('{pkg}', character.only = TRUE))"),
+            &format!("suppressPackageStartupMessages(invisible(loadNamespace('{pkg}')))"),
         );
         if res.outcome == rvisor_protocol::Outcome::Complete {
             loaded.push(pkg);

@@ -569,12 +569,17 @@ impl Worker {
 
     /// Whether the worker process has ended.
     pub fn is_alive(&mut self) -> bool {
-        !self.exited && self.proc.try_wait().is_none()
+        self.exit_status().is_none() && !self.exited
     }
 
     /// How the worker process ended, or `None` while it runs.
     pub fn exit_status(&mut self) -> Option<ExitInfo> {
-        self.proc.try_wait()
+        let status = self.proc.try_wait();
+        if status.is_some() {
+            // Reaped: its pid may be reused, so never signal it again.
+            self.exited = true;
+        }
+        status
     }
 
     /// A handle that can interrupt this worker from another thread while a

@@ -52,18 +52,26 @@ impl ZygoteShared {
         }
     }
 
-    /// Whether forked worker `pid` has ended (non-blocking; keeps the news).
+    /// Whether forked worker `pid` has ended, or is doomed because its
+    /// zygote is gone (non-blocking; keeps the news).
     pub(crate) fn peek_exit(&self, pid: u32) -> Option<ExitInfo> {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = s.exits.get(&pid) {
             return Some(*e);
         }
-        // Without a zygote nobody reaps or reports: ask the kernel.
-        // SAFETY: kill(pid, 0) only checks for existence.
-        if !s.alive && unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 {
+        // Without a zygote, its children are dead or dying: each set
+        // PR_SET_PDEATHSIG(SIGKILL) towards the zygote, and a zygote whose
+        // link broke is killed when the pool drops it. Asking the kernel
+        // (kill(pid, 0)) is not enough: the zygote's socket closes before
+        // the kernel signals its children, and a killed child exists (dying,
+        // then a zombie until init reaps it) for a while after that. A
+        // session that trusted it sent its next call to the dead worker and
+        // got `worker_failed` instead of a fresh worker; the pool could
+        // likewise hand out a dead spare.
+        if !s.alive {
             return Some(ExitInfo {
                 code: None,
-                signal: None,
+                signal: Some(libc::SIGKILL),
             });
         }
         None

@@ -1,0 +1,528 @@
+//! The zygote and its pool end to end: an embedded R initialised once (with
+//! packages preloaded) that forks ready workers, the pre-forked spares, the
+//! restart after the zygote dies, and plain spawning when it is disabled or
+//! down. Every test runs real R.
+//!
+//! No test sleeps and hopes: each waits for a condition by polling it, with a
+//! generous deadline after which the test fails as hung. No duration is
+//! asserted as a speed claim.
+
+use base64::Engine;
+use rvisor::{
+    CallOptions, EnvPolicy, Outcome, PoolConfig, PoolMode, PoolStatus, RunResult, Session,
+    SessionOptions, Supervisor, SupervisorConfig,
+};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long anything may take before the test calls it a hang. Generous: a
+/// zygote loads ggplot2 and several test processes start R at once.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+fn supervisor_with(pool: PoolConfig) -> Supervisor {
+    Supervisor::new(SupervisorConfig {
+        pool,
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor starts")
+}
+
+/// A supervisor with the default pool whose zygote is up and whose spares
+/// are ready.
+fn ready_supervisor() -> Supervisor {
+    ready(supervisor_with(PoolConfig::default()))
+}
+
+fn ready(sup: Supervisor) -> Supervisor {
+    assert!(
+        sup.pool().wait_ready(DEADLINE),
+        "the zygote did not come up: {:?}",
+        sup.pool_status()
+    );
+    sup
+}
+
+/// Polls until `cond` holds; panics with `what` after [`DEADLINE`].
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `code` in `session` and returns its result, failing on a hang.
+fn call(session: &Session, code: &str) -> RunResult {
+    session
+        .run(code)
+        .expect("the call is accepted")
+        .wait_timeout(DEADLINE)
+        .unwrap_or_else(|| panic!("no result for {code:?} within {DEADLINE:?}"))
+}
+
+/// Like [`call`], and the call must complete.
+fn call_ok(session: &Session, code: &str) -> RunResult {
+    let r = call(session, code);
+    assert_complete(&r);
+    r
+}
+
+fn assert_complete(r: &RunResult) {
+    assert_eq!(
+        r.outcome,
+        Outcome::Complete,
+        "call {:?} did not complete: error {:?}, console {:?}",
+        r.code,
+        r.error,
+        r.console
+    );
+}
+
+/// The lines a call printed with `cat(..., sep = '\n')`.
+fn lines(r: &RunResult) -> Vec<String> {
+    r.console.lines().map(str::to_string).collect()
+}
+
+/// The worker's process id, as R reports it.
+fn r_pid(session: &Session) -> u32 {
+    let r = call_ok(session, "cat(Sys.getpid())");
+    r.console.trim().parse().expect("a pid")
+}
+
+/// The parent process id of `pid`, from /proc/<pid>/status.
+fn ppid_of(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .expect("a PPid line")
+        .trim()
+        .parse()
+        .expect("a numeric PPid")
+}
+
+/// The zygote's pid; panics if it is not up.
+fn zygote_pid(sup: &Supervisor) -> u32 {
+    let st = sup.pool_status();
+    st.zygote_pid
+        .unwrap_or_else(|| panic!("no zygote pid: {st:?}"))
+}
+
+/// Asserts that `session`'s worker is a child of the zygote; returns its pid.
+fn assert_forked(sup: &Supervisor, session: &Session) -> u32 {
+    let pid = r_pid(session);
+    let z = zygote_pid(sup);
+    assert_eq!(ppid_of(pid), z, "worker {pid} is not a child of zygote {z}");
+    pid
+}
+
+/// R code printing this process's parent pid (read from /proc in R).
+const R_PPID: &str =
+    "cat(sub('^PPid:[[:space:]]*', '', grep('^PPid:', readLines('/proc/self/status'), value = TRUE)), '\\n', sep = '')";
+
+fn png_magic(data_base64: &str) {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data_base64)
+        .expect("valid base64");
+    assert!(bytes.len() > 8, "a PNG has more than 8 bytes");
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+}
+
+fn assert_one_png(r: &RunResult) {
+    assert_complete(r);
+    assert_eq!(
+        r.plots.len(),
+        1,
+        "call {:?}: plots {}",
+        r.code,
+        r.plots.len()
+    );
+    assert_eq!(r.plots[0].mime, "image/png");
+    png_magic(&r.plots[0].data_base64);
+}
+
+// ---------------------------------------------------------------------------
+// 1. Ready zygote
+
+#[test]
+fn ready_zygote_preloads_ggplot2_keeps_spares_and_forks_session_workers() {
+    let sup = ready_supervisor();
+    let st: PoolStatus = sup.pool_status();
+    assert_eq!(st.mode, PoolMode::Zygote, "{st:?}");
+    let z = st.zygote_pid.expect("a zygote pid");
+    assert!(Path::new(&format!("/proc/{z}")).exists(), "zygote {z} runs");
+    assert!(
+        st.preloaded.iter().any(|p| p == "ggplot2"),
+        "ggplot2 preloaded: {st:?}"
+    );
+    assert_eq!(st.spares_target, 2);
+    assert!(st.zygote_starts >= 1, "{st:?}");
+    assert_eq!(st.last_error, None);
+    wait_until("the spares to reach their target", || {
+        let st = sup.pool_status();
+        st.spares >= st.spares_target
+    });
+
+    let session = sup.session().expect("session");
+    let pid = r_pid(&session);
+    assert_eq!(
+        ppid_of(pid),
+        z,
+        "the session's worker is a child of the zygote"
+    );
+    // The preloaded package came with the fork: its namespace is loaded.
+    let r = call_ok(&session, "cat('ggplot2' %in% loadedNamespaces())");
+    assert_eq!(r.console, "TRUE");
+}
+
+// ---------------------------------------------------------------------------
+// 2. Forked workers are independent
+
+#[test]
+fn forked_workers_have_their_own_pid_tempdir_and_random_stream() {
+    let sup = ready_supervisor();
+    let a = sup.session().expect("session a");
+    let b = sup.session().expect("session b");
+    let pid_a = assert_forked(&sup, &a);
+    let pid_b = assert_forked(&sup, &b);
+    assert_ne!(pid_a, pid_b);
+
+    let tmp_a = PathBuf::from(call_ok(&a, "cat(tempdir())").console);
+    let tmp_b = PathBuf::from(call_ok(&b, "cat(tempdir())").console);
+    assert_ne!(tmp_a, tmp_b);
+    let root = std::env::temp_dir();
+    for t in [&tmp_a, &tmp_b] {
+        assert!(t.is_dir(), "{} exists", t.display());
+        assert!(
+            t.starts_with(&root),
+            "{} is under {}",
+            t.display(),
+            root.display()
+        );
+    }
+
+    let rng = "cat(format(runif(3), digits = 17), sep = '\\n')";
+    let ra = lines(&call_ok(&a, rng));
+    let rb = lines(&call_ok(&b, rng));
+    assert_eq!(ra.len(), 3);
+    assert_eq!(rb.len(), 3);
+    assert_ne!(ra, rb, "two forked workers share a random stream");
+
+    // A file in a's temp dir is not in b's.
+    let name = "only-in-a.txt";
+    let w = call_ok(
+        &a,
+        &format!("writeLines('a', file.path(tempdir(), '{name}')); cat(file.exists(file.path(tempdir(), '{name}')))"),
+    );
+    assert_eq!(w.console, "TRUE");
+    assert!(tmp_a.join(name).is_file());
+    let seen = call_ok(
+        &b,
+        &format!("cat(file.exists(file.path(tempdir(), '{name}')), length(list.files(tempdir(), pattern = 'only-in-a')))"),
+    );
+    assert_eq!(seen.console, "FALSE 0");
+    assert!(!tmp_b.join(name).exists());
+}
+
+// ---------------------------------------------------------------------------
+// 3. One-shot isolation
+
+#[test]
+fn run_once_leaks_nothing_to_the_next_run() {
+    let sup = ready_supervisor();
+    let z = zygote_pid(&sup);
+    let opts = CallOptions::default();
+    let first = sup.run_once(
+        &format!(
+            "x <- 1; options(foo = 'bar'); library(tools); \
+             p <- file.path(tempdir(), 'run1.txt'); writeLines('hi', p); \
+             Sys.setenv(FOO = 'set'); \
+             {R_PPID}; \
+             cat(p, tempdir(), exists('x'), getOption('foo'), 'package:tools' %in% search(), \
+                 file.exists(p), Sys.getenv('FOO'), sep = '\\n')"
+        ),
+        &opts,
+    );
+    assert_complete(&first);
+    assert!(first.session.fresh);
+    let l1 = lines(&first);
+    assert_eq!(l1.len(), 8, "{l1:?}");
+    assert_eq!(
+        l1[0],
+        z.to_string(),
+        "run 1 ran in a worker forked from the zygote"
+    );
+    let (path1, tmp1) = (l1[1].clone(), l1[2].clone());
+    assert_eq!(&l1[3..], ["TRUE", "bar", "TRUE", "TRUE", "set"]);
+
+    let second = sup.run_once(
+        &format!(
+            "{R_PPID}; \
+             cat(exists('x'), is.null(getOption('foo')), 'package:tools' %in% search(), \
+                 file.exists('{path1}'), Sys.getenv('FOO') == '', tempdir(), sep = '\\n')"
+        ),
+        &opts,
+    );
+    assert_complete(&second);
+    let l2 = lines(&second);
+    assert_eq!(l2.len(), 7, "{l2:?}");
+    assert_eq!(
+        l2[0],
+        z.to_string(),
+        "run 2 ran in a worker forked from the zygote"
+    );
+    assert_eq!(&l2[1..6], ["FALSE", "TRUE", "FALSE", "FALSE", "TRUE"]);
+    assert_ne!(l2[6], tmp1, "the second run has a temp dir of its own");
+    assert!(!Path::new(&path1).exists(), "run 1's file is gone");
+}
+
+// ---------------------------------------------------------------------------
+// 4. Zygote death and restart
+
+#[test]
+fn killed_zygote_is_replaced_and_sessions_keep_working() {
+    let sup = ready_supervisor();
+    let before = sup.pool_status();
+    let old = before.zygote_pid.expect("a zygote pid");
+    let old_worker_session = sup.session().expect("session");
+    let old_worker = assert_forked(&sup, &old_worker_session);
+    call_ok(&old_worker_session, "x <- 42");
+
+    // SAFETY: kill(2) of the zygote this test's supervisor started; it has
+    // not been reaped (the pool holds its Child), so the pid is still its own.
+    let rc = unsafe { libc::kill(old as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(rc, 0, "kill the zygote");
+    wait_until("the pool to notice that the zygote died", || {
+        let st = sup.pool_status();
+        st.mode != PoolMode::Zygote || st.zygote_pid != Some(old)
+    });
+
+    // Meanwhile a new session works (spawned, or forked from a new zygote).
+    let fresh_session = sup.session().expect("session");
+    let r = call_ok(&fresh_session, "1 + 1");
+    assert_eq!(r.console, "[1] 2\n");
+
+    // The session whose worker died with the zygote gets a fresh worker.
+    let r = call(&old_worker_session, "cat(Sys.getpid(), exists('x'))");
+    assert_complete(&r);
+    assert!(r.session.fresh, "the first result of a new worker is fresh");
+    let reason = r.session.reset_reason.clone().unwrap_or_default();
+    assert!(
+        ["killed", "crash", "exited"].contains(&reason.as_str()),
+        "reset_reason {reason:?}"
+    );
+    let out = r.console.lines().last().unwrap_or_default().to_string();
+    let mut words = out.split_whitespace();
+    let new_worker: u32 = words.next().and_then(|p| p.parse().ok()).expect("a pid");
+    assert_ne!(new_worker, old_worker);
+    assert_eq!(
+        words.next(),
+        Some("FALSE"),
+        "the old worker's state is gone"
+    );
+
+    // The zygote comes back with a new pid.
+    wait_until("a restarted zygote", || {
+        let st = sup.pool_status();
+        st.mode == PoolMode::Zygote
+            && st.zygote_pid.is_some_and(|p| p != old)
+            && st.zygote_starts >= 2
+    });
+    let st = sup.pool_status();
+    assert!(
+        st.preloaded.iter().any(|p| p == "ggplot2"),
+        "the new zygote preloaded ggplot2: {st:?}"
+    );
+    // New sessions are forked from the new zygote again.
+    let sup = ready(sup);
+    let later = sup.session().expect("session");
+    assert_forked(&sup, &later);
+}
+
+// ---------------------------------------------------------------------------
+// 5. Zygote disabled
+
+#[test]
+fn without_zygote_workers_are_spawned() {
+    let sup = supervisor_with(PoolConfig {
+        zygote: false,
+        ..PoolConfig::default()
+    });
+    assert!(!sup.pool().wait_ready(DEADLINE), "no zygote to wait for");
+    let st = sup.pool_status();
+    assert_eq!(st.mode, PoolMode::Spawn);
+    assert_eq!(st.zygote_pid, None);
+    assert_eq!(st.spares, 0);
+    assert_eq!(st.spares_target, 0);
+    assert!(st.preloaded.is_empty());
+    assert_eq!(st.zygote_starts, 0);
+
+    let session = sup.session().expect("session");
+    let pid = r_pid(&session);
+    assert_eq!(
+        ppid_of(pid),
+        std::process::id(),
+        "the worker was spawned by this process"
+    );
+    assert_eq!(call_ok(&session, "x <- 2; x * 21").console, "[1] 42\n");
+    let once = sup.run_once("exists('x')", &CallOptions::default());
+    assert_complete(&once);
+    assert_eq!(once.console, "[1] FALSE\n");
+    assert_eq!(sup.pool_status().mode, PoolMode::Spawn);
+}
+
+// ---------------------------------------------------------------------------
+// 6. Explicit preload list
+
+#[test]
+fn explicit_preload_loads_what_exists_and_skips_the_rest() {
+    let sup = ready(supervisor_with(PoolConfig {
+        preload: Some(vec!["tools".into(), "nonexistentpkg123".into()]),
+        ..PoolConfig::default()
+    }));
+    let st = sup.pool_status();
+    assert_eq!(st.mode, PoolMode::Zygote);
+    assert_eq!(st.preloaded, ["tools"], "{st:?}");
+    assert!(!st.preloaded.iter().any(|p| p == "nonexistentpkg123"));
+    assert!(!st.preloaded.iter().any(|p| p == "ggplot2"));
+
+    let session = sup.session().expect("session");
+    assert_forked(&sup, &session);
+    let r = call_ok(
+        &session,
+        "cat('tools' %in% loadedNamespaces(), 'nonexistentpkg123' %in% loadedNamespaces())",
+    );
+    assert_eq!(r.console, "TRUE FALSE");
+}
+
+// ---------------------------------------------------------------------------
+// 7. Extra environment names
+
+#[test]
+fn extra_env_names_reach_forked_workers_only_when_asked_for() {
+    let name = format!(
+        "RVISOR_ZYGOTE_TEST_{}",
+        rvisor::ids::random_hex(6).to_uppercase()
+    );
+    let value = "forked-and-visible";
+    // Before the supervisor (and its zygote) exists; nextest runs each test
+    // in its own process, so no other test sees it.
+    std::env::set_var(&name, value);
+    let sup = ready_supervisor();
+
+    let named = sup
+        .session_with(SessionOptions {
+            env: EnvPolicy::Names(vec![name.clone()]),
+            ..SessionOptions::default()
+        })
+        .expect("session with env names");
+    assert_forked(&sup, &named);
+    let r = call_ok(
+        &named,
+        &format!("cat(Sys.getenv('{name}', unset = '<unset>'))"),
+    );
+    assert_eq!(r.console, value);
+
+    let plain = sup.session().expect("default session");
+    assert_forked(&sup, &plain);
+    let r = call_ok(
+        &plain,
+        &format!("cat(Sys.getenv('{name}', unset = '<unset>'))"),
+    );
+    assert_eq!(r.console, "<unset>");
+
+    // Nor does the zygote's environment leak the variable to later spares.
+    let again = sup.session().expect("default session");
+    let r = call_ok(
+        &again,
+        &format!("cat(Sys.getenv('{name}', unset = '<unset>'))"),
+    );
+    assert_eq!(r.console, "<unset>");
+}
+
+// ---------------------------------------------------------------------------
+// 8. Temp dir clean-up
+
+#[test]
+fn forked_worker_temp_dir_is_removed_after_close() {
+    let sup = ready_supervisor();
+    let session = sup.session().expect("session");
+    assert_forked(&sup, &session);
+    let r = call_ok(
+        &session,
+        "writeLines('x', file.path(tempdir(), 'left-behind.txt')); cat(tempdir())",
+    );
+    let rtmp = PathBuf::from(&r.console);
+    assert!(rtmp.join("left-behind.txt").is_file());
+    // R's temp dir lives inside the worker's private directory.
+    let worker_dir = rtmp.parent().expect("a parent").to_path_buf();
+    assert!(worker_dir.is_dir());
+    assert!(worker_dir.starts_with(std::env::temp_dir()));
+
+    session.close();
+    wait_until("the worker's temp dir to be removed", || {
+        !rtmp.exists() && !worker_dir.exists()
+    });
+    drop(session);
+}
+
+// ---------------------------------------------------------------------------
+// 9. Plots in a forked worker
+
+#[test]
+fn forked_worker_draws_base_and_ggplot_plots_and_continues_them() {
+    let sup = ready_supervisor();
+    let session = sup.session().expect("session");
+    assert_forked(&sup, &session);
+
+    assert_one_png(&call(&session, "plot(1:10)"));
+    assert_one_png(&call(
+        &session,
+        "library(ggplot2); ggplot(data.frame(x = 1:3, y = c(2, 1, 3)), aes(x, y)) + geom_point()",
+    ));
+
+    let first = call(&session, "plot(1:10, main = 'continued')");
+    assert_one_png(&first);
+    let more = call(&session, "lines(10:1); points(5, 5)");
+    assert_one_png(&more);
+    assert!(more.error.is_none(), "{:?}", more.error);
+    assert!(more.warnings.is_empty(), "{:?}", more.warnings);
+    assert_ne!(
+        first.plots[0].data_base64, more.plots[0].data_base64,
+        "the continued plot has the added lines"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 10. Forked and spawned workers look the same to R code
+
+#[test]
+fn forked_worker_has_the_search_path_of_a_spawned_one() {
+    let search = "cat(search(), sep = '\\n')";
+    let spawner = supervisor_with(PoolConfig {
+        zygote: false,
+        ..PoolConfig::default()
+    });
+    let spawned = spawner.session().expect("spawned session");
+    let spawned_search = lines(&call_ok(&spawned, search));
+
+    let sup = ready_supervisor();
+    let forked = sup.session().expect("forked session");
+    assert_forked(&sup, &forked);
+    let forked_search = lines(&call_ok(&forked, search));
+    // Preloading loads namespaces; it attaches nothing the user did not ask
+    // for, so code that works in one kind of worker works in the other.
+    assert_eq!(forked_search, spawned_search);
+    assert!(!forked_search.iter().any(|p| p == "package:ggplot2"));
+    let r = call_ok(
+        &forked,
+        "cat('ggplot2' %in% loadedNamespaces(), exists('ggplot'))",
+    );
+    assert_eq!(r.console, "TRUE FALSE");
+    let r = call_ok(&forked, "library(ggplot2); cat(exists('ggplot'))");
+    assert_eq!(r.console, "TRUE");
+}
