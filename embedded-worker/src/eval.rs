@@ -267,7 +267,7 @@ pub fn on_quit(status: c_int) {
         false,
         Some(status),
     );
-    crate::link::write_sync();
+    crate::link::flush_stdio();
     let _ = crate::link::send(&rvisor_protocol::FromWorker::Result(Box::new(res)));
 }
 

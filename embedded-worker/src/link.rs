@@ -10,13 +10,11 @@ use std::os::unix::net::UnixStream;
 
 thread_local! {
     static LINK: RefCell<Option<UnixStream>> = const { RefCell::new(None) };
-    static SYNC: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 /// Makes `stream` the link for this (the R) thread.
-pub fn install(stream: UnixStream, sync_token: Option<String>) {
+pub fn install(stream: UnixStream) {
     LINK.with(|l| *l.borrow_mut() = Some(stream));
-    SYNC.with(|s| *s.borrow_mut() = sync_token);
 }
 
 /// Sends one frame to the supervisor.
@@ -35,23 +33,14 @@ pub fn recv() -> Result<ToWorker, FrameError> {
     })
 }
 
-/// Writes the sync token to fds 1 and 2, after flushing C stdio, so the
-/// supervisor knows that all raw output of the call before it has arrived.
-pub fn write_sync() {
-    SYNC.with(|s| {
-        let Some(token) = s.borrow().clone() else {
-            return;
-        };
-        let bytes = format!("\x1e{token}\x1e");
-        // SAFETY: fflush(NULL) flushes every C stdio stream; write() of a
-        // buffer we own to the inherited fds 1 and 2.
-        unsafe {
-            libc::fflush(std::ptr::null_mut());
-            for fd in [1, 2] {
-                libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-            }
-        }
-    });
+/// Flushes C stdio, so output written with printf by native code is in the
+/// pipe before the result frame: the supervisor drains fds 1 and 2 right
+/// after reading the frame.
+pub fn flush_stdio() {
+    // SAFETY: fflush(NULL) flushes every C stdio stream.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+    }
 }
 
 /// Waits for the result of tool call `call_id`. Returns early with an error

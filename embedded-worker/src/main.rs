@@ -16,7 +16,7 @@ mod tools;
 mod zygote;
 
 use rvisor_protocol::{
-    FrameError, FromWorker, ToWorker, WorkerHello, ENV_SYNC_TOKEN, ENV_WORKER_FD, PROTOCOL_VERSION,
+    FrameError, FromWorker, ToWorker, WorkerHello, ENV_WORKER_FD, PROTOCOL_VERSION,
 };
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
@@ -105,10 +105,8 @@ fn main() -> ExitCode {
         libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         UnixStream::from_raw_fd(fd)
     };
-    let sync = std::env::var(ENV_SYNC_TOKEN).ok();
     std::env::remove_var(ENV_WORKER_FD);
-    std::env::remove_var(ENV_SYNC_TOKEN);
-    match serve(stream, sync) {
+    match serve(stream) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rvisor-worker: {e}");
@@ -140,9 +138,9 @@ fn check_hello() -> Result<bool, String> {
 }
 
 /// A worker started by exec: hello, start R, serve calls.
-fn serve(stream: UnixStream, sync: Option<String>) -> Result<(), String> {
+fn serve(stream: UnixStream) -> Result<(), String> {
     let t0 = Instant::now();
-    link::install(stream, sync);
+    link::install(stream);
     if !check_hello()? {
         return Ok(());
     }
@@ -167,7 +165,7 @@ fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
         match link::recv() {
             Ok(ToWorker::Run(req)) => {
                 let res = eval::run(r, req);
-                link::write_sync();
+                link::flush_stdio();
                 link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
             }
             // An answer to a tool call that was given up (interrupted).

@@ -331,7 +331,7 @@ fn become_worker(
     interrupt::install();
     // SAFETY: `sock` is an owned descriptor; ownership moves to the stream.
     let stream = unsafe { UnixStream::from_raw_fd(sock.into_raw_fd()) };
-    link::install(stream, Some(req.sync_token));
+    link::install(stream);
     let code = match crate::check_hello() {
         Ok(true) => match crate::serve_calls(&r, 0.0) {
             Ok(()) => 0,

@@ -11,11 +11,6 @@ pub const MAX_TOOL_REQUEST_BYTES: usize = 256 * 1024;
 /// Largest tool result (serialised JSON) accepted, in bytes.
 pub const MAX_TOOL_RESULT_BYTES: usize = 8 * 1024 * 1024;
 
-/// Name of the environment variable with the token the worker writes to its
-/// stdout and stderr after each call, so the supervisor knows that all raw
-/// output of that call has arrived.
-pub const ENV_SYNC_TOKEN: &str = "RVISOR_SYNC_TOKEN";
-
 /// Supervisor to worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

@@ -34,8 +34,6 @@ pub struct ForkRequest {
     pub temp_dir: String,
     /// The worker's whole environment (the zygote's is replaced).
     pub env: Vec<(String, String)>,
-    /// Token the worker writes to fds 1 and 2 after each call.
-    pub sync_token: String,
 }
 
 /// Zygote to supervisor.

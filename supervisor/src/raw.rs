@@ -1,7 +1,6 @@
-//! Output that bypasses R's console (child processes, C `printf`, R's crash
-//! report): the worker's fds 1 and 2 are pipes read here, so nothing is lost
-//! even when the worker dies. After each call the worker writes a sync token
-//! to both; everything before it belongs to that call.
+//! Output of a process read by background threads until it closes: used for
+//! the zygote's stderr, so a zygote that fails to start can say why. (A
+//! worker's fds 1 and 2 are read by its I/O thread, see worker.rs.)
 
 use std::io::Read;
 use std::sync::{Arc, Condvar, Mutex};

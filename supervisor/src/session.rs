@@ -480,9 +480,14 @@ impl Shared {
             // OOM killer) is replaced before this call runs; without this
             // check the call was sent to the dead worker and failed. Queued
             // calls keep their place: none of them was running.
-            let died = worker
-                .as_mut()
-                .and_then(|w| w.exit_status().map(|st| (w.pid(), st)));
+            // The link closing is the first sign (the exit status may not be
+            // known yet); then wait briefly for the status to name a reason.
+            let died = worker.as_mut().and_then(|w| {
+                let status = w
+                    .exit_status()
+                    .or_else(|| w.link_closed().then(|| w.wait_exit()));
+                status.map(|st| (w.pid(), st))
+            });
             if let Some((pid, status)) = died {
                 let reason = match status.signal {
                     Some(libc::SIGKILL) => "killed",

@@ -2,13 +2,12 @@
 //! kill. A worker is disposable; whoever owns it keeps anything that must
 //! survive the worker (results, queue, metadata).
 
-use crate::raw::RawOutput;
 use crate::tools::{CallContext, ToolCall};
 use crate::{ids, Error};
 use rvisor_protocol::{
     read_frame, write_frame, ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment,
     ToWorker, WorkerHello, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH,
-    ENV_SYNC_TOKEN, ENV_WORKER_FD, PROTOCOL_VERSION,
+    ENV_WORKER_FD, PROTOCOL_VERSION,
 };
 use rvisor_protocol::{ToolOutcome, MAX_TOOL_RESULT_BYTES};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -160,8 +159,14 @@ impl Drop for TempDir {
 /// from handler threads, cancellation from other threads.
 #[derive(Debug)]
 enum LinkEvent {
+    /// Raw output read from the worker's fds 1 and 2; always sent before
+    /// the frame it precedes, so it is attached to the right result.
+    Raw([Vec<u8>; 2]),
     Frame(Result<FromWorker, String>),
-    ToolDone { call_id: u64, outcome: ToolOutcome },
+    ToolDone {
+        call_id: u64,
+        outcome: ToolOutcome,
+    },
     Cancel(String),
 }
 
@@ -376,8 +381,10 @@ pub struct Worker {
     stream: UnixStream,
     events: Receiver<LinkEvent>,
     events_tx: Sender<LinkEvent>,
-    raw: RawOutput,
-    sync_token: Vec<u8>,
+    /// Raw output that arrived and has not been attached to a result yet.
+    raw: [Vec<u8>; 2],
+    /// The link's I/O thread has reported the end of the link.
+    link_closed: bool,
     hello: WorkerHello,
     startup: Duration,
     exited: bool,
@@ -400,8 +407,6 @@ impl Worker {
             source,
         })?;
         let child_fd: OwnedFd = child_end.into();
-        let token = ids::random_hex(16);
-
         let mut cmd = Command::new(&bin);
         cmd.env_clear();
         for (k, v) in worker_env(cfg) {
@@ -409,7 +414,6 @@ impl Worker {
         }
         cmd.env("TMPDIR", tmp.path())
             .env(ENV_WORKER_FD, "3")
-            .env(ENV_SYNC_TOKEN, &token)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -420,52 +424,36 @@ impl Worker {
         })?;
         drop(child_fd);
 
-        let raw = RawOutput::default();
-        if let Some(out) = child.stdout.take() {
-            raw.attach(0, out);
-        }
-        if let Some(err) = child.stderr.take() {
-            raw.attach(1, err);
-        }
+        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(Error::Startup(
+                "the worker's output pipes are missing".into(),
+            ));
+        };
+        let pipes = [OwnedFd::from(out), OwnedFd::from(err)];
         let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
-        Self::connect(
-            Proc::Spawned(child),
-            parent,
-            raw,
-            &token,
-            tmp,
-            remaining,
-            t0,
-        )
+        Self::connect(Proc::Spawned(child), parent, pipes, tmp, remaining, t0)
     }
 
     /// Says hello to a started worker process and waits for R to be ready.
     pub(crate) fn connect(
         proc: Proc,
         parent: UnixStream,
-        raw: RawOutput,
-        token: &str,
+        pipes: [OwnedFd; 2],
         tmp: TempDir,
         startup_timeout: Duration,
         t0: Instant,
     ) -> Result<Self, Error> {
-        let mut reader = parent.try_clone().map_err(|source| Error::Io {
+        let reader = parent.try_clone().map_err(|source| Error::Io {
             what: "clone the worker socket",
             source,
         })?;
         let (events_tx, events) = mpsc::channel();
         let tx = events_tx.clone();
         std::thread::Builder::new()
-            .name("rvisor-worker-link".into())
-            .spawn(move || loop {
-                let msg = read_frame::<_, FromWorker>(&mut reader).map_err(|e| e.to_string());
-                let stop = msg.is_err();
-                if tx.send(LinkEvent::Frame(msg)).is_err() || stop {
-                    break;
-                }
-            })
+            .name("rvisor-worker-io".into())
+            .spawn(move || io_thread(reader, pipes, tx))
             .map_err(|source| Error::Io {
-                what: "start the worker reader thread",
+                what: "start the worker I/O thread",
                 source,
             })?;
 
@@ -474,8 +462,8 @@ impl Worker {
             stream: parent,
             events,
             events_tx,
-            raw,
-            sync_token: format!("\x1e{token}\x1e").into_bytes(),
+            raw: [Vec::new(), Vec::new()],
+            link_closed: false,
             hello: WorkerHello {
                 protocol_version: 0,
                 r_version: String::new(),
@@ -495,10 +483,13 @@ impl Worker {
             },
         )
         .map_err(|e| Error::Startup(format!("the worker closed its link at once ({e})")))?;
-        let first = match w.events.recv_timeout(startup_timeout) {
-            Ok(LinkEvent::Frame(f)) => Ok(f),
-            Ok(_) => Ok(Err("unexpected event".to_string())),
-            Err(e) => Err(e),
+        let first = loop {
+            match w.events.recv_timeout(startup_timeout) {
+                Ok(LinkEvent::Raw(raw)) => w.keep_raw(raw),
+                Ok(LinkEvent::Frame(f)) => break Ok(f),
+                Ok(_) => break Ok(Err("unexpected event".to_string())),
+                Err(e) => break Err(e),
+            }
         };
         match first {
             Ok(Ok(FromWorker::Hello(h))) if h.protocol_version == PROTOCOL_VERSION => {
@@ -524,7 +515,7 @@ impl Worker {
             Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
                 let status = w.proc.wait();
                 w.exited = true;
-                let [o, e] = w.raw.take_all(Instant::now() + Duration::from_secs(1));
+                let [o, e] = std::mem::take(&mut w.raw);
                 return Err(Error::Startup(format!(
                     "the worker exited during start-up ({}){}",
                     status
@@ -700,9 +691,11 @@ impl Worker {
                     .map_err(|_| RecvTimeoutError::Disconnected),
             };
             match event {
+                Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
                 Ok(LinkEvent::Frame(Ok(FromWorker::Result(res)))) => {
                     let mut res = *res;
-                    self.fold_raw_output(&mut res, Instant::now() + Duration::from_secs(2));
+                    let [o, e] = std::mem::take(&mut self.raw);
+                    push_raw(&mut res, o, e);
                     if res.outcome == Outcome::Interrupted {
                         match stopping {
                             Some((Stop::Timeout, _)) => {
@@ -756,6 +749,7 @@ impl Worker {
                     );
                 }
                 Ok(LinkEvent::Frame(Err(_))) | Err(RecvTimeoutError::Disconnected) => {
+                    self.link_closed = true;
                     let mut res = self.dead_result(execution_id, code, String::new());
                     if let Some((why, _)) = stopping {
                         // We were stopping it anyway: report why, not the crash.
@@ -775,9 +769,10 @@ impl Worker {
                     // R did not answer the interrupt (tight C code): kill.
                     let why = stopping.map(|s| s.0).unwrap_or(Stop::Timeout);
                     self.kill();
+                    self.collect_until_closed(Duration::from_secs(1));
                     let mut res = RunResult::empty(execution_id, code.into());
                     res.r_version = self.hello.r_version.clone();
-                    let [o, e] = self.raw.take_all(Instant::now() + Duration::from_secs(1));
+                    let [o, e] = std::mem::take(&mut self.raw);
                     push_raw(&mut res, o, e);
                     match why {
                         Stop::Timeout => mark_timed_out(&mut res, opts.timeout, true),
@@ -876,16 +871,60 @@ impl Worker {
         self.kill();
     }
 
-    fn fold_raw_output(&mut self, res: &mut RunResult, deadline: Instant) {
-        let [o, e] = self.raw.take_until(&self.sync_token, deadline);
-        push_raw(res, o, e);
+    /// Keeps raw output for the next result (bounded).
+    fn keep_raw(&mut self, raw: [Vec<u8>; 2]) {
+        for (mine, new) in self.raw.iter_mut().zip(raw) {
+            let room = MAX_RAW_BYTES.saturating_sub(mine.len());
+            mine.extend_from_slice(&new[..new.len().min(room)]);
+        }
+    }
+
+    /// Waits (bounded) for the I/O thread to report the end of the link,
+    /// keeping the raw output that came with it.
+    fn collect_until_closed(&mut self, wait: Duration) {
+        let end = Instant::now() + wait;
+        while !self.link_closed {
+            match self
+                .events
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+            {
+                Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
+                Ok(LinkEvent::Frame(Err(_))) => self.link_closed = true,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Waits (bounded) for a dying worker's exit status.
+    pub fn wait_exit(&mut self) -> ExitInfo {
+        let st = self.proc.wait().unwrap_or(ExitInfo {
+            code: None,
+            signal: None,
+        });
+        self.exited = true;
+        st
+    }
+
+    /// Whether the worker's link has closed while no call was running (the
+    /// worker died while idle). Drains stale events of earlier calls.
+    pub fn link_closed(&mut self) -> bool {
+        while let Ok(ev) = self.events.try_recv() {
+            match ev {
+                LinkEvent::Raw(raw) => self.keep_raw(raw),
+                LinkEvent::Frame(Err(_)) => self.link_closed = true,
+                _ => {}
+            }
+        }
+        self.link_closed
     }
 
     /// The result of a call whose worker went away.
     fn dead_result(&mut self, execution_id: String, code: &str, why: String) -> RunResult {
+        self.collect_until_closed(Duration::from_secs(1));
         let status = self.proc.wait();
         self.exited = true;
-        let [o, e] = self.raw.take_all(Instant::now() + Duration::from_secs(1));
+        let [o, e] = std::mem::take(&mut self.raw);
         let (outcome, what) = match status {
             Some(s) if s.signal.is_some() => (Outcome::WorkerFailed, s.describe()),
             Some(s) => (Outcome::WorkerExited, s.describe()),
@@ -953,6 +992,139 @@ fn mark_cancelled(res: &mut RunResult, killed: bool) {
     let mut err = res.error.take().unwrap_or_default();
     err.message = message.to_string();
     res.error = Some(err);
+}
+
+/// Most raw output kept per stream and call.
+const MAX_RAW_BYTES: usize = 16 * 1024 * 1024;
+
+/// Reads everything available from a non-blocking pipe into `buf`.
+/// Returns false once the pipe is closed.
+fn drain_pipe(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        // SAFETY: read(2) into our buffer from a descriptor we own.
+        let n = unsafe { libc::read(fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n > 0 {
+            let room = MAX_RAW_BYTES.saturating_sub(buf.len());
+            buf.extend_from_slice(&chunk[..(n as usize).min(room)]);
+            continue;
+        }
+        if n == 0 {
+            return false;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The one thread that reads a worker's socket and its stdout/stderr
+/// pipes. Reading all three in one thread is what makes raw output land in
+/// the right result without any marker: everything the call wrote to its
+/// fds (itself, or child processes it waited for) is in the pipes before
+/// the worker sends the result frame, so draining the pipes right after
+/// reading that frame gets all of it.
+fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
+    for p in &pipes {
+        // SAFETY: fcntl on descriptors we own.
+        unsafe {
+            let flags = libc::fcntl(p.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(p.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+    }
+    let mut open = [true, true];
+    let mut bufs: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    let flush = |bufs: &mut [Vec<u8>; 2], tx: &Sender<LinkEvent>| {
+        if !bufs[0].is_empty() || !bufs[1].is_empty() {
+            let _ = tx.send(LinkEvent::Raw(std::mem::take(bufs)));
+        }
+    };
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if open[0] { pipes[0].as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if open[1] { pipes[1].as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on three pollfds we own (negative fds are ignored).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
+        if n < 0 {
+            continue; // EINTR
+        }
+        for i in 0..2 {
+            if open[i] && fds[i + 1].revents != 0 {
+                open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
+            }
+        }
+        // A pipe flood must not grow without bound between frames.
+        if bufs[0].len() + bufs[1].len() > 1024 * 1024 {
+            flush(&mut bufs, &tx);
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        match read_frame::<_, FromWorker>(&mut sock) {
+            Ok(frame) => {
+                for i in 0..2 {
+                    if open[i] {
+                        open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
+                    }
+                }
+                flush(&mut bufs, &tx);
+                if tx.send(LinkEvent::Frame(Ok(frame))).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                // The worker is gone: collect what it printed on its way
+                // out (a crash report), waiting briefly for the pipes to
+                // close (a background child may hold them open).
+                let end = Instant::now() + Duration::from_millis(200);
+                while open.iter().any(|o| *o) {
+                    let left = end.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    let mut pfds = [
+                        libc::pollfd {
+                            fd: if open[0] { pipes[0].as_raw_fd() } else { -1 },
+                            events: libc::POLLIN,
+                            revents: 0,
+                        },
+                        libc::pollfd {
+                            fd: if open[1] { pipes[1].as_raw_fd() } else { -1 },
+                            events: libc::POLLIN,
+                            revents: 0,
+                        },
+                    ];
+                    // SAFETY: poll on two pollfds we own.
+                    unsafe { libc::poll(pfds.as_mut_ptr(), 2, left.as_millis().max(1) as i32) };
+                    for i in 0..2 {
+                        if open[i] {
+                            open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
+                        }
+                    }
+                }
+                flush(&mut bufs, &tx);
+                let _ = tx.send(LinkEvent::Frame(Err(e.to_string())));
+                return;
+            }
+        }
+    }
 }
 
 fn push_raw(res: &mut RunResult, out: Vec<u8>, err: Vec<u8>) {

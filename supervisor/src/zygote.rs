@@ -3,7 +3,7 @@
 
 use crate::raw::RawOutput;
 use crate::worker::{worker_env, ExitInfo, Proc, TempDir};
-use crate::{ids, Error, Worker, WorkerConfig};
+use crate::{Error, Worker, WorkerConfig};
 use rvisor_protocol::{
     fdpass, read_frame, write_frame, ForkRequest, FromZygote, ToZygote, ZygoteHello, ENV_PRELOAD,
     ENV_ZYGOTE_FD, PROTOCOL_VERSION,
@@ -262,7 +262,6 @@ impl Zygote {
         })?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
-        let token = ids::random_hex(16);
         let mut env: Vec<(String, String)> = Vec::new();
         for (k, v) in worker_env(cfg) {
             if let (Some(k), Some(v)) = (k.to_str(), v.to_str()) {
@@ -286,7 +285,6 @@ impl Zygote {
             worker_id,
             temp_dir: tmp.path().display().to_string(),
             env,
-            sync_token: token.clone(),
         });
         {
             let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
@@ -315,16 +313,13 @@ impl Zygote {
                 return Err(Error::StartupTimeout(cfg.startup_timeout));
             }
         };
-        let raw = RawOutput::default();
-        raw.attach(0, std::fs::File::from(out_r));
-        raw.attach(1, std::fs::File::from(err_r));
         let proc = Proc::Forked {
             pid,
             zygote: self.shared.clone(),
             reaped: None,
         };
         let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
-        Worker::connect(proc, parent, raw, &token, tmp, remaining, t0)
+        Worker::connect(proc, parent, [out_r, err_r], tmp, remaining, t0)
     }
 }
 

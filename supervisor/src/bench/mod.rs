@@ -1,125 +1,837 @@
-//! `rvisor bench`: latency of rvisor's own paths, measured in one run.
+//! `rvisor bench`: rvisor and its peers on the same workloads, in one run.
 //!
-//! Each workload is run many times; the table shows median, p90 and p99.
-//! Peers (Rscript, callr, Rserve) join this table in a later step; for now
-//! it measures rvisor alone so changes to the hot path can be compared.
+//! Peers are what users would otherwise pick: `Rscript -e` per call, a
+//! `callr::r_session`, and Rserve with RSclient on loopback. The callr and
+//! Rserve calls are made from an R peer driver (`peers.R`, in a child
+//! process), since that is how their users call them. Every round runs each
+//! workload through every system in turn (interleaved), so background noise
+//! hits all systems alike. Medians, p90 and p99 per system, and the ratio
+//! peer/rvisor of the medians. A peer that cannot do a workload says so.
 
-use crate::{CallOptions, Outcome, Worker, WorkerConfig};
+use crate::{
+    CallOptions, Outcome, PoolConfig, RunOptions, Session, SessionOptions, Supervisor,
+    SupervisorConfig,
+};
 use serde::Serialize;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Summary of one workload.
-#[derive(Debug, Clone, Serialize)]
-pub struct Stats {
-    /// Workload name.
-    pub workload: String,
-    /// Samples taken.
-    pub n: usize,
-    /// Median, milliseconds.
-    pub median_ms: f64,
-    /// 90th percentile, milliseconds.
-    pub p90_ms: f64,
-    /// 99th percentile, milliseconds.
-    pub p99_ms: f64,
+const PEER_DRIVER: &str = include_str!("peers.R");
+
+/// One workload of the table.
+struct Workload {
+    id: &'static str,
+    title: &'static str,
+    /// R code for rvisor and Rscript (None: measured specially).
+    code: Option<&'static str>,
+    /// Iterations per round: (rvisor/Rserve, callr, Rscript).
+    per_round: (usize, usize, usize),
 }
 
-fn stats(workload: &str, mut samples: Vec<Duration>) -> Stats {
-    samples.sort();
-    let pick = |q: f64| {
-        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
-        samples[i].as_secs_f64() * 1000.0
-    };
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        id: "one_plus_one",
+        title: "1+1",
+        code: Some("1+1"),
+        per_round: (200, 30, 2),
+    },
+    Workload {
+        id: "counter",
+        title: "x <- x + 1 (persistent)",
+        code: Some("x <- x + 1"),
+        per_round: (200, 30, 0),
+    },
+    Workload {
+        id: "colmeans",
+        title: "summary(colMeans(matrix(rnorm(1e6),1000)))",
+        code: Some("summary(colMeans(matrix(rnorm(1e6),1000)))"),
+        per_round: (10, 5, 2),
+    },
+    Workload {
+        id: "print_df",
+        title: "print a 2,000-row data frame",
+        code: Some("print(dat)"),
+        per_round: (10, 5, 2),
+    },
+    Workload {
+        id: "base_plot",
+        title: "base plot to PNG (800x600)",
+        code: Some("plot(rnorm(100))"),
+        per_round: (10, 5, 2),
+    },
+    Workload {
+        id: "ggplot",
+        title: "ggplot to PNG (800x600)",
+        code: Some("print(ggplot2::ggplot(mtcars, ggplot2::aes(wt, mpg)) + ggplot2::geom_point())"),
+        per_round: (5, 3, 1),
+    },
+    Workload {
+        id: "error_then_next",
+        title: "stop(\"boom\") then the next call",
+        code: None,
+        per_round: (50, 10, 0),
+    },
+    Workload {
+        id: "cold_start",
+        title: "new session to first result",
+        code: None,
+        per_round: (10, 2, 2),
+    },
+    Workload {
+        id: "timeout_recovery",
+        title: "Sys.sleep(60) with a 1 s limit: deadline to result",
+        code: None,
+        per_round: (1, 1, 0),
+    },
+];
+
+const SYSTEMS: [&str; 4] = ["rvisor", "callr", "rserve", "rscript"];
+
+/// Summary of one workload on one system.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    /// Workload id.
+    pub workload: String,
+    /// System: rvisor, callr, rserve, rscript.
+    pub system: String,
+    /// Samples taken.
+    pub n: usize,
+    /// Median, milliseconds (None when the system cannot do it).
+    pub median_ms: Option<f64>,
+    /// 90th percentile.
+    pub p90_ms: Option<f64>,
+    /// 99th percentile.
+    pub p99_ms: Option<f64>,
+    /// Why there is no number, or what it means.
+    pub note: Option<String>,
+}
+
+/// Memory of an idle session.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// System.
+    pub system: String,
+    /// Resident set size, bytes (median over sessions).
+    pub rss_bytes: Option<u64>,
+    /// Proportional set size, bytes (shared pages split among sharers).
+    pub pss_bytes: Option<u64>,
+    /// 1 GiB / PSS.
+    pub sessions_per_gib: Option<f64>,
+}
+
+/// Calls per second with several sessions at once.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    /// Concurrent sessions.
+    pub sessions: usize,
+    /// Completed `1+1` calls per second, all sessions together.
+    pub calls_per_second: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Where it ran.
+    pub machine: String,
+    /// Rounds (each workload through each system per round).
+    pub rounds: usize,
+    /// Workloads x systems.
+    pub stats: Vec<Stats>,
+    /// Idle session memory.
+    pub memory: Vec<Memory>,
+    /// rvisor throughput.
+    pub throughput: Vec<Throughput>,
+    /// Extra rvisor figures: cold start without a spare, with plain
+    /// spawning, first vs later ggplot, kill-to-next-call.
+    pub extra: Vec<Stats>,
+}
+
+fn summarise(workload: &str, system: &str, mut ms: Vec<f64>, note: Option<String>) -> Stats {
+    if ms.is_empty() {
+        return Stats {
+            workload: workload.into(),
+            system: system.into(),
+            n: 0,
+            median_ms: None,
+            p90_ms: None,
+            p99_ms: None,
+            note,
+        };
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let pick = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
     Stats {
         workload: workload.into(),
-        n: samples.len(),
-        median_ms: pick(0.5),
-        p90_ms: pick(0.9),
-        p99_ms: pick(0.99),
+        system: system.into(),
+        n: ms.len(),
+        median_ms: Some(pick(0.5)),
+        p90_ms: Some(pick(0.9)),
+        p99_ms: Some(pick(0.99)),
+        note,
     }
 }
 
-fn time_calls(
-    w: &mut Worker,
-    code: &str,
-    n: usize,
-    opts: &CallOptions,
-) -> Result<Vec<Duration>, String> {
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The R peer driver in a child process.
+struct Peers {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peers {
+    fn start() -> Option<Peers> {
+        let path =
+            std::env::temp_dir().join(format!("rvisor-bench-peers-{}.R", std::process::id()));
+        std::fs::write(&path, PEER_DRIVER).ok()?;
+        let mut child = Command::new("Rscript")
+            .arg("--vanilla")
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let stdin = child.stdin.take()?;
+        let stdout = BufReader::new(child.stdout.take()?);
+        Some(Peers {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Sends one request; returns the samples or why there are none.
+    fn ask(&mut self, peer: &str, workload: &str, n: usize) -> Result<Vec<f64>, String> {
+        writeln!(self.stdin, "{peer} {workload} {n}").map_err(|e| e.to_string())?;
+        self.stdin.flush().map_err(|e| e.to_string())?;
+        loop {
+            let mut line = String::new();
+            if self
+                .stdout
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())?
+                == 0
+            {
+                return Err("the peer driver ended".into());
+            }
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("OK") {
+                return Ok(rest
+                    .split_whitespace()
+                    .filter_map(|t| t.parse().ok())
+                    .collect());
+            }
+            if let Some(rest) = line.strip_prefix("NA") {
+                return Err(rest.trim().to_string());
+            }
+            // Anything else is chatter from a peer (Rserve prints); skip.
+        }
+    }
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.stdin.flush();
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Makes sure the peers are installed: installs the Debian packages when
+/// running as root, otherwise says how.
+pub fn ensure_peers(progress: &mut dyn FnMut(&str)) {
+    let have = |pkg: &str| {
+        Command::new("Rscript")
+            .args([
+                "-e",
+                &format!("quit(status = !requireNamespace('{pkg}', quietly = TRUE))"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let mut missing = Vec::new();
+    for (pkg, deb) in [
+        ("callr", "r-cran-callr"),
+        ("Rserve", "r-cran-rserve"),
+        ("RSclient", "r-cran-rsclient"),
+        ("ggplot2", "r-cran-ggplot2"),
+    ] {
+        if !have(pkg) {
+            missing.push(deb);
+        }
+    }
+    if missing.is_empty() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        progress(&format!(
+            "peers missing; install them with: sudo apt-get install --no-install-recommends {}",
+            missing.join(" ")
+        ));
+        return;
+    }
+    progress(&format!("installing peers: {}", missing.join(" ")));
+    let _ = Command::new("apt-get")
+        .args(["update", "-q"])
+        .stdout(Stdio::null())
+        .status();
+    let _ = Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(Stdio::null())
+        .status();
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cores} cores, {cpu}, {:.0} GiB, Linux {}",
+        mem as f64 / 1048576.0,
+        kernel.trim()
+    )
+}
+
+fn rvisor_session(sup: &Supervisor) -> Result<Session, String> {
+    let s = sup.session().map_err(|e| e.to_string())?;
+    for code in [
+        "x <- 0",
+        "dat <- data.frame(a = 1:2000, b = rnorm(2000), c = sample(letters, 2000, TRUE))",
+        "invisible(loadNamespace('ggplot2'))",
+    ] {
+        s.run(code).map_err(|e| e.to_string())?.wait();
+    }
+    Ok(s)
+}
+
+fn rvisor_calls(s: &Session, code: &str, n: usize, over: &RunOptions) -> Result<Vec<f64>, String> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        let r = w.run(code, opts);
-        out.push(t.elapsed());
-        if r.outcome != Outcome::Complete {
+        let r = s.run_with(code, over).map_err(|e| e.to_string())?.wait();
+        out.push(ms(t.elapsed()));
+        if !matches!(r.outcome, Outcome::Complete) {
             return Err(format!("`{code}` ended with {}: {}", r.outcome, r.console));
         }
     }
     Ok(out)
 }
 
-/// Runs the workloads; `quick` takes fewer samples.
-pub fn run(quick: bool) -> Result<Vec<Stats>, String> {
-    let scale = if quick { 1 } else { 5 };
-    let cfg = WorkerConfig::default();
-    let opts = CallOptions::default();
-    let mut results = Vec::new();
-
-    let mut starts = Vec::new();
-    for _ in 0..(4 * scale) {
+fn rscript_calls(code: &str, n: usize) -> Result<Vec<f64>, String> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
         let t = Instant::now();
-        let w = Worker::spawn(&cfg).map_err(|e| e.to_string())?;
-        starts.push(t.elapsed());
-        w.shutdown(Duration::from_secs(1));
+        let st = Command::new("Rscript")
+            .args(["--vanilla", "-e", code])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("failed to run Rscript: {e}"))?;
+        out.push(ms(t.elapsed()));
+        if !st.success() {
+            return Err(format!("Rscript -e '{code}' failed"));
+        }
     }
-    results.push(stats("worker start-up (spawn + R init)", starts));
-
-    let mut w = Worker::spawn(&cfg).map_err(|e| e.to_string())?;
-    time_calls(&mut w, "1+1", 50, &opts)?; // warm
-    results.push(stats("1+1", time_calls(&mut w, "1+1", 400 * scale, &opts)?));
-    w.run("x <- 0", &opts);
-    results.push(stats(
-        "x <- x + 1",
-        time_calls(&mut w, "x <- x + 1", 400 * scale, &opts)?,
-    ));
-    results.push(stats(
-        "summary(colMeans(matrix(rnorm(1e6),1000)))",
-        time_calls(
-            &mut w,
-            "summary(colMeans(matrix(rnorm(1e6),1000)))",
-            20 * scale,
-            &opts,
-        )?,
-    ));
-    w.run(
-        "df <- data.frame(a = 1:2000, b = rnorm(2000), c = sample(letters, 2000, TRUE))",
-        &opts,
-    );
-    results.push(stats(
-        "print 2,000-row data frame",
-        time_calls(&mut w, "print(df)", 10 * scale, &opts)?,
-    ));
-    let plot_opts = CallOptions {
-        plot_width: 800,
-        plot_height: 600,
-        ..CallOptions::default()
-    };
-    time_calls(&mut w, "plot(1:10)", 3, &plot_opts)?;
-    results.push(stats(
-        "base plot to PNG (800x600)",
-        time_calls(&mut w, "plot(rnorm(100))", 20 * scale, &plot_opts)?,
-    ));
-    Ok(results)
+    Ok(out)
 }
 
-/// Renders results as a table.
-pub fn table(results: &[Stats]) -> String {
+fn smaps(pid: u32) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb = |key: &str| -> Option<u64> {
+        s.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    Some((kb("Rss:")? * 1024, kb("Pss:")? * 1024))
+}
+
+/// Runs the benchmark. `quick`: 3 rounds, shorter throughput runs.
+pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    let rounds = if quick { 3 } else { 10 };
+    ensure_peers(progress);
+    let sup = Supervisor::new(SupervisorConfig::default()).map_err(|e| e.to_string())?;
+    progress("starting the zygote");
+    if !sup.pool().wait_ready(Duration::from_secs(120)) {
+        progress(&format!(
+            "zygote not ready: {:?}; measuring with plain spawning",
+            sup.pool_status().last_error
+        ));
+    }
+    let session = rvisor_session(&sup)?;
+    let mut peers = Peers::start();
+    if peers.is_none() {
+        progress("the peer driver (Rscript) did not start: peers are not measured");
+    }
+
+    let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); SYSTEMS.len()]; WORKLOADS.len()];
+    let mut notes: Vec<Vec<Option<String>>> = vec![vec![None; SYSTEMS.len()]; WORKLOADS.len()];
+    let fast = RunOptions::default();
+    let mut kept_all = true;
+
+    for round in 0..rounds {
+        progress(&format!("round {}/{rounds}", round + 1));
+        for (wi, w) in WORKLOADS.iter().enumerate() {
+            for (si, system) in SYSTEMS.iter().enumerate() {
+                if notes[wi][si]
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("cannot"))
+                {
+                    continue;
+                }
+                let (k_fast, k_callr, k_rscript) = w.per_round;
+                let got: Result<Vec<f64>, String> = match *system {
+                    "rvisor" => match w.id {
+                        "error_then_next" => (0..k_fast)
+                            .map(|_| {
+                                let t = Instant::now();
+                                let e = session
+                                    .run("stop('boom')")
+                                    .map_err(|e| e.to_string())?
+                                    .wait();
+                                let n = session.run("1+1").map_err(|e| e.to_string())?.wait();
+                                if e.outcome != Outcome::Error || n.outcome != Outcome::Complete {
+                                    return Err("unexpected outcome".to_string());
+                                }
+                                Ok(ms(t.elapsed()))
+                            })
+                            .collect(),
+                        "cold_start" => (0..k_fast)
+                            .map(|_| {
+                                let t = Instant::now();
+                                let s = sup.session().map_err(|e| e.to_string())?;
+                                let r = s.run("1+1").map_err(|e| e.to_string())?.wait();
+                                let d = ms(t.elapsed());
+                                if r.outcome != Outcome::Complete {
+                                    return Err(format!("cold start ended with {}", r.outcome));
+                                }
+                                Ok(d)
+                            })
+                            .collect(),
+                        "timeout_recovery" => {
+                            let s = sup
+                                .session_with(SessionOptions {
+                                    timeout: Duration::from_secs(1),
+                                    ..SessionOptions::default()
+                                })
+                                .map_err(|e| e.to_string())?;
+                            s.run("keep_me <- 42").map_err(|e| e.to_string())?.wait();
+                            let t = Instant::now();
+                            let r = s.run("Sys.sleep(60)").map_err(|e| e.to_string())?.wait();
+                            let late = ms(t.elapsed()) - 1000.0;
+                            let kept = s
+                                .run("exists('keep_me')")
+                                .map_err(|e| e.to_string())?
+                                .wait();
+                            kept_all &=
+                                kept.console.contains("TRUE") && r.outcome == Outcome::TimedOut;
+                            Ok(vec![late])
+                        }
+                        _ => rvisor_calls(&session, w.code.unwrap_or("1+1"), k_fast, &fast),
+                    },
+                    "callr" | "rserve" => match peers.as_mut() {
+                        None => Err("cannot: the peer driver did not start".into()),
+                        Some(p) => {
+                            let k = if *system == "callr" { k_callr } else { k_fast };
+                            p.ask(system, w.id, k.max(1)).map(|mut v| {
+                                if w.id == "timeout_recovery" {
+                                    // The driver appends -1 (state kept) or -2.
+                                    if v.last().is_some_and(|x| *x < 0.0) {
+                                        let flag = v.pop().unwrap_or(-2.0);
+                                        notes[wi][si] = Some(if flag == -1.0 {
+                                            "interrupt to next result; state kept".into()
+                                        } else {
+                                            "state lost".into()
+                                        });
+                                    }
+                                }
+                                v
+                            })
+                        }
+                    },
+                    _ => match (w.code, k_rscript) {
+                        (_, 0) if w.id == "counter" => {
+                            Err("cannot persist state between calls".into())
+                        }
+                        (_, 0) if w.id == "error_then_next" => {
+                            Err("cannot: every call is a new process".into())
+                        }
+                        (_, 0) => Err("cannot: no session to keep".into()),
+                        (Some(code), k) => {
+                            let code = if w.id == "print_df" {
+                                "dat <- data.frame(a = 1:2000, b = rnorm(2000), c = sample(letters, 2000, TRUE)); print(dat)".to_string()
+                            } else if w.id == "base_plot" || w.id == "ggplot" {
+                                format!(
+                                    "png(tempfile(), 800, 600); {}; invisible(dev.off())",
+                                    w.code.unwrap_or("")
+                                )
+                            } else {
+                                code.to_string()
+                            };
+                            rscript_calls(&code, k)
+                        }
+                        (None, k) => rscript_calls("1+1", k),
+                    },
+                };
+                match got {
+                    Ok(v) => samples[wi][si].extend(v),
+                    Err(why) => {
+                        let why = if why.starts_with("cannot") {
+                            why
+                        } else {
+                            format!("cannot: {why}")
+                        };
+                        notes[wi][si] = Some(why);
+                    }
+                }
+            }
+        }
+    }
+    if !kept_all {
+        notes[WORKLOADS.len() - 1][0] =
+            Some("WARNING: a variable did not survive the timeout".into());
+    } else {
+        notes[WORKLOADS.len() - 1][0] = Some("interrupted, variables kept".into());
+    }
+
+    let mut stats = Vec::new();
+    for (wi, w) in WORKLOADS.iter().enumerate() {
+        for (si, system) in SYSTEMS.iter().enumerate() {
+            let v = std::mem::take(&mut samples[wi][si]);
+            let note = notes[wi][si].take();
+            let note = if v.is_empty() {
+                note
+            } else {
+                note.filter(|n| !n.starts_with("cannot"))
+            };
+            stats.push(summarise(w.id, system, v, note));
+        }
+    }
+
+    // Idle memory.
+    progress("measuring idle memory");
+    let mut memory = Vec::new();
+    let idle: Vec<Session> = (0..5).filter_map(|_| sup.session().ok()).collect();
+    let mut rss = Vec::new();
+    let mut pss = Vec::new();
+    for s in &idle {
+        let _ = s.run("1+1").map(|h| h.wait());
+        if let Some((r, p)) = s.status().pid.and_then(smaps) {
+            rss.push(r);
+            pss.push(p);
+        }
+    }
+    rss.sort_unstable();
+    pss.sort_unstable();
+    let med = |v: &Vec<u64>| v.get(v.len() / 2).copied();
+    memory.push(Memory {
+        system: "rvisor".into(),
+        rss_bytes: med(&rss),
+        pss_bytes: med(&pss),
+        sessions_per_gib: med(&pss).map(|p| (1u64 << 30) as f64 / p as f64),
+    });
+    drop(idle);
+    if let Some(p) = peers.as_mut() {
+        for system in ["callr", "rserve"] {
+            let m = p.ask(system, "memory", 1).ok();
+            let (r, ps) = match m.as_deref() {
+                Some([r, ps, ..]) if r.is_finite() && ps.is_finite() => {
+                    (Some(*r as u64), Some(*ps as u64))
+                }
+                _ => (None, None),
+            };
+            memory.push(Memory {
+                system: system.into(),
+                rss_bytes: r,
+                pss_bytes: ps,
+                sessions_per_gib: ps
+                    .filter(|p| *p > 0)
+                    .map(|p| (1u64 << 30) as f64 / p as f64),
+            });
+        }
+    }
+    drop(peers);
+
+    // Throughput with 1, 2, 8 sessions.
+    progress("measuring throughput");
+    let mut throughput = Vec::new();
+    let span = Duration::from_secs(if quick { 1 } else { 3 });
+    for n in [1usize, 2, 8] {
+        let sessions: Vec<Session> = (0..n).filter_map(|_| rvisor_session(&sup).ok()).collect();
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = sessions
+            .iter()
+            .map(|s| {
+                let (s, count, stop) = (s.clone(), count.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(h) = s.run("1+1") {
+                            if h.wait().outcome == Outcome::Complete {
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let t = Instant::now();
+        std::thread::sleep(span);
+        stop.store(true, Ordering::Relaxed);
+        let elapsed = t.elapsed();
+        for th in threads {
+            let _ = th.join();
+        }
+        throughput.push(Throughput {
+            sessions: n,
+            calls_per_second: count.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        });
+    }
+
+    // Extra rvisor figures.
+    progress("measuring cold starts without spares, first ggplot, kill recovery");
+    let mut extra = Vec::new();
+    let k = if quick { 8 } else { 20 };
+    for (label, pool) in [
+        (
+            "cold_start_no_spare",
+            PoolConfig {
+                spares: 0,
+                ..PoolConfig::default()
+            },
+        ),
+        (
+            "cold_start_plain_spawn",
+            PoolConfig {
+                zygote: false,
+                ..PoolConfig::default()
+            },
+        ),
+    ] {
+        let sup2 = Supervisor::new(SupervisorConfig {
+            pool,
+            ..SupervisorConfig::default()
+        })
+        .map_err(|e| e.to_string())?;
+        sup2.pool().wait_ready(Duration::from_secs(120));
+        let mut v = Vec::new();
+        for _ in 0..k {
+            let t = Instant::now();
+            let s = sup2.session().map_err(|e| e.to_string())?;
+            let r = s.run("1+1").map_err(|e| e.to_string())?.wait();
+            if r.outcome == Outcome::Complete {
+                v.push(ms(t.elapsed()));
+            }
+        }
+        extra.push(summarise(label, "rvisor", v, None));
+    }
+    let (mut first, mut later) = (Vec::new(), Vec::new());
+    let gg = "print(ggplot2::ggplot(mtcars, ggplot2::aes(wt, mpg)) + ggplot2::geom_point())";
+    for _ in 0..k.min(8) {
+        let s = sup.session().map_err(|e| e.to_string())?;
+        s.run("1").map_err(|e| e.to_string())?.wait();
+        let t = Instant::now();
+        s.run(gg).map_err(|e| e.to_string())?.wait();
+        first.push(ms(t.elapsed()));
+        let t = Instant::now();
+        s.run(gg).map_err(|e| e.to_string())?.wait();
+        later.push(ms(t.elapsed()));
+    }
+    extra.push(summarise(
+        "first_ggplot_in_new_session",
+        "rvisor",
+        first,
+        None,
+    ));
+    extra.push(summarise(
+        "later_ggplot_same_session",
+        "rvisor",
+        later,
+        None,
+    ));
+    // A worker killed and replaced (what a timeout kill or a reset does),
+    // then the next call.
+    let mut kill = Vec::new();
+    let s = sup.session().map_err(|e| e.to_string())?;
+    s.run("1").map_err(|e| e.to_string())?.wait();
+    for _ in 0..k {
+        sup.pool().wait_ready(Duration::from_secs(30));
+        let t = Instant::now();
+        s.reset();
+        let r = s.run("1+1").map_err(|e| e.to_string())?.wait();
+        if r.outcome == Outcome::Complete && r.session.fresh {
+            kill.push(ms(t.elapsed()));
+        }
+    }
+    extra.push(summarise(
+        "worker_killed_to_next_result",
+        "rvisor",
+        kill,
+        Some("reset (kill + spare hand-over), then 1+1".into()),
+    ));
+    // The worker's own round trip (no session queue), for reference.
+    let mut w = sup
+        .pool()
+        .acquire(&sup.config().worker)
+        .map_err(|e| e.to_string())?;
+    let opts = CallOptions::default();
+    let mut direct = Vec::new();
+    for _ in 0..(200 * rounds) {
+        let t = Instant::now();
+        w.run("1+1", &opts);
+        direct.push(ms(t.elapsed()));
+    }
+    extra.push(summarise(
+        "one_plus_one_worker_direct",
+        "rvisor",
+        direct,
+        Some("Worker::run, no session queue".into()),
+    ));
+
+    Ok(Report {
+        machine: machine(),
+        rounds,
+        stats,
+        memory,
+        throughput,
+        extra,
+    })
+}
+
+fn fmt_ms(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x < 1.0 => format!("{x:.3}"),
+        Some(x) if x < 100.0 => format!("{x:.2}"),
+        Some(x) => format!("{x:.0}"),
+        None => "-".into(),
+    }
+}
+
+/// Renders the report as Markdown tables (README-ready).
+pub fn table(r: &Report) -> String {
     let mut s = format!(
-        "{:<45} {:>6} {:>10} {:>10} {:>10}\n",
-        "workload", "n", "median ms", "p90 ms", "p99 ms"
+        "Machine: {}; {} rounds, interleaved.\n\n",
+        r.machine, r.rounds
     );
-    for r in results {
+    s.push_str("| workload | rvisor median (p90, p99) ms | callr median ms (x rvisor) | Rserve median ms (x rvisor) | Rscript median ms (x rvisor) |\n");
+    s.push_str("| --- | --- | --- | --- | --- |\n");
+    for w in WORKLOADS {
+        let get = |sys: &str| {
+            r.stats
+                .iter()
+                .find(|x| x.workload == w.id && x.system == sys)
+        };
+        let rv = get("rvisor");
+        let base = rv.and_then(|x| x.median_ms);
+        let mut row = format!("| {} | ", w.title);
+        match rv {
+            Some(x) if x.median_ms.is_some() => {
+                row.push_str(&format!(
+                    "{} ({}, {})",
+                    fmt_ms(x.median_ms),
+                    fmt_ms(x.p90_ms),
+                    fmt_ms(x.p99_ms)
+                ));
+                if let Some(n) = &x.note {
+                    row.push_str(&format!("; {n}"));
+                }
+            }
+            Some(x) => row.push_str(x.note.as_deref().unwrap_or("-")),
+            None => row.push('-'),
+        }
+        for sys in ["callr", "rserve", "rscript"] {
+            row.push_str(" | ");
+            match get(sys) {
+                Some(x) if x.median_ms.is_some() => {
+                    let m = x.median_ms.unwrap_or(0.0);
+                    match base {
+                        Some(b) if b > 0.0 && w.id != "timeout_recovery" => {
+                            row.push_str(&format!("{} ({:.1}x)", fmt_ms(Some(m)), m / b))
+                        }
+                        _ => row.push_str(&fmt_ms(Some(m))),
+                    }
+                    if let Some(n) = &x.note {
+                        row.push_str(&format!("; {n}"));
+                    }
+                }
+                Some(x) => row.push_str(x.note.as_deref().unwrap_or("-")),
+                None => row.push('-'),
+            }
+        }
+        row.push_str(" |\n");
+        s.push_str(&row);
+    }
+    s.push_str("\n| idle session | RSS MB | PSS MB | sessions per GiB (by PSS) |\n| --- | --- | --- | --- |\n");
+    for m in &r.memory {
+        let mb = |b: Option<u64>| {
+            b.map(|b| format!("{:.1}", b as f64 / 1048576.0))
+                .unwrap_or_else(|| "-".into())
+        };
         s.push_str(&format!(
-            "{:<45} {:>6} {:>10.3} {:>10.3} {:>10.3}\n",
-            r.workload, r.n, r.median_ms, r.p90_ms, r.p99_ms
+            "| {} | {} | {} | {} |\n",
+            m.system,
+            mb(m.rss_bytes),
+            mb(m.pss_bytes),
+            m.sessions_per_gib
+                .map(|x| format!("{x:.0}"))
+                .unwrap_or_else(|| "-".into())
+        ));
+    }
+    s.push_str("\n| concurrent rvisor sessions | 1+1 calls per second |\n| --- | --- |\n");
+    for t in &r.throughput {
+        s.push_str(&format!("| {} | {:.0} |\n", t.sessions, t.calls_per_second));
+    }
+    s.push_str("\n| rvisor extra | median (p90, p99) ms | note |\n| --- | --- | --- |\n");
+    for x in &r.extra {
+        s.push_str(&format!(
+            "| {} | {} ({}, {}) | {} |\n",
+            x.workload,
+            fmt_ms(x.median_ms),
+            fmt_ms(x.p90_ms),
+            fmt_ms(x.p99_ms),
+            x.note.as_deref().unwrap_or("")
         ));
     }
     s

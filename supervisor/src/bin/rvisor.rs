@@ -168,19 +168,22 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Bench { quick, json } => match rvisor::bench::run(quick) {
-            Ok(results) => {
-                if !json {
-                    print!("{}", rvisor::bench::table(&results));
+        Cmd::Bench { quick, json } => {
+            let mut progress = |m: &str| eprintln!("bench: {m}");
+            match rvisor::bench::run(quick, &mut progress) {
+                Ok(report) => {
+                    if !json {
+                        println!("{}", rvisor::bench::table(&report));
+                    }
+                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                    ExitCode::SUCCESS
                 }
-                println!("{}", serde_json::to_string(&results).unwrap_or_default());
-                ExitCode::SUCCESS
+                Err(e) => {
+                    eprintln!("rvisor bench: {e}");
+                    ExitCode::from(1)
+                }
             }
-            Err(e) => {
-                eprintln!("rvisor bench: {e}");
-                ExitCode::from(1)
-            }
-        },
+        }
         Cmd::Run {
             file,
             json,
