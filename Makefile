@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: setup build demo test lint
+.PHONY: setup build demo test lint bench
 
 setup:
 	@./scripts/setup.sh
@@ -25,3 +25,8 @@ test: setup
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The benchmark: rvisor vs Rscript, callr and Rserve, interleaved, one run.
+# Installs the peers (r-cran-callr, r-cran-rserve, r-cran-rsclient) if missing.
+bench: build
+	./target/release/rvisor bench --quick

@@ -1238,3 +1238,17 @@ fn jsonl_named_sessions_are_separate() {
     let status = cli.finish();
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn a_call_made_right_after_reset_runs_in_the_fresh_session() {
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default()).expect("supervisor");
+    let s = sup.session().expect("session");
+    assert_eq!(s.run("x <- 1; x").unwrap().wait().console, "[1] 1\n");
+    s.reset();
+    let r = s.run("exists('x')").unwrap().wait();
+    assert_eq!(r.outcome, rvisor::Outcome::Complete, "{}", r.console);
+    assert!(r.session.fresh);
+    assert_eq!(r.session.reset_reason.as_deref(), Some("reset"));
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    assert!(r.console.starts_with("rvisor: started a fresh R session"));
+}

@@ -409,8 +409,9 @@ impl Shared {
         }
     }
 
-    /// Records a reset: queued calls become `not_executed`.
-    fn note_reset(&self, inner: &mut Inner, reason: &str) {
+    /// Records that the worker is being replaced, for status and the next
+    /// result.
+    fn record_reset(inner: &mut Inner, reason: &str) {
         inner.last_reset = Some(ResetInfo {
             reason: reason.to_string(),
             at: now_rfc3339(),
@@ -419,6 +420,11 @@ impl Shared {
         inner.pid = None;
         inner.canceller = None;
         inner.interrupter = None;
+    }
+
+    /// Records a reset: queued calls become `not_executed`.
+    fn note_reset(&self, inner: &mut Inner, reason: &str) {
+        Self::record_reset(inner, reason);
         Self::drop_queue(
             inner,
             Outcome::NotExecuted,
@@ -435,9 +441,16 @@ impl Shared {
         Ok(w)
     }
 
+    /// Ends a worker without holding up the session: the shutdown (and, if
+    /// the worker does not exit, the kill) happens on a thread of its own.
     fn retire(&self, w: Worker) {
         lock(&self.registry.workers).remove(&w.pid());
-        w.shutdown(Duration::from_millis(200));
+        let spawned = std::thread::Builder::new()
+            .name("rvisor-retire".into())
+            .spawn(move || w.shutdown(Duration::from_millis(200)));
+        // Without a thread, the worker was moved into the failed closure and
+        // is killed as it is dropped.
+        drop(spawned);
     }
 
     /// The runner thread: owns the worker, runs calls in order.
@@ -453,10 +466,14 @@ impl Shared {
                     }
                     if i.reset_requested {
                         i.reset_requested = false;
+                        // The queue was dropped by reset() itself: calls
+                        // queued after it belong to the fresh session.
+                        Self::record_reset(&mut i, "reset");
                         if let Some(w) = worker.take() {
+                            drop(i);
                             self.retire(w);
+                            i = lock(&self.inner);
                         }
-                        self.note_reset(&mut i, "reset");
                         continue;
                     }
                     if let Some(p) = i.queue.pop_front() {
@@ -774,12 +791,18 @@ impl Session {
         }
     }
 
-    /// Replaces the worker with a fresh one after the running call ends
-    /// (cancel first to stop it); queued calls become `not_executed`.
+    /// Replaces the worker with a fresh one: the running call is cancelled,
+    /// calls queued so far become `not_executed`; calls made after `reset()`
+    /// run in the fresh session.
     pub fn reset(&self) {
         let s = self.shared();
         let mut i = lock(&s.inner);
         i.reset_requested = true;
+        Shared::drop_queue(
+            &mut i,
+            Outcome::NotExecuted,
+            "not executed: the session was reset before this call ran",
+        );
         if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
             c.cancel(&id);
         }
