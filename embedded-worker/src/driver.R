@@ -138,13 +138,29 @@ run_exprs <- function(exprs) {
 
 dl_len <- function() length(grDevices::recordPlot()[[1L]])
 
+## Whether the device is being opened by a function that starts a new page
+## anyway: high-level base plots call dev.hold() before plot.new() (so the
+## before.plot.new hook runs too late to tell), grid and frame() start pages.
+## Replaying the previous plot for them would draw, encode and drop a page.
+high_level_caller <- function() {
+  for (cl in sys.calls()) {
+    f <- cl[[1L]]
+    if (is.call(f) && length(f) == 3L && (identical(f[[1L]], quote(`::`)) ||
+                                          identical(f[[1L]], quote(`:::`)))) f <- f[[3L]]
+    if (is.name(f) && as.character(f) %in% c("dev.hold", "plot.new", "frame",
+                                             "grid.newpage", "dev.new"))
+      return(TRUE)
+  }
+  FALSE
+}
+
 open_device <- function() {
   grDevices::png(filename = file.path(state$plot_dir, "rvisor-plot-%04d.png"),
                  width = state$width, height = state$height, type = "cairo")
   grDevices::dev.control("enable")
   state$dev <- grDevices::dev.cur()
   state$replayed <- FALSE
-  if (!state$newpage_pending && !is.null(state$last)) {
+  if (!state$newpage_pending && !is.null(state$last) && !high_level_caller()) {
     ok <- tryCatch({ grDevices::replayPlot(state$last); TRUE },
                    error = function(e) FALSE)
     if (ok) {
