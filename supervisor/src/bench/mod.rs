@@ -116,9 +116,15 @@ pub struct Memory {
     pub system: String,
     /// Resident set size, bytes (median over sessions).
     pub rss_bytes: Option<u64>,
-    /// Proportional set size, bytes (shared pages split among sharers).
+    /// Proportional set size, bytes (shared pages split among sharers: it
+    /// depends on how many siblings share them).
     pub pss_bytes: Option<u64>,
-    /// 1 GiB / PSS.
+    /// Private (unshared) bytes: what one more session costs.
+    pub uss_bytes: Option<u64>,
+    /// Private bytes after the session ran a full `gc()` (R's collector
+    /// writes to every object, so a fork's heap pages become private).
+    pub uss_after_gc_bytes: Option<u64>,
+    /// 1 GiB / USS (idle).
     pub sessions_per_gib: Option<f64>,
 }
 
@@ -377,7 +383,8 @@ fn rscript_calls(code: &str, n: usize) -> Result<Vec<f64>, String> {
     Ok(out)
 }
 
-fn smaps(pid: u32) -> Option<(u64, u64)> {
+/// RSS, PSS and private bytes of a process.
+fn smaps(pid: u32) -> Option<(u64, u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let kb = |key: &str| -> Option<u64> {
         s.lines()
@@ -385,7 +392,11 @@ fn smaps(pid: u32) -> Option<(u64, u64)> {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
     };
-    Some((kb("Rss:")? * 1024, kb("Pss:")? * 1024))
+    Some((
+        kb("Rss:")? * 1024,
+        kb("Pss:")? * 1024,
+        (kb("Private_Clean:")? + kb("Private_Dirty:")?) * 1024,
+    ))
 }
 
 /// Runs the benchmark. `quick`: 3 rounds, shorter throughput runs.
@@ -554,41 +565,56 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
     progress("measuring idle memory");
     let mut memory = Vec::new();
     let idle: Vec<Session> = (0..5).filter_map(|_| sup.session().ok()).collect();
-    let mut rss = Vec::new();
-    let mut pss = Vec::new();
+    let (mut rss, mut pss, mut uss, mut gc_uss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for s in &idle {
         let _ = s.run("1+1").map(|h| h.wait());
-        if let Some((r, p)) = s.status().pid.and_then(smaps) {
+    }
+    for s in &idle {
+        if let Some((r, p, u)) = s.status().pid.and_then(smaps) {
             rss.push(r);
             pss.push(p);
+            uss.push(u);
         }
     }
-    rss.sort_unstable();
-    pss.sort_unstable();
+    for s in &idle {
+        let _ = s.run("invisible(gc())").map(|h| h.wait());
+        if let Some((_, _, u)) = s.status().pid.and_then(smaps) {
+            gc_uss.push(u);
+        }
+    }
+    for v in [&mut rss, &mut pss, &mut uss, &mut gc_uss] {
+        v.sort_unstable();
+    }
     let med = |v: &Vec<u64>| v.get(v.len() / 2).copied();
     memory.push(Memory {
         system: "rvisor".into(),
         rss_bytes: med(&rss),
         pss_bytes: med(&pss),
-        sessions_per_gib: med(&pss).map(|p| (1u64 << 30) as f64 / p as f64),
+        uss_bytes: med(&uss),
+        uss_after_gc_bytes: med(&gc_uss),
+        sessions_per_gib: med(&uss)
+            .filter(|u| *u > 0)
+            .map(|u| (1u64 << 30) as f64 / u as f64),
     });
     drop(idle);
     if let Some(p) = peers.as_mut() {
         for system in ["callr", "rserve"] {
             let m = p.ask(system, "memory", 1).ok();
-            let (r, ps) = match m.as_deref() {
-                Some([r, ps, ..]) if r.is_finite() && ps.is_finite() => {
-                    (Some(*r as u64), Some(*ps as u64))
+            let (r, ps, us) = match m.as_deref() {
+                Some([r, ps, us, ..]) if r.is_finite() && ps.is_finite() && us.is_finite() => {
+                    (Some(*r as u64), Some(*ps as u64), Some(*us as u64))
                 }
-                _ => (None, None),
+                _ => (None, None, None),
             };
             memory.push(Memory {
                 system: system.into(),
                 rss_bytes: r,
                 pss_bytes: ps,
-                sessions_per_gib: ps
-                    .filter(|p| *p > 0)
-                    .map(|p| (1u64 << 30) as f64 / p as f64),
+                uss_bytes: us,
+                uss_after_gc_bytes: None,
+                sessions_per_gib: us
+                    .filter(|u| *u > 0)
+                    .map(|u| (1u64 << 30) as f64 / u as f64),
             });
         }
     }
@@ -636,6 +662,13 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
     let k = if quick { 8 } else { 20 };
     for (label, pool) in [
         (
+            "cold_start_spare_no_preload",
+            PoolConfig {
+                preload: Some(Vec::new()),
+                ..PoolConfig::default()
+            },
+        ),
+        (
             "cold_start_no_spare",
             PoolConfig {
                 spares: 0,
@@ -658,6 +691,8 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         sup2.pool().wait_ready(Duration::from_secs(120));
         let mut v = Vec::new();
         for _ in 0..k {
+            // Each cold start in the steady state: spares topped up.
+            sup2.pool().wait_ready(Duration::from_secs(30));
             let t = Instant::now();
             let s = sup2.session().map_err(|e| e.to_string())?;
             let r = s.run("1+1").map_err(|e| e.to_string())?.wait();
@@ -803,17 +838,19 @@ pub fn table(r: &Report) -> String {
         row.push_str(" |\n");
         s.push_str(&row);
     }
-    s.push_str("\n| idle session | RSS MB | PSS MB | sessions per GiB (by PSS) |\n| --- | --- | --- | --- |\n");
+    s.push_str("\n| idle session | RSS MB | PSS MB | private MB | private MB after gc() | sessions per GiB (by private) |\n| --- | --- | --- | --- | --- | --- |\n");
     for m in &r.memory {
         let mb = |b: Option<u64>| {
             b.map(|b| format!("{:.1}", b as f64 / 1048576.0))
                 .unwrap_or_else(|| "-".into())
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} |\n",
             m.system,
             mb(m.rss_bytes),
             mb(m.pss_bytes),
+            mb(m.uss_bytes),
+            mb(m.uss_after_gc_bytes),
             m.sessions_per_gib
                 .map(|x| format!("{x:.0}"))
                 .unwrap_or_else(|| "-".into())

@@ -155,10 +155,10 @@ run_rserve <- function(workload, n) {
 
 memory_of <- function(pid) {
   f <- sprintf("/proc/%d/smaps_rollup", pid)
-  if (!file.exists(f)) return(c(NA, NA))
+  if (!file.exists(f)) return(c(NA, NA, NA))
   l <- readLines(f)
   kb <- function(key) as.numeric(sub("^[^:]+:\\s+([0-9]+) kB$", "\\1", grep(paste0("^", key, ":"), l, value = TRUE)[1]))
-  c(kb("Rss"), kb("Pss")) * 1024
+  c(kb("Rss"), kb("Pss"), kb("Private_Clean") + kb("Private_Dirty")) * 1024
 }
 
 run_memory <- function(peer) {
