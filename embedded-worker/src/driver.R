@@ -366,3 +366,94 @@ init <- function(plot_dir) {
                      envir = baseenv())
   invisible()
 }
+
+## --- validation (runs nothing) ------------------------------------------------
+## Walks the parse data of `script`: forbidden functions (called, referred to,
+## `pkg::fn`, or named by a literal in do.call/match.fun/get/get0/
+## getExportedValue), nesting depth, and built-in style rules. Returns JSON.
+
+validate <- function(script, forbidden, max_depth) {
+  problems <- list()
+  warns <- list()
+  style <- list()
+  add <- function(lst, ...) c(lst, list(list(...)))
+  exprs <- tryCatch(parse(text = script, keep.source = TRUE, encoding = "UTF-8"),
+                    error = function(e) e)
+  if (inherits(exprs, "error")) {
+    msg <- conditionMessage(exprs)
+    m <- regmatches(msg, regexec("^<text>:([0-9]+):([0-9]+): ([^\n]*)", msg))[[1L]]
+    if (length(m) == 4L)
+      problems <- add(problems, kind = "syntax", message = m[[4L]],
+                      line = as.integer(m[[2L]]), column = as.integer(m[[3L]]))
+    else problems <- add(problems, kind = "syntax", message = msg, line = NULL, column = NULL)
+    return(to_json(list(problems = problems, warnings = warns, style = style), unbox = TRUE))
+  }
+  pd <- utils::getParseData(exprs, includeText = TRUE)
+  if (!is.null(pd) && nrow(pd)) {
+    pd <- pd[order(pd$line1, pd$col1, -pd$line2, -pd$col2), ]
+    by_id <- match(pd$parent, pd$id)
+    # Nesting depth: the number of expr ancestors of each token.
+    depth <- integer(nrow(pd))
+    for (i in seq_len(nrow(pd))) {
+      d <- 0L; j <- by_id[i]
+      while (!is.na(j)) { if (pd$token[j] == "expr") d <- d + 1L; j <- by_id[j] }
+      depth[i] <- d
+    }
+    deepest <- which.max(depth)
+    if (length(deepest) && depth[deepest] > max_depth)
+      problems <- add(problems, kind = "nesting",
+                      message = sprintf("code is nested %d levels deep; the limit is %d: split it into functions or steps",
+                                        depth[deepest], max_depth),
+                      line = pd$line1[deepest], column = pd$col1[deepest])
+    children <- function(id) { k <- which(pd$parent == id); k[order(pd$line1[k], pd$col1[k])] }
+    unquote <- function(s) gsub("^[\"'`]|[\"'`]$", "", s)
+    name_args <- c(do.call = 1L, match.fun = 1L, get = 1L, get0 = 1L, getExportedValue = 2L)
+    for (i in which(pd$token %in% c("SYMBOL_FUNCTION_CALL", "SYMBOL"))) {
+      nm <- pd$text[i]
+      if (nm %in% forbidden)
+        problems <- add(problems, kind = "forbidden",
+                        message = sprintf("%s '%s' is not allowed here",
+                                          if (pd$token[i] == "SYMBOL") "use of" else "call to", nm),
+                        line = pd$line1[i], column = pd$col1[i])
+      if (pd$token[i] == "SYMBOL_FUNCTION_CALL" && nm %in% names(name_args)) {
+        call_id <- pd$parent[by_id[i]]
+        kids <- children(call_id)
+        args <- kids[pd$token[kids] == "expr"][-1L]  # drop the function itself
+        pos <- name_args[[nm]]
+        if (length(args) >= pos) {
+          a <- args[[pos]]
+          leaf <- children(pd$id[a])
+          if (length(leaf) == 1L && pd$token[leaf] == "STR_CONST") {
+            target <- unquote(pd$text[leaf])
+            if (target %in% forbidden)
+              problems <- add(problems, kind = "forbidden",
+                              message = sprintf("call to '%s' through %s() is not allowed here", target, nm),
+                              line = pd$line1[leaf], column = pd$col1[leaf])
+          } else {
+            warns <- add(warns, kind = "forbidden",
+                         message = sprintf("%s() with a computed name cannot be checked; use the function directly", nm),
+                         line = pd$line1[a], column = pd$col1[a])
+          }
+        }
+      }
+      if (pd$token[i] == "SYMBOL" && nm %in% c("T", "F"))
+        style <- add(style, rule = "T_and_F_symbol",
+                     message = sprintf("use %s instead of %s", if (nm == "T") "TRUE" else "FALSE", nm),
+                     line = pd$line1[i], column = pd$col1[i])
+    }
+    for (i in which(pd$token == "EQ_ASSIGN"))
+      style <- add(style, rule = "assignment", message = "use <- for assignment, not =",
+                   line = pd$line1[i], column = pd$col1[i])
+  }
+  lines <- strsplit(script, "\n", fixed = TRUE)[[1L]]
+  for (k in seq_along(lines)) {
+    w <- nchar(lines[[k]], type = "width")
+    if (w > 80L)
+      style <- add(style, rule = "line_length", message = sprintf("line is %d characters; keep lines to 80", w),
+                   line = k, column = 81L)
+    if (grepl("[ \t]+$", lines[[k]]))
+      style <- add(style, rule = "trailing_whitespace", message = "trailing whitespace",
+                   line = k, column = nchar(sub("[ \t]+$", "", lines[[k]])) + 1L)
+  }
+  to_json(list(problems = problems, warnings = warns, style = style), unbox = TRUE)
+}

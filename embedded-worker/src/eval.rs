@@ -398,3 +398,53 @@ fn collect_plots(files: &[String], width: u32, height: u32) -> Vec<Plot> {
     }
     out
 }
+
+/// Runs the driver's `validate()` on `script` (which is passed as data and
+/// never evaluated) and returns its JSON findings.
+pub fn validate(r: &R, script: &str, forbidden: &[String], max_depth: u32) -> String {
+    if script.contains('\0') {
+        return r#"{"problems":[{"kind":"syntax","message":"the script contains a NUL byte","line":null,"column":null}],"warnings":[],"style":[]}"#.to_string();
+    }
+    console::begin(1 << 20);
+    let mut err: c_int = 0;
+    // SAFETY: on the R thread; every argument is protected from creation
+    // until the call has run, and R_tryEval catches R errors.
+    let out = unsafe {
+        let script = Rf_protect(crate::r::mk_string(script));
+        let names = Rf_protect(Rf_allocVector(
+            SEXPTYPE::STRSXP,
+            forbidden.len() as R_xlen_t,
+        ));
+        for (i, n) in forbidden.iter().enumerate() {
+            SET_STRING_ELT(
+                names,
+                i as R_xlen_t,
+                crate::r::mk_char(&n.replace('\0', "")),
+            );
+        }
+        let depth = Rf_protect(Rf_ScalarInteger(max_depth.min(i32::MAX as u32) as c_int));
+        let fun = Rf_findVarInFrame(r.driver, Rf_install(c"validate".as_ptr()));
+        let call = Rf_protect(Rf_lang4(fun, script, names, depth));
+        let value = R_tryEval(call, r.driver, &mut err);
+        let out = if err == 0 {
+            crate::r::strings(value).pop()
+        } else {
+            None
+        };
+        Rf_unprotect(4);
+        out
+    };
+    let captured = console::take();
+    out.unwrap_or_else(|| {
+        let why: String = captured
+            .segments
+            .iter()
+            .filter_map(|s| s.console_text())
+            .collect::<String>();
+        serde_json::json!({
+            "problems": [{"kind": "syntax", "message": format!("validation failed: {}", why.trim()), "line": null, "column": null}],
+            "warnings": [], "style": []
+        })
+        .to_string()
+    })
+}

@@ -168,6 +168,14 @@ fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                 link::flush_stdio();
                 link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
             }
+            Ok(ToWorker::Validate {
+                script,
+                forbidden,
+                max_nesting_depth,
+            }) => {
+                let json = eval::validate(r, &script, &forbidden, max_nesting_depth);
+                link::send(&FromWorker::Validation { json }).map_err(|e| e.to_string())?;
+            }
             // An answer to a tool call that was given up (interrupted).
             Ok(ToWorker::ToolResult { .. }) => {}
             Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => return Ok(()),

@@ -30,6 +30,16 @@ pub enum ToWorker {
         #[serde(flatten)]
         outcome: ToolOutcome,
     },
+    /// Check a script without running it (syntax, forbidden functions,
+    /// nesting depth, style). Answered by [`FromWorker::Validation`].
+    Validate {
+        /// The script.
+        script: String,
+        /// Function names the script may not call or refer to.
+        forbidden: Vec<String>,
+        /// Deepest nesting of expressions allowed.
+        max_nesting_depth: u32,
+    },
     /// Finish and exit cleanly.
     Shutdown,
 }
@@ -86,6 +96,12 @@ pub enum FromWorker {
         name: String,
         /// Arguments as JSON (an object for named arguments, an array otherwise).
         args: serde_json::Value,
+    },
+    /// The answer to [`ToWorker::Validate`]: JSON with `problems`,
+    /// `warnings` and `style` lists.
+    Validation {
+        /// The findings, as JSON text.
+        json: String,
     },
     /// The worker cannot go on (e.g. protocol version mismatch).
     Fatal {

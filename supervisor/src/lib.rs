@@ -32,6 +32,7 @@ mod error;
 pub mod html;
 pub mod ids;
 pub mod jsonl;
+pub mod ops;
 pub mod pool;
 mod raw;
 pub mod session;
@@ -40,6 +41,7 @@ pub mod worker;
 pub mod zygote;
 
 pub use error::Error;
+pub use ops::{Health, Package, Problem, SafetyRules, StyleNote, Validation};
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use rvisor_protocol::{
     ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,

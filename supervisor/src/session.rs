@@ -829,6 +829,8 @@ pub struct SupervisorConfig {
     pub defaults: SessionOptions,
     /// Zygote and spares.
     pub pool: crate::PoolConfig,
+    /// Safety rules for scripts from agents (health reports them).
+    pub rules: crate::SafetyRules,
 }
 
 #[derive(Debug)]
@@ -838,6 +840,9 @@ struct SupShared {
     registry: Arc<Registry>,
     pool: Arc<crate::Pool>,
     shut: AtomicBool,
+    started: Instant,
+    /// A worker kept for validation: it parses, never evaluates, scripts.
+    validator: Mutex<Option<Worker>>,
 }
 
 /// Hands out sessions; owns every worker they start. Dropping the last
@@ -863,6 +868,8 @@ impl Supervisor {
                 pool,
                 registry: Arc::new(Registry::default()),
                 shut: AtomicBool::new(false),
+                started: Instant::now(),
+                validator: Mutex::new(None),
             }),
         })
     }
@@ -1007,6 +1014,39 @@ impl Supervisor {
         }
         self.inner.registry.kill_all();
         self.inner.pool.shutdown();
+    }
+
+    /// Time since the supervisor was created.
+    pub fn uptime(&self) -> Duration {
+        self.inner.started.elapsed()
+    }
+
+    /// Runs `f` on the validation worker, starting (or replacing) it first.
+    pub(crate) fn with_validator<T>(
+        &self,
+        f: impl Fn(&mut Worker) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let mut slot = lock(&self.inner.validator);
+        for _ in 0..2 {
+            if slot
+                .as_mut()
+                .is_none_or(|w| !w.is_alive() || w.link_closed())
+            {
+                *slot = Some(
+                    self.inner
+                        .pool
+                        .acquire(&self.inner.cfg.worker)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            let Some(w) = slot.as_mut() else { continue };
+            match f(w) {
+                Ok(v) => return Ok(v),
+                Err(e) if w.is_alive() && !w.link_closed() => return Err(e),
+                Err(_) => *slot = None, // the worker died: once more with a new one
+            }
+        }
+        Err("no validation worker could start".into())
     }
 
     /// Where workers come from: zygote mode, spares, preloaded packages.

@@ -857,6 +857,47 @@ impl Worker {
         }
     }
 
+    /// Checks `script` without running it (see `ToWorker::Validate`).
+    pub fn validate(
+        &mut self,
+        script: &str,
+        forbidden: &[String],
+        max_nesting_depth: u32,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, String> {
+        if self.exited || self.link_closed() {
+            return Err("the worker is no longer running".into());
+        }
+        let msg = ToWorker::Validate {
+            script: script.to_string(),
+            forbidden: forbidden.to_vec(),
+            max_nesting_depth,
+        };
+        write_frame(&mut self.stream, &msg).map_err(|e| format!("failed to send: {e}"))?;
+        let end = Instant::now() + timeout;
+        loop {
+            match self
+                .events
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+            {
+                Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
+                Ok(LinkEvent::Frame(Ok(FromWorker::Validation { json }))) => {
+                    self.raw = [Vec::new(), Vec::new()];
+                    return serde_json::from_str(&json).map_err(|e| format!("bad findings: {e}"));
+                }
+                Ok(LinkEvent::Frame(Err(e))) => {
+                    self.link_closed = true;
+                    return Err(format!("the worker ended: {e}"));
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    self.kill();
+                    return Err("validation did not finish in time".into());
+                }
+            }
+        }
+    }
+
     /// Asks the worker to exit and waits for it (kills it after `wait`).
     pub fn shutdown(mut self, wait: Duration) {
         let _ = write_frame(&mut self.stream, &ToWorker::Shutdown);

@@ -61,6 +61,27 @@ enum Cmd {
         #[command(flatten)]
         opts: SessionArgs,
     },
+    /// Liveness, versions, the live safety rules, workers.
+    Health {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Installed packages a script can library().
+    Packages {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a script without running it: syntax, forbidden functions,
+    /// nesting depth, style. Exit code 0 only when valid.
+    Validate {
+        /// The script, or `-` for standard input.
+        file: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure rvisor's latency on standard workloads (table and JSON).
     Bench {
         /// Fewer samples.
@@ -137,9 +158,101 @@ fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn report(r: Result<ExitCode>) -> ExitCode {
+    r.unwrap_or_else(|e| {
+        eprintln!("rvisor: {e:#}");
+        ExitCode::from(2)
+    })
+}
+
+fn supervisor_quiet() -> Result<rvisor::Supervisor> {
+    // One-off commands do not need a zygote: it would only add start-up work.
+    let cfg = rvisor::SupervisorConfig {
+        pool: rvisor::PoolConfig {
+            zygote: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Ok(rvisor::Supervisor::new(cfg)?)
+}
+
+fn ops_health(json: bool) -> Result<ExitCode> {
+    let h = supervisor_quiet()?.health();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&h)?);
+    } else {
+        println!(
+            "status: {}\nrvisor {} with R {}",
+            h.status, h.version, h.r_version
+        );
+        println!(
+            "workers: {:?} mode; sandbox: {}",
+            h.workers.mode, h.sandbox.mode
+        );
+        let r = &h.rules;
+        println!(
+            "rules: scripts up to {} bytes, nesting up to {}, timeout {} s ({}..{}), up to {} data frames and {} variables",
+            r.max_script_bytes, r.max_nesting_depth, r.timeout_seconds.default, r.timeout_seconds.min,
+            r.timeout_seconds.max, r.max_dataframes, r.max_variables
+        );
+        println!("forbidden functions: {}", r.forbidden_functions.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ops_packages(json: bool) -> Result<ExitCode> {
+    let list = supervisor_quiet()?
+        .packages()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "packages": list }))?
+        );
+    } else {
+        for p in &list {
+            println!("{:<24} {:<12} {}", p.name, p.version, p.library);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ops_validate(file: &str, json: bool) -> Result<ExitCode> {
+    let script = read_code(file)?;
+    let v = supervisor_quiet()?.validate(&script);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let at = |l: Option<u32>, c: Option<u32>| match (l, c) {
+            (Some(l), Some(c)) => format!("{file}:{l}:{c}: "),
+            (Some(l), None) => format!("{file}:{l}: "),
+            _ => format!("{file}: "),
+        };
+        for p in &v.problems {
+            println!("{}error [{}] {}", at(p.line, p.column), p.kind, p.message);
+        }
+        for p in &v.warnings {
+            println!("{}warning [{}] {}", at(p.line, p.column), p.kind, p.message);
+        }
+        for s in &v.style {
+            println!("{}style [{}] {}", at(s.line, s.column), s.rule, s.message);
+        }
+        println!("{}", if v.valid { "valid" } else { "invalid" });
+    }
+    Ok(if v.valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Health { json } => report(ops_health(json)),
+        Cmd::Packages { json } => report(ops_packages(json)),
+        Cmd::Validate { file, json } => report(ops_validate(&file, json)),
         Cmd::Repl { plots_dir, opts } => {
             let run = || -> Result<ExitCode> {
                 let session_opts = opts.options()?;
