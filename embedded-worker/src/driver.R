@@ -388,16 +388,20 @@ validate <- function(script, forbidden, max_depth) {
     else problems <- add(problems, kind = "syntax", message = msg, line = NULL, column = NULL)
     return(to_json(list(problems = problems, warnings = warns, style = style), unbox = TRUE))
   }
-  pd <- utils::getParseData(exprs, includeText = TRUE)
+  pd <- utils::getParseData(exprs, includeText = NA)  # terminals only: 50x faster
   if (!is.null(pd) && nrow(pd)) {
-    pd <- pd[order(pd$line1, pd$col1, -pd$line2, -pd$col2), ]
+    # Everything below is vectorised: a validate-fix loop calls this often.
+    tok <- pd$token
+    txt <- pd$text
     by_id <- match(pd$parent, pd$id)
-    # Nesting depth: the number of expr ancestors of each token.
+    # Nesting depth: the number of expr ancestors of each token, computed
+    # one tree level per round for all tokens at once.
+    is_expr <- tok == "expr"
     depth <- integer(nrow(pd))
-    for (i in seq_len(nrow(pd))) {
-      d <- 0L; j <- by_id[i]
-      while (!is.na(j)) { if (pd$token[j] == "expr") d <- d + 1L; j <- by_id[j] }
-      depth[i] <- d
+    cur <- by_id
+    while (any(live <- !is.na(cur))) {
+      depth[live] <- depth[live] + is_expr[cur[live]]
+      cur[live] <- by_id[cur[live]]
     }
     deepest <- which.max(depth)
     if (length(deepest) && depth[deepest] > max_depth)
@@ -405,43 +409,40 @@ validate <- function(script, forbidden, max_depth) {
                       message = sprintf("code is nested %d levels deep; the limit is %d: split it into functions or steps",
                                         depth[deepest], max_depth),
                       line = pd$line1[deepest], column = pd$col1[deepest])
-    children <- function(id) { k <- which(pd$parent == id); k[order(pd$line1[k], pd$col1[k])] }
-    unquote <- function(s) gsub("^[\"'`]|[\"'`]$", "", s)
+    sym <- tok %in% c("SYMBOL_FUNCTION_CALL", "SYMBOL")
+    for (i in which(sym & txt %in% forbidden))
+      problems <- add(problems, kind = "forbidden",
+                      message = sprintf("%s '%s' is not allowed here",
+                                        if (tok[i] == "SYMBOL") "use of" else "call to", txt[i]),
+                      line = pd$line1[i], column = pd$col1[i])
     name_args <- c(do.call = 1L, match.fun = 1L, get = 1L, get0 = 1L, getExportedValue = 2L)
-    for (i in which(pd$token %in% c("SYMBOL_FUNCTION_CALL", "SYMBOL"))) {
-      nm <- pd$text[i]
-      if (nm %in% forbidden)
-        problems <- add(problems, kind = "forbidden",
-                        message = sprintf("%s '%s' is not allowed here",
-                                          if (pd$token[i] == "SYMBOL") "use of" else "call to", nm),
-                        line = pd$line1[i], column = pd$col1[i])
-      if (pd$token[i] == "SYMBOL_FUNCTION_CALL" && nm %in% names(name_args)) {
-        call_id <- pd$parent[by_id[i]]
-        kids <- children(call_id)
-        args <- kids[pd$token[kids] == "expr"][-1L]  # drop the function itself
-        pos <- name_args[[nm]]
-        if (length(args) >= pos) {
-          a <- args[[pos]]
-          leaf <- children(pd$id[a])
-          if (length(leaf) == 1L && pd$token[leaf] == "STR_CONST") {
-            target <- unquote(pd$text[leaf])
-            if (target %in% forbidden)
-              problems <- add(problems, kind = "forbidden",
-                              message = sprintf("call to '%s' through %s() is not allowed here", target, nm),
-                              line = pd$line1[leaf], column = pd$col1[leaf])
-          } else {
-            warns <- add(warns, kind = "forbidden",
-                         message = sprintf("%s() with a computed name cannot be checked; use the function directly", nm),
-                         line = pd$line1[a], column = pd$col1[a])
-          }
-        }
+    unquote <- function(s) gsub("^[\"'`]|[\"'`]$", "", s)
+    children <- function(id) { k <- which(pd$parent == id); k[order(pd$line1[k], pd$col1[k])] }
+    for (i in which(tok == "SYMBOL_FUNCTION_CALL" & txt %in% names(name_args))) {
+      nm <- txt[i]
+      kids <- children(pd$parent[by_id[i]])
+      args <- kids[tok[kids] == "expr"][-1L]  # drop the function itself
+      pos <- name_args[[nm]]
+      if (length(args) < pos) next
+      a <- args[[pos]]
+      leaf <- children(pd$id[a])
+      if (length(leaf) == 1L && tok[leaf] == "STR_CONST") {
+        target <- unquote(txt[leaf])
+        if (target %in% forbidden)
+          problems <- add(problems, kind = "forbidden",
+                          message = sprintf("call to '%s' through %s() is not allowed here", target, nm),
+                          line = pd$line1[leaf], column = pd$col1[leaf])
+      } else {
+        warns <- add(warns, kind = "forbidden",
+                     message = sprintf("%s() with a computed name cannot be checked; use the function directly", nm),
+                     line = pd$line1[a], column = pd$col1[a])
       }
-      if (pd$token[i] == "SYMBOL" && nm %in% c("T", "F"))
-        style <- add(style, rule = "T_and_F_symbol",
-                     message = sprintf("use %s instead of %s", if (nm == "T") "TRUE" else "FALSE", nm),
-                     line = pd$line1[i], column = pd$col1[i])
     }
-    for (i in which(pd$token == "EQ_ASSIGN"))
+    for (i in which(tok == "SYMBOL" & txt %in% c("T", "F")))
+      style <- add(style, rule = "T_and_F_symbol",
+                   message = sprintf("use %s instead of %s", if (txt[i] == "T") "TRUE" else "FALSE", txt[i]),
+                   line = pd$line1[i], column = pd$col1[i])
+    for (i in which(tok == "EQ_ASSIGN"))
       style <- add(style, rule = "assignment", message = "use <- for assignment, not =",
                    line = pd$line1[i], column = pd$col1[i])
   }
