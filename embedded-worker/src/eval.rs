@@ -229,6 +229,13 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
     // both the parse and the call run inside R_ToplevelExec (R_tryEval), so
     // no R error or interrupt longjmps across this frame.
     unsafe {
+        for (name, value) in &req.variables {
+            if let Ok(cname) = std::ffi::CString::new(name.as_str()) {
+                let v = Rf_protect(crate::tools::json_to_r(value));
+                Rf_defineVar(Rf_install(cname.as_ptr()), v, R_GlobalEnv);
+                Rf_unprotect(1);
+            }
+        }
         let code = Rf_protect(crate::r::mk_string(&req.code));
         let exprs = Rf_protect(parse(code));
         let width = Rf_protect(Rf_ScalarInteger(req.plot_width as c_int));

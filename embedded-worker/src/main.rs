@@ -203,6 +203,7 @@ fn warm_up_with(r: &r::R, codes: &[&str]) {
             max_output_bytes: 1 << 20,
             working_dir: None,
             tools: Vec::new(),
+            variables: Vec::new(),
         };
         let _ = eval::run(r, req);
     }

@@ -120,7 +120,7 @@ fn atomic_kind(items: &[serde_json::Value]) -> Option<Kind> {
 ///
 /// # Safety
 /// On the R thread. The result is unprotected.
-unsafe fn json_to_r(v: &serde_json::Value) -> SEXP {
+pub unsafe fn json_to_r(v: &serde_json::Value) -> SEXP {
     use serde_json::Value as V;
     // SAFETY: on the R thread; every allocation happens while the objects
     // being filled are protected.

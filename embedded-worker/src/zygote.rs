@@ -43,6 +43,7 @@ fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
             max_output_bytes: 1 << 20,
             working_dir: None,
             tools: Vec::new(),
+            variables: Vec::new(),
         },
     )
 }

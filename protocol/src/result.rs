@@ -241,6 +241,9 @@ pub struct RunResult {
     pub usage: Usage,
     /// True when output was cut at `max_output_bytes`.
     pub truncated: bool,
+    /// When a script was refused by validation: the findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<serde_json::Value>,
 }
 
 impl RunResult {
@@ -276,6 +279,7 @@ impl RunResult {
             session: SessionInfo::default(),
             usage: Usage::default(),
             truncated: false,
+            validation: None,
         }
     }
 

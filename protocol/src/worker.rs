@@ -66,6 +66,10 @@ pub struct RunRequest {
     /// Names of the tools R code may call as `tools$name(...)`.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Variables bound in the global environment before the code runs
+    /// (already checked: syntactic names, scalars or flat arrays, no null).
+    #[serde(default)]
+    pub variables: Vec<(String, serde_json::Value)>,
 }
 
 /// What a tool handler produced.

@@ -30,6 +30,7 @@
 pub mod bench;
 mod error;
 pub mod html;
+pub mod http;
 pub mod ids;
 pub mod jsonl;
 pub mod ops;

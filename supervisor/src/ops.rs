@@ -269,3 +269,142 @@ impl Supervisor {
         }
     }
 }
+
+/// R's reserved words, which are not valid variable names.
+const RESERVED: &[&str] = &[
+    "if",
+    "else",
+    "repeat",
+    "while",
+    "function",
+    "for",
+    "next",
+    "break",
+    "TRUE",
+    "FALSE",
+    "NULL",
+    "Inf",
+    "NaN",
+    "NA",
+    "NA_integer_",
+    "NA_real_",
+    "NA_character_",
+    "NA_complex_",
+    "in",
+];
+
+/// Whether `name` is a syntactic R name (usable as a variable without
+/// backquotes).
+pub fn syntactic_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let ok_start = match b.first() {
+        Some(c) if c.is_ascii_alphabetic() => true,
+        Some(b'.') => !matches!(b.get(1), Some(c) if c.is_ascii_digit()),
+        _ => false,
+    };
+    ok_start
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'_')
+        && !RESERVED.contains(&name)
+        && !(name.starts_with("..") && name[2..].chars().all(|c| c.is_ascii_digit()))
+        && name != "..."
+}
+
+/// Checks variables for a run: at most `rules.max_variables`, syntactic
+/// names without duplicates, values that are numbers, strings, booleans or
+/// flat arrays of one of those (no null anywhere). The error says which
+/// variable and why.
+pub fn check_variables(
+    vars: &[(String, serde_json::Value)],
+    rules: &SafetyRules,
+) -> Result<(), String> {
+    use serde_json::Value as V;
+    if vars.len() > rules.max_variables {
+        return Err(format!(
+            "{} variables given; at most {} are allowed",
+            vars.len(),
+            rules.max_variables
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (name, value) in vars {
+        if !syntactic_name(name) {
+            return Err(format!("variable name {name:?} is not a syntactic R name (letters, digits, '.', '_'; not starting with a digit or '_'; not a reserved word)"));
+        }
+        if !seen.insert(name) {
+            return Err(format!("variable {name:?} is given twice"));
+        }
+        let kind = |v: &V| match v {
+            V::Bool(_) => Some(0),
+            V::Number(_) => Some(1),
+            V::String(_) => Some(2),
+            _ => None,
+        };
+        match value {
+            V::Null => return Err(format!("variable {name:?} is null; omit it or give a value")),
+            V::Object(_) => return Err(format!("variable {name:?} is an object; use a number, string, boolean or an array of one of those (tables go by data pointer)")),
+            V::Array(items) => {
+                if items.iter().any(V::is_null) {
+                    return Err(format!("variable {name:?} contains null; omit the element or use a value"));
+                }
+                let kinds: std::collections::HashSet<_> = items.iter().map(kind).collect();
+                if kinds.contains(&None) {
+                    return Err(format!("variable {name:?} contains nested arrays or objects; use a flat array"));
+                }
+                if kinds.len() > 1 {
+                    return Err(format!("variable {name:?} mixes types; an array must hold numbers, strings or booleans only"));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names() {
+        for ok in ["x", "x1", "my.var", "my_var", ".hidden", ".", "a.b_c"] {
+            assert!(syntactic_name(ok), "{ok}");
+        }
+        for bad in [
+            "", "1x", "_x", ".1x", "if", "TRUE", "a-b", "a b", "...", "..1", "é",
+        ] {
+            assert!(!syntactic_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn variables() {
+        let r = SafetyRules::default();
+        let ok = vec![
+            ("n".to_string(), json!(3)),
+            ("x".to_string(), json!(2.5)),
+            ("s".to_string(), json!("a")),
+            ("b".to_string(), json!(true)),
+            ("v".to_string(), json!([1, 2, 3])),
+        ];
+        assert!(check_variables(&ok, &r).is_ok());
+        for (bad, why) in [
+            (json!(null), "null"),
+            (json!([1, null]), "null"),
+            (json!([1, "a"]), "mixes"),
+            (json!([[1]]), "nested"),
+            (json!({"a": 1}), "object"),
+        ] {
+            let e = check_variables(&[("x".to_string(), bad)], &r).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+        let many: Vec<_> = (0..51).map(|i| (format!("v{i}"), json!(i))).collect();
+        assert!(check_variables(&many, &r)
+            .unwrap_err()
+            .contains("at most 50"));
+        assert!(check_variables(&[("1x".into(), json!(1))], &r)
+            .unwrap_err()
+            .contains("syntactic"));
+    }
+}

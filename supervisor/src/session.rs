@@ -956,6 +956,7 @@ impl Supervisor {
             ctx: CallContext {
                 session_id: id.clone(),
                 tools: Arc::new(opts.tools.clone()),
+                variables: Vec::new(),
             },
             opts,
             worker_cfg,

@@ -92,6 +92,9 @@ pub struct CallContext {
     pub session_id: String,
     /// Tools R code may call.
     pub tools: Arc<Vec<Tool>>,
+    /// Variables bound before the code runs (checked with
+    /// [`crate::ops::check_variables`]).
+    pub variables: Vec<(String, serde_json::Value)>,
 }
 
 #[cfg(test)]

@@ -668,6 +668,7 @@ impl Worker {
             max_output_bytes: opts.max_output_bytes,
             working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
             tools: ctx.tools.iter().map(|t| t.name.clone()).collect(),
+            variables: ctx.variables.clone(),
         };
         if let Err(e) = write_frame(&mut self.stream, &ToWorker::Run(req)) {
             return self.dead_result(execution_id, code, format!("failed to send the call ({e})"));

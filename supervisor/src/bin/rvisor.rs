@@ -61,6 +61,22 @@ enum Cmd {
         #[command(flatten)]
         opts: SessionArgs,
     },
+    /// The HTTP service for agents (CONTRACT.md): health, packages,
+    /// validate, run, sessions, metrics.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: std::net::SocketAddr,
+        /// Token file: one `TOKEN TENANT` pair per line.
+        #[arg(long, conflicts_with = "no_auth")]
+        tokens: Option<PathBuf>,
+        /// Serve without authentication (one local user).
+        #[arg(long)]
+        no_auth: bool,
+        /// Largest request body in bytes.
+        #[arg(long, default_value_t = 4 * 1024 * 1024)]
+        max_body_bytes: usize,
+    },
     /// Liveness, versions, the live safety rules, workers.
     Health {
         /// Print JSON.
@@ -177,6 +193,38 @@ fn supervisor_quiet() -> Result<rvisor::Supervisor> {
     Ok(rvisor::Supervisor::new(cfg)?)
 }
 
+fn serve(
+    listen: std::net::SocketAddr,
+    tokens: Option<PathBuf>,
+    no_auth: bool,
+    max_body_bytes: usize,
+) -> Result<ExitCode> {
+    let tokens = match (tokens, no_auth) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("failed to read the token file {}", path.display()))?;
+            Some(rvisor::http::read_tokens(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)
+        }
+        (None, true) => None,
+        (None, false) => bail!(
+            "choose how clients authenticate: --tokens FILE (lines of `TOKEN TENANT`) or --no-auth for a single local user"
+        ),
+    };
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+    let cfg = rvisor::http::ServeConfig {
+        listen,
+        tokens,
+        max_body_bytes,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    rt.block_on(rvisor::http::serve(sup, cfg))
+        .context("the server failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn ops_health(json: bool) -> Result<ExitCode> {
     let h = supervisor_quiet()?.health();
     if json {
@@ -250,6 +298,12 @@ fn ops_validate(file: &str, json: bool) -> Result<ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Serve {
+            listen,
+            tokens,
+            no_auth,
+            max_body_bytes,
+        } => report(serve(listen, tokens, no_auth, max_body_bytes)),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
         Cmd::Validate { file, json } => report(ops_validate(&file, json)),

@@ -1,0 +1,664 @@
+//! `rvisor serve`: the HTTP/JSON surface for agent platforms (CONTRACT.md).
+//!
+//! A thin adapter: every handler calls the library (health, packages,
+//! validate, one-shot runs, sessions) and maps its answers to HTTP. Tenants
+//! come from bearer tokens; a session belongs to the tenant that made it and
+//! is invisible to others (another tenant's id answers like an unknown one).
+
+use crate::{ops, CallContext, CallOptions, Outcome, RunOptions, RunResult, Session, Supervisor};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to listen on (default 127.0.0.1:8787).
+    pub listen: SocketAddr,
+    /// Bearer token -> tenant; `None` serves one local tenant without auth.
+    pub tokens: Option<HashMap<String, String>>,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            tokens: None,
+            max_body_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Reads a token file: one `TOKEN TENANT` pair per line; `#` starts a
+/// comment.
+pub fn read_tokens(text: &str) -> Result<HashMap<String, String>, String> {
+    let mut map = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(token), Some(tenant), None) if token.len() >= 16 => {
+                map.insert(token.to_string(), tenant.to_string());
+            }
+            (Some(_), Some(_), None) => {
+                return Err(format!(
+                    "line {}: tokens must be at least 16 characters",
+                    n + 1
+                ))
+            }
+            _ => return Err(format!("line {}: expected `TOKEN TENANT`", n + 1)),
+        }
+    }
+    if map.is_empty() {
+        return Err("the token file has no tokens".into());
+    }
+    Ok(map)
+}
+
+/// An error as the wire shows it: `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    fn not_found(what: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
+    }
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+/// A JSON body whose rejections are `ApiError`s: malformed JSON is 400,
+/// wrong types 422 (naming the field), an oversize body 413.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::invalid(e.body_text())),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                e.body_text(),
+            )),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "send a JSON body with Content-Type: application/json",
+            )),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                e.body_text(),
+            )),
+            Err(e) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                e.body_text(),
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Metrics {
+    by_outcome: Mutex<BTreeMap<String, u64>>,
+    /// Call latency histogram: counts of calls at or under each bound (s).
+    buckets: [AtomicU64; 10],
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+    requests: AtomicU64,
+}
+
+const BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+
+impl Metrics {
+    fn record(&self, r: &RunResult, took: Duration) {
+        *self
+            .by_outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(r.outcome.to_string())
+            .or_default() += 1;
+        let secs = took.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct AppState {
+    sup: Supervisor,
+    cfg: ServeConfig,
+    sessions: Mutex<HashMap<String, (String, Session)>>,
+    metrics: Metrics,
+}
+
+type Shared = Arc<AppState>;
+
+/// The tenant of the request (set by the auth layer).
+#[derive(Debug, Clone)]
+struct Tenant(String);
+
+async fn auth(State(st): State<Shared>, mut req: Request, next: Next) -> Response {
+    st.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let tenant = match &st.cfg.tokens {
+        None => "local".to_string(),
+        Some(tokens) => {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            match given.and_then(|t| tokens.get(t)) {
+                Some(t) => t.clone(),
+                None => {
+                    return ApiError::new(
+                        StatusCode::UNAUTHORIZED,
+                        "unauthorized",
+                        "send a valid token as `Authorization: Bearer <token>`",
+                    )
+                    .into_response()
+                }
+            }
+        }
+    };
+    req.extensions_mut().insert(Tenant(tenant));
+    next.run(req).await
+}
+
+fn wants_html(h: &HeaderMap) -> bool {
+    h.get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"))
+}
+
+fn result_response(h: &HeaderMap, r: RunResult) -> Response {
+    if wants_html(h) {
+        Html(crate::html::render(&r)).into_response()
+    } else {
+        Json(r).into_response()
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the handler failed: {e}"),
+        )
+    })
+}
+
+async fn health(State(st): State<Shared>) -> Result<Response, ApiError> {
+    let sup = st.sup.clone();
+    let h = blocking(move || sup.health()).await?;
+    let mut v = serde_json::to_value(&h).unwrap_or_default();
+    v["workers"]["sessions"] = json!(st.sessions.lock().unwrap_or_else(|e| e.into_inner()).len());
+    Ok(Json(v).into_response())
+}
+
+async fn packages(State(st): State<Shared>) -> Result<Response, ApiError> {
+    let sup = st.sup.clone();
+    match blocking(move || sup.packages()).await? {
+        Ok(list) => Ok(Json(json!({ "packages": list })).into_response()),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_worker",
+            e,
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidateBody {
+    script: String,
+}
+
+async fn validate(
+    State(st): State<Shared>,
+    ApiJson(b): ApiJson<ValidateBody>,
+) -> Result<Response, ApiError> {
+    let sup = st.sup.clone();
+    let v = blocking(move || sup.validate(&b.script)).await?;
+    Ok(Json(v).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VariableBody {
+    name: String,
+    value: Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DataframeBody {
+    data_pointer: String,
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    script: String,
+    #[serde(default)]
+    timeout_seconds: Option<f64>,
+    #[serde(default)]
+    variables: Vec<VariableBody>,
+    #[serde(default)]
+    dataframes: Vec<DataframeBody>,
+}
+
+fn check_timeout(t: Option<f64>, rules: &ops::SafetyRules) -> Result<Duration, ApiError> {
+    let r = &rules.timeout_seconds;
+    match t {
+        None => Ok(Duration::from_secs(r.default)),
+        Some(t) if t.is_finite() && t >= r.min as f64 && t <= r.max as f64 => {
+            Ok(Duration::from_secs_f64(t))
+        }
+        Some(t) => Err(ApiError::invalid(format!(
+            "timeout_seconds {t} is out of range: use {}..{} seconds",
+            r.min, r.max
+        ))),
+    }
+}
+
+async fn run(
+    State(st): State<Shared>,
+    headers: HeaderMap,
+    ApiJson(b): ApiJson<RunBody>,
+) -> Result<Response, ApiError> {
+    let rules = st.sup.config().rules.clone();
+    let timeout = check_timeout(b.timeout_seconds, &rules)?;
+    if b.dataframes.len() > rules.max_dataframes {
+        return Err(ApiError::invalid(format!(
+            "{} dataframes given; at most {} are allowed",
+            b.dataframes.len(),
+            rules.max_dataframes
+        )));
+    }
+    for d in &b.dataframes {
+        if !ops::syntactic_name(&d.name) {
+            return Err(ApiError::invalid(format!(
+                "dataframe name {:?} is not a syntactic R name",
+                d.name
+            )));
+        }
+    }
+    let variables: Vec<(String, Value)> =
+        b.variables.into_iter().map(|v| (v.name, v.value)).collect();
+    ops::check_variables(&variables, &rules).map_err(ApiError::invalid)?;
+    if !b.dataframes.is_empty() {
+        // Tables are not stored yet, so no pointer can resolve: the generic
+        // answer the contract asks for, which does not say which or why.
+        let _pointers: Vec<&str> = b
+            .dataframes
+            .iter()
+            .map(|d| d.data_pointer.as_str())
+            .collect();
+        return Err(ApiError::invalid(
+            "one or more data pointers could not be resolved; nothing ran",
+        ));
+    }
+    let sup = st.sup.clone();
+    let started = Instant::now();
+    let script = b.script;
+    let r = blocking(move || {
+        let v = sup.validate(&script);
+        let id = crate::ids::execution_id();
+        if !v.valid {
+            let summary: Vec<String> = v
+                .problems
+                .iter()
+                .map(|p| match (p.line, p.column) {
+                    (Some(l), Some(c)) => format!("line {l}, column {c}: {}", p.message),
+                    _ => p.message.clone(),
+                })
+                .collect();
+            let mut r = RunResult::failed(
+                id,
+                script,
+                Outcome::Rejected,
+                format!(
+                    "the script failed validation and was not run: {}",
+                    summary.join("; ")
+                ),
+            );
+            r.validation = serde_json::to_value(&v).ok();
+            return r;
+        }
+        let opts = CallOptions {
+            timeout: Some(timeout),
+            ..CallOptions::default()
+        };
+        let ctx = CallContext {
+            variables,
+            ..CallContext::default()
+        };
+        sup.run_once_with(id, &script, &opts, &ctx)
+    })
+    .await?;
+    st.metrics.record(&r, started.elapsed());
+    if matches!(r.outcome, Outcome::StartupFailed | Outcome::StartupTimedOut) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_worker",
+            r.error.map(|e| e.message).unwrap_or_default(),
+        ));
+    }
+    Ok(result_response(&headers, r))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionBody {
+    #[serde(default)]
+    timeout_seconds: Option<f64>,
+    #[serde(default)]
+    plot_width: Option<u32>,
+    #[serde(default)]
+    plot_height: Option<u32>,
+}
+
+async fn create_session(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    // The body is optional: no body means default options.
+    let b: SessionBody = if body.iter().all(u8::is_ascii_whitespace) {
+        SessionBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            if e.is_data() {
+                ApiError::invalid(format!("invalid session options: {e}"))
+            } else {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!("malformed JSON: {e}"),
+                )
+            }
+        })?
+    };
+    let rules = &st.sup.config().rules;
+    let timeout = check_timeout(b.timeout_seconds, rules)?;
+    let mut opts = crate::SessionOptions {
+        timeout,
+        ..st.sup.config().defaults.clone()
+    };
+    if let Some(w) = b.plot_width {
+        opts.plot_width = w;
+    }
+    if let Some(h) = b.plot_height {
+        opts.plot_height = h;
+    }
+    let s = st
+        .sup
+        .session_with(opts)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let status = s.status();
+    st.sessions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(s.id().to_string(), (tenant, s));
+    Ok((StatusCode::CREATED, Json(status)).into_response())
+}
+
+fn find_session(st: &AppState, tenant: &str, id: &str) -> Result<Session, ApiError> {
+    match st
+        .sessions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(id)
+    {
+        Some((owner, s)) if owner == tenant => Ok(s.clone()),
+        _ => Err(ApiError::not_found("session")),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionRunBody {
+    code: String,
+    #[serde(default)]
+    timeout_seconds: Option<f64>,
+}
+
+async fn session_run(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiJson(b): ApiJson<SessionRunBody>,
+) -> Result<Response, ApiError> {
+    let s = find_session(&st, &tenant, &id)?;
+    let timeout = match b.timeout_seconds {
+        None => None,
+        t => Some(check_timeout(t, &st.sup.config().rules)?),
+    };
+    let started = Instant::now();
+    let handle = s
+        .run_with(
+            &b.code,
+            &RunOptions {
+                timeout,
+                ..RunOptions::default()
+            },
+        )
+        .map_err(|e| match e {
+            crate::Rejection::QueueFull(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", e.to_string())
+            }
+            crate::Rejection::Closed => ApiError::not_found("session"),
+            other => ApiError::invalid(other.to_string()),
+        })?;
+    let r = handle.await;
+    st.metrics.record(&r, started.elapsed());
+    Ok(result_response(&headers, r))
+}
+
+async fn session_status(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(find_session(&st, &tenant, &id)?.status()).into_response())
+}
+
+async fn session_cancel(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = find_session(&st, &tenant, &id)?;
+    s.cancel();
+    Ok(Json(s.status()).into_response())
+}
+
+async fn session_delete(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = find_session(&st, &tenant, &id)?;
+    st.sessions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+    s.close();
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn metrics(State(st): State<Shared>) -> Response {
+    let m = &st.metrics;
+    let mut out = String::new();
+    out.push_str(
+        "# HELP rvisor_calls_total Calls by outcome.\n# TYPE rvisor_calls_total counter\n",
+    );
+    for (k, v) in m
+        .by_outcome
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        out.push_str(&format!("rvisor_calls_total{{outcome=\"{k}\"}} {v}\n"));
+    }
+    out.push_str(
+        "# HELP rvisor_call_seconds Call latency.\n# TYPE rvisor_call_seconds histogram\n",
+    );
+    for (i, b) in BUCKETS.iter().enumerate() {
+        out.push_str(&format!(
+            "rvisor_call_seconds_bucket{{le=\"{b}\"}} {}\n",
+            m.buckets[i].load(Ordering::Relaxed)
+        ));
+    }
+    let count = m.count.load(Ordering::Relaxed);
+    out.push_str(&format!(
+        "rvisor_call_seconds_bucket{{le=\"+Inf\"}} {count}\n"
+    ));
+    out.push_str(&format!(
+        "rvisor_call_seconds_sum {}\n",
+        m.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+    ));
+    out.push_str(&format!("rvisor_call_seconds_count {count}\n"));
+    let pool = st.sup.pool_status();
+    let sessions = st.sessions.lock().unwrap_or_else(|e| e.into_inner());
+    let queued: usize = sessions.values().map(|(_, s)| s.status().queued).sum();
+    out.push_str(&format!(
+        "# TYPE rvisor_sessions gauge\nrvisor_sessions {}\n# TYPE rvisor_queue_depth gauge\nrvisor_queue_depth {queued}\n# TYPE rvisor_spare_workers gauge\nrvisor_spare_workers {}\n# TYPE rvisor_zygote_up gauge\nrvisor_zygote_up {}\n# TYPE rvisor_http_requests_total counter\nrvisor_http_requests_total {}\n",
+        sessions.len(),
+        pool.spares,
+        u8::from(pool.mode == crate::PoolMode::Zygote),
+        m.requests.load(Ordering::Relaxed)
+    ));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("route")
+}
+
+/// The router, for tests and for `serve`.
+pub fn router(sup: Supervisor, cfg: ServeConfig) -> Router {
+    let max_body = cfg.max_body_bytes;
+    let st = Arc::new(AppState {
+        sup,
+        cfg,
+        sessions: Mutex::new(HashMap::new()),
+        metrics: Metrics::default(),
+    });
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/packages", get(packages))
+        .route("/v1/validate", post(validate))
+        .route("/v1/run", post(run))
+        .route("/v1/sessions", post(create_session))
+        .route(
+            "/v1/sessions/{id}",
+            get(session_status).delete(session_delete),
+        )
+        .route("/v1/sessions/{id}/run", post(session_run))
+        .route("/v1/sessions/{id}/cancel", post(session_cancel))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(st.clone(), auth))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(st)
+}
+
+/// Runs the server until SIGINT or SIGTERM, then stops accepting, lets
+/// running requests finish (bounded by their call timeouts) and shuts the
+/// supervisor down.
+pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    if cfg.tokens.is_none() && !addr.ip().is_loopback() {
+        eprintln!(
+            "rvisor serve: WARNING: --no-auth on {addr}, which is not loopback: anyone who can reach \
+             this address can run R code as this user. Use --tokens FILE."
+        );
+    }
+    eprintln!("rvisor serve: listening on http://{addr}");
+    let app = router(sup.clone(), cfg);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let term = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term => {}
+            }
+            eprintln!("rvisor serve: shutting down");
+        })
+        .await?;
+    let s = sup.clone();
+    let _ = tokio::task::spawn_blocking(move || s.shutdown()).await;
+    Ok(())
+}
