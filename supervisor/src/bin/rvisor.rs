@@ -43,6 +43,10 @@ enum Cmd {
         /// Plot height in pixels.
         #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_HEIGHT)]
         height: u32,
+        /// Bind an R variable before the script runs (repeatable). VALUE is
+        /// JSON when it parses (42, true, [1,2], "text"), else a string.
+        #[arg(long = "var", value_name = "NAME=VALUE")]
+        vars: Vec<String>,
     },
     /// One or more persistent sessions over JSON lines on stdin/stdout.
     Session {
@@ -358,7 +362,8 @@ fn main() -> ExitCode {
             plots_dir,
             width,
             height,
-        } => match run(&file, json, timeout, plots_dir, width, height) {
+            vars,
+        } => match run(&file, json, timeout, plots_dir, width, height, &vars) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("rvisor: {e:#}");
@@ -389,8 +394,24 @@ fn run(
     plots_dir: Option<PathBuf>,
     width: u32,
     height: u32,
+    vars: &[String],
 ) -> Result<ExitCode> {
     let code = read_code(file)?;
+    let mut variables = Vec::new();
+    for v in vars {
+        let Some((name, value)) = v.split_once('=') else {
+            bail!("--var {v:?}: expected NAME=VALUE");
+        };
+        let value = serde_json::from_str(value)
+            .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+        variables.push((name.to_string(), value));
+    }
+    rvisor::ops::check_variables(&variables, &rvisor::SafetyRules::default())
+        .map_err(|e| anyhow::anyhow!("--var: {e}"))?;
+    let ctx = rvisor::CallContext {
+        variables,
+        ..Default::default()
+    };
     if !(timeout >= 0.0 && timeout.is_finite()) {
         bail!("--timeout must be a number of seconds >= 0 (0 means no limit)");
     }
@@ -427,7 +448,7 @@ fn run(
                     working_dir: std::env::current_dir().ok(),
                     ..CallOptions::default()
                 };
-                let mut r = worker.run_with_id(execution_id, &code, &opts);
+                let mut r = worker.run_call(execution_id, &code, &opts, &ctx);
                 r.session.id = "run".into();
                 r.session.generation = 1;
                 r.session.fresh = true;

@@ -1,0 +1,175 @@
+//! The `rvisor` command line: run (console, --json, --var, --plots-dir,
+//! exit codes), validate and health.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn rvisor() -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("rvisor"))
+        .unwrap();
+    assert!(
+        bin.is_file(),
+        "build the workspace first: {}",
+        bin.display()
+    );
+    Command::new(bin)
+}
+
+fn script(text: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("rvisor-cli-{}.R", rvisor::ids::random_hex(6)));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn run_prints_the_console_and_exits_zero_on_success() {
+    let f = script("cat('hello\\n'); 1 + 1\n");
+    let out = rvisor().arg("run").arg(&f).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n[1] 2\n");
+}
+
+#[test]
+fn run_exits_one_on_an_r_error_and_prints_it_on_stderr() {
+    let f = script("stop('boom')\n");
+    let out = rvisor().arg("run").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Error: boom"));
+}
+
+#[test]
+fn run_json_has_the_contract_fields_and_variables_are_bound() {
+    let f = script("n * 2; class(n); s; flag; length(v)\n");
+    let out = rvisor()
+        .args([
+            "run",
+            "--json",
+            "--var",
+            "n=21",
+            "--var",
+            "s=hi",
+            "--var",
+            "flag=true",
+            "--var",
+            "v=[1,2,3]",
+        ])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "schema_version",
+        "execution_id",
+        "code",
+        "outcome",
+        "success",
+        "console",
+        "segments",
+        "warnings",
+        "error",
+        "plots",
+        "result",
+        "duration_ms",
+        "r_version",
+        "session",
+        "usage",
+        "truncated",
+    ] {
+        assert!(r.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(r["outcome"], "complete");
+    assert_eq!(
+        r["console"],
+        "[1] 42\n[1] \"integer\"\n[1] \"hi\"\n[1] TRUE\n[1] 3\n"
+    );
+}
+
+#[test]
+fn run_rejects_a_bad_variable_name() {
+    let f = script("1\n");
+    let out = rvisor()
+        .args(["run", "--var", "1x=2"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("syntactic"));
+}
+
+#[test]
+fn run_writes_plots_to_the_plots_dir() {
+    let dir = std::env::temp_dir().join(format!("rvisor-cli-plots-{}", rvisor::ids::random_hex(6)));
+    let f = script("plot(1:3); hist(rnorm(10))\n");
+    let out = rvisor()
+        .arg("run")
+        .arg(&f)
+        .arg("--plots-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    for name in ["plot-001.png", "plot-002.png"] {
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        assert_eq!(&bytes[..4], b"\x89PNG");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn run_reads_the_script_from_stdin() {
+    let mut child = rvisor()
+        .args(["run", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"cat(6 * 7)")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42");
+}
+
+#[test]
+fn validate_exit_code_and_positions() {
+    let f = script("x <- 1\nsystem('id')\n");
+    let out = rvisor().arg("validate").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(":2:1: error [forbidden]"), "{text}");
+    let ok = script("x <- 1\n");
+    assert!(rvisor()
+        .arg("validate")
+        .arg(&ok)
+        .output()
+        .unwrap()
+        .status
+        .success());
+}
+
+#[test]
+fn health_json_lists_the_rules() {
+    let out = rvisor().args(["health", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let h: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["rules"]["timeout_seconds"]["max"], 300);
+    assert!(h["rules"]["forbidden_functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f == "system"));
+}
