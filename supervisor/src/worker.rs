@@ -374,6 +374,46 @@ pub(crate) fn prepare_child(cmd: &mut Command, fd: std::os::fd::RawFd) {
     }
 }
 
+/// Starts the worker binary (as a worker or, with `fd_var` =
+/// `RVISOR_ZYGOTE_FD`, as a zygote) with a clean environment, a private
+/// temporary directory, and one end of a new socketpair as fd 3. Returns
+/// the child, the supervisor's end of the socket, and the directory.
+pub(crate) fn launch(
+    cfg: &WorkerConfig,
+    fd_var: &str,
+    extra_env: &[(&str, String)],
+    stdout: Stdio,
+) -> Result<(Child, UnixStream, TempDir), Error> {
+    let bin = match &cfg.worker_bin {
+        Some(p) => p.clone(),
+        None => locate_worker()?,
+    };
+    let tmp = TempDir::new(&cfg.temp_root)?;
+    let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
+        what: "create a socketpair for the worker",
+        source,
+    })?;
+    let child_fd: OwnedFd = child_end.into();
+    let mut cmd = Command::new(&bin);
+    cmd.env_clear();
+    for (k, v) in worker_env(cfg) {
+        cmd.env(k, v);
+    }
+    cmd.envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
+    cmd.env("TMPDIR", tmp.path())
+        .env(fd_var, "3")
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped());
+    prepare_child(&mut cmd, child_fd.as_raw_fd());
+    let child = cmd.spawn().map_err(|source| Error::Spawn {
+        path: bin.clone(),
+        source,
+    })?;
+    drop(child_fd);
+    Ok((child, parent, tmp))
+}
+
 /// A running worker.
 #[derive(Debug)]
 pub struct Worker {
@@ -397,32 +437,7 @@ impl Worker {
     /// R is ready.
     pub fn spawn(cfg: &WorkerConfig) -> Result<Self, Error> {
         let t0 = Instant::now();
-        let bin = match &cfg.worker_bin {
-            Some(p) => p.clone(),
-            None => locate_worker()?,
-        };
-        let tmp = TempDir::new(&cfg.temp_root)?;
-        let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
-            what: "create the worker socketpair",
-            source,
-        })?;
-        let child_fd: OwnedFd = child_end.into();
-        let mut cmd = Command::new(&bin);
-        cmd.env_clear();
-        for (k, v) in worker_env(cfg) {
-            cmd.env(k, v);
-        }
-        cmd.env("TMPDIR", tmp.path())
-            .env(ENV_WORKER_FD, "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        prepare_child(&mut cmd, child_fd.as_raw_fd());
-        let mut child = cmd.spawn().map_err(|source| Error::Spawn {
-            path: bin.clone(),
-            source,
-        })?;
-        drop(child_fd);
+        let (mut child, parent, tmp) = launch(cfg, ENV_WORKER_FD, &[], Stdio::piped())?;
 
         let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(Error::Startup(

@@ -11,7 +11,7 @@ use rvisor_protocol::{
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -98,35 +98,13 @@ impl Zygote {
         preload: Option<&[String]>,
         on_exit: impl Fn() + Send + 'static,
     ) -> Result<Zygote, Error> {
-        let bin = match &cfg.worker_bin {
-            Some(p) => p.clone(),
-            None => crate::locate_worker()?,
-        };
-        let tmp = TempDir::new(&cfg.temp_root)?;
-        let (mut parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
-            what: "create the zygote socketpair",
-            source,
-        })?;
-        let child_fd: OwnedFd = child_end.into();
-        let mut cmd = Command::new(&bin);
-        cmd.env_clear();
-        for (k, v) in worker_env(cfg) {
-            cmd.env(k, v);
-        }
-        cmd.env("TMPDIR", tmp.path())
-            .env(ENV_ZYGOTE_FD, "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(p) = preload {
-            cmd.env(ENV_PRELOAD, p.join(","));
-        }
-        crate::worker::prepare_child(&mut cmd, child_fd.as_raw_fd());
-        let mut child = cmd.spawn().map_err(|source| Error::Spawn {
-            path: bin.clone(),
-            source,
-        })?;
-        drop(child_fd);
+        // The preload list travels in the zygote's environment only.
+        let extra: Vec<(&str, String)> = preload
+            .map(|p| (ENV_PRELOAD, p.join(",")))
+            .into_iter()
+            .collect();
+        let (mut child, mut parent, tmp) =
+            crate::worker::launch(cfg, ENV_ZYGOTE_FD, &extra, Stdio::null())?;
         let stderr = RawOutput::default();
         if let Some(e) = child.stderr.take() {
             stderr.attach(1, e);

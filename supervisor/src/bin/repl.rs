@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use base64::Engine;
 use rustyline::error::ReadlineError;
-use rvisor::{Outcome, RunResult, Segment, Session};
+use rvisor::{Outcome, RunResult, Session};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,37 +27,18 @@ fn incomplete(r: &RunResult) -> bool {
 }
 
 fn print_result(r: &RunResult, plots_dir: &Path, counter: &mut usize) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    super::print_console(r, |p, err| {
+        std::fs::create_dir_all(plots_dir)
+            .with_context(|| format!("failed to create {}", plots_dir.display()))?;
+        *counter += 1;
+        let path = plots_dir.join(format!("plot-{:03}.png", *counter));
+        let data = base64::engine::general_purpose::STANDARD.decode(&p.data_base64)?;
+        std::fs::write(&path, data)
+            .with_context(|| format!("failed to write {}", path.display()))?;
+        writeln!(err, "[plot saved to {}]", path.display())?;
+        Ok(())
+    })?;
     let mut err = std::io::stderr().lock();
-    for seg in &r.segments {
-        match seg {
-            Segment::Stdout { text } => {
-                err.flush()?;
-                out.write_all(text.as_bytes())?;
-            }
-            Segment::Plot { index } => {
-                let Some(p) = r.plots.get(*index) else {
-                    continue;
-                };
-                std::fs::create_dir_all(plots_dir)
-                    .with_context(|| format!("failed to create {}", plots_dir.display()))?;
-                *counter += 1;
-                let path = plots_dir.join(format!("plot-{:03}.png", *counter));
-                let data = base64::engine::general_purpose::STANDARD.decode(&p.data_base64)?;
-                std::fs::write(&path, data)
-                    .with_context(|| format!("failed to write {}", path.display()))?;
-                out.flush()?;
-                writeln!(err, "[plot saved to {}]", path.display())?;
-            }
-            other => {
-                out.flush()?;
-                if let Some(t) = other.console_text() {
-                    err.write_all(t.as_bytes())?;
-                }
-            }
-        }
-    }
-    out.flush()?;
     if r.truncated {
         writeln!(err, "[output truncated at the output limit]")?;
     }

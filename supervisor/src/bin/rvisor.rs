@@ -178,6 +178,39 @@ fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints a result's segments in order: stdout text to stdout, everything
+/// else (stderr, messages, warnings, errors) to stderr; `on_plot` gets each
+/// plot segment's plot, with stdout flushed first.
+pub(crate) fn print_console(
+    r: &RunResult,
+    mut on_plot: impl FnMut(&rvisor::Plot, &mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr().lock();
+    for seg in &r.segments {
+        match seg {
+            Segment::Stdout { text } => {
+                err.flush()?;
+                out.write_all(text.as_bytes())?;
+            }
+            Segment::Plot { index } => {
+                if let Some(p) = r.plots.get(*index) {
+                    out.flush()?;
+                    on_plot(p, &mut err)?;
+                }
+            }
+            other => {
+                out.flush()?;
+                if let Some(t) = other.console_text() {
+                    err.write_all(t.as_bytes())?;
+                }
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
 fn report(r: Result<ExitCode>) -> ExitCode {
     r.unwrap_or_else(|e| {
         eprintln!("rvisor: {e:#}");
@@ -483,24 +516,8 @@ fn run(
         serde_json::to_writer(&mut out, &result)?;
         writeln!(out)?;
     } else {
-        let mut out = std::io::stdout().lock();
+        print_console(&result, |_, _| Ok(()))?;
         let mut err = std::io::stderr().lock();
-        for seg in &result.segments {
-            match seg {
-                Segment::Stdout { text } => {
-                    err.flush()?;
-                    out.write_all(text.as_bytes())?;
-                }
-                Segment::Plot { .. } => {}
-                other => {
-                    out.flush()?;
-                    if let Some(t) = other.console_text() {
-                        err.write_all(t.as_bytes())?;
-                    }
-                }
-            }
-        }
-        out.flush()?;
         if result.truncated {
             writeln!(err, "rvisor: output truncated at the output limit")?;
         }
