@@ -205,6 +205,21 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
         return res;
     }
 
+    for (name, path) in &req.tables {
+        // SAFETY: on the R thread; names were checked by the supervisor.
+        if let Err(e) = unsafe { crate::hydrate::bind(&name.replace('\0', ""), path) } {
+            let mut res = RunResult::failed(
+                req.execution_id.clone(),
+                req.code.clone(),
+                Outcome::Error,
+                format!("the data for '{name}' could not be loaded ({e}); nothing ran"),
+            );
+            res.r_version = r.version.clone();
+            console::take();
+            interrupt::end_call();
+            return res;
+        }
+    }
     // The working directory is the process's: change it here (a syscall)
     // rather than through R's setwd().
     if let Some(wd) = req.working_dir.as_deref().filter(|w| !w.is_empty()) {

@@ -8,6 +8,7 @@
 mod console;
 mod eval;
 mod ffi;
+mod hydrate;
 mod interrupt;
 mod link;
 mod r;
@@ -204,6 +205,7 @@ fn warm_up_with(r: &r::R, codes: &[&str]) {
             working_dir: None,
             tools: Vec::new(),
             variables: Vec::new(),
+            tables: Vec::new(),
         };
         let _ = eval::run(r, req);
     }

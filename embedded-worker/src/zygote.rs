@@ -44,6 +44,7 @@ fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
             working_dir: None,
             tools: Vec::new(),
             variables: Vec::new(),
+            tables: Vec::new(),
         },
     )
 }

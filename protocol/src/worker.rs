@@ -70,6 +70,10 @@ pub struct RunRequest {
     /// (already checked: syntactic names, scalars or flat arrays, no null).
     #[serde(default)]
     pub variables: Vec<(String, serde_json::Value)>,
+    /// Tables bound as data frames before the code runs: (name, path of a
+    /// stored Arrow IPC file).
+    #[serde(default)]
+    pub tables: Vec<(String, String)>,
 }
 
 /// What a tool handler produced.

@@ -30,6 +30,10 @@ pub struct ServeConfig {
     pub tokens: Option<HashMap<String, String>>,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// Largest table upload, in bytes.
+    pub max_table_bytes: usize,
+    /// Where tables are stored, their lifetime and quotas.
+    pub tables: crate::tables::TableConfig,
 }
 
 impl Default for ServeConfig {
@@ -38,6 +42,8 @@ impl Default for ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
             tokens: None,
             max_body_bytes: 4 * 1024 * 1024,
+            max_table_bytes: 256 * 1024 * 1024,
+            tables: crate::tables::TableConfig::default(),
         }
     }
 }
@@ -184,6 +190,7 @@ impl Metrics {
 struct AppState {
     sup: Supervisor,
     cfg: ServeConfig,
+    tables: Arc<crate::tables::TableStore>,
     sessions: Mutex<HashMap<String, (String, Session)>>,
     metrics: Metrics,
 }
@@ -325,6 +332,7 @@ fn check_timeout(t: Option<f64>, rules: &ops::SafetyRules) -> Result<Duration, A
 
 async fn run(
     State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     ApiJson(b): ApiJson<RunBody>,
 ) -> Result<Response, ApiError> {
@@ -348,18 +356,35 @@ async fn run(
     let variables: Vec<(String, Value)> =
         b.variables.into_iter().map(|v| (v.name, v.value)).collect();
     ops::check_variables(&variables, &rules).map_err(ApiError::invalid)?;
-    if !b.dataframes.is_empty() {
-        // Tables are not stored yet, so no pointer can resolve: the generic
-        // answer the contract asks for, which does not say which or why.
-        let _pointers: Vec<&str> = b
-            .dataframes
-            .iter()
-            .map(|d| d.data_pointer.as_str())
-            .collect();
-        return Err(ApiError::invalid(
+    let mut names = std::collections::HashSet::new();
+    for d in &b.dataframes {
+        if !names.insert(d.name.as_str()) || variables.iter().any(|(n, _)| n == &d.name) {
+            return Err(ApiError::invalid(format!(
+                "the name {:?} is used twice",
+                d.name
+            )));
+        }
+    }
+    let pointers: Vec<&str> = b
+        .dataframes
+        .iter()
+        .map(|d| d.data_pointer.as_str())
+        .collect();
+    // All or nothing, and one answer for every failure (unknown, expired,
+    // deleted, another tenant's): it does not say which pointer or why.
+    let Some(files) = st.tables.resolve(&tenant, &pointers) else {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "data_pointer_unresolved",
             "one or more data pointers could not be resolved; nothing ran",
         ));
-    }
+    };
+    let tables: Vec<(String, std::path::PathBuf)> = b
+        .dataframes
+        .iter()
+        .map(|d| d.name.clone())
+        .zip(files)
+        .collect();
     let sup = st.sup.clone();
     let started = Instant::now();
     let script = b.script;
@@ -393,6 +418,7 @@ async fn run(
         };
         let ctx = CallContext {
             variables,
+            tables,
             ..CallContext::default()
         };
         sup.run_once_with(id, &script, &opts, &ctx)
@@ -423,8 +449,18 @@ struct SessionBody {
 async fn create_session(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // A body over the limit (or one that cannot be read) is answered as a
+    // JSON error like every other endpoint; taking `Bytes` directly let
+    // axum answer 413 in plain text.
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+        }
+    })?;
     // The body is optional: no body means default options.
     let b: SessionBody = if body.iter().all(u8::is_ascii_whitespace) {
         SessionBody::default()
@@ -550,6 +586,66 @@ async fn session_delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+async fn table_create(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    use crate::tables::{TableError, TableFormat};
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let format = if ct.starts_with("text/csv") {
+        TableFormat::Csv
+    } else if ct.starts_with("application/json") {
+        TableFormat::Json
+    } else if ct.starts_with("application/vnd.apache.arrow.stream") {
+        TableFormat::ArrowStream
+    } else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "send the table as text/csv, application/json (an array of records) or application/vnd.apache.arrow.stream",
+        ));
+    };
+    let store = st.tables.clone();
+    match blocking(move || store.put(&tenant, format, &body)).await? {
+        Ok(meta) => Ok((StatusCode::CREATED, Json(meta)).into_response()),
+        Err(TableError::Invalid(m)) => Err(ApiError::invalid(m)),
+        Err(TableError::Quota(m)) => Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota", m)),
+        Err(e @ TableError::Io(_)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "storage",
+            e.to_string(),
+        )),
+    }
+}
+
+async fn table_get(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    Path(p): Path<String>,
+) -> Result<Response, ApiError> {
+    st.tables
+        .get(&tenant, &p)
+        .map(|m| Json(m).into_response())
+        .ok_or_else(|| ApiError::not_found("table"))
+}
+
+async fn table_delete(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    Path(p): Path<String>,
+) -> Result<Response, ApiError> {
+    if st.tables.delete(&tenant, &p) {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found("table"))
+    }
+}
+
 async fn metrics(State(st): State<Shared>) -> Response {
     let m = &st.metrics;
     let mut out = String::new();
@@ -600,15 +696,22 @@ async fn not_found() -> ApiError {
 }
 
 /// The router, for tests and for `serve`.
-pub fn router(sup: Supervisor, cfg: ServeConfig) -> Router {
+pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
     let max_body = cfg.max_body_bytes;
+    let max_table = cfg.max_table_bytes;
+    let tables = Arc::new(crate::tables::TableStore::open(cfg.tables.clone())?);
     let st = Arc::new(AppState {
         sup,
         cfg,
+        tables,
         sessions: Mutex::new(HashMap::new()),
         metrics: Metrics::default(),
     });
-    Router::new()
+    // Table uploads get their own (larger) body limit.
+    let uploads = Router::new()
+        .route("/v1/tables", post(table_create))
+        .layer(DefaultBodyLimit::max(max_table));
+    let rest = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/packages", get(packages))
         .route("/v1/validate", post(validate))
@@ -620,11 +723,14 @@ pub fn router(sup: Supervisor, cfg: ServeConfig) -> Router {
         )
         .route("/v1/sessions/{id}/run", post(session_run))
         .route("/v1/sessions/{id}/cancel", post(session_cancel))
+        .route("/v1/tables/{pointer}", get(table_get).delete(table_delete))
         .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(max_body));
+    Ok(uploads
+        .merge(rest)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(st.clone(), auth))
-        .layer(DefaultBodyLimit::max(max_body))
-        .with_state(st)
+        .with_state(st))
 }
 
 /// Runs the server until SIGINT or SIGTERM, then stops accepting, lets
@@ -640,7 +746,7 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
         );
     }
     eprintln!("rvisor serve: listening on http://{addr}");
-    let app = router(sup.clone(), cfg);
+    let app = router(sup.clone(), cfg)?;
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let term = async {

@@ -37,6 +37,7 @@ pub mod ops;
 pub mod pool;
 mod raw;
 pub mod session;
+pub mod tables;
 pub mod tools;
 pub mod worker;
 pub mod zygote;

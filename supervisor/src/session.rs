@@ -957,6 +957,7 @@ impl Supervisor {
                 session_id: id.clone(),
                 tools: Arc::new(opts.tools.clone()),
                 variables: Vec::new(),
+                tables: Vec::new(),
             },
             opts,
             worker_cfg,

@@ -95,6 +95,8 @@ pub struct CallContext {
     /// Variables bound before the code runs (checked with
     /// [`crate::ops::check_variables`]).
     pub variables: Vec<(String, serde_json::Value)>,
+    /// Tables bound as data frames: (name, stored Arrow IPC file).
+    pub tables: Vec<(String, std::path::PathBuf)>,
 }
 
 #[cfg(test)]

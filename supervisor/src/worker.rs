@@ -684,6 +684,11 @@ impl Worker {
             working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
             tools: ctx.tools.iter().map(|t| t.name.clone()).collect(),
             variables: ctx.variables.clone(),
+            tables: ctx
+                .tables
+                .iter()
+                .map(|(n, p)| (n.clone(), p.display().to_string()))
+                .collect(),
         };
         if let Err(e) = write_frame(&mut self.stream, &ToWorker::Run(req)) {
             return self.dead_result(execution_id, code, format!("failed to send the call ({e})"));

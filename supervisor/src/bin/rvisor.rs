@@ -25,29 +25,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run an R script in a fresh worker and print its output.
-    Run {
-        /// The script, or `-` for standard input.
-        file: String,
-        /// Print one RunResult as JSON instead of the console output.
-        #[arg(long)]
-        json: bool,
-        /// Time limit in seconds (0 = none).
-        #[arg(long, default_value_t = 30.0)]
-        timeout: f64,
-        /// Write plots as PNG files into this directory.
-        #[arg(long)]
-        plots_dir: Option<PathBuf>,
-        /// Plot width in pixels.
-        #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_WIDTH)]
-        width: u32,
-        /// Plot height in pixels.
-        #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_HEIGHT)]
-        height: u32,
-        /// Bind an R variable before the script runs (repeatable). VALUE is
-        /// JSON when it parses (42, true, [1,2], "text"), else a string.
-        #[arg(long = "var", value_name = "NAME=VALUE")]
-        vars: Vec<String>,
-    },
+    Run(RunArgs),
     /// One or more persistent sessions over JSON lines on stdin/stdout.
     Session {
         /// Speak JSON lines (the only mode so far; required for clarity).
@@ -80,6 +58,12 @@ enum Cmd {
         /// Largest request body in bytes.
         #[arg(long, default_value_t = 4 * 1024 * 1024)]
         max_body_bytes: usize,
+        /// Where tables (data pointers) are stored; they survive restarts.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// How long a data pointer lives, in hours.
+        #[arg(long, default_value_t = 24.0)]
+        table_ttl_hours: f64,
     },
     /// Liveness, versions, the live safety rules, workers.
     Health {
@@ -111,6 +95,36 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Arguments of `rvisor run`.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The script, or `-` for standard input.
+    file: String,
+    /// Print one RunResult as JSON instead of the console output.
+    #[arg(long)]
+    json: bool,
+    /// Time limit in seconds (0 = none).
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    /// Write plots as PNG files into this directory.
+    #[arg(long)]
+    plots_dir: Option<PathBuf>,
+    /// Plot width in pixels.
+    #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_WIDTH)]
+    width: u32,
+    /// Plot height in pixels.
+    #[arg(long, default_value_t = rvisor::DEFAULT_PLOT_HEIGHT)]
+    height: u32,
+    /// Bind an R variable before the script runs (repeatable). VALUE is
+    /// JSON when it parses (42, true, [1,2], "text"), else a string.
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    vars: Vec<String>,
+    /// Load a CSV file as a data frame before the script runs
+    /// (repeatable); column types are inferred, NA and empty are missing.
+    #[arg(long = "table", value_name = "NAME=FILE.csv")]
+    tables: Vec<String>,
 }
 
 /// Session options shared by `session` and `repl`.
@@ -235,6 +249,8 @@ fn serve(
     tokens: Option<PathBuf>,
     no_auth: bool,
     max_body_bytes: usize,
+    data_dir: Option<PathBuf>,
+    table_ttl_hours: f64,
 ) -> Result<ExitCode> {
     let tokens = match (tokens, no_auth) {
         (Some(path), _) => {
@@ -248,10 +264,17 @@ fn serve(
         ),
     };
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+    let mut tables = rvisor::tables::TableConfig::default();
+    if let Some(dir) = data_dir {
+        tables.dir = dir;
+    }
+    tables.ttl = Duration::from_secs_f64(table_ttl_hours.max(0.0) * 3600.0);
     let cfg = rvisor::http::ServeConfig {
         listen,
         tokens,
         max_body_bytes,
+        tables,
+        ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -340,7 +363,16 @@ fn main() -> ExitCode {
             tokens,
             no_auth,
             max_body_bytes,
-        } => report(serve(listen, tokens, no_auth, max_body_bytes)),
+            data_dir,
+            table_ttl_hours,
+        } => report(serve(
+            listen,
+            tokens,
+            no_auth,
+            max_body_bytes,
+            data_dir,
+            table_ttl_hours,
+        )),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
         Cmd::Validate { file, json } => report(ops_validate(&file, json)),
@@ -388,15 +420,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Run {
-            file,
-            json,
-            timeout,
-            plots_dir,
-            width,
-            height,
-            vars,
-        } => match run(&file, json, timeout, plots_dir, width, height, &vars) {
+        Cmd::Run(args) => match run(&args) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("rvisor: {e:#}");
@@ -420,16 +444,45 @@ fn read_code(file: &str) -> Result<String> {
     })
 }
 
-fn run(
-    file: &str,
-    json: bool,
-    timeout: f64,
-    plots_dir: Option<PathBuf>,
-    width: u32,
-    height: u32,
-    vars: &[String],
-) -> Result<ExitCode> {
+fn run(args: &RunArgs) -> Result<ExitCode> {
+    let RunArgs {
+        file,
+        json,
+        timeout,
+        plots_dir,
+        width,
+        height,
+        vars,
+        tables: table_args,
+    } = args;
+    let (json, timeout, width, height) = (*json, *timeout, *width, *height);
     let code = read_code(file)?;
+    // Tables go through the same conversion as uploads, into a private
+    // directory that lives as long as this command.
+    let table_dir =
+        std::env::temp_dir().join(format!("rvisor-run-tables-{}", rvisor::ids::random_hex(6)));
+    struct Cleanup(PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(table_dir.clone());
+    let mut tables = Vec::new();
+    for t in table_args {
+        let Some((name, path)) = t.split_once('=') else {
+            bail!("--table {t:?}: expected NAME=FILE.csv");
+        };
+        if !rvisor::ops::syntactic_name(name) {
+            bail!("--table {t:?}: {name:?} is not a syntactic R name");
+        }
+        let bytes = std::fs::read(path).with_context(|| format!("failed to read {path}"))?;
+        std::fs::create_dir_all(&table_dir)?;
+        let out = table_dir.join(format!("{name}.arrow"));
+        rvisor::tables::convert_file(rvisor::tables::TableFormat::Csv, &bytes, &out)
+            .map_err(|e| anyhow::anyhow!("--table {name}: {e}"))?;
+        tables.push((name.to_string(), out));
+    }
     let mut variables = Vec::new();
     for v in vars {
         let Some((name, value)) = v.split_once('=') else {
@@ -443,6 +496,7 @@ fn run(
         .map_err(|e| anyhow::anyhow!("--var: {e}"))?;
     let ctx = rvisor::CallContext {
         variables,
+        tables,
         ..Default::default()
     };
     if !(timeout >= 0.0 && timeout.is_finite()) {

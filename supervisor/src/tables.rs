@@ -1,0 +1,645 @@
+//! Tables and data pointers: a tenant uploads a table (CSV, JSON records or
+//! an Arrow IPC stream) once, gets an opaque, unguessable pointer, and runs
+//! refer to it by pointer; the worker hydrates it straight into R vectors.
+//!
+//! Storage is a data directory of Arrow IPC files plus `index.json`, so
+//! pointers survive a restart until they expire.
+
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Where tables live and how much a tenant may keep.
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    /// Data directory.
+    pub dir: PathBuf,
+    /// How long a pointer lives.
+    pub ttl: Duration,
+    /// Bytes a tenant may keep.
+    pub max_bytes_per_tenant: u64,
+    /// Tables a tenant may keep.
+    pub max_tables_per_tenant: usize,
+}
+
+impl Default for TableConfig {
+    fn default() -> Self {
+        Self {
+            dir: std::env::temp_dir().join("rvisor-tables"),
+            ttl: Duration::from_secs(24 * 3600),
+            max_bytes_per_tenant: 1 << 30,
+            max_tables_per_tenant: 100,
+        }
+    }
+}
+
+/// The input format of an upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableFormat {
+    /// CSV with a header line; `NA` and empty fields are missing values.
+    Csv,
+    /// A JSON array of records (objects).
+    Json,
+    /// An Arrow IPC stream.
+    ArrowStream,
+}
+
+/// One column as the API reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ColumnMeta {
+    /// Name.
+    pub name: String,
+    /// integer, double, logical, string, date or timestamp.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// A stored table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableMeta {
+    /// The opaque pointer.
+    pub data_pointer: String,
+    /// Rows.
+    pub rows: u64,
+    /// Columns in order.
+    pub columns: Vec<ColumnMeta>,
+    /// When the pointer stops working (RFC 3339, UTC).
+    pub expires_at: String,
+    /// Bytes stored.
+    pub bytes: u64,
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    tenant: String,
+    #[serde(skip_serializing_if = "is_zero", default)]
+    expires_unix: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// Why a table was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// The upload is not a table rvisor can read.
+    #[error("{0}")]
+    Invalid(String),
+    /// The tenant's quota would be exceeded.
+    #[error("{0}")]
+    Quota(String),
+    /// Storage failed.
+    #[error("failed to store the table: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// RFC 3339 (UTC) of a Unix time.
+fn rfc3339(secs: u64) -> String {
+    let secs = secs as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+fn kind_of(t: &DataType) -> Option<&'static str> {
+    Some(match t {
+        DataType::Int64 => "integer",
+        DataType::Float64 => "double",
+        DataType::Boolean => "logical",
+        DataType::Utf8 => "string",
+        DataType::Date32 => "date",
+        DataType::Timestamp(_, _) => "timestamp",
+        DataType::Null => "logical",
+        _ => return None,
+    })
+}
+
+/// Casts a column to the set the worker hydrates: Int64, Float64, Boolean,
+/// Utf8, Date32, Timestamp.
+fn normalise(name: &str, col: &ArrayRef) -> Result<ArrayRef, TableError> {
+    use DataType as T;
+    let target = match col.data_type() {
+        T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::UInt8 | T::UInt16 | T::UInt32 => T::Int64,
+        T::UInt64 | T::Float16 | T::Float32 | T::Float64 | T::Decimal128(_, _) => T::Float64,
+        T::Utf8 | T::LargeUtf8 | T::Utf8View | T::Dictionary(_, _) => T::Utf8,
+        T::Boolean | T::Null => T::Boolean,
+        T::Date32 | T::Date64 => T::Date32,
+        T::Timestamp(_, tz) => T::Timestamp(TimeUnit::Microsecond, tz.clone()),
+        other => {
+            return Err(TableError::Invalid(format!(
+                "column {name:?} has type {other}, which rvisor cannot hand to R; use numbers, \
+                 strings, booleans, dates or timestamps"
+            )))
+        }
+    };
+    if col.data_type() == &target {
+        return Ok(col.clone());
+    }
+    arrow_cast::cast(col, &target)
+        .map_err(|e| TableError::Invalid(format!("column {name:?} could not be converted: {e}")))
+}
+
+/// JSON has no date type: a string column whose every value parses as a
+/// date (or timestamp) becomes one.
+fn coerce_dates(col: ArrayRef) -> ArrayRef {
+    if col.data_type() != &DataType::Utf8 || col.len() == col.null_count() {
+        return col;
+    }
+    let strict = arrow_cast::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let looks_like_date = {
+        let s = col.as_any().downcast_ref::<arrow_array::StringArray>();
+        s.is_some_and(|s| {
+            s.iter().flatten().all(|v| {
+                let b = v.as_bytes();
+                b.len() >= 10
+                    && b[4] == b'-'
+                    && b[7] == b'-'
+                    && b[..4].iter().all(u8::is_ascii_digit)
+            })
+        })
+    };
+    if !looks_like_date {
+        return col;
+    }
+    for target in [
+        DataType::Date32,
+        DataType::Timestamp(TimeUnit::Microsecond, None),
+    ] {
+        if let Ok(c) = arrow_cast::cast_with_options(&col, &target, &strict) {
+            if target == DataType::Date32 {
+                // A timestamp string cast to a date silently drops the time:
+                // only accept dates if every value is exactly YYYY-MM-DD.
+                let s = col.as_any().downcast_ref::<arrow_array::StringArray>();
+                if !s.is_some_and(|s| s.iter().flatten().all(|v| v.len() == 10)) {
+                    continue;
+                }
+            }
+            return c;
+        }
+    }
+    col
+}
+
+fn read_upload(
+    format: TableFormat,
+    bytes: &[u8],
+) -> Result<(SchemaRef, Vec<RecordBatch>), TableError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| TableError::Invalid(format!("{what}: {e}"));
+    match format {
+        TableFormat::Csv => {
+            let null = regex::Regex::new("^(NA|)$").map_err(|e| bad("internal", &e))?;
+            let fmt = arrow_csv::reader::Format::default()
+                .with_header(true)
+                .with_null_regex(null);
+            let (schema, _) = fmt
+                .infer_schema(Cursor::new(bytes), Some(100_000))
+                .map_err(|e| bad("the CSV could not be read", &e))?;
+            let schema = Arc::new(schema);
+            let reader = arrow_csv::ReaderBuilder::new(schema.clone())
+                .with_format(fmt)
+                .with_batch_size(64 * 1024)
+                .build(Cursor::new(bytes))
+                .map_err(|e| bad("the CSV could not be read", &e))?;
+            let batches = reader
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad("the CSV could not be read", &e))?;
+            Ok((schema, batches))
+        }
+        TableFormat::Json => {
+            let records: Vec<serde_json::Value> = serde_json::from_slice(bytes)
+                .map_err(|e| bad("the body is not a JSON array of records", &e))?;
+            if records.iter().any(|r| !r.is_object()) {
+                return Err(TableError::Invalid(
+                    "every element of the JSON array must be an object (a record)".into(),
+                ));
+            }
+            let schema =
+                arrow_json::reader::infer_json_schema_from_iterator(records.iter().map(Ok))
+                    .map_err(|e| bad("the records could not be typed", &e))?;
+            let schema = Arc::new(schema);
+            let mut ndjson = Vec::with_capacity(bytes.len());
+            for r in &records {
+                serde_json::to_writer(&mut ndjson, r).map_err(|e| bad("internal", &e))?;
+                ndjson.push(b'\n');
+            }
+            let reader = arrow_json::ReaderBuilder::new(schema.clone())
+                .with_batch_size(64 * 1024)
+                .build(Cursor::new(ndjson))
+                .map_err(|e| bad("the records could not be read", &e))?;
+            let batches = reader
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad("the records could not be read", &e))?;
+            Ok((schema, batches))
+        }
+        TableFormat::ArrowStream => {
+            let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(bytes), None)
+                .map_err(|e| bad("the body is not an Arrow IPC stream", &e))?;
+            let schema = reader.schema();
+            let batches = reader
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad("the Arrow stream could not be read", &e))?;
+            Ok((schema, batches))
+        }
+    }
+}
+
+/// Reads an upload, normalises its columns and writes it as an Arrow IPC
+/// file at `path`. Returns rows and column metadata.
+fn convert(
+    format: TableFormat,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(u64, Vec<ColumnMeta>), TableError> {
+    let (schema, batches) = read_upload(format, bytes)?;
+    if schema.fields().is_empty() {
+        return Err(TableError::Invalid("the table has no columns".into()));
+    }
+    let mut out_batches = Vec::with_capacity(batches.len());
+    let mut out_schema: Option<SchemaRef> = None;
+    for b in &batches {
+        let mut cols = Vec::with_capacity(b.num_columns());
+        for (i, f) in schema.fields().iter().enumerate() {
+            let mut c = normalise(f.name(), b.column(i))?;
+            if format == TableFormat::Json {
+                c = coerce_dates(c);
+            }
+            cols.push(c);
+        }
+        let s = out_schema.get_or_insert_with(|| {
+            Arc::new(Schema::new(
+                schema
+                    .fields()
+                    .iter()
+                    .zip(&cols)
+                    .map(|(f, c)| Field::new(f.name(), c.data_type().clone(), true))
+                    .collect::<Vec<_>>(),
+            ))
+        });
+        // Later batches must agree with the first (JSON date coercion is per batch).
+        let cols = cols
+            .into_iter()
+            .zip(s.fields())
+            .map(|(c, f)| {
+                if c.data_type() == f.data_type() {
+                    Ok(c)
+                } else {
+                    arrow_cast::cast(&c, f.data_type())
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TableError::Invalid(format!("columns changed type between rows: {e}")))?;
+        out_batches.push(
+            RecordBatch::try_new(s.clone(), cols)
+                .map_err(|e| TableError::Invalid(e.to_string()))?,
+        );
+    }
+    let schema = out_schema.unwrap_or_else(|| {
+        Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| Field::new(f.name(), normalise_type(f.data_type()), true))
+                .collect::<Vec<_>>(),
+        ))
+    });
+    let mut columns = Vec::new();
+    for f in schema.fields() {
+        let kind = kind_of(f.data_type()).ok_or_else(|| {
+            TableError::Invalid(format!("column {:?} has an unsupported type", f.name()))
+        })?;
+        columns.push(ColumnMeta {
+            name: f.name().clone(),
+            kind: kind.into(),
+        });
+    }
+    let tmp = path.with_extension("tmp");
+    let file = std::fs::File::create(&tmp)?;
+    let mut w = arrow_ipc::writer::FileWriter::try_new(file, &schema)
+        .map_err(|e| TableError::Invalid(e.to_string()))?;
+    let mut rows = 0u64;
+    for b in &out_batches {
+        rows += b.num_rows() as u64;
+        w.write(b).map_err(|e| TableError::Invalid(e.to_string()))?;
+    }
+    w.finish().map_err(|e| TableError::Invalid(e.to_string()))?;
+    std::fs::rename(&tmp, path)?;
+    Ok((rows, columns))
+}
+
+fn normalise_type(t: &DataType) -> DataType {
+    match t {
+        DataType::Int64
+        | DataType::Float64
+        | DataType::Boolean
+        | DataType::Utf8
+        | DataType::Date32 => t.clone(),
+        DataType::Timestamp(_, tz) => DataType::Timestamp(TimeUnit::Microsecond, tz.clone()),
+        _ => DataType::Utf8,
+    }
+}
+
+/// The tables of every tenant, with their index.
+#[derive(Debug)]
+pub struct TableStore {
+    cfg: TableConfig,
+    index: Mutex<HashMap<String, TableMeta>>,
+}
+
+impl TableStore {
+    /// Opens (or creates) the data directory and loads its index; expired
+    /// tables and files without an index entry are removed.
+    pub fn open(cfg: TableConfig) -> Result<Self, std::io::Error> {
+        std::fs::create_dir_all(&cfg.dir)?;
+        let index: HashMap<String, TableMeta> = std::fs::read(cfg.dir.join("index.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let store = Self {
+            cfg,
+            index: Mutex::new(index),
+        };
+        store.sweep();
+        Ok(store)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TableConfig {
+        &self.cfg
+    }
+
+    fn file(&self, pointer: &str) -> PathBuf {
+        self.cfg.dir.join(format!("{pointer}.arrow"))
+    }
+
+    fn save(&self, index: &HashMap<String, TableMeta>) -> std::io::Result<()> {
+        let tmp = self.cfg.dir.join("index.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(index).unwrap_or_default())?;
+        std::fs::rename(tmp, self.cfg.dir.join("index.json"))
+    }
+
+    /// Removes expired tables and stray files.
+    pub fn sweep(&self) {
+        let now = unix_now();
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let expired: Vec<String> = index
+            .iter()
+            .filter(|(_, m)| m.expires_unix <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for p in expired {
+            index.remove(&p);
+            let _ = std::fs::remove_file(self.file(&p));
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.cfg.dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(p) = name.strip_suffix(".arrow") {
+                    if !index.contains_key(p) {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+        let _ = self.save(&index);
+    }
+
+    /// Stores a table for `tenant`.
+    pub fn put(
+        &self,
+        tenant: &str,
+        format: TableFormat,
+        bytes: &[u8],
+    ) -> Result<TableMeta, TableError> {
+        self.sweep();
+        {
+            let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+            let mine: Vec<&TableMeta> = index.values().filter(|m| m.tenant == tenant).collect();
+            if mine.len() >= self.cfg.max_tables_per_tenant {
+                return Err(TableError::Quota(format!(
+                    "you have {} tables, the most allowed; delete some (DELETE /v1/tables/{{pointer}})",
+                    mine.len()
+                )));
+            }
+            let used: u64 = mine.iter().map(|m| m.bytes).sum();
+            if used + bytes.len() as u64 > self.cfg.max_bytes_per_tenant.saturating_mul(2) {
+                return Err(TableError::Quota(format!(
+                    "your tables use {used} bytes of {}; delete some first",
+                    self.cfg.max_bytes_per_tenant
+                )));
+            }
+        }
+        let pointer = format!("dp_{}", crate::ids::random_hex(24));
+        let path = self.file(&pointer);
+        let (rows, columns) = match convert(format, bytes, &path) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = std::fs::remove_file(path.with_extension("tmp"));
+                return Err(e);
+            }
+        };
+        let stored = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let expires = unix_now() + self.cfg.ttl.as_secs();
+        let meta = TableMeta {
+            data_pointer: pointer.clone(),
+            rows,
+            columns,
+            expires_at: rfc3339(expires),
+            bytes: stored,
+            tenant: tenant.to_string(),
+            expires_unix: expires,
+        };
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let used: u64 = index
+            .values()
+            .filter(|m| m.tenant == tenant)
+            .map(|m| m.bytes)
+            .sum();
+        if used + stored > self.cfg.max_bytes_per_tenant {
+            let _ = std::fs::remove_file(&path);
+            return Err(TableError::Quota(format!(
+                "this table ({stored} bytes stored) would take your tables over {} bytes; delete some first",
+                self.cfg.max_bytes_per_tenant
+            )));
+        }
+        index.insert(pointer, meta.clone());
+        self.save(&index)?;
+        Ok(public(meta))
+    }
+
+    /// The table behind `pointer`, if `tenant` owns it and it has not
+    /// expired. Another tenant's pointer looks exactly like an unknown one.
+    pub fn get(&self, tenant: &str, pointer: &str) -> Option<TableMeta> {
+        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        index
+            .get(pointer)
+            .filter(|m| m.tenant == tenant && m.expires_unix > unix_now())
+            .cloned()
+            .map(public)
+    }
+
+    /// Deletes a table; false if `tenant` has no such table.
+    pub fn delete(&self, tenant: &str, pointer: &str) -> bool {
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if index.get(pointer).is_none_or(|m| m.tenant != tenant) {
+            return false;
+        }
+        index.remove(pointer);
+        let _ = std::fs::remove_file(self.file(pointer));
+        let _ = self.save(&index);
+        true
+    }
+
+    /// The files of all `pointers` for `tenant`, or None if any does not
+    /// resolve (the caller must not say which).
+    pub fn resolve(&self, tenant: &str, pointers: &[&str]) -> Option<Vec<PathBuf>> {
+        pointers
+            .iter()
+            .map(|p| {
+                self.get(tenant, p)
+                    .map(|_| self.file(p))
+                    .filter(|f| f.is_file())
+            })
+            .collect()
+    }
+}
+
+fn public(mut m: TableMeta) -> TableMeta {
+    m.tenant.clear();
+    m.expires_unix = 0;
+    m
+}
+
+/// Stores `bytes` in a throwaway store and returns the file, for the CLI's
+/// `--table NAME=FILE.csv`.
+pub fn convert_file(
+    format: TableFormat,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(u64, Vec<ColumnMeta>), TableError> {
+    convert(format, bytes, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (TableStore, PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("rvisor-tables-test-{}", crate::ids::random_hex(6)));
+        let s = TableStore::open(TableConfig {
+            dir: dir.clone(),
+            ..TableConfig::default()
+        })
+        .unwrap();
+        (s, dir)
+    }
+
+    #[test]
+    fn csv_types_are_inferred_with_missing_values() {
+        let (s, dir) = store();
+        let csv = "i,d,b,s,dt,ts\n1,1.5,true,a,2024-01-02,2024-01-02T03:04:05\nNA,,false,,2024-02-03,\n3,2.5,NA,c,,2024-03-04T05:06:07\n";
+        let m = s.put("t1", TableFormat::Csv, csv.as_bytes()).unwrap();
+        let kinds: Vec<&str> = m.columns.iter().map(|c| c.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "integer",
+                "double",
+                "logical",
+                "string",
+                "date",
+                "timestamp"
+            ]
+        );
+        assert_eq!(m.rows, 3);
+        assert!(m.data_pointer.starts_with("dp_") && m.data_pointer.len() > 40);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn json_records_and_tenant_isolation() {
+        let (s, dir) = store();
+        let m = s
+            .put("alice", TableFormat::Json, br#"[{"n": 1, "x": 2.5, "day": "2024-01-01", "ok": true, "s": null}, {"n": 2, "x": null, "day": "2024-01-02", "ok": false, "s": "b"}]"#)
+            .unwrap();
+        let kinds: Vec<(&str, &str)> = m
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind.as_str()))
+            .collect();
+        assert!(
+            kinds.contains(&("n", "integer"))
+                && kinds.contains(&("day", "date"))
+                && kinds.contains(&("ok", "logical")),
+            "{kinds:?}"
+        );
+        assert!(s.get("alice", &m.data_pointer).is_some());
+        assert!(s.get("bob", &m.data_pointer).is_none());
+        assert!(s.resolve("bob", &[&m.data_pointer]).is_none());
+        assert!(!s.delete("bob", &m.data_pointer));
+        assert!(s.delete("alice", &m.data_pointer));
+        assert!(s.get("alice", &m.data_pointer).is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn index_survives_a_reopen_and_quota_holds() {
+        let dir =
+            std::env::temp_dir().join(format!("rvisor-tables-test-{}", crate::ids::random_hex(6)));
+        let cfg = TableConfig {
+            dir: dir.clone(),
+            max_tables_per_tenant: 1,
+            ..TableConfig::default()
+        };
+        let s = TableStore::open(cfg.clone()).unwrap();
+        let m = s.put("t", TableFormat::Csv, b"a\n1\n").unwrap();
+        assert!(matches!(
+            s.put("t", TableFormat::Csv, b"a\n1\n"),
+            Err(TableError::Quota(_))
+        ));
+        drop(s);
+        let s = TableStore::open(cfg).unwrap();
+        assert_eq!(s.get("t", &m.data_pointer).map(|x| x.rows), Some(1));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn garbage_is_refused_with_a_reason() {
+        let (s, dir) = store();
+        assert!(matches!(
+            s.put("t", TableFormat::Json, b"{\"a\": 1}"),
+            Err(TableError::Invalid(_))
+        ));
+        assert!(matches!(
+            s.put("t", TableFormat::ArrowStream, b"nope"),
+            Err(TableError::Invalid(_))
+        ));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
