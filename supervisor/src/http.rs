@@ -454,13 +454,7 @@ async fn create_session(
     // A body over the limit (or one that cannot be read) is answered as a
     // JSON error like every other endpoint; taking `Bytes` directly let
     // axum answer 413 in plain text.
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
-        } else {
-            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
-        }
-    })?;
+    let body = body.map_err(body_error)?;
     // The body is optional: no body means default options.
     let b: SessionBody = if body.iter().all(u8::is_ascii_whitespace) {
         SessionBody::default()
@@ -586,12 +580,23 @@ async fn session_delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// A body that could not be read (over the limit: 413) as a JSON error;
+/// taking `Bytes` directly would let axum answer in plain text.
+fn body_error(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
+    } else {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+    }
+}
+
 async fn table_create(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
     use crate::tables::{TableError, TableFormat};
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -695,6 +700,14 @@ async fn not_found() -> ApiError {
     ApiError::not_found("route")
 }
 
+async fn wrong_method() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this path does not take that method; see CONTRACT.md for the routes",
+    )
+}
+
 /// The router, for tests and for `serve`.
 pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
     let max_body = cfg.max_body_bytes;
@@ -729,6 +742,7 @@ pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
     Ok(uploads
         .merge(rest)
         .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(st.clone(), auth))
         .with_state(st))
 }

@@ -364,7 +364,8 @@ fn normalise_type(t: &DataType) -> DataType {
     }
 }
 
-/// The tables of every tenant, with their index.
+/// The tables of every tenant, with their index. One server per data
+/// directory: the index is not shared between processes.
 #[derive(Debug)]
 pub struct TableStore {
     cfg: TableConfig,
@@ -419,8 +420,16 @@ impl TableStore {
         if let Ok(entries) = std::fs::read_dir(&self.cfg.dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
+                // A stray file (not in the index) is removed once it is an
+                // hour old: younger ones may be an upload in progress.
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > Duration::from_secs(3600));
                 if let Some(p) = name.strip_suffix(".arrow") {
-                    if !index.contains_key(p) {
+                    if !index.contains_key(p) && old {
                         let _ = std::fs::remove_file(e.path());
                     }
                 }

@@ -1,0 +1,1625 @@
+//! `rvisor serve` end to end: the real HTTP router (and, once, the real
+//! `rvisor serve` binary) against real R workers, driven over loopback by a
+//! blocking HTTP client, checked against CONTRACT.md's HTTP section.
+//!
+//! Every test starts its own server on 127.0.0.1:0, so tests are
+//! independent. No test sleeps and hopes: waits poll a condition (a server
+//! answering, a session's state, a process exiting) until a deadline.
+//! Durations are only bounded from above, to prove that nothing hung.
+
+use base64::Engine as _;
+use rvisor::http::{read_tokens, ServeConfig};
+use rvisor::ops::TimeoutRules;
+use rvisor::{PoolConfig, SafetyRules, SessionOptions, Supervisor, SupervisorConfig};
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a wait may take before the test calls it a hang.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Alice's and Bob's bearer tokens (tokens are at least 16 characters).
+const TOK_A: &str = "alice-token-0123456789abcdef";
+const TOK_B: &str = "bob-token-0123456789abcdefgh";
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// A supervisor without a zygote (every worker is a fresh R process), so
+/// that tests stay light.
+fn light_sup(rules: SafetyRules) -> Supervisor {
+    Supervisor::new(SupervisorConfig {
+        rules,
+        pool: PoolConfig {
+            zygote: false,
+            ..PoolConfig::default()
+        },
+        ..SupervisorConfig::default()
+    })
+    .expect("the supervisor starts")
+}
+
+fn tokens() -> HashMap<String, String> {
+    HashMap::from([
+        (TOK_A.to_string(), "alice".to_string()),
+        (TOK_B.to_string(), "bob".to_string()),
+    ])
+}
+
+/// The real router served on 127.0.0.1:0 by a background tokio runtime.
+struct Server {
+    base: String,
+    sup: Supervisor,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Server {
+    fn start(sup: Supervisor, cfg: ServeConfig) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("the bound address");
+        let app = rvisor::http::router(sup.clone(), cfg).expect("the router");
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Self {
+            base: format!("http://{addr}"),
+            sup,
+            rt: Some(rt),
+        }
+    }
+
+    /// Default rules, no auth (one local tenant).
+    fn open() -> Self {
+        Self::with_rules(SafetyRules::default())
+    }
+
+    fn with_rules(rules: SafetyRules) -> Self {
+        Self::start(light_sup(rules), ServeConfig::default())
+    }
+
+    /// Default rules, tokens for alice and bob.
+    fn authed() -> Self {
+        Self::start(
+            light_sup(SafetyRules::default()),
+            ServeConfig {
+                tokens: Some(tokens()),
+                ..ServeConfig::default()
+            },
+        )
+    }
+
+    fn client(&self) -> Client {
+        Client::new(&self.base, None)
+    }
+
+    fn client_as(&self, token: &str) -> Client {
+        Client::new(&self.base, Some(token))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        self.sup.shutdown();
+    }
+}
+
+/// An HTTP answer.
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    content_type: String,
+    text: String,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): status {} {:?}", self.status, self.text))
+    }
+
+    /// Asserts a 200 JSON answer and returns its body.
+    fn ok(&self) -> Value {
+        assert_eq!(self.status, 200, "{}", self.text);
+        self.json()
+    }
+
+    /// Asserts the contract's error shape with this status and code, and
+    /// returns the message.
+    fn error(&self, status: u16, code: &str) -> String {
+        let (got, message) = self.error_with(status);
+        assert_eq!(got, code, "{}", self.text);
+        message
+    }
+
+    /// Asserts the contract's error shape with this status, and returns the
+    /// code and the message.
+    fn error_with(&self, status: u16) -> (String, String) {
+        assert_eq!(self.status, status, "{}", self.text);
+        assert!(
+            self.content_type.starts_with("application/json"),
+            "error content type {:?}: {}",
+            self.content_type,
+            self.text
+        );
+        let v = self.json();
+        let e = &v["error"];
+        let code = e["code"].as_str().expect("error.code is a string");
+        let message = e["message"].as_str().expect("error.message is a string");
+        assert!(!code.is_empty() && !message.is_empty(), "{v}");
+        (code.to_string(), message.to_string())
+    }
+}
+
+/// A blocking HTTP client for one base URL, optionally with a token.
+#[derive(Clone)]
+struct Client {
+    agent: ureq::Agent,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn new(base: &str, token: Option<&str>) -> Self {
+        Self {
+            // A new connection for every request: the server answers some
+            // errors (401, 413) before reading the request body, and hyper
+            // then closes the keep-alive connection without saying so, which
+            // a pooling client sees as an EOF on its next POST.
+            agent: ureq::AgentBuilder::new()
+                .max_idle_connections(0)
+                .timeout_connect(Duration::from_secs(10))
+                .timeout(Duration::from_secs(180))
+                .build(),
+            base: base.to_string(),
+            token: token.map(str::to_string),
+        }
+    }
+
+    fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Resp {
+        let mut req = self.agent.request(method, &format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.set("Authorization", &format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            req = req.set(k, v);
+        }
+        let res = match body {
+            Some(b) => req.send_string(b),
+            None => req.call(),
+        };
+        let res = match res {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = res.status();
+        let content_type = res.header("content-type").unwrap_or("").to_string();
+        let text = res.into_string().expect("a text body");
+        Resp {
+            status,
+            content_type,
+            text,
+        }
+    }
+
+    fn get(&self, path: &str) -> Resp {
+        self.send("GET", path, &[], None)
+    }
+
+    fn delete(&self, path: &str) -> Resp {
+        self.send("DELETE", path, &[], None)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Resp {
+        self.post_raw(path, &body.to_string())
+    }
+
+    fn post_raw(&self, path: &str, body: &str) -> Resp {
+        self.send(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            Some(body),
+        )
+    }
+
+    /// POST /v1/run; asserts 200 and returns the RunResult.
+    fn run(&self, body: &Value) -> Value {
+        self.post("/v1/run", body).ok()
+    }
+
+    /// POST /v1/sessions without a body; asserts 201 and returns the id.
+    fn new_session(&self) -> String {
+        let r = self.send("POST", "/v1/sessions", &[], None);
+        assert_eq!(r.status, 201, "{}", r.text);
+        r.json()["id"].as_str().expect("a session id").to_string()
+    }
+
+    /// POST /v1/sessions/{id}/run; asserts 200 and returns the RunResult.
+    fn session_run(&self, id: &str, code: &str) -> Value {
+        self.post(&format!("/v1/sessions/{id}/run"), &json!({ "code": code }))
+            .ok()
+    }
+}
+
+/// Polls `f` until it gives `Some`, or panics after [`DEADLINE`].
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A new directory in the temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let d =
+            std::env::temp_dir().join(format!("http-test-{name}-{}", rvisor::ids::random_hex(6)));
+        std::fs::create_dir_all(&d).expect("create a temp dir");
+        Self(d)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A path as an R string literal.
+fn r_str(p: &Path) -> String {
+    let s = p.display().to_string();
+    assert!(
+        !s.contains('\'') && !s.contains('\\'),
+        "temp path {s} needs quoting"
+    );
+    format!("'{s}'")
+}
+
+// ---------------------------------------------------------------------------
+// Health and packages
+
+#[test]
+fn health_reports_status_versions_and_the_default_rules() {
+    let srv = Server::open();
+    let r = srv.client().get("/v1/health");
+    assert!(r.content_type.starts_with("application/json"), "{r:?}");
+    let h = r.ok();
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["version"], env!("CARGO_PKG_VERSION"));
+    let rv = h["r_version"].as_str().expect("r_version is a string");
+    assert!(rv.starts_with("4."), "r_version {rv}");
+    assert!(h["uptime_seconds"].as_f64().expect("uptime is a number") >= 0.0);
+    let rules = &h["rules"];
+    assert_eq!(rules["max_script_bytes"], rvisor::MAX_CODE_BYTES);
+    assert_eq!(rules["max_nesting_depth"], 64);
+    let forbidden: Vec<&str> = rules["forbidden_functions"]
+        .as_array()
+        .expect("forbidden_functions is an array")
+        .iter()
+        .map(|f| f.as_str().expect("a function name"))
+        .collect();
+    for f in ["system", "system2", "pipe", ".Call", "quit"] {
+        assert!(forbidden.contains(&f), "{f} not in {forbidden:?}");
+    }
+    assert_eq!(
+        rules["timeout_seconds"],
+        json!({"default": 30, "min": 1, "max": 300})
+    );
+    assert_eq!(rules["max_dataframes"], 10);
+    assert_eq!(rules["max_variables"], 50);
+    assert!(h["workers"].is_object(), "{h}");
+    assert!(h["sandbox"].is_object(), "{h}");
+}
+
+#[test]
+fn health_rules_follow_the_config_and_are_enforced() {
+    let rules = SafetyRules {
+        max_script_bytes: 4321,
+        max_nesting_depth: 9,
+        forbidden_functions: vec!["Sys.time".into(), "nchar".into()],
+        timeout_seconds: TimeoutRules {
+            default: 7,
+            min: 2,
+            max: 60,
+        },
+        max_dataframes: 3,
+        max_variables: 4,
+    };
+    let srv = Server::with_rules(rules.clone());
+    let c = srv.client();
+    let h = c.get("/v1/health").ok();
+    assert_eq!(h["rules"], serde_json::to_value(&rules).unwrap(), "{h}");
+    assert_eq!(h["rules"]["max_script_bytes"], 4321);
+    assert_eq!(
+        h["rules"]["forbidden_functions"],
+        json!(["Sys.time", "nchar"])
+    );
+
+    // The reported rules are the ones in force.
+    let v = c
+        .post("/v1/validate", &json!({"script": "nchar('a')"}))
+        .ok();
+    assert_eq!(v["valid"], false, "{v}");
+    assert_eq!(v["problems"][0]["kind"], "forbidden", "{v}");
+    let v = c
+        .post("/v1/validate", &json!({"script": "system('id')"}))
+        .ok();
+    assert_eq!(v["valid"], true, "system is not forbidden here: {v}");
+    for t in [1, 61] {
+        let m = c
+            .post("/v1/run", &json!({"script": "1", "timeout_seconds": t}))
+            .error(422, "invalid");
+        assert!(m.contains("2..60"), "{m}");
+    }
+    let vars: Vec<Value> = (0..5)
+        .map(|i| json!({"name": format!("v{i}"), "value": i}))
+        .collect();
+    let m = c
+        .post("/v1/run", &json!({"script": "1", "variables": vars}))
+        .error(422, "invalid");
+    assert!(m.contains("at most 4"), "{m}");
+    let dfs: Vec<Value> = (0..4)
+        .map(|i| json!({"data_pointer": format!("p{i}"), "name": format!("d{i}")}))
+        .collect();
+    let m = c
+        .post("/v1/run", &json!({"script": "1", "dataframes": dfs}))
+        .error(422, "invalid");
+    assert!(m.contains("at most 3"), "{m}");
+}
+
+#[test]
+fn packages_lists_base_stats_and_ggplot2_with_version_and_library() {
+    let srv = Server::open();
+    let p = srv.client().get("/v1/packages").ok();
+    let list = p["packages"].as_array().expect("packages is an array");
+    let find = |name: &str| {
+        list.iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not listed"))
+    };
+    for name in ["base", "stats", "ggplot2"] {
+        let pkg = find(name);
+        let version = pkg["version"].as_str().expect("version is a string");
+        assert!(
+            version.chars().next().is_some_and(|c| c.is_ascii_digit()),
+            "{name} version {version:?}"
+        );
+        let lib = pkg["library"].as_str().expect("library is a string");
+        assert!(
+            Path::new(lib).join(name).join("DESCRIPTION").is_file(),
+            "{name} is not in {lib}"
+        );
+    }
+    assert!(find("base")["version"].as_str().unwrap().starts_with("4."));
+}
+
+// ---------------------------------------------------------------------------
+// Validate
+
+#[test]
+fn validate_accepts_a_valid_script() {
+    let srv = Server::open();
+    let v = srv
+        .client()
+        .post(
+            "/v1/validate",
+            &json!({"script": "x <- c(1, 2, 3)\nmean(x)\n"}),
+        )
+        .ok();
+    assert_eq!(v["valid"], true, "{v}");
+    assert_eq!(v["problems"], json!([]), "{v}");
+    assert!(v["style"].is_array(), "{v}");
+}
+
+#[test]
+fn validate_reports_forbidden_calls_with_line_and_column() {
+    let srv = Server::open();
+    let v = srv
+        .client()
+        .post(
+            "/v1/validate",
+            &json!({"script": "x <- 1\ny <- system('id')\nz <- 2\n"}),
+        )
+        .ok();
+    assert_eq!(v["valid"], false, "{v}");
+    let p = &v["problems"][0];
+    assert_eq!(p["kind"], "forbidden", "{v}");
+    assert_eq!(
+        (p["line"].clone(), p["column"].clone()),
+        (json!(2), json!(6))
+    );
+    assert!(p["message"].as_str().unwrap().contains("system"), "{v}");
+}
+
+#[test]
+fn validate_reports_syntax_errors_with_line_and_column() {
+    let srv = Server::open();
+    let v = srv
+        .client()
+        .post(
+            "/v1/validate",
+            &json!({"script": "x <- 1\ny <- (2 +\nz <- 3 3"}),
+        )
+        .ok();
+    assert_eq!(v["valid"], false, "{v}");
+    let p = &v["problems"][0];
+    assert_eq!(p["kind"], "syntax", "{v}");
+    assert_eq!(
+        (p["line"].clone(), p["column"].clone()),
+        (json!(3), json!(8))
+    );
+    assert!(p["message"].as_str().unwrap().contains("unexpected"), "{v}");
+}
+
+#[test]
+fn validate_reports_empty_and_oversize_scripts() {
+    let srv = Server::with_rules(SafetyRules {
+        max_script_bytes: 100,
+        ..SafetyRules::default()
+    });
+    let c = srv.client();
+    for empty in ["", "  \n\t"] {
+        let v = c.post("/v1/validate", &json!({ "script": empty })).ok();
+        assert_eq!(v["valid"], false, "{v}");
+        assert_eq!(v["problems"][0]["kind"], "empty", "{v}");
+    }
+    let big = "x <- 1\n".repeat(50);
+    let v = c.post("/v1/validate", &json!({ "script": big })).ok();
+    assert_eq!(v["valid"], false, "{v}");
+    assert_eq!(v["problems"][0]["kind"], "size", "{v}");
+    assert!(
+        v["problems"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("100 bytes"),
+        "{v}"
+    );
+    // The same limit stops a run before anything starts.
+    let r = c.run(&json!({ "script": big }));
+    assert_eq!(r["outcome"], "rejected", "{r}");
+    assert_eq!(r["validation"]["problems"][0]["kind"], "size", "{r}");
+}
+
+#[test]
+fn validate_style_notes_do_not_make_a_script_invalid() {
+    let srv = Server::open();
+    let long = format!("y <- \"{}\"", "a".repeat(90));
+    let script = format!("x = 1\nz <- T\n{long}\n");
+    let v = srv
+        .client()
+        .post("/v1/validate", &json!({ "script": script }))
+        .ok();
+    assert_eq!(v["valid"], true, "{v}");
+    assert_eq!(v["problems"], json!([]), "{v}");
+    let rules: HashSet<&str> = v["style"]
+        .as_array()
+        .expect("style is an array")
+        .iter()
+        .map(|s| s["rule"].as_str().expect("a rule"))
+        .collect();
+    for rule in ["assignment", "T_and_F_symbol", "line_length"] {
+        assert!(rules.contains(rule), "{rule} not in {v}");
+    }
+    for s in v["style"].as_array().unwrap() {
+        assert!(s["message"].is_string() && s["line"].is_u64(), "{s}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One-shot runs
+
+#[test]
+fn run_returns_a_run_result_with_the_contract_fields() {
+    let srv = Server::open();
+    let r = srv.client().post("/v1/run", &json!({"script": "1 + 1"}));
+    assert!(r.content_type.starts_with("application/json"), "{r:?}");
+    let r = r.ok();
+    for field in [
+        "schema_version",
+        "execution_id",
+        "code",
+        "outcome",
+        "success",
+        "console",
+        "segments",
+        "warnings",
+        "error",
+        "plots",
+        "result",
+        "duration_ms",
+        "r_version",
+        "session",
+        "usage",
+        "truncated",
+    ] {
+        assert!(r.get(field).is_some(), "no {field} in {r}");
+    }
+    assert_eq!(r["schema_version"], 1);
+    assert!(!r["execution_id"].as_str().unwrap().is_empty(), "{r}");
+    assert_eq!(r["code"], "1 + 1");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["success"], true);
+    assert_eq!(r["console"], "[1] 2\n", "{r}");
+    assert!(r["segments"].is_array() && r["warnings"].is_array(), "{r}");
+    assert!(r["error"].is_null(), "{r}");
+    assert_eq!(r["plots"], json!([]));
+    assert!(r["duration_ms"].is_number(), "{r}");
+    assert!(r["r_version"].as_str().unwrap().starts_with("4."), "{r}");
+    assert!(r["session"]["id"].is_string(), "{r}");
+    assert!(r["usage"].is_object(), "{r}");
+    assert_eq!(r["truncated"], false);
+    assert!(r.get("validation").is_none(), "{r}");
+}
+
+#[test]
+fn run_binds_variables_with_their_r_types() {
+    let srv = Server::open();
+    let script = "cat(class(n), class(x), class(s), class(b), class(big), sep = '|'); cat('\\n')\n\
+                  cat(class(v), length(v), class(w), length(w), class(ss), length(ss), \
+                  class(bb), length(bb), sep = '|'); cat('\\n')\n\
+                  cat(n + 1L, x * 2, s, !b, sum(v), sum(w), paste(ss, collapse = '+'), \
+                  sum(bb), sep = '|'); cat('\\n')\n";
+    let r = srv.client().run(&json!({
+        "script": script,
+        "variables": [
+            {"name": "n", "value": 3},
+            {"name": "x", "value": 2.5},
+            {"name": "s", "value": "hi there"},
+            {"name": "b", "value": true},
+            {"name": "big", "value": 3_000_000_000u64},
+            {"name": "v", "value": [1, 2, 3]},
+            {"name": "w", "value": [1.5, 2]},
+            {"name": "ss", "value": ["a", "b"]},
+            {"name": "bb", "value": [true, false, true]},
+        ],
+    }));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(
+        r["console"],
+        "integer|numeric|character|logical|numeric\n\
+         integer|3|numeric|2|character|2|logical|3\n\
+         4|5|hi there|FALSE|6|3.5|a+b|2\n",
+        "{r}"
+    );
+}
+
+#[test]
+fn run_rejects_invalid_variables_with_422() {
+    let srv = Server::open();
+    let c = srv.client();
+    let bad = |vars: Value, needle: &str| {
+        let m = c
+            .post("/v1/run", &json!({"script": "1", "variables": vars}))
+            .error(422, "invalid");
+        assert!(m.contains(needle), "{needle:?} not in {m:?}");
+    };
+    bad(json!([{"name": "x", "value": null}]), "null");
+    bad(json!([{"name": "x", "value": [1, null]}]), "null");
+    bad(json!([{"name": "1x", "value": 1}]), "syntactic");
+    bad(json!([{"name": "if", "value": 1}]), "syntactic");
+    bad(json!([{"name": "a b", "value": 1}]), "syntactic");
+    bad(json!([{"name": "x", "value": [1, "a"]}]), "mixes");
+    bad(json!([{"name": "x", "value": [[1]]}]), "nested");
+    bad(json!([{"name": "x", "value": {"a": 1}}]), "object");
+    bad(
+        json!([{"name": "x", "value": 1}, {"name": "x", "value": 2}]),
+        "twice",
+    );
+    let many: Vec<Value> = (0..51)
+        .map(|i| json!({"name": format!("v{i}"), "value": i}))
+        .collect();
+    bad(json!(many), "at most 50");
+    // Exactly 50 is fine.
+    let fifty: Vec<Value> = (0..50)
+        .map(|i| json!({"name": format!("v{i}"), "value": i}))
+        .collect();
+    let r = c.run(&json!({"script": "cat(v0 + v49)", "variables": fifty}));
+    assert_eq!(r["console"], "49", "{r}");
+}
+
+#[test]
+fn run_rejects_timeouts_outside_1_to_300_seconds() {
+    let srv = Server::open();
+    let c = srv.client();
+    for t in [json!(0), json!(301), json!(-1), json!(0.5), json!(1e9)] {
+        let m = c
+            .post("/v1/run", &json!({"script": "1", "timeout_seconds": t}))
+            .error(422, "invalid");
+        assert!(m.contains("timeout_seconds"), "{m}");
+    }
+    for t in [1, 300] {
+        let r = c.run(&json!({"script": "cat('ok')", "timeout_seconds": t}));
+        assert_eq!(r["console"], "ok", "{r}");
+    }
+}
+
+#[test]
+fn a_forbidden_script_is_rejected_with_its_validation() {
+    let srv = Server::open();
+    let dir = TempDir::new("forbidden");
+    let marker = dir.path().join("ran");
+    let script = format!("writeLines('x', {})\nsystem('id')\n", r_str(&marker));
+    let r = srv.client().run(&json!({ "script": script }));
+    assert_eq!(r["outcome"], "rejected", "{r}");
+    assert_eq!(r["success"], false, "{r}");
+    let v = &r["validation"];
+    assert_eq!(v["valid"], false, "{r}");
+    let p = &v["problems"][0];
+    assert_eq!(p["kind"], "forbidden", "{r}");
+    assert_eq!(
+        (p["line"].clone(), p["column"].clone()),
+        (json!(2), json!(1))
+    );
+    let msg = r["error"]["message"].as_str().expect("an error message");
+    assert!(msg.contains("line 2, column 1"), "{msg}");
+    assert!(!marker.exists(), "a rejected script ran");
+}
+
+#[test]
+fn a_plot_comes_back_as_a_png() {
+    let srv = Server::open();
+    let r = srv.client().run(&json!({"script": "plot(1:10)"}));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let plots = r["plots"].as_array().expect("plots is an array");
+    assert_eq!(plots.len(), 1, "{r}");
+    let p = &plots[0];
+    assert_eq!(p["mime"], "image/png");
+    assert!(p["width"].as_u64().unwrap() > 0 && p["height"].as_u64().unwrap() > 0);
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(p["data_base64"].as_str().expect("data_base64"))
+        .expect("valid base64");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+}
+
+#[test]
+fn a_run_past_its_timeout_is_timed_out() {
+    let srv = Server::open();
+    let r = srv
+        .client()
+        .run(&json!({"script": "Sys.sleep(30)", "timeout_seconds": 1}));
+    assert_eq!(r["outcome"], "timed_out", "{r}");
+    assert_eq!(r["success"], false, "{r}");
+    assert_eq!(r["error"]["timed_out"], true, "{r}");
+}
+
+#[test]
+fn unresolvable_data_pointers_are_one_generic_422_and_nothing_runs() {
+    let srv = Server::open();
+    let c = srv.client();
+    let dir = TempDir::new("pointers");
+    let marker = dir.path().join("ran");
+    let script = format!("writeLines('x', {})", r_str(&marker));
+    let secret = "ptr-5ecret-d0e5-not-exist";
+    let r = c.post(
+        "/v1/run",
+        &json!({
+            "script": script,
+            "dataframes": [{"data_pointer": secret, "name": "df"}],
+        }),
+    );
+    let (_, m) = r.error_with(422);
+    assert!(
+        !r.text.contains(secret),
+        "the answer names the pointer: {m}"
+    );
+    assert!(!m.contains("5ecret"), "{m}");
+    assert!(!marker.exists(), "the script ran");
+
+    let eleven: Vec<Value> = (0..11)
+        .map(|i| json!({"data_pointer": format!("p{i}"), "name": format!("d{i}")}))
+        .collect();
+    let m = c
+        .post("/v1/run", &json!({"script": "1", "dataframes": eleven}))
+        .error(422, "invalid");
+    assert!(m.contains("at most 10"), "{m}");
+
+    let m = c
+        .post(
+            "/v1/run",
+            &json!({"script": "1", "dataframes": [{"data_pointer": "p", "name": "2bad"}]}),
+        )
+        .error(422, "invalid");
+    assert!(m.contains("syntactic"), "{m}");
+    // Then a good run still works (the marker proves it can run).
+    let r = c.run(&json!({ "script": script }));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert!(marker.exists());
+}
+
+#[test]
+fn accept_text_html_returns_an_html_fragment() {
+    let srv = Server::open();
+    let r = srv.client().send(
+        "POST",
+        "/v1/run",
+        &[
+            ("Content-Type", "application/json"),
+            ("Accept", "text/html"),
+        ],
+        Some(&json!({"script": "cat('hello-from-r\\n')\nwarning('careful')"}).to_string()),
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.content_type.starts_with("text/html"), "{r:?}");
+    assert!(r.text.contains("hello-from-r"), "{}", r.text);
+    assert!(r.text.contains("careful"), "{}", r.text);
+    assert!(r.text.trim_start().starts_with('<'), "{}", r.text);
+    assert!(serde_json::from_str::<Value>(&r.text).is_err());
+}
+
+#[test]
+fn one_run_does_not_see_the_variables_of_another() {
+    let srv = Server::open();
+    let c = srv.client();
+    let r = c.run(&json!({"script": "leaked_secret <- 42; cat(exists('leaked_secret'))"}));
+    assert_eq!(r["console"], "TRUE", "{r}");
+    let r = c.run(&json!({"script": "cat(exists('leaked_secret'))"}));
+    assert_eq!(r["console"], "FALSE", "{r}");
+    // Nor a variable bound for the previous run.
+    let r = c.run(&json!({"script": "1", "variables": [{"name": "bound_one", "value": 1}]}));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let r = c.run(&json!({"script": "cat(exists('bound_one'))"}));
+    assert_eq!(r["console"], "FALSE", "{r}");
+}
+
+// ---------------------------------------------------------------------------
+// Request errors
+
+#[test]
+fn malformed_json_is_400_with_the_error_shape() {
+    let srv = Server::open();
+    let c = srv.client();
+    for path in ["/v1/run", "/v1/validate", "/v1/sessions"] {
+        for body in ["{", "not json", "{,}", "\u{1}"] {
+            c.post_raw(path, body).error(400, "bad_request");
+        }
+    }
+    c.post_raw("/v1/run", "{\"script\": ")
+        .error(400, "bad_request");
+    c.post_raw("/v1/validate", "{\"script\": \"1\"")
+        .error(400, "bad_request");
+    c.post_raw("/v1/sessions", "{\"timeout_seconds\": 5,")
+        .error(400, "bad_request");
+    // A JSON body without the JSON content type.
+    c.send(
+        "POST",
+        "/v1/run",
+        &[("Content-Type", "text/plain")],
+        Some("{\"script\": \"1\"}"),
+    )
+    .error(400, "bad_request");
+}
+
+#[test]
+fn wrong_types_missing_and_unknown_fields_are_422() {
+    let srv = Server::open();
+    let c = srv.client();
+    let m = c
+        .post("/v1/run", &json!({"script": 5}))
+        .error(422, "invalid");
+    assert!(m.contains("script"), "{m}");
+    let m = c
+        .post("/v1/run", &json!({"script": "1", "bogus_field": 1}))
+        .error(422, "invalid");
+    assert!(m.contains("bogus_field"), "{m}");
+    c.post("/v1/run", &json!({})).error(422, "invalid");
+    c.post("/v1/run", &json!({"script": "1", "timeout_seconds": "5"}))
+        .error(422, "invalid");
+    c.post("/v1/validate", &json!({"script": ["1"]}))
+        .error(422, "invalid");
+    c.post("/v1/validate", &json!({"script": "1", "x": 1}))
+        .error(422, "invalid");
+    let id = c.new_session();
+    c.post(&format!("/v1/sessions/{id}/run"), &json!({"script": "1"}))
+        .error(422, "invalid");
+    c.post("/v1/sessions", &json!({"bogus": 1}))
+        .error(422, "invalid");
+}
+
+#[test]
+fn a_body_over_max_body_bytes_is_413() {
+    let srv = Server::start(
+        light_sup(SafetyRules::default()),
+        ServeConfig {
+            max_body_bytes: 1024,
+            ..ServeConfig::default()
+        },
+    );
+    let c = srv.client();
+    let big = json!({ "script": format!("x <- '{}'", "a".repeat(4000)) });
+    c.post("/v1/run", &big).error(413, "too_large");
+    c.post("/v1/validate", &big).error(413, "too_large");
+    let id = c.new_session();
+    c.post(
+        &format!("/v1/sessions/{id}/run"),
+        &json!({ "code": format!("x <- '{}'", "a".repeat(4000)) }),
+    )
+    .error(413, "too_large");
+    c.post(
+        "/v1/sessions",
+        &json!({ "timeout_seconds": 5, "pad": "a".repeat(4000) }),
+    )
+    .error(413, "too_large");
+    // Under the limit is fine.
+    let r = c.run(&json!({"script": "cat('small')"}));
+    assert_eq!(r["console"], "small", "{r}");
+}
+
+#[test]
+fn an_unknown_route_is_404_json() {
+    let srv = Server::open();
+    let c = srv.client();
+    c.get("/v1/nope").error(404, "not_found");
+    c.get("/").error(404, "not_found");
+    c.post("/v2/run", &json!({"script": "1"}))
+        .error(404, "not_found");
+}
+
+// ---------------------------------------------------------------------------
+// Sessions
+
+#[test]
+fn sessions_are_created_keep_state_and_report_status() {
+    let srv = Server::open();
+    let c = srv.client();
+    let r = c.send("POST", "/v1/sessions", &[], None);
+    assert_eq!(r.status, 201, "{}", r.text);
+    let st = r.json();
+    for field in [
+        "id",
+        "state",
+        "generation",
+        "queued",
+        "last_reset",
+        "pid",
+        "working_dir",
+    ] {
+        assert!(st.get(field).is_some(), "no {field} in {st}");
+    }
+    assert_eq!(st["state"], "new", "{st}");
+    assert_eq!(st["queued"], 0, "{st}");
+    assert!(st["last_reset"].is_null(), "{st}");
+    let id = st["id"].as_str().unwrap().to_string();
+
+    let r = c.session_run(&id, "x <- 41");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["session"]["id"], id.as_str(), "{r}");
+    let r = c.session_run(&id, "x + 1");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["console"], "[1] 42\n", "{r}");
+
+    let st = c.get(&format!("/v1/sessions/{id}")).ok();
+    assert_eq!(st["id"], id.as_str());
+    assert_eq!(st["state"], "idle", "{st}");
+    assert_eq!(st["generation"], 1, "{st}");
+    assert!(st["pid"].as_u64().is_some_and(|p| p > 0), "{st}");
+    assert!(st["working_dir"].is_string(), "{st}");
+
+    // Health counts it.
+    let h = c.get("/v1/health").ok();
+    assert_eq!(h["workers"]["sessions"], 1, "{h}");
+
+    // Session options are accepted, and checked.
+    let r = c.post(
+        "/v1/sessions",
+        &json!({"timeout_seconds": 5, "plot_width": 400, "plot_height": 300}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id2 = r.json()["id"].as_str().unwrap().to_string();
+    assert_ne!(id, id2);
+    let r = c.session_run(&id2, "plot(1)");
+    assert_eq!(r["plots"][0]["width"], 400, "{r}");
+    assert_eq!(r["plots"][0]["height"], 300, "{r}");
+    // The other session's state is its own.
+    let r = c.session_run(&id2, "cat(exists('x'))");
+    assert_eq!(r["console"], "FALSE", "{r}");
+    c.post("/v1/sessions", &json!({"timeout_seconds": 0}))
+        .error(422, "invalid");
+    c.post("/v1/sessions", &json!({"timeout_seconds": 301}))
+        .error(422, "invalid");
+    // A session run's timeout is checked too.
+    c.post(
+        &format!("/v1/sessions/{id}/run"),
+        &json!({"code": "1", "timeout_seconds": 0}),
+    )
+    .error(422, "invalid");
+}
+
+#[test]
+fn cancel_stops_an_in_flight_session_run() {
+    let srv = Server::open();
+    let c = srv.client();
+    let id = c.new_session();
+    let r = c.session_run(&id, "kept <- 'still here'");
+    assert_eq!(r["outcome"], "complete", "{r}");
+
+    let runner = {
+        let c = c.clone();
+        let id = id.clone();
+        std::thread::spawn(move || {
+            c.post(
+                &format!("/v1/sessions/{id}/run"),
+                &json!({"code": "Sys.sleep(60)", "timeout_seconds": 120}),
+            )
+            .ok()
+        })
+    };
+    wait_for("the session to be running", || {
+        let st = c.get(&format!("/v1/sessions/{id}")).ok();
+        (st["state"] == "running").then_some(())
+    });
+    let st = c
+        .post(&format!("/v1/sessions/{id}/cancel"), &json!({}))
+        .ok();
+    assert_eq!(st["id"], id.as_str(), "{st}");
+    let started = Instant::now();
+    let r = runner.join().expect("the runner thread");
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the run was not cut short"
+    );
+    assert_eq!(r["outcome"], "cancelled", "{r}");
+    assert_eq!(r["success"], false, "{r}");
+
+    // The session goes on.
+    let r = c.session_run(&id, "cat('after')");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["console"], "after", "{r}");
+}
+
+#[test]
+fn a_full_session_queue_is_429_and_cancel_drops_the_queue() {
+    let sup = Supervisor::new(SupervisorConfig {
+        defaults: SessionOptions {
+            queue_limit: 1,
+            ..SessionOptions::default()
+        },
+        pool: PoolConfig {
+            zygote: false,
+            ..PoolConfig::default()
+        },
+        ..SupervisorConfig::default()
+    })
+    .expect("the supervisor starts");
+    let srv = Server::start(sup, ServeConfig::default());
+    let c = srv.client();
+    let id = c.new_session();
+    let in_flight = |code: &'static str| {
+        let c = c.clone();
+        let id = id.clone();
+        std::thread::spawn(move || {
+            c.post(
+                &format!("/v1/sessions/{id}/run"),
+                &json!({"code": code, "timeout_seconds": 120}),
+            )
+            .ok()
+        })
+    };
+    let status = || c.get(&format!("/v1/sessions/{id}")).ok();
+    let long = in_flight("Sys.sleep(60)");
+    wait_for("the session to be running", || {
+        (status()["state"] == "running").then_some(())
+    });
+    let queued = in_flight("cat('queued')");
+    wait_for("a call to be queued", || {
+        (status()["queued"] == 1).then_some(())
+    });
+    let m = c
+        .post(&format!("/v1/sessions/{id}/run"), &json!({"code": "1"}))
+        .error(429, "queue_full");
+    assert!(m.contains("queue"), "{m}");
+    // An empty call is refused before it is queued.
+    c.post(&format!("/v1/sessions/{id}/run"), &json!({"code": "  "}))
+        .error(422, "invalid");
+
+    c.post(&format!("/v1/sessions/{id}/cancel"), &json!({}))
+        .ok();
+    let r = long.join().expect("the long call's thread");
+    assert_eq!(r["outcome"], "cancelled", "{r}");
+    let r = queued.join().expect("the queued call's thread");
+    assert_eq!(r["outcome"], "not_executed", "{r}");
+    assert!(!r["console"].as_str().unwrap().contains("queued"), "{r}");
+    let r = c.session_run(&id, "cat('next')");
+    assert_eq!(r["console"], "next", "{r}");
+}
+
+#[test]
+fn deleting_a_session_ends_its_in_flight_run() {
+    let srv = Server::open();
+    let c = srv.client();
+    let id = c.new_session();
+    let long = {
+        let c = c.clone();
+        let id = id.clone();
+        std::thread::spawn(move || {
+            c.post(
+                &format!("/v1/sessions/{id}/run"),
+                &json!({"code": "Sys.sleep(60)", "timeout_seconds": 120}),
+            )
+            .ok()
+        })
+    };
+    let pid = wait_for("the session to be running", || {
+        let st = c.get(&format!("/v1/sessions/{id}")).ok();
+        (st["state"] == "running").then(|| st["pid"].as_u64().expect("a pid"))
+    });
+    let r = c.delete(&format!("/v1/sessions/{id}"));
+    assert_eq!(r.status, 204, "{}", r.text);
+    let r = long.join().expect("the long call's thread");
+    assert_eq!(r["success"], false, "{r}");
+    assert_ne!(r["outcome"], "complete", "{r}");
+    c.get(&format!("/v1/sessions/{id}")).error(404, "not_found");
+    wait_for("the session's worker to exit", || {
+        process_gone(pid as u32).then_some(())
+    });
+}
+
+#[test]
+fn a_deleted_session_is_gone() {
+    let srv = Server::open();
+    let c = srv.client();
+    let id = c.new_session();
+    let r = c.session_run(&id, "1");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let pid = c.get(&format!("/v1/sessions/{id}")).ok()["pid"]
+        .as_u64()
+        .expect("a pid");
+
+    let r = c.delete(&format!("/v1/sessions/{id}"));
+    assert_eq!(r.status, 204, "{}", r.text);
+    assert!(r.text.is_empty(), "{}", r.text);
+    c.get(&format!("/v1/sessions/{id}")).error(404, "not_found");
+    c.post(&format!("/v1/sessions/{id}/run"), &json!({"code": "1"}))
+        .error(404, "not_found");
+    c.post(&format!("/v1/sessions/{id}/cancel"), &json!({}))
+        .error(404, "not_found");
+    c.delete(&format!("/v1/sessions/{id}"))
+        .error(404, "not_found");
+    // Its worker goes away.
+    wait_for("the session's worker to exit", || {
+        process_gone(pid as u32).then_some(())
+    });
+}
+
+#[test]
+fn unknown_session_ids_are_404() {
+    let srv = Server::open();
+    let c = srv.client();
+    for id in ["nope", "s-0000000000000000", "..%2F.."] {
+        c.get(&format!("/v1/sessions/{id}")).error(404, "not_found");
+        c.post(&format!("/v1/sessions/{id}/run"), &json!({"code": "1"}))
+            .error(404, "not_found");
+        c.post(&format!("/v1/sessions/{id}/cancel"), &json!({}))
+            .error(404, "not_found");
+        c.delete(&format!("/v1/sessions/{id}"))
+            .error(404, "not_found");
+    }
+}
+
+/// Whether a process no longer runs (gone, or a zombie waiting to be
+/// reaped).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tenants and auth
+
+#[test]
+fn token_files_are_parsed_and_short_tokens_refused() {
+    let t = read_tokens(&format!(
+        "# tokens\n{TOK_A} alice\n\n  {TOK_B}   bob  # the second\n"
+    ))
+    .expect("a valid file");
+    assert_eq!(t, tokens());
+    assert!(read_tokens("short-token alice\n").is_err());
+    assert!(read_tokens("# nothing\n").is_err());
+    assert!(read_tokens(&format!("{TOK_A}\n")).is_err());
+    assert!(read_tokens(&format!("{TOK_A} alice extra\n")).is_err());
+}
+
+#[test]
+fn requests_without_a_valid_token_are_401() {
+    let srv = Server::authed();
+    let anon = srv.client();
+    let wrong = srv.client_as("not-a-token-0123456789abcdef");
+    for c in [&anon, &wrong] {
+        c.get("/v1/health").error(401, "unauthorized");
+        c.get("/v1/packages").error(401, "unauthorized");
+        c.get("/metrics").error(401, "unauthorized");
+        c.post("/v1/run", &json!({"script": "1"}))
+            .error(401, "unauthorized");
+        c.post("/v1/validate", &json!({"script": "1"}))
+            .error(401, "unauthorized");
+        c.post("/v1/sessions", &json!({}))
+            .error(401, "unauthorized");
+        c.get("/v1/nope").error(401, "unauthorized");
+    }
+    // Not a bearer token, or a token as a different scheme.
+    let r = anon.send(
+        "GET",
+        "/v1/health",
+        &[("Authorization", &format!("Basic {TOK_A}"))],
+        None,
+    );
+    r.error(401, "unauthorized");
+    let r = anon.send("GET", "/v1/health", &[("Authorization", TOK_A)], None);
+    r.error(401, "unauthorized");
+    // The real tokens work.
+    for t in [TOK_A, TOK_B] {
+        assert_eq!(srv.client_as(t).get("/v1/health").ok()["status"], "ok");
+    }
+    let r = srv.client_as(TOK_A).run(&json!({"script": "cat(6 * 7)"}));
+    assert_eq!(r["console"], "42", "{r}");
+}
+
+#[test]
+fn another_tenants_session_answers_like_an_unknown_one() {
+    let srv = Server::authed();
+    let alice = srv.client_as(TOK_A);
+    let bob = srv.client_as(TOK_B);
+    let id = alice.new_session();
+    let r = alice.session_run(&id, "secret <- 'alice-only'");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let before = alice.get(&format!("/v1/sessions/{id}")).ok();
+
+    let unknown = "s-unknown-0000";
+    type Probe<'a> = (&'a str, Box<dyn Fn(&Client, &str) -> Resp>);
+    let probes: Vec<Probe> = vec![
+        (
+            "GET",
+            Box::new(|c, id| c.get(&format!("/v1/sessions/{id}"))),
+        ),
+        (
+            "run",
+            Box::new(|c, id| {
+                c.post(
+                    &format!("/v1/sessions/{id}/run"),
+                    &json!({"code": "cat(secret); rm(secret)"}),
+                )
+            }),
+        ),
+        (
+            "cancel",
+            Box::new(|c, id| c.post(&format!("/v1/sessions/{id}/cancel"), &json!({}))),
+        ),
+        (
+            "DELETE",
+            Box::new(|c, id| c.delete(&format!("/v1/sessions/{id}"))),
+        ),
+    ];
+    for (what, probe) in &probes {
+        let theirs = probe(&bob, &id);
+        let none = probe(&bob, unknown);
+        theirs.error(404, "not_found");
+        none.error(404, "not_found");
+        assert_eq!(
+            (theirs.status, theirs.json()),
+            (none.status, none.json()),
+            "{what}: another tenant's session answers unlike an unknown one"
+        );
+        assert!(
+            !theirs.text.contains("alice-only"),
+            "{what}: {}",
+            theirs.text
+        );
+    }
+
+    // Alice's session is untouched and still hers.
+    let after = alice.get(&format!("/v1/sessions/{id}")).ok();
+    assert_eq!(after["state"], "idle", "{after}");
+    assert_eq!(after["generation"], before["generation"], "{after}");
+    assert_eq!(after["pid"], before["pid"], "{after}");
+    assert!(after["last_reset"].is_null(), "{after}");
+    let r = alice.session_run(&id, "cat(secret)");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["console"], "alice-only", "{r}");
+    // And bob's own sessions work alongside.
+    let bobs = bob.new_session();
+    let r = bob.session_run(&bobs, "cat(exists('secret'))");
+    assert_eq!(r["console"], "FALSE", "{r}");
+    alice
+        .get(&format!("/v1/sessions/{bobs}"))
+        .error(404, "not_found");
+    let r = alice.delete(&format!("/v1/sessions/{id}"));
+    assert_eq!(r.status, 204, "{}", r.text);
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency and metrics
+
+#[test]
+fn fifty_concurrent_runs_from_ten_clients_all_answer() {
+    let srv = Server::open();
+    let answers: Vec<(u64, Value)> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..10u64)
+            .map(|t| {
+                let c = srv.client();
+                s.spawn(move || {
+                    (0..5u64)
+                        .map(|i| {
+                            let k = t * 100 + i;
+                            let r = c.run(&json!({
+                                "script": "cat(k * 2L, Sys.getpid(), sep = ' ')",
+                                "variables": [{"name": "k", "value": k}],
+                            }));
+                            (k, r)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|h| h.join().expect("a client thread"))
+            .collect()
+    });
+    assert_eq!(answers.len(), 50);
+    let mut ids = HashSet::new();
+    let mut pids = HashSet::new();
+    for (k, r) in &answers {
+        assert_eq!(r["outcome"], "complete", "{r}");
+        let console = r["console"].as_str().unwrap();
+        let (double, pid) = console.split_once(' ').expect("two numbers");
+        assert_eq!(double, (k * 2).to_string(), "{r}");
+        pids.insert(pid.to_string());
+        ids.insert(r["execution_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 50, "execution ids are not unique");
+    assert_eq!(pids.len(), 50, "one-shot runs shared a worker");
+    let m = srv.client().get("/metrics");
+    assert!(
+        m.text
+            .contains("rvisor_calls_total{outcome=\"complete\"} 50\n"),
+        "{}",
+        m.text
+    );
+}
+
+#[test]
+fn metrics_are_prometheus_text_with_outcomes_and_a_histogram() {
+    let srv = Server::open();
+    let c = srv.client();
+    for script in ["1", "cat(2)", "stop('boom')", "system('id')"] {
+        c.run(&json!({ "script": script }));
+    }
+    let id = c.new_session();
+    c.session_run(&id, "x <- 1");
+    let m = c.get("/metrics");
+    assert_eq!(m.status, 200, "{}", m.text);
+    assert!(m.content_type.starts_with("text/plain"), "{m:?}");
+    let t = &m.text;
+    for line in [
+        "# TYPE rvisor_calls_total counter",
+        "rvisor_calls_total{outcome=\"complete\"} 3",
+        "rvisor_calls_total{outcome=\"error\"} 1",
+        "rvisor_calls_total{outcome=\"rejected\"} 1",
+        "# TYPE rvisor_call_seconds histogram",
+        "rvisor_call_seconds_bucket{le=\"+Inf\"} 5",
+        "rvisor_call_seconds_count 5",
+        "rvisor_sessions 1",
+    ] {
+        assert!(t.lines().any(|l| l == line), "no line {line:?} in\n{t}");
+    }
+    // Buckets are cumulative: non-decreasing, and none above the count.
+    let buckets: Vec<u64> = t
+        .lines()
+        .filter(|l| l.starts_with("rvisor_call_seconds_bucket{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().expect("a count"))
+        .collect();
+    assert!(buckets.len() >= 2, "{t}");
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{t}");
+    assert_eq!(*buckets.last().unwrap(), 5);
+    let sum: f64 = t
+        .lines()
+        .find_map(|l| l.strip_prefix("rvisor_call_seconds_sum "))
+        .expect("a sum line")
+        .parse()
+        .expect("a number");
+    assert!(sum > 0.0, "{t}");
+    // Every sample line is `name{labels} value` or `name value`.
+    for l in t.lines().filter(|l| !l.starts_with('#')) {
+        let (_, v) = l.rsplit_once(' ').expect("name and value");
+        v.parse::<f64>()
+            .unwrap_or_else(|_| panic!("bad value in {l:?}"));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The real binary
+
+/// The `rvisor` binary next to the test executable (target/debug/rvisor).
+fn rvisor_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/debug")
+        .join("rvisor");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo build --workspace` first",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Kills the child if the test fails before it exits.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_binary_serves_with_auth_and_exits_0_on_sigterm() {
+    let bin = rvisor_bin();
+    let dir = TempDir::new("serve-bin");
+    let token_file = dir.path().join("tokens");
+    std::fs::write(
+        &token_file,
+        format!("# test tokens\n{TOK_A} alice\n{TOK_B} bob\n"),
+    )
+    .expect("write the token file");
+    let log = dir.path().join("stderr.log");
+
+    // The port is free when chosen but may be taken before the server binds
+    // it: then try another.
+    let (mut guard, base) = 'start: {
+        for _ in 0..3 {
+            let base = format!("127.0.0.1:{}", free_port());
+            let child = Command::new(&bin)
+                .args(["serve", "--listen", &base, "--tokens"])
+                .arg(&token_file)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("a log file"))
+                .spawn()
+                .expect("rvisor serve starts");
+            let mut guard = ChildGuard(Some(child));
+            let base = format!("http://{base}");
+            let probe = Client::new(&base, Some(TOK_A));
+            let ready = wait_for("rvisor serve to answer /v1/health", || {
+                let child = guard.0.as_mut().unwrap();
+                if let Some(status) = child.try_wait().expect("try_wait") {
+                    return Some(Err(status));
+                }
+                let r = probe
+                    .agent
+                    .get(&format!("{base}/v1/health"))
+                    .set("Authorization", &format!("Bearer {TOK_A}"))
+                    .call();
+                match r {
+                    Ok(r) if r.status() == 200 => Some(Ok(())),
+                    _ => None,
+                }
+            });
+            match ready {
+                Ok(()) => break 'start (guard, base),
+                Err(status) => {
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    assert!(
+                        text.contains("in use"),
+                        "rvisor serve exited early ({status}): {text}"
+                    );
+                }
+            }
+        }
+        panic!("no free port could be bound");
+    };
+
+    let anon = Client::new(&base, None);
+    anon.get("/v1/health").error(401, "unauthorized");
+    Client::new(&base, Some("wrong-token-0123456789abcdef"))
+        .get("/v1/health")
+        .error(401, "unauthorized");
+    let alice = Client::new(&base, Some(TOK_A));
+    let bob = Client::new(&base, Some(TOK_B));
+    let h = alice.get("/v1/health").ok();
+    assert_eq!(h["status"], "ok");
+    let r = alice.run(&json!({"script": "cat(6 * 7)"}));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["console"], "42", "{r}");
+    let id = alice.new_session();
+    let r = alice.session_run(&id, "y <- 1");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let pid = alice.get(&format!("/v1/sessions/{id}")).ok()["pid"]
+        .as_u64()
+        .expect("a worker pid") as u32;
+    bob.get(&format!("/v1/sessions/{id}"))
+        .error(404, "not_found");
+    drop((anon, alice, bob));
+
+    let child = guard.0.as_mut().unwrap();
+    // SAFETY: kill has no memory-safety preconditions; the pid is our own
+    // child, which has not been waited for (so the pid is not reused).
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
+    let status = wait_for("rvisor serve to exit after SIGTERM", || {
+        child.try_wait().expect("try_wait")
+    });
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{status}: {text}");
+    assert!(text.contains("shutting down"), "{text}");
+    // No R worker is left behind.
+    wait_for("the session's worker to exit", || {
+        process_gone(pid).then_some(())
+    });
+}
+
+// --- tables and data pointers ----------------------------------------------
+
+fn table_server(tokens: Option<HashMap<String, String>>, max_tables: usize) -> Server {
+    let dir =
+        std::env::temp_dir().join(format!("rvisor-http-tables-{}", rvisor::ids::random_hex(6)));
+    Server::start(
+        light_sup(SafetyRules::default()),
+        ServeConfig {
+            tokens,
+            tables: rvisor::tables::TableConfig {
+                dir,
+                max_tables_per_tenant: max_tables,
+                ..Default::default()
+            },
+            ..ServeConfig::default()
+        },
+    )
+}
+
+fn upload(c: &Client, content_type: &str, body: &str) -> Resp {
+    c.send(
+        "POST",
+        "/v1/tables",
+        &[("Content-Type", content_type)],
+        Some(body),
+    )
+}
+
+#[test]
+fn a_csv_table_is_hydrated_with_every_column_type_and_nas() {
+    let s = table_server(None, 100);
+    let c = s.client();
+    let csv = "i,d,b,s,dt,ts\n1,1.5,true,a,2024-01-02,2024-01-02T03:04:05\nNA,,false,,2024-02-03,\n3,2.5,NA,c,,2024-03-04T05:06:07\n";
+    let r = upload(&c, "text/csv", csv);
+    assert_eq!(r.status, 201, "{}", r.text);
+    let meta = r.json();
+    let pointer = meta["data_pointer"].as_str().unwrap().to_string();
+    assert_eq!(meta["rows"], 3);
+    let types: Vec<&str> = meta["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "integer",
+            "double",
+            "logical",
+            "string",
+            "date",
+            "timestamp"
+        ]
+    );
+    assert!(meta["expires_at"].as_str().unwrap().ends_with('Z'));
+    let out = c.run(&json!({
+        "script": "cat(vapply(t, function(x) class(x)[1], ''), '\\n'); cat(colSums(is.na(t)), '\\n'); cat(format(t$ts[3], tz = 'UTC'), '\\n')",
+        "dataframes": [{"data_pointer": pointer, "name": "t"}]
+    }));
+    assert_eq!(out["outcome"], "complete", "{}", out["console"]);
+    assert_eq!(
+        out["console"],
+        "integer numeric logical character Date POSIXct \n1 1 1 1 1 1 \n2024-03-04 05:06:07 \n"
+    );
+    // GET gives the metadata; DELETE removes it; then the pointer is gone.
+    assert_eq!(c.get(&format!("/v1/tables/{pointer}")).ok()["rows"], 3);
+    assert_eq!(c.delete(&format!("/v1/tables/{pointer}")).status, 204);
+    c.get(&format!("/v1/tables/{pointer}"))
+        .error(404, "not_found");
+    let r = c.post(
+        "/v1/run",
+        &json!({"script": "1", "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
+    );
+    let msg = r.error(422, "data_pointer_unresolved");
+    assert!(!msg.contains(&pointer));
+}
+
+#[test]
+fn json_records_become_a_data_frame() {
+    let s = table_server(None, 100);
+    let c = s.client();
+    let r = upload(
+        &c,
+        "application/json",
+        r#"[{"n": 1, "x": 2.5, "day": "2024-01-01", "ok": true, "s": "a"}, {"n": 2, "x": null, "day": "2024-01-02", "ok": false, "s": null}]"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    let pointer = r.json()["data_pointer"].as_str().unwrap().to_string();
+    let out = c.run(&json!({
+        "script": "cat(nrow(d), class(d$n), class(d$day), is.na(d$x[2]), is.na(d$s[2]), '\\n')",
+        "dataframes": [{"data_pointer": pointer, "name": "d"}]
+    }));
+    assert_eq!(out["console"], "2 integer Date TRUE TRUE \n", "{}", out);
+}
+
+#[test]
+fn bad_uploads_and_quotas_get_clear_errors() {
+    let s = table_server(None, 1);
+    let c = s.client();
+    upload(&c, "application/json", "{\"not\": \"an array\"}").error(422, "invalid");
+    upload(&c, "application/vnd.apache.arrow.stream", "garbage").error(422, "invalid");
+    let (_, m) = upload(&c, "text/plain", "a\n1\n").error_with(400);
+    assert!(m.contains("text/csv"));
+    assert_eq!(upload(&c, "text/csv", "a\n1\n").status, 201);
+    upload(&c, "text/csv", "a\n2\n").error(429, "quota");
+}
+
+#[test]
+fn another_tenants_pointer_is_unknown_and_runs_nothing() {
+    let s = table_server(Some(tokens()), 100);
+    let alice = s.client_as(TOK_A);
+    let bob = s.client_as(TOK_B);
+    let r = upload(&alice, "text/csv", "a\n1\n");
+    assert_eq!(r.status, 201, "{}", r.text);
+    let pointer = r.json()["data_pointer"].as_str().unwrap().to_string();
+    let unknown = bob.get("/v1/tables/dp_0000000000000000000000000000000000000000000000000");
+    let foreign = bob.get(&format!("/v1/tables/{pointer}"));
+    assert_eq!(
+        (foreign.status, foreign.json()),
+        (unknown.status, unknown.json())
+    );
+    assert_eq!(bob.delete(&format!("/v1/tables/{pointer}")).status, 404);
+    let marker =
+        std::env::temp_dir().join(format!("rvisor-foreign-{}", rvisor::ids::random_hex(6)));
+    let r = bob.post(
+        "/v1/run",
+        &json!({"script": format!("file.create('{}')", marker.display()), "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
+    );
+    let msg = r.error(422, "data_pointer_unresolved");
+    assert!(!msg.contains(&pointer));
+    assert!(!marker.exists(), "nothing may run");
+    // Alice still has it.
+    let out = alice
+        .run(&json!({"script": "nrow(t)", "dataframes": [{"data_pointer": pointer, "name": "t"}]}));
+    assert_eq!(out["console"], "[1] 1\n");
+}
