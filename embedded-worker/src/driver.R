@@ -329,6 +329,27 @@ helpers$`$.rvisor_tools` <- function(x, name) {
   f
 }
 helpers$`[[.rvisor_tools` <- helpers$`$.rvisor_tools`
+
+## Publishes a data frame as a new data pointer (where the host offers
+## it: runs through `rvisor serve`). Returns the pointer.
+helpers$rvisor_publish <- function(df, name = NULL) {
+  if (!is.data.frame(df)) stop("rvisor_publish() takes a data frame")
+  if (!("rvisor.publish" %in% state$tool_names))
+    stop("publishing tables is not available here (run through rvisor serve)", call. = FALSE)
+  out <- df
+  for (j in seq_along(out)) {
+    x <- out[[j]]
+    # ISO text the table store reads back as dates and timestamps.
+    if (inherits(x, "POSIXt")) out[[j]] <- format(x, "%Y-%m-%dT%H:%M:%S", tz = "UTC")
+    else if (inherits(x, "Date")) out[[j]] <- format(x, "%Y-%m-%d")
+    else if (is.factor(x)) out[[j]] <- as.character(x)
+  }
+  f <- tempfile(fileext = ".csv")
+  on.exit(unlink(f))
+  utils::write.csv(out, f, row.names = FALSE, na = "NA")
+  res <- call_tool("rvisor.publish", list(path = f, name = if (is.null(name)) "" else as.character(name)))
+  res$data_pointer
+}
 helpers$print.rvisor_tools <- function(x, ...) {
   cat("rvisor tools:", if (length(x)) paste(names(x), collapse = ", ") else "none", "\n")
   invisible(x)

@@ -1623,3 +1623,53 @@ fn another_tenants_pointer_is_unknown_and_runs_nothing() {
         .run(&json!({"script": "nrow(t)", "dataframes": [{"data_pointer": pointer, "name": "t"}]}));
     assert_eq!(out["console"], "[1] 1\n");
 }
+
+#[test]
+fn a_published_data_frame_is_a_pointer_the_next_run_can_use() {
+    let s = table_server(Some(tokens()), 100);
+    let alice = s.client_as(TOK_A);
+    let out = alice.run(&json!({
+        "script": "d <- data.frame(n = 1:3, day = as.Date('2024-01-01') + 0:2, s = c('a', NA, 'c')); p <- rvisor_publish(d, name = 'days'); cat(startsWith(p, 'dp_'), '\\n')"
+    }));
+    assert_eq!(out["outcome"], "complete", "{}", out["console"]);
+    assert_eq!(out["console"], "TRUE \n");
+    let published = out["published"].as_array().expect("published list");
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0]["name"], "days");
+    assert_eq!(published[0]["rows"], 3);
+    let pointer = published[0]["data_pointer"].as_str().unwrap().to_string();
+    let next = alice.run(&json!({
+        "script": "cat(class(t$n), class(t$day), is.na(t$s[2]), '\\n')",
+        "dataframes": [{"data_pointer": pointer, "name": "t"}]
+    }));
+    assert_eq!(next["console"], "integer Date TRUE \n", "{next}");
+    // The pointer is alice's: bob cannot use it.
+    let r = s.client_as(TOK_B).post(
+        "/v1/run",
+        &json!({"script": "1", "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
+    );
+    r.error(422, "data_pointer_unresolved");
+}
+
+#[test]
+fn publishing_refuses_files_outside_the_sessions_tempdir() {
+    let s = table_server(None, 100);
+    let c = s.client();
+    // R code that names a host file directly through the tool is refused.
+    let out = c.run(&json!({
+        "script": "tools$rvisor.publish(path = '/etc/passwd', name = 'x')"
+    }));
+    assert_eq!(out["outcome"], "error");
+    assert!(
+        out["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("temporary directory"),
+        "{out}"
+    );
+    // So is a symlink to it inside the temp dir.
+    let out = c.run(&json!({
+        "script": "f <- file.path(tempdir(), 'link.csv'); file.symlink('/etc/passwd', f); tools$rvisor.publish(path = f, name = 'x')"
+    }));
+    assert_eq!(out["outcome"], "error", "{out}");
+}

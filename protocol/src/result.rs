@@ -244,6 +244,9 @@ pub struct RunResult {
     /// When a script was refused by validation: the findings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<serde_json::Value>,
+    /// Tables the code published with `rvisor_publish()` (data pointers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published: Vec<serde_json::Value>,
 }
 
 impl RunResult {
@@ -280,6 +283,7 @@ impl RunResult {
             usage: Usage::default(),
             truncated: false,
             validation: None,
+            published: Vec::new(),
         }
     }
 

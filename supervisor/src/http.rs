@@ -21,6 +21,51 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Tables published during calls: (execution id, table metadata).
+type Published = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// Takes the tables published by call `execution_id`.
+fn take_published(p: &Published, execution_id: &str) -> Vec<Value> {
+    let mut all = p.lock().unwrap_or_else(|e| e.into_inner());
+    let (mine, rest): (Vec<_>, Vec<_>) = all.drain(..).partition(|(id, _)| id == execution_id);
+    *all = rest;
+    mine.into_iter().map(|(_, v)| v).collect()
+}
+
+/// The built-in tool behind `rvisor_publish(df)`: stores the CSV the R
+/// code wrote (in its own temporary directory) as a table of `tenant`, and
+/// records it for the result's `published` list.
+fn publish_tool(
+    store: Arc<crate::tables::TableStore>,
+    tenant: String,
+    record: Published,
+) -> crate::Tool {
+    let tool = crate::Tool::new(
+        "rvisor.publish",
+        "Publish a data frame as a data pointer",
+        json!({"type": "object", "properties": {"path": {"type": "string"}, "name": {"type": "string"}}}),
+        move |call| {
+            let path = call.args["path"].as_str().ok_or("path is missing")?;
+            let name = call.args["name"].as_str().unwrap_or("");
+            let bytes = crate::tools::read_worker_file(call, path)?;
+            let meta = store
+                .put(&tenant, crate::tables::TableFormat::Csv, &bytes)
+                .map_err(|e| e.to_string())?;
+            let mut v = serde_json::to_value(&meta).map_err(|e| e.to_string())?;
+            if !name.is_empty() {
+                v["name"] = json!(name);
+            }
+            record
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((call.execution_id.clone(), v.clone()));
+            Ok(v)
+        },
+    );
+    // The name is a constant that matches the rules.
+    tool.unwrap_or_else(|e| unreachable!("{e}"))
+}
+
 /// How the server runs.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -191,7 +236,8 @@ struct AppState {
     sup: Supervisor,
     cfg: ServeConfig,
     tables: Arc<crate::tables::TableStore>,
-    sessions: Mutex<HashMap<String, (String, Session)>>,
+    /// Session id -> (tenant, session, tables it published by execution id).
+    sessions: Mutex<HashMap<String, (String, Session, Published)>>,
     metrics: Metrics,
 }
 
@@ -388,6 +434,8 @@ async fn run(
     let sup = st.sup.clone();
     let started = Instant::now();
     let script = b.script;
+    let published: Published = Arc::new(Mutex::new(Vec::new()));
+    let publish = publish_tool(st.tables.clone(), tenant.clone(), published.clone());
     let r = blocking(move || {
         let v = sup.validate(&script);
         let id = crate::ids::execution_id();
@@ -419,11 +467,14 @@ async fn run(
         let ctx = CallContext {
             variables,
             tables,
+            tools: Arc::new(vec![publish]),
             ..CallContext::default()
         };
         sup.run_once_with(id, &script, &opts, &ctx)
     })
     .await?;
+    let mut r = r;
+    r.published = take_published(&published, &r.execution_id.clone());
     st.metrics.record(&r, started.elapsed());
     if matches!(r.outcome, Outcome::StartupFailed | Outcome::StartupTimedOut) {
         return Err(ApiError::new(
@@ -483,6 +534,12 @@ async fn create_session(
     if let Some(h) = b.plot_height {
         opts.plot_height = h;
     }
+    let published: Published = Arc::new(Mutex::new(Vec::new()));
+    opts.tools.push(publish_tool(
+        st.tables.clone(),
+        tenant.clone(),
+        published.clone(),
+    ));
     let s = st
         .sup
         .session_with(opts)
@@ -491,18 +548,18 @@ async fn create_session(
     st.sessions
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(s.id().to_string(), (tenant, s));
+        .insert(s.id().to_string(), (tenant, s, published));
     Ok((StatusCode::CREATED, Json(status)).into_response())
 }
 
-fn find_session(st: &AppState, tenant: &str, id: &str) -> Result<Session, ApiError> {
+fn find_session(st: &AppState, tenant: &str, id: &str) -> Result<(Session, Published), ApiError> {
     match st
         .sessions
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(id)
     {
-        Some((owner, s)) if owner == tenant => Ok(s.clone()),
+        Some((owner, s, p)) if owner == tenant => Ok((s.clone(), p.clone())),
         _ => Err(ApiError::not_found("session")),
     }
 }
@@ -522,7 +579,7 @@ async fn session_run(
     headers: HeaderMap,
     ApiJson(b): ApiJson<SessionRunBody>,
 ) -> Result<Response, ApiError> {
-    let s = find_session(&st, &tenant, &id)?;
+    let (s, published) = find_session(&st, &tenant, &id)?;
     let timeout = match b.timeout_seconds {
         None => None,
         t => Some(check_timeout(t, &st.sup.config().rules)?),
@@ -543,7 +600,8 @@ async fn session_run(
             crate::Rejection::Closed => ApiError::not_found("session"),
             other => ApiError::invalid(other.to_string()),
         })?;
-    let r = handle.await;
+    let mut r = handle.await;
+    r.published = take_published(&published, &r.execution_id.clone());
     st.metrics.record(&r, started.elapsed());
     Ok(result_response(&headers, r))
 }
@@ -553,7 +611,7 @@ async fn session_status(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(find_session(&st, &tenant, &id)?.status()).into_response())
+    Ok(Json(find_session(&st, &tenant, &id)?.0.status()).into_response())
 }
 
 async fn session_cancel(
@@ -561,7 +619,7 @@ async fn session_cancel(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = find_session(&st, &tenant, &id)?;
+    let (s, _) = find_session(&st, &tenant, &id)?;
     s.cancel();
     Ok(Json(s.status()).into_response())
 }
@@ -571,7 +629,7 @@ async fn session_delete(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = find_session(&st, &tenant, &id)?;
+    let (s, _) = find_session(&st, &tenant, &id)?;
     st.sessions
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -685,7 +743,7 @@ async fn metrics(State(st): State<Shared>) -> Response {
     out.push_str(&format!("rvisor_call_seconds_count {count}\n"));
     let pool = st.sup.pool_status();
     let sessions = st.sessions.lock().unwrap_or_else(|e| e.into_inner());
-    let queued: usize = sessions.values().map(|(_, s)| s.status().queued).sum();
+    let queued: usize = sessions.values().map(|(_, s, _)| s.status().queued).sum();
     out.push_str(&format!(
         "# TYPE rvisor_sessions gauge\nrvisor_sessions {}\n# TYPE rvisor_queue_depth gauge\nrvisor_queue_depth {queued}\n# TYPE rvisor_spare_workers gauge\nrvisor_spare_workers {}\n# TYPE rvisor_zygote_up gauge\nrvisor_zygote_up {}\n# TYPE rvisor_http_requests_total counter\nrvisor_http_requests_total {}\n",
         sessions.len(),

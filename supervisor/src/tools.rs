@@ -17,6 +17,37 @@ pub struct ToolCall {
     /// Arguments: an object for named arguments (`tools$f(a = 1)`), an
     /// array for positional ones.
     pub args: Value,
+    /// The calling worker's private temporary directory: the only place a
+    /// handler may read files the R code names (see [`read_worker_file`]).
+    pub worker_temp_dir: std::path::PathBuf,
+}
+
+/// Reads a file that R code wrote and named in a tool call, refusing any
+/// path outside the calling worker's temporary directory (R code is
+/// untrusted: it must not make the host read files for it). The check is
+/// made on the opened file (no symlink as the last component, and the real
+/// path of the descriptor), so swapping the path after the check does not
+/// help.
+pub fn read_worker_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let root = std::fs::canonicalize(&call.worker_temp_dir)
+        .map_err(|e| format!("the worker's directory is gone: {e}"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("cannot open {path}: {e}"))?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let real = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .map_err(|e| format!("cannot check {path}: {e}"))?;
+    if !real.starts_with(&root) {
+        return Err("the file must be in the R session's temporary directory (tempdir())".into());
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    Ok(bytes)
 }
 
 /// A tool handler: JSON in, JSON out; an `Err` becomes an R error with that

@@ -838,6 +838,7 @@ impl Worker {
             execution_id,
             name,
             args,
+            worker_temp_dir: self.temp_dir().to_path_buf(),
         };
         let spawned = std::thread::Builder::new()
             .name("rvisor-tool".into())
