@@ -1673,3 +1673,39 @@ fn publishing_refuses_files_outside_the_sessions_tempdir() {
     }));
     assert_eq!(out["outcome"], "error", "{out}");
 }
+
+#[test]
+fn the_openapi_document_lists_every_route_and_the_contract_types() {
+    let s = Server::open();
+    let doc = s.client().get("/v1/openapi.json").ok();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/v1/health",
+        "/v1/packages",
+        "/v1/validate",
+        "/v1/run",
+        "/v1/sessions",
+        "/v1/sessions/{id}",
+        "/v1/sessions/{id}/run",
+        "/v1/sessions/{id}/cancel",
+        "/v1/tables",
+        "/v1/tables/{pointer}",
+    ] {
+        assert!(paths.contains_key(p), "{p} missing");
+    }
+    let run = &doc["components"]["schemas"]["RunResult"]["properties"];
+    for key in [
+        "schema_version",
+        "execution_id",
+        "outcome",
+        "console",
+        "segments",
+        "plots",
+        "session",
+        "usage",
+    ] {
+        assert!(run.get(key).is_some(), "RunResult.{key} missing");
+    }
+    assert!(doc["components"]["securitySchemes"].get("bearer").is_some());
+}

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// How a call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Outcome {
@@ -70,6 +71,7 @@ impl std::fmt::Display for Outcome {
 
 /// One piece of a call's output, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Segment {
@@ -142,6 +144,7 @@ impl Segment {
 
 /// The error of a call that did not complete.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorInfo {
     /// What went wrong, for a person.
     pub message: String,
@@ -171,6 +174,7 @@ impl ErrorInfo {
 
 /// A captured plot page.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Plot {
     /// Always `image/png` for now.
     pub mime: String,
@@ -184,6 +188,7 @@ pub struct Plot {
 
 /// Which session and incarnation of it produced a result.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionInfo {
     /// Session id.
     pub id: String,
@@ -197,6 +202,7 @@ pub struct SessionInfo {
 
 /// Resources the call used.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     /// CPU time (user + system) of the worker during the call.
     pub cpu_ms: f64,
@@ -208,6 +214,7 @@ pub struct Usage {
 
 /// The result of one call, the same on every surface.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunResult {
     /// [`crate::SCHEMA_VERSION`].
     pub schema_version: u32,

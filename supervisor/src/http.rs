@@ -160,6 +160,62 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The error shape of every failure (for the OpenAPI document).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+/// `code` is stable (e.g. `invalid`, `not_found`, `queue_full`); `message`
+/// says what went wrong and what to do.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
+/// The answer of GET /v1/packages.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct PackagesBody {
+    packages: Vec<crate::ops::Package>,
+}
+
+/// The OpenAPI 3 document, generated from the types the handlers use.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "rvisor", description = "Run R code fast, safely and with state: the HTTP surface (see CONTRACT.md)."),
+    paths(health, packages, validate, run, create_session, session_run, session_status, session_cancel, session_delete, table_create, table_get, table_delete),
+    modifiers(&BearerAuth)
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let c = api.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        api.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+    }
+}
+
+/// The OpenAPI document as JSON.
+pub fn openapi_json() -> String {
+    use utoipa::OpenApi;
+    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
+}
+
 /// A JSON body whose rejections are `ApiError`s: malformed JSON is 400,
 /// wrong types 422 (naming the field), an oversize body 413.
 #[derive(Debug)]
@@ -247,6 +303,30 @@ type Shared = Arc<AppState>;
 #[derive(Debug, Clone)]
 struct Tenant(String);
 
+/// One structured log line per request (tracing): method, path, status,
+/// latency, tenant.
+async fn log_requests(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let t = Instant::now();
+    let res = next.run(req).await;
+    let tenant = res
+        .extensions()
+        .get::<Tenant>()
+        .map(|t| t.0.clone())
+        .unwrap_or_default();
+    tracing::info!(
+        target: "rvisor::http",
+        %method,
+        path,
+        status = res.status().as_u16(),
+        ms = t.elapsed().as_secs_f64() * 1000.0,
+        tenant,
+        "request"
+    );
+    res
+}
+
 async fn auth(State(st): State<Shared>, mut req: Request, next: Next) -> Response {
     st.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let tenant = match &st.cfg.tokens {
@@ -271,8 +351,10 @@ async fn auth(State(st): State<Shared>, mut req: Request, next: Next) -> Respons
             }
         }
     };
-    req.extensions_mut().insert(Tenant(tenant));
-    next.run(req).await
+    req.extensions_mut().insert(Tenant(tenant.clone()));
+    let mut res = next.run(req).await;
+    res.extensions_mut().insert(Tenant(tenant));
+    res
 }
 
 fn wants_html(h: &HeaderMap) -> bool {
@@ -301,6 +383,7 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
+#[utoipa::path(get, path = "/v1/health", tag = "operations", responses((status = 200, description = "Liveness, versions, the live safety rules, workers (a `sessions` count is added)", body = crate::ops::Health), (status = 401, body = ErrorBody)))]
 async fn health(State(st): State<Shared>) -> Result<Response, ApiError> {
     let sup = st.sup.clone();
     let h = blocking(move || sup.health()).await?;
@@ -309,6 +392,7 @@ async fn health(State(st): State<Shared>) -> Result<Response, ApiError> {
     Ok(Json(v).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/packages", tag = "operations", responses((status = 200, description = "`{\"packages\": [Package]}`", body = PackagesBody), (status = 503, body = ErrorBody)))]
 async fn packages(State(st): State<Shared>) -> Result<Response, ApiError> {
     let sup = st.sup.clone();
     match blocking(move || sup.packages()).await? {
@@ -321,12 +405,13 @@ async fn packages(State(st): State<Shared>) -> Result<Response, ApiError> {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ValidateBody {
     script: String,
 }
 
+#[utoipa::path(post, path = "/v1/validate", tag = "operations", request_body = ValidateBody, responses((status = 200, body = crate::ops::Validation), (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
 async fn validate(
     State(st): State<Shared>,
     ApiJson(b): ApiJson<ValidateBody>,
@@ -336,21 +421,21 @@ async fn validate(
     Ok(Json(v).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct VariableBody {
     name: String,
     value: Value,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct DataframeBody {
     data_pointer: String,
     name: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RunBody {
     script: String,
@@ -376,6 +461,7 @@ fn check_timeout(t: Option<f64>, rules: &ops::SafetyRules) -> Result<Duration, A
     }
 }
 
+#[utoipa::path(post, path = "/v1/run", tag = "operations", request_body = RunBody, responses((status = 200, description = "A RunResult (outcome `rejected` with `validation` when the script fails validation); `Accept: text/html` gives an HTML fragment", body = rvisor_protocol::RunResult), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn run(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -486,7 +572,7 @@ async fn run(
     Ok(result_response(&headers, r))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SessionBody {
     #[serde(default)]
@@ -497,6 +583,7 @@ struct SessionBody {
     plot_height: Option<u32>,
 }
 
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<SessionBody>, description = "optional session options"), responses((status = 201, body = crate::SessionStatus), (status = 422, body = ErrorBody)))]
 async fn create_session(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -564,7 +651,7 @@ fn find_session(st: &AppState, tenant: &str, id: &str) -> Result<(Session, Publi
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SessionRunBody {
     code: String,
@@ -572,6 +659,7 @@ struct SessionRunBody {
     timeout_seconds: Option<f64>,
 }
 
+#[utoipa::path(post, path = "/v1/sessions/{id}/run", tag = "sessions", params(("id" = String, Path, description = "session id")), request_body = SessionRunBody, responses((status = 200, body = rvisor_protocol::RunResult), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
 async fn session_run(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -606,6 +694,7 @@ async fn session_run(
     Ok(result_response(&headers, r))
 }
 
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = crate::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_status(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -614,6 +703,7 @@ async fn session_status(
     Ok(Json(find_session(&st, &tenant, &id)?.0.status()).into_response())
 }
 
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = crate::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_cancel(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -624,6 +714,7 @@ async fn session_cancel(
     Ok(Json(s.status()).into_response())
 }
 
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 204, description = "closed"), (status = 404, body = ErrorBody)))]
 async fn session_delete(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -648,6 +739,7 @@ fn body_error(e: axum::extract::rejection::BytesRejection) -> ApiError {
     }
 }
 
+#[utoipa::path(post, path = "/v1/tables", tag = "tables", request_body(content = String, description = "CSV (text/csv), a JSON array of records (application/json) or an Arrow IPC stream (application/vnd.apache.arrow.stream)"), responses((status = 201, body = crate::tables::TableMeta), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody)))]
 async fn table_create(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -686,6 +778,7 @@ async fn table_create(
     }
 }
 
+#[utoipa::path(get, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 200, body = crate::tables::TableMeta), (status = 404, body = ErrorBody)))]
 async fn table_get(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -697,6 +790,7 @@ async fn table_get(
         .ok_or_else(|| ApiError::not_found("table"))
 }
 
+#[utoipa::path(delete, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 204, description = "deleted"), (status = 404, body = ErrorBody)))]
 async fn table_delete(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -796,12 +890,14 @@ pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
         .route("/v1/sessions/{id}/cancel", post(session_cancel))
         .route("/v1/tables/{pointer}", get(table_get).delete(table_delete))
         .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(openapi))
         .layer(DefaultBodyLimit::max(max_body));
     Ok(uploads
         .merge(rest)
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(st.clone(), auth))
+        .layer(middleware::from_fn(log_requests))
         .with_state(st))
 }
 

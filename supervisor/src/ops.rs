@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// Limits an agent must respect; reported by health from the running
 /// configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SafetyRules {
     /// Largest script, in bytes.
     pub max_script_bytes: usize,
@@ -26,7 +26,7 @@ pub struct SafetyRules {
 }
 
 /// Timeout default and bounds, in seconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TimeoutRules {
     /// Used when a run gives none.
     pub default: u64,
@@ -81,7 +81,7 @@ impl Default for SafetyRules {
 
 /// One finding that makes a script invalid (or, in `warnings`, that could
 /// not be checked).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Problem {
     /// `empty`, `size`, `syntax`, `forbidden`, `nesting`.
     pub kind: String,
@@ -94,7 +94,7 @@ pub struct Problem {
 }
 
 /// A style note; never blocks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StyleNote {
     /// The rule, e.g. `line_length`.
     pub rule: String,
@@ -107,7 +107,7 @@ pub struct StyleNote {
 }
 
 /// The answer of validation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Validation {
     /// True when there are no problems.
     pub valid: bool,
@@ -122,7 +122,7 @@ pub struct Validation {
 }
 
 /// An installed package.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Package {
     /// Name.
     pub name: String,
@@ -133,7 +133,7 @@ pub struct Package {
 }
 
 /// Liveness and the live rules.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Health {
     /// `ok`.
     pub status: String,
@@ -152,7 +152,7 @@ pub struct Health {
 }
 
 /// Confinement report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Sandbox {
     /// `unconfined` until the OS layers exist.
     pub mode: String,

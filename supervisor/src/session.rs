@@ -95,7 +95,7 @@ pub struct RunOptions {
 }
 
 /// Where a session is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionState {
     /// No call yet; no worker.
@@ -111,7 +111,7 @@ pub enum SessionState {
 }
 
 /// The last reset of a session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResetInfo {
     /// Why: `timeout`, `cancel`, `crash`, `killed`, `quit`, `reset`.
     pub reason: String,
@@ -120,7 +120,7 @@ pub struct ResetInfo {
 }
 
 /// A session's status (CONTRACT.md `SessionStatus`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionStatus {
     /// Session id.
     pub id: String,

@@ -50,7 +50,7 @@ pub enum TableFormat {
 }
 
 /// One column as the API reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ColumnMeta {
     /// Name.
     pub name: String,
@@ -60,7 +60,7 @@ pub struct ColumnMeta {
 }
 
 /// A stored table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TableMeta {
     /// The opaque pointer.
     pub data_pointer: String,
@@ -73,8 +73,10 @@ pub struct TableMeta {
     /// Bytes stored.
     pub bytes: u64,
     #[serde(skip_serializing_if = "String::is_empty", default)]
+    #[schema(ignore)]
     tenant: String,
     #[serde(skip_serializing_if = "is_zero", default)]
+    #[schema(ignore)]
     expires_unix: u64,
 }
 

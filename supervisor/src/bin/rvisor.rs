@@ -263,6 +263,13 @@ fn serve(
             "choose how clients authenticate: --tokens FILE (lines of `TOKEN TENANT`) or --no-auth for a single local user"
         ),
     };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("rvisor=info")),
+        )
+        .init();
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
     let mut tables = rvisor::tables::TableConfig::default();
     if let Some(dir) = data_dir {
