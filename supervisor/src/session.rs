@@ -1102,7 +1102,8 @@ impl Supervisor {
         r.session.id = format!("run-{}", worker.pid());
         r.session.generation = 1;
         r.session.fresh = true;
-        drop(worker); // killed: a one-shot worker is never reused
+        // A one-shot worker is never reused.
+        worker.discard();
         r
     }
 

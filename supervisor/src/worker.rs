@@ -619,6 +619,21 @@ impl Worker {
         unsafe { libc::sigqueue(self.proc.id() as libc::pid_t, libc::SIGINT, value) };
     }
 
+    /// Ends a worker that will not be used again: SIGKILL and removal of its
+    /// temporary directory now (so nothing it wrote outlives this call),
+    /// reaping on a thread of its own (a forked worker's end is reported by
+    /// the zygote a little later).
+    pub fn discard(mut self) {
+        if !self.exited {
+            self.proc.kill();
+        }
+        let _ = std::fs::remove_dir_all(self._tmp.path());
+        let spawned = std::thread::Builder::new()
+            .name("rvisor-discard".into())
+            .spawn(move || drop(self));
+        drop(spawned); // without a thread, the worker was reaped here
+    }
+
     /// Kills the worker's process group and reaps it.
     pub fn kill(&mut self) {
         if self.exited {

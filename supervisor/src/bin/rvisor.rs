@@ -263,8 +263,10 @@ fn serve(
             "choose how clients authenticate: --tokens FILE (lines of `TOKEN TENANT`) or --no-auth for a single local user"
         ),
     };
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("rvisor=info")),
