@@ -1709,3 +1709,63 @@ fn the_openapi_document_lists_every_route_and_the_contract_types() {
     }
     assert!(doc["components"]["securitySchemes"].get("bearer").is_some());
 }
+
+/// Property: whatever bytes arrive as a request body, every endpoint that
+/// decodes JSON answers 400 or 422 with the error shape, never 5xx, and the
+/// server goes on.
+#[test]
+fn garbage_bodies_are_client_errors_never_server_errors() {
+    let s = Server::open();
+    let c = s.client();
+    let pieces = [
+        "{",
+        "}",
+        "[",
+        "]",
+        "\"script\"",
+        "\"code\"",
+        ":",
+        ",",
+        "null",
+        "1e999",
+        "-0",
+        "\"variables\"",
+        "[{\"name\":",
+        "\"value\"",
+        "true",
+        "\"dataframes\"",
+        "\"timeout_seconds\"",
+        "\"\\ud800\"",
+        "\u{7f}",
+        "\"x\"",
+    ];
+    let mut seed = 7u64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as usize
+    };
+    for i in 0..120 {
+        let n = 1 + next() % 10;
+        let body: String = (0..n).map(|_| pieces[next() % pieces.len()]).collect();
+        if serde_json::from_str::<Value>(&body)
+            .map(|v| v.get("script").is_some() || v.get("code").is_some())
+            .unwrap_or(false)
+        {
+            continue; // could be a valid request that runs R: not this test's business
+        }
+        let path = ["/v1/run", "/v1/validate", "/v1/sessions"][i % 3];
+        let r = c.post_raw(path, &body);
+        assert!(
+            matches!(r.status, 400 | 413 | 422) || (path == "/v1/sessions" && r.status == 201),
+            "{path} {body:?} -> {} {}",
+            r.status,
+            r.text
+        );
+        if r.status != 201 {
+            r.error_with(r.status);
+        }
+    }
+    assert_eq!(c.get("/v1/health").ok()["status"], "ok");
+}

@@ -231,3 +231,113 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A Write that keeps what it gets, for reading the responses back.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A small deterministic generator (no dependency, reproducible).
+    fn lcg(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    #[test]
+    fn malformed_lines_get_one_error_line_each_and_never_panic() {
+        let sup = Supervisor::new(crate::SupervisorConfig {
+            pool: crate::PoolConfig {
+                zygote: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .expect("a supervisor (build the workspace first: the worker binary must exist)");
+        let pieces = [
+            "{",
+            "}",
+            "[",
+            "]",
+            "\"id\"",
+            ":",
+            ",",
+            "\"op\"",
+            "\"run\"",
+            "\"status\"",
+            "\"cancel\"",
+            "\"close\"",
+            "\"code\"",
+            "null",
+            "1e999",
+            "-1",
+            "\"session\"",
+            "\"\\u0000\"",
+            "true",
+            "\"timeout_seconds\"",
+            "0",
+            "\"plot_width\"",
+            "99999",
+            "\"x\"",
+            "{\"id\":",
+            "\u{fffd}",
+        ];
+        let mut seed = 42u64;
+        let mut input = String::new();
+        let mut expected = 0;
+        for _ in 0..300 {
+            let n = 1 + lcg(&mut seed) % 12;
+            let mut line = String::new();
+            for _ in 0..n {
+                line.push_str(pieces[(lcg(&mut seed) as usize) % pieces.len()]);
+            }
+            // Lines that could be valid requests (and start R) are skipped:
+            // this test is about decoding.
+            if line.contains("\"op\"") && serde_json::from_str::<Value>(&line).is_ok() {
+                continue;
+            }
+            if line.trim().is_empty() {
+                continue;
+            }
+            input.push_str(&line.replace('\n', " "));
+            input.push('\n');
+            expected += 1;
+        }
+        let sink = Sink::default();
+        serve(
+            &sup,
+            crate::SessionOptions::default(),
+            input.as_bytes(),
+            sink.clone(),
+        )
+        .unwrap();
+        assert!(
+            expected > 100,
+            "the generator made too few lines: {expected}"
+        );
+        let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), expected, "one response per request line");
+        for l in lines {
+            let v: Value = serde_json::from_str(l).expect("every response is JSON");
+            assert!(v["error"]["code"].is_string(), "{l}");
+            assert!(v["error"]["message"].is_string(), "{l}");
+        }
+        sup.shutdown();
+    }
+}
