@@ -641,6 +641,63 @@ mod tests {
     }
 
     #[test]
+    fn an_arrow_stream_is_normalised() {
+        use arrow_array::{
+            BooleanArray, Date32Array, Float32Array, Int32Array, StringArray,
+            TimestampMillisecondArray,
+        };
+        let (s, dir) = store();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int32, true),
+            Field::new("f", DataType::Float32, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("d", DataType::Date32, true),
+            Field::new(
+                "t",
+                DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new("b", DataType::Boolean, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int32Array::from(vec![Some(1), None])),
+                Arc::new(Float32Array::from(vec![Some(1.5), None])),
+                Arc::new(StringArray::from(vec![Some("a"), None])),
+                Arc::new(Date32Array::from(vec![Some(19000), None])),
+                Arc::new(
+                    TimestampMillisecondArray::from(vec![Some(1_700_000_000_000), None])
+                        .with_timezone("UTC"),
+                ),
+                Arc::new(BooleanArray::from(vec![Some(true), None])),
+            ],
+        )
+        .unwrap();
+        let mut bytes = Vec::new();
+        {
+            let mut w = arrow_ipc::writer::StreamWriter::try_new(&mut bytes, &schema).unwrap();
+            w.write(&batch).unwrap();
+            w.finish().unwrap();
+        }
+        let m = s.put("t", TableFormat::ArrowStream, &bytes).unwrap();
+        let kinds: Vec<&str> = m.columns.iter().map(|c| c.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "integer",
+                "double",
+                "string",
+                "date",
+                "timestamp",
+                "logical"
+            ]
+        );
+        assert_eq!(m.rows, 2);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn garbage_is_refused_with_a_reason() {
         let (s, dir) = store();
         assert!(matches!(
