@@ -98,15 +98,16 @@ pub enum TableError {
     Io(#[from] std::io::Error),
 }
 
-fn unix_now() -> u64 {
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
 
-/// RFC 3339 (UTC) of a Unix time.
-fn rfc3339(secs: u64) -> String {
+/// RFC 3339 (UTC) of a Unix time (civil date by Howard Hinnant's algorithm).
+pub(crate) fn rfc3339(secs: u64) -> String {
     let secs = secs as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let z = days + 719_468;
