@@ -220,6 +220,17 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
             return res;
         }
     }
+    if let Some(limit) = req.cpu_limit_seconds {
+        // The kernel sends SIGXCPU at the soft limit (the process ends) and
+        // SIGKILL at the hard one: CPU loops in C code cannot escape it.
+        let used = (rusage().cpu_us / 1_000_000) as u64 + 1;
+        let rl = libc::rlimit {
+            rlim_cur: used + limit,
+            rlim_max: used + limit + 1,
+        };
+        // SAFETY: setrlimit with a struct we own.
+        unsafe { libc::setrlimit(libc::RLIMIT_CPU, &rl) };
+    }
     // The working directory is the process's: change it here (a syscall)
     // rather than through R's setwd().
     if let Some(wd) = req.working_dir.as_deref().filter(|w| !w.is_empty()) {

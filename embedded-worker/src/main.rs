@@ -203,6 +203,7 @@ fn warm_up_with(r: &r::R, codes: &[&str]) {
             plot_height: 100,
             max_output_bytes: 1 << 20,
             working_dir: None,
+            cpu_limit_seconds: None,
             tools: Vec::new(),
             variables: Vec::new(),
             tables: Vec::new(),

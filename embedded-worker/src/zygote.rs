@@ -42,6 +42,7 @@ fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
             plot_height: 150,
             max_output_bytes: 1 << 20,
             working_dir: None,
+            cpu_limit_seconds: None,
             tools: Vec::new(),
             variables: Vec::new(),
             tables: Vec::new(),

@@ -235,3 +235,21 @@ fn jube_markers_and_invalid_json() {
         r.warnings
     );
 }
+
+#[test]
+fn a_cpu_limit_stops_code_that_ignores_interrupts() {
+    // The kernel's RLIMIT_CPU ends a call whatever it runs; the wall clock
+    // is out of the way (no timeout) so the CPU limit is what stops it.
+    let mut w = worker();
+    let opts = CallOptions {
+        timeout: None,
+        cpu_limit: Some(Duration::from_secs(1)),
+        ..CallOptions::default()
+    };
+    let r = w.run("x <- 0; repeat { x <- x + 1 }", &opts);
+    assert_eq!(r.outcome, Outcome::TimedOut, "{}", r.console);
+    let e = r.error.unwrap();
+    assert!(e.timed_out);
+    assert!(e.message.contains("CPU time"), "{}", e.message);
+    assert!(r.usage.cpu_ms >= 0.0);
+}

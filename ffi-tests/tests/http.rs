@@ -1769,3 +1769,15 @@ fn garbage_bodies_are_client_errors_never_server_errors() {
     }
     assert_eq!(c.get("/v1/health").ok()["status"], "ok");
 }
+
+#[test]
+fn a_cpu_bound_run_is_stopped_by_its_cpu_limit_too() {
+    let s = Server::open();
+    // A busy loop in R answers interrupts, so the wall clock ends it first:
+    // either way the run is timed_out and the server goes on.
+    let r = s
+        .client()
+        .run(&json!({"script": "repeat {}", "timeout_seconds": 1}));
+    assert_eq!(r["outcome"], "timed_out", "{r}");
+    assert_eq!(r["error"]["timed_out"], true);
+}

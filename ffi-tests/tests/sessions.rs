@@ -794,7 +794,10 @@ fn closing_a_session_resolves_its_running_and_queued_calls() {
     let pid = s.status().pid.unwrap();
     s.close();
     let r1 = wait(&h1);
-    assert_eq!(r1.outcome, Outcome::Cancelled, "{}", r1.console);
+    // The running call ends as `closed` (not `cancelled` with "variables
+    // are kept": the session is gone).
+    assert_eq!(r1.outcome, Outcome::Closed, "{}", r1.console);
+    assert!(r1.error.as_ref().unwrap().message.contains("closed"));
     let r2 = wait(&h2);
     assert_eq!(r2.outcome, Outcome::Closed, "{}", r2.console);
     wait_until("the worker to end", || process_gone(pid));

@@ -63,6 +63,10 @@ pub struct RunRequest {
     pub max_output_bytes: u64,
     /// Directory to `setwd()` into before the call.
     pub working_dir: Option<String>,
+    /// CPU seconds the call may use (RLIMIT_CPU; the worker cannot be
+    /// reused after a call with a limit).
+    #[serde(default)]
+    pub cpu_limit_seconds: Option<u64>,
     /// Names of the tools R code may call as `tools$name(...)`.
     #[serde(default)]
     pub tools: Vec<String>,

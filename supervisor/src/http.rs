@@ -152,11 +152,24 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.status,
+        let status = self.status;
+        let mut res = (
+            status,
             Json(json!({"error": {"code": self.code, "message": self.message}})),
         )
-            .into_response()
+            .into_response();
+        // 401 and 413 are answered before the body is read; say that the
+        // connection closes, or a keep-alive client sees a silent EOF.
+        if matches!(
+            status,
+            StatusCode::UNAUTHORIZED | StatusCode::PAYLOAD_TOO_LARGE
+        ) {
+            res.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+        }
+        res
     }
 }
 
@@ -548,6 +561,8 @@ async fn run(
         }
         let opts = CallOptions {
             timeout: Some(timeout),
+            // Wall and CPU: a run may not use more CPU than its timeout.
+            cpu_limit: Some(timeout),
             ..CallOptions::default()
         };
         let ctx = CallContext {

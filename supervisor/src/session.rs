@@ -543,6 +543,16 @@ impl Shared {
 
             let mut i = lock(&self.inner);
             i.running = None;
+            if i.closed && res.outcome == Outcome::Cancelled {
+                // Cancelled because the session was closed: say so, rather
+                // than that the session's variables are kept.
+                let msg = "the session was closed during the call";
+                res.outcome = Outcome::Closed;
+                res.push_segment(crate::Segment::Stderr {
+                    text: format!("rvisor: {msg}\n"),
+                });
+                res.error = Some(crate::ErrorInfo::message(msg));
+            }
             res.session.id = self.id.clone();
             res.session.generation = i.generation;
             res.session.fresh = std::mem::take(&mut i.fresh);
@@ -699,6 +709,8 @@ impl Session {
             plot_height: over.plot_height.unwrap_or(s.opts.plot_height),
             max_output_bytes: s.opts.max_output_bytes,
             working_dir: Some(s.working_dir.clone()),
+            // A session's worker lives on: no CPU limit that could not be lifted.
+            cpu_limit: None,
         };
         crate::validate_call(code, &opts).map_err(Rejection::Invalid)?;
         let slot = Arc::new(Slot::default());

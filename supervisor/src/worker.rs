@@ -74,6 +74,9 @@ pub struct CallOptions {
     pub max_output_bytes: u64,
     /// Directory to run in.
     pub working_dir: Option<PathBuf>,
+    /// CPU time the call may use (enforced by the kernel, RLIMIT_CPU). Only
+    /// for workers used once: the limit cannot be raised again.
+    pub cpu_limit: Option<Duration>,
 }
 
 impl Default for CallOptions {
@@ -85,6 +88,7 @@ impl Default for CallOptions {
             plot_height: DEFAULT_PLOT_HEIGHT,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             working_dir: None,
+            cpu_limit: None,
         }
     }
 }
@@ -696,6 +700,7 @@ impl Worker {
             plot_width: opts.plot_width,
             plot_height: opts.plot_height,
             max_output_bytes: opts.max_output_bytes,
+            cpu_limit_seconds: opts.cpu_limit.map(|d| d.as_secs().max(1)),
             working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
             tools: ctx.tools.iter().map(|t| t.name.clone()).collect(),
             variables: ctx.variables.clone(),
@@ -1003,6 +1008,23 @@ impl Worker {
         let status = self.proc.wait();
         self.exited = true;
         let [o, e] = std::mem::take(&mut self.raw);
+        if status.is_some_and(|s| s.signal == Some(libc::SIGXCPU)) {
+            let mut res = RunResult::empty(execution_id, code.into());
+            res.r_version = self.hello.r_version.clone();
+            let [o, e] = std::mem::take(&mut self.raw);
+            push_raw(&mut res, o, e);
+            let message = "the call used up its CPU time limit and was stopped";
+            res.push_segment(Segment::Stderr {
+                text: format!("rvisor: {message}\n"),
+            });
+            res.outcome = Outcome::TimedOut;
+            res.success = false;
+            res.error = Some(ErrorInfo {
+                timed_out: true,
+                ..ErrorInfo::message(message)
+            });
+            return res;
+        }
         let (outcome, what) = match status {
             Some(s) if s.signal.is_some() => (Outcome::WorkerFailed, s.describe()),
             Some(s) => (Outcome::WorkerExited, s.describe()),
