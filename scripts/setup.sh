@@ -9,7 +9,7 @@ need=()
 command -v R >/dev/null 2>&1 || need+=(r-base-core r-base-dev)
 [ -e /usr/share/R/include/R.h ] || [ -e "$(R RHOME 2>/dev/null)/include/R.h" ] || need+=(r-base-dev)
 r_has() { command -v Rscript >/dev/null 2>&1 && Rscript -e "quit(status = !requireNamespace('$1', quietly = TRUE))" >/dev/null 2>&1; }
-for pkg in ggplot2 jsonlite; do
+for pkg in ggplot2 jsonlite lintr; do
   r_has "$pkg" || need+=("r-cran-$pkg")
 done
 

@@ -393,7 +393,7 @@ init <- function(plot_dir) {
 ## `pkg::fn`, or named by a literal in do.call/match.fun/get/get0/
 ## getExportedValue), nesting depth, and built-in style rules. Returns JSON.
 
-validate <- function(script, forbidden, max_depth) {
+validate <- function(script, forbidden, max_depth, style_mode = "auto") {
   problems <- list()
   warns <- list()
   style <- list()
@@ -459,15 +459,15 @@ validate <- function(script, forbidden, max_depth) {
                      line = pd$line1[a], column = pd$col1[a])
       }
     }
-    for (i in which(tok == "SYMBOL" & txt %in% c("T", "F")))
+    if (style_mode != "none") for (i in which(tok == "SYMBOL" & txt %in% c("T", "F")))
       style <- add(style, rule = "T_and_F_symbol",
                    message = sprintf("use %s instead of %s", if (txt[i] == "T") "TRUE" else "FALSE", txt[i]),
                    line = pd$line1[i], column = pd$col1[i])
-    for (i in which(tok == "EQ_ASSIGN"))
+    if (style_mode != "none") for (i in which(tok == "EQ_ASSIGN"))
       style <- add(style, rule = "assignment", message = "use <- for assignment, not =",
                    line = pd$line1[i], column = pd$col1[i])
   }
-  lines <- strsplit(script, "\n", fixed = TRUE)[[1L]]
+  lines <- if (style_mode == "none") character() else strsplit(script, "\n", fixed = TRUE)[[1L]]
   for (k in seq_along(lines)) {
     w <- nchar(lines[[k]], type = "width")
     if (w > 80L)
@@ -477,5 +477,17 @@ validate <- function(script, forbidden, max_depth) {
       style <- add(style, rule = "trailing_whitespace", message = "trailing whitespace",
                    line = k, column = nchar(sub("[ \t]+$", "", lines[[k]])) + 1L)
   }
-  to_json(list(problems = problems, warnings = warns, style = style), unbox = TRUE)
+  engine <- if (style_mode == "none") "none" else "builtin"
+  # lintr's default linters when lintr is installed, else the built-in set.
+  if (style_mode == "auto" && requireNamespace("lintr", quietly = TRUE)) {
+    lints <- tryCatch(as.data.frame(lintr::lint(text = script, parse_settings = FALSE)),
+                      error = function(e) NULL)
+    if (!is.null(lints)) {
+      engine <- paste("lintr", as.character(utils::packageVersion("lintr")))
+      style <- lapply(seq_len(nrow(lints)), function(k)
+        list(rule = sub("_linter$", "", lints$linter[[k]]), message = lints$message[[k]],
+             line = as.integer(lints$line_number[[k]]), column = as.integer(lints$column_number[[k]])))
+    }
+  }
+  to_json(list(problems = problems, warnings = warns, style = style, style_engine = engine), unbox = TRUE)
 }

@@ -434,7 +434,7 @@ fn collect_plots(files: &[String], width: u32, height: u32) -> Vec<Plot> {
 
 /// Runs the driver's `validate()` on `script` (which is passed as data and
 /// never evaluated) and returns its JSON findings.
-pub fn validate(r: &R, script: &str, forbidden: &[String], max_depth: u32) -> String {
+pub fn validate(r: &R, script: &str, forbidden: &[String], max_depth: u32, style: &str) -> String {
     if script.contains('\0') {
         return r#"{"problems":[{"kind":"syntax","message":"the script contains a NUL byte","line":null,"column":null}],"warnings":[],"style":[]}"#.to_string();
     }
@@ -456,15 +456,16 @@ pub fn validate(r: &R, script: &str, forbidden: &[String], max_depth: u32) -> St
             );
         }
         let depth = Rf_protect(Rf_ScalarInteger(max_depth.min(i32::MAX as u32) as c_int));
+        let style = Rf_protect(crate::r::mk_string(&style.replace('\0', "")));
         let fun = Rf_findVarInFrame(r.driver, Rf_install(c"validate".as_ptr()));
-        let call = Rf_protect(Rf_lang4(fun, script, names, depth));
+        let call = Rf_protect(Rf_lang5(fun, script, names, depth, style));
         let value = R_tryEval(call, r.driver, &mut err);
         let out = if err == 0 {
             crate::r::strings(value).pop()
         } else {
             None
         };
-        Rf_unprotect(4);
+        Rf_unprotect(5);
         out
     };
     let captured = console::take();

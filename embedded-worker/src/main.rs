@@ -173,8 +173,9 @@ fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                 script,
                 forbidden,
                 max_nesting_depth,
+                style,
             }) => {
-                let json = eval::validate(r, &script, &forbidden, max_nesting_depth);
+                let json = eval::validate(r, &script, &forbidden, max_nesting_depth, &style);
                 link::send(&FromWorker::Validation { json }).map_err(|e| e.to_string())?;
             }
             // An answer to a tool call that was given up (interrupted).

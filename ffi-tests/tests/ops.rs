@@ -5,6 +5,7 @@ use rvisor::{PoolConfig, SafetyRules, Supervisor, SupervisorConfig};
 fn sup_with(rules: SafetyRules) -> Supervisor {
     Supervisor::new(SupervisorConfig {
         rules,
+        style: rvisor::StyleEngine::Builtin,
         pool: PoolConfig {
             zygote: false,
             ..PoolConfig::default()
@@ -167,4 +168,26 @@ fn packages_lists_what_library_can_load() {
     let n = names.len();
     names.dedup();
     assert_eq!(names.len(), n, "one entry per package");
+}
+
+#[test]
+fn lintr_gives_the_style_notes_when_installed() {
+    // setup.sh installs r-cran-lintr, so `auto` uses it here.
+    let s = Supervisor::new(SupervisorConfig {
+        pool: PoolConfig {
+            zygote: false,
+            ..PoolConfig::default()
+        },
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor");
+    let v = s.validate("x = 1\ny <- T\n");
+    assert!(v.valid);
+    assert!(v.style_engine.starts_with("lintr "), "{}", v.style_engine);
+    let rules: Vec<&str> = v.style.iter().map(|n| n.rule.as_str()).collect();
+    assert!(rules.contains(&"assignment"), "{rules:?}");
+    assert!(rules.contains(&"T_and_F_symbol"), "{rules:?}");
+    // A run checks problems only: no style work on the request path.
+    let v = s.validate_with("x = 1\n", rvisor::StyleEngine::None);
+    assert!(v.style.is_empty());
 }

@@ -11,6 +11,10 @@ pub const MAX_TOOL_REQUEST_BYTES: usize = 256 * 1024;
 /// Largest tool result (serialised JSON) accepted, in bytes.
 pub const MAX_TOOL_RESULT_BYTES: usize = 8 * 1024 * 1024;
 
+fn default_style() -> String {
+    "auto".into()
+}
+
 /// Supervisor to worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -39,6 +43,10 @@ pub enum ToWorker {
         forbidden: Vec<String>,
         /// Deepest nesting of expressions allowed.
         max_nesting_depth: u32,
+        /// Style checks: `none`, `builtin`, or `auto` (lintr when installed,
+        /// else built-in).
+        #[serde(default = "default_style")]
+        style: String,
     },
     /// Finish and exit cleanly.
     Shutdown,

@@ -536,7 +536,8 @@ async fn run(
     let published: Published = Arc::new(Mutex::new(Vec::new()));
     let publish = publish_tool(st.tables.clone(), tenant.clone(), published.clone());
     let r = blocking(move || {
-        let v = sup.validate(&script);
+        // A run checks problems only; style notes are for /v1/validate.
+        let v = sup.validate_with(&script, crate::ops::StyleEngine::None);
         let id = crate::ids::execution_id();
         if !v.valid {
             let summary: Vec<String> = v

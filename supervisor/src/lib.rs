@@ -43,7 +43,7 @@ pub mod worker;
 pub mod zygote;
 
 pub use error::Error;
-pub use ops::{Health, Package, Problem, SafetyRules, StyleNote, Validation};
+pub use ops::{Health, Package, Problem, SafetyRules, StyleEngine, StyleNote, Validation};
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use rvisor_protocol::{
     ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,

@@ -6,6 +6,30 @@ use crate::{CallOptions, Outcome, Supervisor};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// Which style checker validation uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StyleEngine {
+    /// lintr's default linters when lintr is installed, else the built-in set.
+    #[default]
+    Auto,
+    /// The built-in set (line length, `=` assignment, T/F, trailing
+    /// whitespace): fast, for validate-fix loops.
+    Builtin,
+    /// No style notes.
+    None,
+}
+
+impl StyleEngine {
+    fn as_str(self) -> &'static str {
+        match self {
+            StyleEngine::Auto => "auto",
+            StyleEngine::Builtin => "builtin",
+            StyleEngine::None => "none",
+        }
+    }
+}
+
 /// Limits an agent must respect; reported by health from the running
 /// configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -117,7 +141,8 @@ pub struct Validation {
     pub warnings: Vec<Problem>,
     /// Style notes.
     pub style: Vec<StyleNote>,
-    /// Which style checker ran (`builtin`).
+    /// Which style checker ran: `builtin`, or `lintr <version>` (its
+    /// default linters) when lintr is installed.
     pub style_engine: String,
 }
 
@@ -171,8 +196,15 @@ fn problem(kind: &str, message: String) -> Problem {
 
 impl Supervisor {
     /// Checks a script without running it: empty, size, R's parser,
-    /// forbidden functions (with positions), nesting depth; plus style notes.
+    /// forbidden functions (with positions), nesting depth; plus style notes
+    /// (see [`crate::SupervisorConfig::style`]).
     pub fn validate(&self, script: &str) -> Validation {
+        self.validate_with(script, self.config().style)
+    }
+
+    /// [`Supervisor::validate`] with the given style checks (`None` for the
+    /// problems only: what a run checks before it starts).
+    pub fn validate_with(&self, script: &str, style: StyleEngine) -> Validation {
         let rules = &self.config().rules;
         let mut v = Validation {
             valid: true,
@@ -201,6 +233,7 @@ impl Supervisor {
                     script,
                     &rules.forbidden_functions,
                     rules.max_nesting_depth,
+                    style.as_str(),
                     Duration::from_secs(30),
                 )
             }) {
@@ -214,6 +247,9 @@ impl Supervisor {
                     v.problems = serde_json::from_value(list("problems")).unwrap_or_default();
                     v.warnings = serde_json::from_value(list("warnings")).unwrap_or_default();
                     v.style = serde_json::from_value(list("style")).unwrap_or_default();
+                    if let Some(engine) = found.get("style_engine").and_then(|e| e.as_str()) {
+                        v.style_engine = engine.to_string();
+                    }
                 }
                 Err(e) => v
                     .problems

@@ -823,6 +823,8 @@ pub struct SupervisorConfig {
     pub pool: crate::PoolConfig,
     /// Safety rules for scripts from agents (health reports them).
     pub rules: crate::SafetyRules,
+    /// Style checks of validation (`auto`: lintr when installed).
+    pub style: crate::ops::StyleEngine,
 }
 
 #[derive(Debug)]

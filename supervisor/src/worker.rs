@@ -905,6 +905,7 @@ impl Worker {
         script: &str,
         forbidden: &[String],
         max_nesting_depth: u32,
+        style: &str,
         timeout: Duration,
     ) -> Result<serde_json::Value, String> {
         if self.exited || self.link_closed() {
@@ -914,6 +915,7 @@ impl Worker {
             script: script.to_string(),
             forbidden: forbidden.to_vec(),
             max_nesting_depth,
+            style: style.to_string(),
         };
         write_frame(&mut self.stream, &msg).map_err(|e| format!("failed to send: {e}"))?;
         let end = Instant::now() + timeout;

@@ -64,6 +64,11 @@ enum Cmd {
         /// How long a data pointer lives, in hours.
         #[arg(long, default_value_t = 24.0)]
         table_ttl_hours: f64,
+        /// Style notes of /v1/validate: `auto` (lintr's default linters when
+        /// lintr is installed: thorough, ~1 s for 100 lines) or `builtin`
+        /// (a few rules, ~3 ms: for tight validate-fix loops).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "builtin"])]
+        style: String,
     },
     /// Liveness, versions, the live safety rules, workers.
     Health {
@@ -251,6 +256,7 @@ fn serve(
     max_body_bytes: usize,
     data_dir: Option<PathBuf>,
     table_ttl_hours: f64,
+    style: &str,
 ) -> Result<ExitCode> {
     let tokens = match (tokens, no_auth) {
         (Some(path), _) => {
@@ -272,7 +278,14 @@ fn serve(
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("rvisor=info")),
         )
         .init();
-    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
+        style: if style == "builtin" {
+            rvisor::StyleEngine::Builtin
+        } else {
+            rvisor::StyleEngine::Auto
+        },
+        ..Default::default()
+    })?;
     let mut tables = rvisor::tables::TableConfig::default();
     if let Some(dir) = data_dir {
         tables.dir = dir;
@@ -374,6 +387,7 @@ fn main() -> ExitCode {
             max_body_bytes,
             data_dir,
             table_ttl_hours,
+            style,
         } => report(serve(
             listen,
             tokens,
@@ -381,6 +395,7 @@ fn main() -> ExitCode {
             max_body_bytes,
             data_dir,
             table_ttl_hours,
+            &style,
         )),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
