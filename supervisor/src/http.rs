@@ -22,10 +22,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Tables published during calls: (execution id, table metadata).
-type Published = Arc<Mutex<Vec<(String, Value)>>>;
+pub(crate) type Published = Arc<Mutex<Vec<(String, Value)>>>;
 
 /// Takes the tables published by call `execution_id`.
-fn take_published(p: &Published, execution_id: &str) -> Vec<Value> {
+pub(crate) fn take_published(p: &Published, execution_id: &str) -> Vec<Value> {
     let mut all = p.lock().unwrap_or_else(|e| e.into_inner());
     let (mine, rest): (Vec<_>, Vec<_>) = all.drain(..).partition(|(id, _)| id == execution_id);
     *all = rest;
@@ -35,7 +35,7 @@ fn take_published(p: &Published, execution_id: &str) -> Vec<Value> {
 /// The built-in tool behind `rvisor_publish(df)`: stores the CSV the R
 /// code wrote (in its own temporary directory) as a table of `tenant`, and
 /// records it for the result's `published` list.
-fn publish_tool(
+pub(crate) fn publish_tool(
     store: Arc<crate::tables::TableStore>,
     tenant: String,
     record: Published,

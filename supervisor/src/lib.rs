@@ -33,6 +33,7 @@ pub mod html;
 pub mod http;
 pub mod ids;
 pub mod jsonl;
+pub mod mcp;
 pub mod ops;
 pub mod pool;
 mod raw;

@@ -70,6 +70,13 @@ enum Cmd {
         #[arg(long, default_value = "auto", value_parser = ["auto", "builtin"])]
         style: String,
     },
+    /// MCP server over stdio for agents (tools: health, packages,
+    /// validate, run_r_script, run_r_code, reset_r_session).
+    Mcp {
+        /// Where tables (data pointers) are stored.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
     /// Liveness, versions, the live safety rules, workers.
     Health {
         /// Print JSON.
@@ -307,6 +314,19 @@ fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
+fn mcp(data_dir: Option<PathBuf>) -> Result<ExitCode> {
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+    sup.cleanup_on_signals()?;
+    let mut tables = rvisor::tables::TableConfig::default();
+    if let Some(dir) = data_dir {
+        tables.dir = dir;
+    }
+    let stdin = std::io::stdin().lock();
+    rvisor::mcp::serve(&sup, tables, stdin, std::io::stdout().lock())?;
+    sup.shutdown();
+    Ok(ExitCode::SUCCESS)
+}
+
 fn ops_health(json: bool) -> Result<ExitCode> {
     let h = supervisor_quiet()?.health();
     if json {
@@ -397,6 +417,7 @@ fn main() -> ExitCode {
             table_ttl_hours,
             &style,
         )),
+        Cmd::Mcp { data_dir } => report(mcp(data_dir)),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
         Cmd::Validate { file, json } => report(ops_validate(&file, json)),

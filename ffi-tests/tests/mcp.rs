@@ -1,0 +1,240 @@
+//! A real MCP client conversation with `rvisor mcp` over stdio.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    next: u64,
+}
+
+impl Client {
+    fn start() -> Self {
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe
+            .parent()
+            .and_then(|d| d.parent())
+            .map(|d| d.join("rvisor"))
+            .unwrap();
+        let dir = std::env::temp_dir().join(format!("rvisor-mcp-{}", rvisor::ids::random_hex(6)));
+        let mut child = Command::new(bin)
+            .arg("mcp")
+            .arg("--data-dir")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("rvisor mcp starts");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+            next: 0,
+        }
+    }
+
+    fn send(&mut self, msg: &Value) {
+        writeln!(self.stdin, "{msg}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn read(&mut self) -> Value {
+        let mut line = String::new();
+        assert!(
+            self.stdout.read_line(&mut line).unwrap() > 0,
+            "the server closed stdout"
+        );
+        serde_json::from_str(&line).unwrap()
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let r = self.read();
+        assert_eq!(r["id"], id);
+        assert_eq!(r["jsonrpc"], "2.0");
+        r
+    }
+
+    fn call(&mut self, tool: &str, args: Value) -> Value {
+        let r = self.request("tools/call", json!({"name": tool, "arguments": args}));
+        r.get("result")
+            .cloned()
+            .unwrap_or_else(|| panic!("no result: {r}"))
+    }
+
+    fn initialize(&mut self) -> Value {
+        let r = self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}),
+        );
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        r
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn text(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn a_full_conversation_uses_every_tool() {
+    let mut c = Client::start();
+    let init = c.initialize();
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(init["result"]["serverInfo"]["name"], "rvisor");
+    assert!(init["result"]["capabilities"]["tools"].is_object());
+
+    let tools = c.request("tools/list", json!({}));
+    let list = tools["result"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = list.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    for n in [
+        "check_r_server_health",
+        "list_r_packages",
+        "validate_r_script",
+        "run_r_script",
+        "run_r_code",
+        "reset_r_session",
+    ] {
+        assert!(names.contains(&n), "{n} missing");
+    }
+    for t in list {
+        assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+    }
+    let desc = |n: &str| {
+        list.iter().find(|t| t["name"] == n).unwrap()["description"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(desc("check_r_server_health").contains("first"));
+    assert!(desc("validate_r_script").contains("validate-fix loop"));
+    assert!(desc("run_r_script").contains("not for fitting"));
+
+    let h = c.call("check_r_server_health", json!({}));
+    assert_eq!(h["isError"], false);
+    assert_eq!(h["structuredContent"]["status"], "ok");
+    assert!(h["structuredContent"]["rules"]["forbidden_functions"].is_array());
+
+    let p = c.call("list_r_packages", json!({}));
+    assert!(p["structuredContent"]["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "stats"));
+
+    let v = c.call(
+        "validate_r_script",
+        json!({"script": "x <- 1\nsystem('id')"}),
+    );
+    assert_eq!(v["isError"], true);
+    assert_eq!(v["structuredContent"]["problems"][0]["line"], 2);
+    let ok = c.call("validate_r_script", json!({"script": "x <- 1"}));
+    assert_eq!(ok["isError"], false);
+
+    // One-shot with variables, a plot, and a published table that the next
+    // run reads back by pointer.
+    let r = c.call(
+        "run_r_script",
+        json!({"script": "plot(1:n); cat(label, '\\n'); p <- rvisor_publish(data.frame(a = 1:n))",
+               "variables": [{"name": "n", "value": 3}, {"name": "label", "value": "hi"}]}),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    assert!(text(&r).starts_with("hi \n"), "{}", text(&r));
+    let images: Vec<&Value> = r["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["type"] == "image")
+        .collect();
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0]["mimeType"], "image/png");
+    assert_eq!(r["structuredContent"]["outcome"], "complete");
+    let pointer = r["structuredContent"]["published"][0]["data_pointer"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = c.call(
+        "run_r_script",
+        json!({"script": "sum(d$a)", "dataframes": [{"data_pointer": pointer, "name": "d"}]}),
+    );
+    assert_eq!(text(&r), "[1] 6\n");
+    let r = c.call(
+        "run_r_script",
+        json!({"script": "1", "dataframes": [{"data_pointer": "dp_nope", "name": "d"}]}),
+    );
+    assert_eq!(r["isError"], true);
+    let r = c.call("run_r_script", json!({"script": "system('id')"}));
+    assert_eq!(r["isError"], true, "a forbidden script is refused: {r}");
+
+    // The persistent session: state, an error, a timeout, a reset.
+    assert_eq!(
+        c.call("run_r_code", json!({"code": "x <- 41"}))["isError"],
+        false
+    );
+    assert_eq!(
+        text(&c.call("run_r_code", json!({"code": "x + 1"}))),
+        "[1] 42\n"
+    );
+    let e = c.call("run_r_code", json!({"code": "stop('boom')"}));
+    assert_eq!(e["isError"], true);
+    assert!(text(&e).contains("boom"));
+    let t = c.call(
+        "run_r_code",
+        json!({"code": "Sys.sleep(30)", "timeout_seconds": 1}),
+    );
+    assert_eq!(t["isError"], true);
+    assert_eq!(t["structuredContent"]["outcome"], "timed_out");
+    assert_eq!(
+        text(&c.call("run_r_code", json!({"code": "x"}))),
+        "[1] 41\n",
+        "state kept after the timeout"
+    );
+    let reset = c.call("reset_r_session", json!({}));
+    assert_eq!(reset["isError"], false);
+    let gone = c.call("run_r_code", json!({"code": "exists('x')"}));
+    assert!(text(&gone).ends_with("[1] FALSE\n"), "{}", text(&gone));
+    assert_eq!(
+        gone["structuredContent"]["session"]["reset_reason"],
+        "reset"
+    );
+}
+
+#[test]
+fn protocol_errors_are_json_rpc_errors() {
+    let mut c = Client::start();
+    c.initialize();
+    let r = c.request(
+        "tools/call",
+        json!({"name": "no_such_tool", "arguments": {}}),
+    );
+    assert_eq!(r["error"]["code"], -32602);
+    let r = c.request("no/such/method", json!({}));
+    assert_eq!(r["error"]["code"], -32601);
+    let r = c.request("tools/call", json!({"name": "run_r_code", "arguments": {}}));
+    assert_eq!(r["error"]["code"], -32602, "missing code");
+    c.stdin.write_all(b"{not json\n").unwrap();
+    c.stdin.flush().unwrap();
+    assert_eq!(c.read()["error"]["code"], -32700);
+    assert!(
+        c.request("ping", json!({}))["result"].is_object(),
+        "the server goes on"
+    );
+}
