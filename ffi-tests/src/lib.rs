@@ -11,3 +11,19 @@ pub fn worker() -> Worker {
 pub fn run(w: &mut Worker, code: &str) -> RunResult {
     w.run(code, &CallOptions::default())
 }
+
+/// The `rvisor` binary next to the test executable (`target/debug/rvisor`).
+pub fn rvisor_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test executable");
+    let bin = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("target/debug")
+        .join("rvisor");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo build --workspace` first",
+        bin.display()
+    );
+    bin
+}

@@ -5,18 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 fn rvisor() -> Command {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("rvisor"))
-        .unwrap();
-    assert!(
-        bin.is_file(),
-        "build the workspace first: {}",
-        bin.display()
-    );
-    Command::new(bin)
+    Command::new(rvisor_ffi_tests::rvisor_bin())
 }
 
 fn script(text: &str) -> PathBuf {

@@ -1355,18 +1355,7 @@ fn metrics_are_prometheus_text_with_outcomes_and_a_histogram() {
 
 /// The `rvisor` binary next to the test executable (target/debug/rvisor).
 fn rvisor_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/debug")
-        .join("rvisor");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run `cargo build --workspace` first",
-        bin.display()
-    );
-    bin
+    rvisor_ffi_tests::rvisor_bin()
 }
 
 fn free_port() -> u16 {

@@ -13,12 +13,7 @@ struct Client {
 
 impl Client {
     fn start() -> Self {
-        let exe = std::env::current_exe().unwrap();
-        let bin = exe
-            .parent()
-            .and_then(|d| d.parent())
-            .map(|d| d.join("rvisor"))
-            .unwrap();
+        let bin = rvisor_ffi_tests::rvisor_bin();
         let dir = std::env::temp_dir().join(format!("rvisor-mcp-{}", rvisor::ids::random_hex(6)));
         let mut child = Command::new(bin)
             .arg("mcp")
