@@ -27,3 +27,23 @@ pub fn rvisor_bin() -> std::path::PathBuf {
     );
     bin
 }
+
+/// The RunResult fields CONTRACT.md fixes; every surface must carry them.
+pub const RUN_RESULT_FIELDS: [&str; 16] = [
+    "schema_version",
+    "execution_id",
+    "code",
+    "outcome",
+    "success",
+    "console",
+    "segments",
+    "warnings",
+    "error",
+    "plots",
+    "result",
+    "duration_ms",
+    "r_version",
+    "session",
+    "usage",
+    "truncated",
+];

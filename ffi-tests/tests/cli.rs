@@ -55,24 +55,7 @@ fn run_json_has_the_contract_fields_and_variables_are_bound() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for key in [
-        "schema_version",
-        "execution_id",
-        "code",
-        "outcome",
-        "success",
-        "console",
-        "segments",
-        "warnings",
-        "error",
-        "plots",
-        "result",
-        "duration_ms",
-        "r_version",
-        "session",
-        "usage",
-        "truncated",
-    ] {
+    for key in rvisor_ffi_tests::RUN_RESULT_FIELDS {
         assert!(r.get(key).is_some(), "missing {key}");
     }
     assert_eq!(r["outcome"], "complete");

@@ -535,24 +535,7 @@ fn run_returns_a_run_result_with_the_contract_fields() {
     let r = srv.client().post("/v1/run", &json!({"script": "1 + 1"}));
     assert!(r.content_type.starts_with("application/json"), "{r:?}");
     let r = r.ok();
-    for field in [
-        "schema_version",
-        "execution_id",
-        "code",
-        "outcome",
-        "success",
-        "console",
-        "segments",
-        "warnings",
-        "error",
-        "plots",
-        "result",
-        "duration_ms",
-        "r_version",
-        "session",
-        "usage",
-        "truncated",
-    ] {
+    for field in rvisor_ffi_tests::RUN_RESULT_FIELDS {
         assert!(r.get(field).is_some(), "no {field} in {r}");
     }
     assert_eq!(r["schema_version"], 1);
