@@ -52,57 +52,25 @@ impl RawOutput {
             .expect("spawning a thread");
     }
 
-    /// Waits (until `deadline`) for `token` on both streams and returns what
-    /// came before it on each. Streams that closed give all they had.
-    pub fn take_until(&self, token: &[u8], deadline: Instant) -> [Vec<u8>; 2] {
+    /// Waits (until `deadline`) for both streams to close and returns
+    /// everything they gave; streams still open give what they had.
+    pub fn take_all(&self, deadline: Instant) -> [Vec<u8>; 2] {
         let (lock, cv) = &*self.inner;
         let mut b = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: [Option<Vec<u8>>; 2] = [None, None];
         loop {
-            for (i, slot) in out.iter_mut().enumerate() {
-                if slot.is_some() {
-                    continue;
-                }
-                if let Some(pos) = find(&b.data[i], token) {
-                    let mut taken: Vec<u8> = b.data[i].drain(..pos + token.len()).collect();
-                    taken.truncate(pos);
-                    *slot = Some(taken);
-                } else if b.closed[i] {
-                    *slot = Some(std::mem::take(&mut b.data[i]));
-                }
-            }
-            if out.iter().all(Option::is_some) {
-                break;
-            }
             let now = Instant::now();
-            if now >= deadline {
-                for (i, slot) in out.iter_mut().enumerate() {
-                    if slot.is_none() {
-                        *slot = Some(std::mem::take(&mut b.data[i]));
-                    }
-                }
-                break;
+            if b.closed.iter().all(|c| *c) || now >= deadline {
+                return [
+                    std::mem::take(&mut b.data[0]),
+                    std::mem::take(&mut b.data[1]),
+                ];
             }
             b = cv
                 .wait_timeout(b, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        out.map(|o| o.unwrap_or_default())
     }
-
-    /// Everything buffered so far (used when the worker is gone).
-    pub fn take_all(&self, deadline: Instant) -> [Vec<u8>; 2] {
-        // An impossible token: waits for both streams to close.
-        self.take_until(b"\x1e\x00never\x00\x1e", deadline)
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
-    }
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 #[cfg(test)]
@@ -111,15 +79,12 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn splits_at_the_token_and_keeps_the_rest() {
+    fn collects_both_streams_until_they_close() {
         let raw = RawOutput::default();
-        raw.attach(0, &b"hello\x1eT\x1enext"[..]);
-        raw.attach(1, &b"err\x1eT\x1e"[..]);
-        let got = raw.take_until(b"\x1eT\x1e", Instant::now() + Duration::from_secs(5));
-        assert_eq!(got[0], b"hello");
+        raw.attach(0, &b"out"[..]);
+        raw.attach(1, &b"err"[..]);
+        let got = raw.take_all(Instant::now() + Duration::from_secs(5));
+        assert_eq!(got[0], b"out");
         assert_eq!(got[1], b"err");
-        let rest = raw.take_all(Instant::now() + Duration::from_secs(5));
-        assert_eq!(rest[0], b"next");
-        assert!(rest[1].is_empty());
     }
 }

@@ -1123,6 +1123,24 @@ fn drain_pipe(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
     }
 }
 
+/// A pollfd for a pipe that is still open (else one poll ignores).
+fn pipe_pollfd(fd: &OwnedFd, open: bool) -> libc::pollfd {
+    libc::pollfd {
+        fd: if open { fd.as_raw_fd() } else { -1 },
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Drains both pipes that are still open, noting those that closed.
+fn drain_open(pipes: &[OwnedFd; 2], open: &mut [bool; 2], bufs: &mut [Vec<u8>; 2]) {
+    for i in 0..2 {
+        if open[i] {
+            open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
+        }
+    }
+}
+
 /// The one thread that reads a worker's socket and its stdout/stderr
 /// pipes. Reading all three in one thread is what makes raw output land in
 /// the right result without any marker: everything the call wrote to its
@@ -1151,16 +1169,8 @@ fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
                 events: libc::POLLIN,
                 revents: 0,
             },
-            libc::pollfd {
-                fd: if open[0] { pipes[0].as_raw_fd() } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if open[1] { pipes[1].as_raw_fd() } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            pipe_pollfd(&pipes[0], open[0]),
+            pipe_pollfd(&pipes[1], open[1]),
         ];
         // SAFETY: poll on three pollfds we own (negative fds are ignored).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
@@ -1181,11 +1191,7 @@ fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
         }
         match read_frame::<_, FromWorker>(&mut sock) {
             Ok(frame) => {
-                for i in 0..2 {
-                    if open[i] {
-                        open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
-                    }
-                }
+                drain_open(&pipes, &mut open, &mut bufs);
                 flush(&mut bufs, &tx);
                 if tx.send(LinkEvent::Frame(Ok(frame))).is_err() {
                     return;
@@ -1202,24 +1208,12 @@ fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
                         break;
                     }
                     let mut pfds = [
-                        libc::pollfd {
-                            fd: if open[0] { pipes[0].as_raw_fd() } else { -1 },
-                            events: libc::POLLIN,
-                            revents: 0,
-                        },
-                        libc::pollfd {
-                            fd: if open[1] { pipes[1].as_raw_fd() } else { -1 },
-                            events: libc::POLLIN,
-                            revents: 0,
-                        },
+                        pipe_pollfd(&pipes[0], open[0]),
+                        pipe_pollfd(&pipes[1], open[1]),
                     ];
                     // SAFETY: poll on two pollfds we own.
                     unsafe { libc::poll(pfds.as_mut_ptr(), 2, left.as_millis().max(1) as i32) };
-                    for i in 0..2 {
-                        if open[i] {
-                            open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
-                        }
-                    }
+                    drain_open(&pipes, &mut open, &mut bufs);
                 }
                 flush(&mut bufs, &tx);
                 let _ = tx.send(LinkEvent::Frame(Err(e.to_string())));
