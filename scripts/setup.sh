@@ -25,3 +25,10 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install cargo-nextest --locked
 fi
+
+# pynng: the nng client the end-to-end test of `rvisor serve --nng` uses
+# (Debian 12 packages neither pynng nor R's nanonext).
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import pynng" >/dev/null 2>&1; then
+  echo "setup: installing pynng (Python nng client, for the nng tests)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "pynng==0.9.0"
+fi

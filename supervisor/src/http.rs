@@ -79,6 +79,8 @@ pub struct ServeConfig {
     pub max_table_bytes: usize,
     /// Where tables are stored, their lifetime and quotas.
     pub tables: crate::tables::TableConfig,
+    /// Also serve the same operations on an nng REQ/REP socket.
+    pub nng: Option<crate::nng::NngUrl>,
 }
 
 impl Default for ServeConfig {
@@ -89,6 +91,7 @@ impl Default for ServeConfig {
             max_body_bytes: 4 * 1024 * 1024,
             max_table_bytes: 256 * 1024 * 1024,
             tables: crate::tables::TableConfig::default(),
+            nng: None,
         }
     }
 }
@@ -197,7 +200,7 @@ pub struct PackagesBody {
 #[derive(utoipa::OpenApi)]
 #[openapi(
     info(title = "rvisor", description = "Run R code fast, safely and with state: the HTTP surface (see CONTRACT.md)."),
-    paths(health, packages, validate, run, create_session, session_run, session_status, session_cancel, session_delete, table_create, table_get, table_delete),
+    paths(health, packages, validate, run, create_session, session_run, session_status, session_cancel, session_reset, session_delete, table_create, table_get, table_delete),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -301,16 +304,16 @@ impl Metrics {
     }
 }
 
-struct AppState {
+pub(crate) struct AppState {
     sup: Supervisor,
-    cfg: ServeConfig,
+    pub(crate) cfg: ServeConfig,
     tables: Arc<crate::tables::TableStore>,
     /// Session id -> (tenant, session, tables it published by execution id).
     sessions: Mutex<HashMap<String, (String, Session, Published)>>,
     metrics: Metrics,
 }
 
-type Shared = Arc<AppState>;
+pub(crate) type Shared = Arc<AppState>;
 
 /// The tenant of the request (set by the auth layer).
 #[derive(Debug, Clone)]
@@ -340,29 +343,32 @@ async fn log_requests(req: Request, next: Next) -> Response {
     res
 }
 
+/// The tenant a token belongs to: `local` when the server runs without
+/// auth, `None` for a missing or unknown token.
+pub(crate) fn tenant_for(
+    tokens: &Option<HashMap<String, String>>,
+    given: Option<&str>,
+) -> Option<String> {
+    match tokens {
+        None => Some("local".to_string()),
+        Some(tokens) => given.map(str::trim).and_then(|t| tokens.get(t)).cloned(),
+    }
+}
+
 async fn auth(State(st): State<Shared>, mut req: Request, next: Next) -> Response {
     st.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    let tenant = match &st.cfg.tokens {
-        None => "local".to_string(),
-        Some(tokens) => {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim);
-            match given.and_then(|t| tokens.get(t)) {
-                Some(t) => t.clone(),
-                None => {
-                    return ApiError::new(
-                        StatusCode::UNAUTHORIZED,
-                        "unauthorized",
-                        "send a valid token as `Authorization: Bearer <token>`",
-                    )
-                    .into_response()
-                }
-            }
-        }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let Some(tenant) = tenant_for(&st.cfg.tokens, given) else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send a valid token as `Authorization: Bearer <token>`",
+        )
+        .into_response();
     };
     req.extensions_mut().insert(Tenant(tenant.clone()));
     let mut res = next.run(req).await;
@@ -655,7 +661,11 @@ async fn create_session(
     Ok((StatusCode::CREATED, Json(status)).into_response())
 }
 
-fn find_session(st: &AppState, tenant: &str, id: &str) -> Result<(Session, Published), ApiError> {
+pub(crate) fn find_session(
+    st: &AppState,
+    tenant: &str,
+    id: &str,
+) -> Result<(Session, Published), ApiError> {
     match st
         .sessions
         .lock()
@@ -673,6 +683,11 @@ struct SessionRunBody {
     code: String,
     #[serde(default)]
     timeout_seconds: Option<f64>,
+    /// Plot size in pixels for this call (the session's otherwise).
+    #[serde(default)]
+    plot_width: Option<u32>,
+    #[serde(default)]
+    plot_height: Option<u32>,
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/run", tag = "sessions", params(("id" = String, Path, description = "session id")), request_body = SessionRunBody, responses((status = 200, body = rvisor_protocol::RunResult), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
@@ -694,7 +709,8 @@ async fn session_run(
             &b.code,
             &RunOptions {
                 timeout,
-                ..RunOptions::default()
+                plot_width: b.plot_width,
+                plot_height: b.plot_height,
             },
         )
         .map_err(|e| match e {
@@ -727,6 +743,18 @@ async fn session_cancel(
 ) -> Result<Response, ApiError> {
     let (s, _) = find_session(&st, &tenant, &id)?;
     s.cancel();
+    Ok(Json(s.status()).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = crate::SessionStatus), (status = 404, body = ErrorBody)))]
+async fn session_reset(
+    State(st): State<Shared>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (s, _) = find_session(&st, &tenant, &id)?;
+    // The fresh worker is put in place before the next call runs.
+    s.reset();
     Ok(Json(s.status()).into_response())
 }
 
@@ -878,6 +906,11 @@ async fn wrong_method() -> ApiError {
 
 /// The router, for tests and for `serve`.
 pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
+    Ok(build(sup, cfg)?.0)
+}
+
+/// The router and the state its handlers share (the nng adapter needs both).
+fn build(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<(Router, Shared)> {
     let max_body = cfg.max_body_bytes;
     let max_table = cfg.max_table_bytes;
     let tables = Arc::new(crate::tables::TableStore::open(cfg.tables.clone())?);
@@ -904,17 +937,19 @@ pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
         )
         .route("/v1/sessions/{id}/run", post(session_run))
         .route("/v1/sessions/{id}/cancel", post(session_cancel))
+        .route("/v1/sessions/{id}/reset", post(session_reset))
         .route("/v1/tables/{pointer}", get(table_get).delete(table_delete))
         .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi))
         .layer(DefaultBodyLimit::max(max_body));
-    Ok(uploads
+    let app = uploads
         .merge(rest)
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(st.clone(), auth))
         .layer(middleware::from_fn(log_requests))
-        .with_state(st))
+        .with_state(st.clone());
+    Ok((app, st))
 }
 
 /// Runs the server until SIGINT or SIGTERM, then stops accepting, lets
@@ -930,7 +965,20 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
         );
     }
     eprintln!("rvisor serve: listening on http://{addr}");
-    let app = router(sup.clone(), cfg)?;
+    let nng_url = cfg.nng.clone();
+    // An nng message carries a table as a JSON string: room for escaping.
+    let max_message = cfg.max_body_bytes.max(cfg.max_table_bytes) * 2 + 64 * 1024;
+    let (app, st) = build(sup.clone(), cfg)?;
+    let nng = match nng_url {
+        Some(url) => {
+            let l = crate::nng::Listener::bind(&url).await.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot listen on {url}: {e}"))
+            })?;
+            eprintln!("rvisor serve: listening on nng {}", l.url());
+            Some(tokio::spawn(l.run(app.clone(), st, max_message)))
+        }
+        None => None,
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let term = async {
@@ -948,6 +996,11 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
             eprintln!("rvisor serve: shutting down");
         })
         .await?;
+    if let Some(task) = nng {
+        // Dropping the listener removes an IPC socket file.
+        task.abort();
+        let _ = task.await;
+    }
     let s = sup.clone();
     let _ = tokio::task::spawn_blocking(move || s.shutdown()).await;
     Ok(())

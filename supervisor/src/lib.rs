@@ -34,6 +34,7 @@ pub mod http;
 pub mod ids;
 pub mod jsonl;
 pub mod mcp;
+pub mod nng;
 pub mod ops;
 pub mod pool;
 mod raw;

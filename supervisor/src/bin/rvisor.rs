@@ -46,29 +46,8 @@ enum Cmd {
     /// The HTTP service for agents (CONTRACT.md): health, packages,
     /// validate, run, sessions, metrics.
     Serve {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8787")]
-        listen: std::net::SocketAddr,
-        /// Token file: one `TOKEN TENANT` pair per line.
-        #[arg(long, conflicts_with = "no_auth")]
-        tokens: Option<PathBuf>,
-        /// Serve without authentication (one local user).
-        #[arg(long)]
-        no_auth: bool,
-        /// Largest request body in bytes.
-        #[arg(long, default_value_t = 4 * 1024 * 1024)]
-        max_body_bytes: usize,
-        /// Where tables (data pointers) are stored; they survive restarts.
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// How long a data pointer lives, in hours.
-        #[arg(long, default_value_t = 24.0)]
-        table_ttl_hours: f64,
-        /// Style notes of /v1/validate: `auto` (lintr's default linters when
-        /// lintr is installed: thorough, ~1 s for 100 lines) or `builtin`
-        /// (a few rules, ~3 ms: for tight validate-fix loops).
-        #[arg(long, default_value = "auto", value_parser = ["auto", "builtin"])]
-        style: String,
+        #[command(flatten)]
+        args: ServeArgs,
     },
     /// MCP server over stdio for agents (tools: health, packages,
     /// validate, run_r_script, run_r_code, reset_r_session).
@@ -256,16 +235,41 @@ fn supervisor_quiet() -> Result<rvisor::Supervisor> {
     Ok(rvisor::Supervisor::new(cfg)?)
 }
 
-fn serve(
+/// Options of `rvisor serve`.
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8787")]
     listen: std::net::SocketAddr,
+    /// Token file: one `TOKEN TENANT` pair per line.
+    #[arg(long, conflicts_with = "no_auth")]
     tokens: Option<PathBuf>,
+    /// Serve without authentication (one local user).
+    #[arg(long)]
     no_auth: bool,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
+    /// Where tables (data pointers) are stored; they survive restarts.
+    #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// How long a data pointer lives, in hours.
+    #[arg(long, default_value_t = 24.0)]
     table_ttl_hours: f64,
-    style: &str,
-) -> Result<ExitCode> {
-    let tokens = match (tokens, no_auth) {
+    /// Style notes of /v1/validate: `auto` (lintr's default linters when
+    /// lintr is installed: thorough, ~1 s for 100 lines) or `builtin`
+    /// (a few rules, ~3 ms: for tight validate-fix loops).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "builtin"])]
+    style: String,
+    /// Also serve on an nng REQ/REP socket (ipc:///path or
+    /// tcp://127.0.0.1:PORT) for hosts that are not Rust: JSON requests
+    /// with a "token" field (docs/nng.md).
+    #[arg(long, value_name = "URL")]
+    nng: Option<rvisor::nng::NngUrl>,
+}
+
+fn serve(a: ServeArgs) -> Result<ExitCode> {
+    let tokens = match (a.tokens, a.no_auth) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("failed to read the token file {}", path.display()))?;
@@ -286,7 +290,7 @@ fn serve(
         )
         .init();
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
-        style: if style == "builtin" {
+        style: if a.style == "builtin" {
             rvisor::StyleEngine::Builtin
         } else {
             rvisor::StyleEngine::Auto
@@ -294,15 +298,16 @@ fn serve(
         ..Default::default()
     })?;
     let mut tables = rvisor::tables::TableConfig::default();
-    if let Some(dir) = data_dir {
+    if let Some(dir) = a.data_dir {
         tables.dir = dir;
     }
-    tables.ttl = Duration::from_secs_f64(table_ttl_hours.max(0.0) * 3600.0);
+    tables.ttl = Duration::from_secs_f64(a.table_ttl_hours.max(0.0) * 3600.0);
     let cfg = rvisor::http::ServeConfig {
-        listen,
+        listen: a.listen,
         tokens,
-        max_body_bytes,
+        max_body_bytes: a.max_body_bytes,
         tables,
+        nng: a.nng,
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -400,23 +405,7 @@ fn ops_validate(file: &str, json: bool) -> Result<ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Serve {
-            listen,
-            tokens,
-            no_auth,
-            max_body_bytes,
-            data_dir,
-            table_ttl_hours,
-            style,
-        } => report(serve(
-            listen,
-            tokens,
-            no_auth,
-            max_body_bytes,
-            data_dir,
-            table_ttl_hours,
-            &style,
-        )),
+        Cmd::Serve { args } => report(serve(args)),
         Cmd::Mcp { data_dir } => report(mcp(data_dir)),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
