@@ -514,7 +514,15 @@ impl Service {
                 let (s, b) = self
                     .http(Method::DELETE, &uri, token, json_ct, Vec::new())
                     .await;
-                self.sessions.lock().await.remove(&(tenant, name));
+                // Forget the name only if it still means this session: a
+                // `run` racing this close may already have made a new one
+                // under the name, which must stay reachable (and closable).
+                let key = (tenant, name);
+                let mut map = self.sessions.lock().await;
+                if map.get(&key) == Some(&sid) {
+                    map.remove(&key);
+                }
+                drop(map);
                 match (s.is_success(), session) {
                     (true, Some((session, _))) => {
                         let status = serde_json::to_vec(&session.status()).unwrap_or_default();
