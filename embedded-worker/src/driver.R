@@ -307,6 +307,9 @@ state$tool_names <- character()
 
 call_tool <- function(name, args) {
   res <- .Call(tool_sym, name, to_json(args, unbox = TRUE))
+  if (is.na(res[[1L]]))  # interrupted while waiting: end as an interrupt
+    stop(structure(class = c("interrupt", "condition"),
+                   list(message = res[[2L]], call = NULL)))
   if (!isTRUE(res[[1L]])) stop(res[[2L]], call. = FALSE)
   res[[2L]]
 }

@@ -185,7 +185,7 @@ fn rusage() -> Rusage {
 
 /// Evaluates one request. If the code calls `quit()`, the result is sent
 /// from the clean-up hook and the process exits instead of returning.
-pub fn run(r: &R, req: RunRequest) -> RunResult {
+pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     let started = Instant::now();
     let before = rusage();
     console::begin(req.max_output_bytes);
@@ -205,9 +205,25 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
         return res;
     }
 
-    for (name, path) in &req.tables {
+    if req.tables.len() != files.len() {
+        let mut res = RunResult::failed(
+            req.execution_id.clone(),
+            req.code.clone(),
+            Outcome::Error,
+            format!(
+                "{} tables were named but {} arrived; nothing ran",
+                req.tables.len(),
+                files.len()
+            ),
+        );
+        res.r_version = r.version.clone();
+        console::take();
+        interrupt::end_call();
+        return res;
+    }
+    for (name, file) in req.tables.iter().zip(files) {
         // SAFETY: on the R thread; names were checked by the supervisor.
-        if let Err(e) = unsafe { crate::hydrate::bind(&name.replace('\0', ""), path) } {
+        if let Err(e) = unsafe { crate::hydrate::bind(&name.replace('\0', ""), file) } {
             let mut res = RunResult::failed(
                 req.execution_id.clone(),
                 req.code.clone(),
@@ -224,9 +240,17 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
         // The kernel sends SIGXCPU at the soft limit (the process ends) and
         // SIGKILL at the hard one: CPU loops in C code cannot escape it.
         let used = (rusage().cpu_us / 1_000_000) as u64 + 1;
+        let mut current = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: getrlimit fills a struct we own.
+        unsafe { libc::getrlimit(libc::RLIMIT_CPU, &mut current) };
+        // A confined worker cannot raise its hard limit: stay under it.
+        let hard = current.rlim_max;
         let rl = libc::rlimit {
-            rlim_cur: used + limit,
-            rlim_max: used + limit + 1,
+            rlim_cur: (used + limit).min(hard.saturating_sub(1)),
+            rlim_max: (used + limit + 1).min(hard),
         };
         // SAFETY: setrlimit with a struct we own.
         unsafe { libc::setrlimit(libc::RLIMIT_CPU, &rl) };
@@ -235,10 +259,21 @@ pub fn run(r: &R, req: RunRequest) -> RunResult {
     // rather than through R's setwd().
     if let Some(wd) = req.working_dir.as_deref().filter(|w| !w.is_empty()) {
         if let Err(e) = std::env::set_current_dir(wd) {
-            console::write_text(
-                console::Stream::Stderr,
-                format!("rvisor: could not change to the working directory {wd}: {e}\n").as_bytes(),
+            // Running somewhere else would read or write the wrong files.
+            let mut res = RunResult::failed(
+                req.execution_id.clone(),
+                req.code.clone(),
+                Outcome::Error,
+                format!(
+                    "could not change to the working directory {wd} ({e}); nothing ran. \
+                     A confined worker runs as its own uid: the directory must be readable \
+                     and searchable by other users"
+                ),
             );
+            res.r_version = r.version.clone();
+            console::take();
+            interrupt::end_call();
+            return res;
         }
     }
     RUNNING.with(|x| {

@@ -10,9 +10,8 @@ use arrow_schema::{DataType, TimeUnit};
 use libR_sys::*;
 use std::os::raw::c_int;
 
-/// Reads the Arrow IPC file at `path`.
-fn read(path: &str) -> Result<(arrow_schema::SchemaRef, Vec<RecordBatch>), String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot open the table: {e}"))?;
+/// Reads the Arrow IPC file `f`.
+fn read(f: std::fs::File) -> Result<(arrow_schema::SchemaRef, Vec<RecordBatch>), String> {
     let r = arrow_ipc::reader::FileReader::try_new(f, None)
         .map_err(|e| format!("cannot read the table: {e}"))?;
     let schema = r.schema();
@@ -22,13 +21,13 @@ fn read(path: &str) -> Result<(arrow_schema::SchemaRef, Vec<RecordBatch>), Strin
     Ok((schema, batches))
 }
 
-/// Builds a data.frame from the table at `path` and binds it to `name` in
-/// the global environment.
+/// Builds a data.frame from the table in file `f` and binds it to `name`
+/// in the global environment.
 ///
 /// # Safety
 /// On the R thread. `name` has no NUL.
-pub unsafe fn bind(name: &str, path: &str) -> Result<(), String> {
-    let (schema, batches) = read(path)?;
+pub unsafe fn bind(name: &str, f: std::fs::File) -> Result<(), String> {
+    let (schema, batches) = read(f)?;
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let ncol = schema.fields().len();
     let cname = std::ffi::CString::new(name).map_err(|_| "bad name".to_string())?;

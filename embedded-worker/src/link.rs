@@ -25,6 +25,15 @@ pub fn send(msg: &FromWorker) -> Result<(), FrameError> {
     })
 }
 
+/// Reads the next frame and the descriptors that came with it (a run's
+/// tables), blocking.
+pub fn recv_with_fds() -> Result<(ToWorker, Vec<std::os::fd::OwnedFd>), FrameError> {
+    LINK.with(|l| match l.borrow_mut().as_mut() {
+        Some(s) => rvisor_protocol::fdpass::recv_frame_with_fds(s),
+        None => Err(FrameError::Closed),
+    })
+}
+
 /// Reads the next frame from the supervisor (blocking).
 pub fn recv() -> Result<ToWorker, FrameError> {
     LINK.with(|l| match l.borrow_mut().as_mut() {

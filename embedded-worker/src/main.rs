@@ -5,6 +5,7 @@
 //! pipes it reads, and fd 0 from /dev/null. Frames are those of
 //! `rvisor-protocol`. There is no path another process could connect to.
 
+mod confine;
 mod console;
 mod eval;
 mod ffi;
@@ -163,25 +164,29 @@ fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
     };
     link::send(&FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
     loop {
-        match link::recv() {
-            Ok(ToWorker::Run(req)) => {
-                let res = eval::run(r, req);
+        match link::recv_with_fds() {
+            Ok((ToWorker::Run(req), fds)) => {
+                let files = fds.into_iter().map(std::fs::File::from).collect();
+                let res = eval::run(r, req, files);
                 link::flush_stdio();
                 link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
             }
-            Ok(ToWorker::Validate {
-                script,
-                forbidden,
-                max_nesting_depth,
-                style,
-            }) => {
+            Ok((
+                ToWorker::Validate {
+                    script,
+                    forbidden,
+                    max_nesting_depth,
+                    style,
+                },
+                _,
+            )) => {
                 let json = eval::validate(r, &script, &forbidden, max_nesting_depth, &style);
                 link::send(&FromWorker::Validation { json }).map_err(|e| e.to_string())?;
             }
             // An answer to a tool call that was given up (interrupted).
-            Ok(ToWorker::ToolResult { .. }) => {}
-            Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => return Ok(()),
-            Ok(ToWorker::Hello { .. }) => return Err("unexpected second hello".into()),
+            Ok((ToWorker::ToolResult { .. }, _)) => {}
+            Ok((ToWorker::Shutdown, _)) | Err(FrameError::Closed) => return Ok(()),
+            Ok((ToWorker::Hello { .. }, _)) => return Err("unexpected second hello".into()),
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -209,6 +214,6 @@ fn warm_up_with(r: &r::R, codes: &[&str]) {
             variables: Vec::new(),
             tables: Vec::new(),
         };
-        let _ = eval::run(r, req);
+        let _ = eval::run(r, req, Vec::new());
     }
 }

@@ -63,6 +63,12 @@ unsafe fn to_answer(outcome: ToolOutcome) -> SEXP {
                 SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(1));
                 SET_VECTOR_ELT(out, 1, json_to_r(&v));
             }
+            // Interrupted while waiting (timeout, cancel): NA tells the
+            // driver to end the call as an interrupt, not as an R error.
+            ToolOutcome::Error(msg) if crate::interrupt::seen() => {
+                SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(R_NaInt));
+                SET_VECTOR_ELT(out, 1, crate::r::mk_string(&msg.replace('\0', "")));
+            }
             ToolOutcome::Error(msg) => {
                 SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(0));
                 SET_VECTOR_ELT(out, 1, crate::r::mk_string(&msg.replace('\0', "")));

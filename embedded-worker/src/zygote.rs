@@ -13,6 +13,7 @@ use rvisor_protocol::{
     fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, ZygoteHello, ENV_PRELOAD,
     PROTOCOL_VERSION,
 };
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -47,6 +48,7 @@ fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
             variables: Vec::new(),
             tables: Vec::new(),
         },
+        Vec::new(),
     )
 }
 
@@ -168,6 +170,9 @@ pub fn run(fd: RawFd) -> Result<(), String> {
     };
     write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
 
+    // A confined worker's parent is a small relay process (see
+    // `fork_confined`): its pid -> the worker's pid, for exit reports.
+    let mut relays: HashMap<libc::pid_t, u32> = HashMap::new();
     loop {
         let mut fds = [
             libc::pollfd {
@@ -190,7 +195,7 @@ pub fn run(fd: RawFd) -> Result<(), String> {
             let mut buf = [0u8; 64];
             // SAFETY: read into our buffer from our non-blocking pipe.
             while unsafe { libc::read(pipe[0], buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-            reap(&mut ctl)?;
+            reap(&mut ctl, &mut relays)?;
         }
         if fds[0].revents != 0 {
             let (req, fds) = match fdpass::recv_frame_with_fds::<_, ToZygote>(&mut ctl) {
@@ -199,15 +204,15 @@ pub fn run(fd: RawFd) -> Result<(), String> {
                 Err(e) => return Err(format!("failed to read a request: {e}")),
             };
             match req {
-                ToZygote::Fork(req) => fork_worker(&r, &mut ctl, req, fds, pipe)?,
+                ToZygote::Fork(req) => fork_worker(&r, &mut ctl, req, fds, pipe, &mut relays)?,
                 ToZygote::Hello { .. } => return Err("unexpected second hello".into()),
             }
         }
     }
 }
 
-/// Reaps every ended child and reports it.
-fn reap(ctl: &mut UnixStream) -> Result<(), String> {
+/// Reaps every ended child and reports it (a relay's end as its worker's).
+fn reap(ctl: &mut UnixStream, relays: &mut HashMap<libc::pid_t, u32>) -> Result<(), String> {
     loop {
         let mut status = 0;
         // SAFETY: waitpid on our own children, non-blocking.
@@ -222,15 +227,8 @@ fn reap(ctl: &mut UnixStream) -> Result<(), String> {
         } else {
             (None, None)
         };
-        write_frame(
-            ctl,
-            &FromZygote::Exited {
-                pid: pid as u32,
-                code,
-                signal,
-            },
-        )
-        .map_err(|e| e.to_string())?;
+        let pid = relays.remove(&pid).unwrap_or(pid as u32);
+        write_frame(ctl, &FromZygote::Exited { pid, code, signal }).map_err(|e| e.to_string())?;
     }
 }
 
@@ -240,11 +238,28 @@ fn fork_worker(
     req: ForkRequest,
     fds: Vec<OwnedFd>,
     pipe: [RawFd; 2],
+    relays: &mut HashMap<libc::pid_t, u32>,
 ) -> Result<(), String> {
     if fds.len() != 3 {
         let msg = FromZygote::ForkFailed {
             worker_id: req.worker_id,
             message: format!("expected 3 descriptors, got {}", fds.len()),
+        };
+        return write_frame(ctl, &msg).map_err(|e| e.to_string());
+    }
+    if req.confine.is_some() {
+        let msg = match fork_confined(r, ctl.as_raw_fd(), req.clone(), fds, pipe) {
+            Ok((relay, pid)) => {
+                relays.insert(relay, pid);
+                FromZygote::Forked {
+                    worker_id: req.worker_id,
+                    pid,
+                }
+            }
+            Err(message) => FromZygote::ForkFailed {
+                worker_id: req.worker_id,
+                message,
+            },
         };
         return write_frame(ctl, &msg).map_err(|e| e.to_string());
     }
@@ -271,6 +286,178 @@ fn fork_worker(
     write_frame(ctl, &msg).map_err(|e| e.to_string())
 }
 
+/// Forks a confined worker: a relay child enters new namespaces and forks
+/// the worker, which is pid 1 of its pid namespace (a process cannot move
+/// itself into a new pid namespace). The relay stays as the worker's parent
+/// and ends the way the worker ended, so the zygote's reports hold. Returns
+/// (relay pid, worker pid).
+fn fork_confined(
+    r: &r::R,
+    ctl_fd: RawFd,
+    req: ForkRequest,
+    fds: Vec<OwnedFd>,
+    pipe: [RawFd; 2],
+) -> Result<(libc::pid_t, u32), String> {
+    let network = req.confine.as_ref().is_some_and(|c| c.network);
+    let mut report = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills an array we own.
+    if unsafe { libc::pipe2(report.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    let zygote_pid = std::process::id() as libc::pid_t;
+    // SAFETY: single-threaded zygote (see fork_worker); the child runs
+    // `relay`, which never returns.
+    let relay = unsafe { libc::fork() };
+    if relay == 0 {
+        relay_main(r, ctl_fd, req, fds, pipe, report, zygote_pid, network);
+    }
+    drop(fds);
+    // SAFETY: close our copy of the write end; read the relay's report
+    // (a few bytes) from the read end we own.
+    let text = unsafe {
+        libc::close(report[1]);
+        let mut f = std::fs::File::from_raw_fd(report[0]);
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut f, &mut s);
+        s
+    };
+    if relay < 0 {
+        return Err(format!("fork failed: {}", std::io::Error::last_os_error()));
+    }
+    match text
+        .strip_prefix("pid ")
+        .and_then(|p| p.trim().parse::<u32>().ok())
+    {
+        Some(pid) => Ok((relay, pid)),
+        None if text.is_empty() => {
+            Err("the confined worker's parent ended without a report".into())
+        }
+        None => Err(text),
+    }
+}
+
+/// The relay: new namespaces, fork the worker, report its pid, wait for it
+/// and end as it ended.
+#[allow(clippy::too_many_arguments)]
+fn relay_main(
+    r: &r::R,
+    ctl_fd: RawFd,
+    req: ForkRequest,
+    fds: Vec<OwnedFd>,
+    pipe: [RawFd; 2],
+    report: [RawFd; 2],
+    zygote_pid: libc::pid_t,
+    network: bool,
+) -> ! {
+    let fail = |msg: String| -> ! {
+        // SAFETY: write the message to the report pipe we own, then end.
+        unsafe {
+            libc::write(report[1], msg.as_ptr().cast(), msg.len());
+            libc::_exit(73)
+        }
+    };
+    // SAFETY: plain system calls in the freshly forked, single-threaded
+    // relay on descriptors it owns.
+    unsafe {
+        libc::close(report[0]);
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGCHLD, &act, std::ptr::null_mut());
+        CHLD_PIPE.store(-1, Ordering::SeqCst);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != zygote_pid {
+            libc::_exit(71);
+        }
+    }
+    // Join the worker's cgroups first: the worker and its children inherit
+    // them, and the new cgroup namespace is rooted there.
+    let me = std::process::id().to_string();
+    for procs in req.confine.iter().flat_map(|c| c.cgroups.iter()) {
+        if let Err(e) = std::fs::write(procs, &me) {
+            fail(format!("could not join the cgroup {procs}: {e}"));
+        }
+    }
+    // SAFETY: unshare in the single-threaded relay.
+    unsafe {
+        let mut flags = libc::CLONE_NEWNS
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWCGROUP;
+        if !network {
+            flags |= libc::CLONE_NEWNET;
+        }
+        if libc::unshare(flags) != 0 {
+            fail(format!(
+                "could not create the worker's namespaces: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    let relay_pid = std::process::id() as libc::pid_t;
+    // SAFETY: single-threaded relay; the child continues in `become_worker`.
+    let worker = unsafe { libc::fork() };
+    if worker == 0 {
+        // SAFETY: our copy of the report pipe is not the worker's business.
+        unsafe { libc::close(report[1]) };
+        become_worker(r, ctl_fd, req, fds, pipe, relay_pid);
+    }
+    if worker < 0 {
+        fail(format!("fork failed: {}", std::io::Error::last_os_error()));
+    }
+    let msg = format!("pid {worker}");
+    // SAFETY: the report goes to the pipe we own; then every descriptor
+    // but stdio is closed (the worker's socket must end when it does).
+    unsafe {
+        libc::write(report[1], msg.as_ptr().cast(), msg.len());
+        libc::close(report[1]);
+        libc::close(ctl_fd);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    drop(fds);
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid on our one child.
+        let rc = unsafe { libc::waitpid(worker, &mut status, 0) };
+        if rc == worker {
+            break;
+        }
+        if rc < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // SAFETY: end at once.
+            unsafe { libc::_exit(70) }
+        }
+    }
+    let signal = if libc::WIFSIGNALED(status) {
+        Some(libc::WTERMSIG(status))
+    } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == crate::confine::EXIT_CPU_LIMIT
+    {
+        Some(libc::SIGXCPU)
+    } else {
+        None
+    };
+    if let Some(sig) = signal {
+        // SAFETY: no core file; default action for `sig`, unblocked; then
+        // the signal ends the relay as it ended the worker.
+        unsafe {
+            let rl = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &rl);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig)
+        }
+    }
+    // SAFETY: end with the worker's exit status.
+    unsafe { libc::_exit(libc::WEXITSTATUS(status)) }
+}
+
 /// The child side of a fork: set up, then serve calls; never returns.
 fn become_worker(
     r: &r::R,
@@ -278,7 +465,7 @@ fn become_worker(
     req: ForkRequest,
     fds: Vec<OwnedFd>,
     pipe: [RawFd; 2],
-    zygote_pid: libc::pid_t,
+    parent_pid: libc::pid_t,
 ) -> ! {
     let mut fds = fds.into_iter();
     let (Some(sock), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
@@ -300,22 +487,58 @@ fn become_worker(
         libc::dup2(err.as_raw_fd(), 2);
         libc::setpgid(0, 0);
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        if libc::getppid() != zygote_pid {
+        // A confined worker's parent (the relay) is outside its pid
+        // namespace: getppid() says 0 there.
+        let parent = if req.confine.is_some() { 0 } else { parent_pid };
+        if libc::getppid() != parent {
             libc::_exit(71);
         }
     }
     drop(out);
     drop(err);
 
-    // The worker's own environment and temporary directory.
+    // The worker's own environment and temporary directory. R_HOME stays:
+    // R.home() reads it (the zygote set it when it started R).
+    let r_home = std::env::var_os("R_HOME");
     // SAFETY: single-threaded child; clearenv/setenv do not race.
     unsafe { libc::clearenv() };
+    if let Some(h) = r_home {
+        std::env::set_var("R_HOME", h);
+    }
     for (k, v) in &req.env {
         if !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0') {
             std::env::set_var(k, v);
         }
     }
     std::env::set_var("TMPDIR", &req.temp_dir);
+    if req.confine.is_some() {
+        // A home that exists inside, programs only where they live (none
+        // can run anyway), and the time zone named: Sys.timezone() would
+        // otherwise shell out to timedatectl.
+        std::env::set_var("HOME", &req.temp_dir);
+        std::env::set_var("PATH", "/usr/local/bin:/usr/bin:/bin");
+        if std::env::var_os("TZ").is_none() {
+            if let Some(tz) = host_time_zone() {
+                std::env::set_var("TZ", tz);
+            }
+        }
+    }
+    if let Some(c) = &req.confine {
+        if let Err(e) = crate::confine::apply(c, &req.temp_dir) {
+            eprintln!("rvisor-worker: confinement failed, the worker does not start: {e}");
+            // SAFETY: end the child at once.
+            unsafe { libc::_exit(72) }
+        }
+        // detectCores() shells out, which confinement forbids.
+        // SAFETY: on the R thread; evaluates a constant expression.
+        let _ = unsafe {
+            r::eval_string(
+                &format!("options(mc.cores = {}L)", c.cores.max(1)),
+                r.driver,
+            )
+        };
+        let _ = std::env::set_current_dir(&req.temp_dir);
+    }
     let rtmp = format!("{}/Rtmp", req.temp_dir);
     let _ = std::fs::create_dir_all(&rtmp);
     if let Ok(c) = CString::new(rtmp.clone()) {
@@ -355,6 +578,21 @@ fn become_worker(
         libc::fflush(std::ptr::null_mut());
         libc::_exit(code)
     }
+}
+
+/// The host's time zone name (`/etc/timezone`, else the target of the
+/// `/etc/localtime` link), if it has one.
+fn host_time_zone() -> Option<String> {
+    if let Ok(s) = std::fs::read_to_string("/etc/timezone") {
+        let s = s.trim();
+        if !s.is_empty() && !s.contains('\0') {
+            return Some(s.to_string());
+        }
+    }
+    let link = std::fs::read_link("/etc/localtime").ok()?;
+    let s = link.to_str()?;
+    let name = s.split("zoneinfo/").nth(1)?;
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 /// `s` as an R string literal.

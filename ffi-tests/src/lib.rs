@@ -1,8 +1,11 @@
 //! Helpers shared by the tests against real R.
 
 use rvisor::{CallOptions, RunResult, Worker, WorkerConfig};
+use std::path::{Path, PathBuf};
 
-/// Starts a worker (the binary built next to the test executable).
+/// Starts a worker (the binary built next to the test executable). A
+/// spawned worker is not confined (only the zygote forks confined ones):
+/// these tests are about the worker itself; supervisors confine theirs.
 pub fn worker() -> Worker {
     Worker::spawn(&WorkerConfig::default()).expect("worker starts")
 }
@@ -47,3 +50,22 @@ pub const RUN_RESULT_FIELDS: [&str; 16] = [
     "usage",
     "truncated",
 ];
+
+/// `path` as the worker with host pid `pid` sees it, from the host: through
+/// its root, `/proc/<pid>/root`. A confined worker's temporary directory is
+/// a private tmpfs that only this reaches (the tests run as root, as
+/// confinement requires).
+pub fn inside(pid: u32, path: &Path) -> PathBuf {
+    Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// The parent of process `pid` (from /proc/<pid>/status), if it runs.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}

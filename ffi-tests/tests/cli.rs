@@ -145,3 +145,44 @@ fn health_json_lists_the_rules() {
         .iter()
         .any(|f| f == "system"));
 }
+
+#[test]
+fn run_uses_the_current_directory_only_when_unconfined_or_exposed() {
+    // Readable by everyone: a confined worker runs as its own uid.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rvisor-cli-cwd-{}", rvisor::ids::random_hex(6)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dir.canonicalize().unwrap();
+    std::fs::write(dir.join("data.txt"), "x\n").unwrap();
+    let f = script(&format!(
+        "cat(file.exists('data.txt'), normalizePath(getwd()) == '{}', \
+         suppressWarnings(file.create('new.txt')))\n",
+        dir.display()
+    ));
+    let run = |extra: &[&str]| {
+        let out = rvisor()
+            .args(extra)
+            .arg("run")
+            .arg(&f)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // Confined (the default): the script runs in its private directory.
+    assert_eq!(run(&[]), "FALSE FALSE TRUE");
+    // Exposed read-only: it runs in the current directory and reads it,
+    // but cannot write there.
+    let ro = dir.display().to_string();
+    assert_eq!(run(&["--read-only", &ro]), "TRUE TRUE FALSE");
+    assert!(!dir.join("new.txt").exists());
+    // Unconfined (trusted code): the current directory, writable.
+    assert_eq!(run(&["--unconfined"]), "TRUE TRUE TRUE");
+    assert!(dir.join("new.txt").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -27,14 +27,15 @@ const TOK_B: &str = "bob-token-0123456789abcdefgh";
 // ---------------------------------------------------------------------------
 // Helpers
 
-/// A supervisor without a zygote (every worker is a fresh R process), so
-/// that tests stay light.
+/// A supervisor whose zygote preloads nothing and keeps no spares (workers
+/// confined, as in production), so that tests stay light.
 fn light_sup(rules: SafetyRules) -> Supervisor {
     Supervisor::new(SupervisorConfig {
         rules,
         pool: PoolConfig {
-            zygote: false,
-            ..PoolConfig::default()
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
         },
         ..SupervisorConfig::default()
     })
@@ -52,6 +53,8 @@ fn tokens() -> HashMap<String, String> {
 struct Server {
     base: String,
     sup: Supervisor,
+    /// Where the server stores tables.
+    tables_dir: PathBuf,
     rt: Option<tokio::runtime::Runtime>,
 }
 
@@ -66,13 +69,26 @@ impl Server {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("the bound address");
+        let tables_dir = cfg.tables.dir.clone();
         let app = rvisor::http::router(sup.clone(), cfg).expect("the router");
         rt.spawn(async move { axum::serve(listener, app).await });
         Self {
             base: format!("http://{addr}"),
             sup,
+            tables_dir,
             rt: Some(rt),
         }
+    }
+
+    /// How many tables the server stores (for every tenant).
+    fn stored_tables(&self) -> usize {
+        std::fs::read_dir(&self.tables_dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "arrow"))
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     /// Default rules, no auth (one local tenant).
@@ -286,15 +302,13 @@ impl Drop for TempDir {
     }
 }
 
-/// A path as an R string literal.
-fn r_str(p: &Path) -> String {
-    let s = p.display().to_string();
-    assert!(
-        !s.contains('\'') && !s.contains('\\'),
-        "temp path {s} needs quoting"
-    );
-    format!("'{s}'")
-}
+/// R code that leaves a trace on the host if it runs: it publishes a table
+/// (through the run's publish tool), which the server stores. Runs are
+/// confined, so R code cannot write host files; a stored table is how a
+/// test proves that a script ran, or that it did not
+/// ([`Server::stored_tables`]; use a [`table_server`] for a table store of
+/// the test's own).
+const RAN_PROBE: &str = "invisible(rvisor_publish(data.frame(ran = TRUE), name = 'ran'))";
 
 // ---------------------------------------------------------------------------
 // Health and packages
@@ -639,10 +653,8 @@ fn run_rejects_timeouts_outside_1_to_300_seconds() {
 
 #[test]
 fn a_forbidden_script_is_rejected_with_its_validation() {
-    let srv = Server::open();
-    let dir = TempDir::new("forbidden");
-    let marker = dir.path().join("ran");
-    let script = format!("writeLines('x', {})\nsystem('id')\n", r_str(&marker));
+    let srv = table_server(None, 100);
+    let script = format!("{RAN_PROBE}\nsystem('id')\n");
     let r = srv.client().run(&json!({ "script": script }));
     assert_eq!(r["outcome"], "rejected", "{r}");
     assert_eq!(r["success"], false, "{r}");
@@ -656,7 +668,11 @@ fn a_forbidden_script_is_rejected_with_its_validation() {
     );
     let msg = r["error"]["message"].as_str().expect("an error message");
     assert!(msg.contains("line 2, column 1"), "{msg}");
-    assert!(!marker.exists(), "a rejected script ran");
+    assert_eq!(srv.stored_tables(), 0, "a rejected script ran");
+    // The probe itself runs (so the check above can fail).
+    let r = srv.client().run(&json!({ "script": RAN_PROBE }));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(srv.stored_tables(), 1, "{r}");
 }
 
 #[test]
@@ -688,11 +704,9 @@ fn a_run_past_its_timeout_is_timed_out() {
 
 #[test]
 fn unresolvable_data_pointers_are_one_generic_422_and_nothing_runs() {
-    let srv = Server::open();
+    let srv = table_server(None, 100);
     let c = srv.client();
-    let dir = TempDir::new("pointers");
-    let marker = dir.path().join("ran");
-    let script = format!("writeLines('x', {})", r_str(&marker));
+    let script = RAN_PROBE;
     let secret = "ptr-5ecret-d0e5-not-exist";
     let r = c.post(
         "/v1/run",
@@ -707,7 +721,7 @@ fn unresolvable_data_pointers_are_one_generic_422_and_nothing_runs() {
         "the answer names the pointer: {m}"
     );
     assert!(!m.contains("5ecret"), "{m}");
-    assert!(!marker.exists(), "the script ran");
+    assert_eq!(srv.stored_tables(), 0, "the script ran");
 
     let eleven: Vec<Value> = (0..11)
         .map(|i| json!({"data_pointer": format!("p{i}"), "name": format!("d{i}")}))
@@ -724,10 +738,13 @@ fn unresolvable_data_pointers_are_one_generic_422_and_nothing_runs() {
         )
         .error(422, "invalid");
     assert!(m.contains("syntactic"), "{m}");
-    // Then a good run still works (the marker proves it can run).
+    // Nor did the invalid requests run anything.
+    assert_eq!(srv.stored_tables(), 0, "a script ran");
+    // Then a good run still works (the probe's table proves it can run).
     let r = c.run(&json!({ "script": script }));
     assert_eq!(r["outcome"], "complete", "{r}");
-    assert!(marker.exists());
+    assert_eq!(r["published"].as_array().map(Vec::len), Some(1), "{r}");
+    assert_eq!(srv.stored_tables(), 1);
 }
 
 #[test]
@@ -978,8 +995,9 @@ fn a_full_session_queue_is_429_and_cancel_drops_the_queue() {
             ..SessionOptions::default()
         },
         pool: PoolConfig {
-            zygote: false,
-            ..PoolConfig::default()
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
         },
         ..SupervisorConfig::default()
     })
@@ -1248,7 +1266,7 @@ fn fifty_concurrent_runs_from_ten_clients_all_answer() {
                         .map(|i| {
                             let k = t * 100 + i;
                             let r = c.run(&json!({
-                                "script": "cat(k * 2L, Sys.getpid(), sep = ' ')",
+                                "script": "cat(k * 2L, tempdir(), sep = ' ')",
                                 "variables": [{"name": "k", "value": k}],
                             }));
                             (k, r)
@@ -1263,18 +1281,20 @@ fn fifty_concurrent_runs_from_ten_clients_all_answer() {
             .collect()
     });
     assert_eq!(answers.len(), 50);
+    // Every confined worker is pid 1 of its namespace: workers are told
+    // apart by their temporary directories (one per worker, random names).
     let mut ids = HashSet::new();
-    let mut pids = HashSet::new();
+    let mut tmps = HashSet::new();
     for (k, r) in &answers {
         assert_eq!(r["outcome"], "complete", "{r}");
         let console = r["console"].as_str().unwrap();
-        let (double, pid) = console.split_once(' ').expect("two numbers");
+        let (double, tmp) = console.split_once(' ').expect("a number and a path");
         assert_eq!(double, (k * 2).to_string(), "{r}");
-        pids.insert(pid.to_string());
+        tmps.insert(tmp.to_string());
         ids.insert(r["execution_id"].as_str().unwrap().to_string());
     }
     assert_eq!(ids.len(), 50, "execution ids are not unique");
-    assert_eq!(pids.len(), 50, "one-shot runs shared a worker");
+    assert_eq!(tmps.len(), 50, "one-shot runs shared a worker");
     let m = srv.client().get("/metrics");
     assert!(
         m.text
@@ -1581,19 +1601,21 @@ fn another_tenants_pointer_is_unknown_and_runs_nothing() {
         (unknown.status, unknown.json())
     );
     assert_eq!(bob.delete(&format!("/v1/tables/{pointer}")).status, 404);
-    let marker =
-        std::env::temp_dir().join(format!("rvisor-foreign-{}", rvisor::ids::random_hex(6)));
+    assert_eq!(s.stored_tables(), 1, "alice's table");
     let r = bob.post(
         "/v1/run",
-        &json!({"script": format!("file.create('{}')", marker.display()), "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
+        &json!({"script": RAN_PROBE, "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
     );
     let msg = r.error(422, "data_pointer_unresolved");
     assert!(!msg.contains(&pointer));
-    assert!(!marker.exists(), "nothing may run");
-    // Alice still has it.
-    let out = alice
-        .run(&json!({"script": "nrow(t)", "dataframes": [{"data_pointer": pointer, "name": "t"}]}));
-    assert_eq!(out["console"], "[1] 1\n");
+    assert_eq!(s.stored_tables(), 1, "nothing may run");
+    // Alice still has it (and the same script runs for her).
+    let out = alice.run(&json!({
+        "script": format!("{RAN_PROBE}; nrow(t)"),
+        "dataframes": [{"data_pointer": pointer, "name": "t"}]
+    }));
+    assert_eq!(out["console"], "[1] 1\n", "{out}");
+    assert_eq!(s.stored_tables(), 2, "{out}");
 }
 
 #[test]

@@ -7,8 +7,9 @@ fn sup_with(rules: SafetyRules) -> Supervisor {
         rules,
         style: rvisor::StyleEngine::Builtin,
         pool: PoolConfig {
-            zygote: false,
-            ..PoolConfig::default()
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
         },
         ..SupervisorConfig::default()
     })
@@ -113,9 +114,30 @@ fn style_notes_never_block() {
 
 #[test]
 fn validation_runs_nothing() {
+    // Confined (the default): a script that would end the validator if it
+    // ran (quit is allowed here so that the script itself is valid). The
+    // validator would then fail twice and validation report a problem.
+    let s = sup_with(SafetyRules {
+        forbidden_functions: Vec::new(),
+        ..SafetyRules::default()
+    });
+    for _ in 0..2 {
+        let v = s.validate("quit(save = 'no', status = 3)");
+        assert!(v.valid, "validation evaluated the script: {:?}", v.problems);
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+    }
+
+    // Unconfined on purpose: the proof here is a host file the script would
+    // create, which a confined validator could not create anyway.
+    let s = Supervisor::new(SupervisorConfig {
+        style: rvisor::StyleEngine::Builtin,
+        confinement: rvisor::Confinement::unconfined(),
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor");
     let marker =
         std::env::temp_dir().join(format!("rvisor-validate-{}", rvisor::ids::random_hex(6)));
-    let v = sup().validate(&format!("file.create('{}')", marker.display()));
+    let v = s.validate(&format!("file.create('{}')", marker.display()));
     assert!(v.valid);
     assert!(!marker.exists(), "validation must not evaluate the script");
 }
@@ -175,8 +197,9 @@ fn lintr_gives_the_style_notes_when_installed() {
     // setup.sh installs r-cran-lintr, so `auto` uses it here.
     let s = Supervisor::new(SupervisorConfig {
         pool: PoolConfig {
-            zygote: false,
-            ..PoolConfig::default()
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
         },
         ..SupervisorConfig::default()
     })

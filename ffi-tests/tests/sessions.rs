@@ -1,21 +1,26 @@
 //! Persistent sessions end to end: the `rvisor` library's Supervisor and
 //! Session against real R workers, plus the `rvisor session --jsonl` CLI.
 //!
-//! No test sleeps and hopes: R code announces progress by creating marker
-//! files that the test polls for (with a generous deadline), or waits for a
-//! release file that the test creates. Durations are only bounded from above
-//! to prove that nothing hung.
+//! Workers are confined by the OS (the default): R code sees no host files,
+//! so it cannot announce progress through marker files. Instead a session
+//! tool ([`Gate`]) tells the test that a call has started, and R waits for
+//! the test's release by polling another tool. (The JSONL CLI has no tools:
+//! there R creates a marker in its private directory, which the test reads
+//! through `/proc/<pid>/root`.) No test sleeps and hopes: every wait polls
+//! or blocks with a generous deadline. Durations are only bounded from
+//! above to prove that nothing hung.
 
 use rvisor::{
-    EnvPolicy, Outcome, Rejection, RunOptions, RunResult, Session, SessionOptions, SessionState,
-    Supervisor, SupervisorConfig, Tool,
+    Confinement, EnvPolicy, Outcome, Rejection, RunOptions, RunResult, Session, SessionOptions,
+    SessionState, Supervisor, SupervisorConfig, Tool,
 };
+use rvisor_ffi_tests::{inside, parent_pid};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long anything may take before the test calls it a hang.
@@ -27,8 +32,32 @@ const FRESH_NOTICE: &str = "rvisor: started a fresh R session";
 // ---------------------------------------------------------------------------
 // Helpers
 
+/// A supervisor with the default configuration: workers confined.
 fn supervisor() -> Supervisor {
     Supervisor::new(SupervisorConfig::default()).expect("supervisor starts")
+}
+
+/// A confined supervisor whose workers may also read `dirs` (at the same
+/// paths, executable: a test `.so` can be `dyn.load`ed from there).
+fn supervisor_reading(dirs: &[&Path]) -> Supervisor {
+    Supervisor::new(SupervisorConfig {
+        confinement: Confinement {
+            read_only: dirs.iter().map(|d| d.to_path_buf()).collect(),
+            ..Confinement::default()
+        },
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor starts")
+}
+
+/// A supervisor whose workers are explicitly not confined (for tests whose
+/// subject needs what confinement forbids, e.g. R signalling itself).
+fn unconfined_supervisor() -> Supervisor {
+    Supervisor::new(SupervisorConfig {
+        confinement: Confinement::unconfined(),
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor starts")
 }
 
 fn session(sup: &Supervisor) -> Session {
@@ -39,15 +68,14 @@ fn session_with(sup: &Supervisor, opts: SessionOptions) -> Session {
     sup.session_with(opts).expect("session is created")
 }
 
-/// A unique path in the temp dir (nothing is created).
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("rvisor-test-{name}-{}", rvisor::ids::random_hex(6)))
-}
-
-/// A unique, new directory in the temp dir.
-fn temp_dir(name: &str) -> PathBuf {
-    let d = temp_path(name);
-    std::fs::create_dir_all(&d).expect("create a temp dir");
+/// A unique, new directory that can be exposed read-only to confined
+/// workers (in cargo's scratch space for integration tests). It has the
+/// default mode: a confined worker runs as its own unprivileged uid, so it
+/// can only enter directories everyone may read.
+fn exposed_dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rvisor-test-{name}-{}", rvisor::ids::random_hex(6)));
+    std::fs::create_dir_all(&d).expect("create a test dir");
     d
 }
 
@@ -61,13 +89,84 @@ fn r_str(p: &Path) -> String {
     format!("'{s}'")
 }
 
-/// R code that creates `marker` and then waits until `release` exists.
-fn block_until(marker: &Path, release: &Path) -> String {
-    format!(
-        "invisible(file.create({})); while (!file.exists({})) Sys.sleep(0.01)",
-        r_str(marker),
-        r_str(release)
-    )
+/// Lets R code tell the test that a call has started, and lets the test
+/// release it, through session tools (a confined worker sees no host file).
+/// Tools: `started()` (counts, wakes the test), `released()` (whether the
+/// test released the gate) and `release()` (releases it, for R code of
+/// another session).
+#[derive(Default)]
+struct Gate {
+    /// (calls of `started`, released)
+    state: Mutex<(usize, bool)>,
+    cv: Condvar,
+}
+
+/// R code that announces its start, then runs until it is interrupted,
+/// cancelled or closed. An interrupt can reach R while it still waits for
+/// the answer to `started()` (the test acts as soon as the handler runs);
+/// the tool call then fails, and that error is ignored so the loop takes
+/// the interrupt, which stays pending.
+const BLOCK: &str =
+    "invisible(tryCatch(tools$started(), error = function(e) NULL)); repeat Sys.sleep(0.05)";
+
+/// R code that announces its start, then waits until the gate is released.
+const HOLD: &str = "invisible(tools$started()); while (!tools$released()) Sys.sleep(0.01)";
+
+impl Gate {
+    fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn tools(self: &Arc<Self>) -> Vec<Tool> {
+        let g = self.clone();
+        let started = Tool::new("started", "the call has started", json!({}), move |_| {
+            g.state.lock().unwrap().0 += 1;
+            g.cv.notify_all();
+            Ok(Value::Null)
+        })
+        .unwrap();
+        let g = self.clone();
+        let released = Tool::new("released", "whether to go on", json!({}), move |_| {
+            Ok(json!(g.state.lock().unwrap().1))
+        })
+        .unwrap();
+        let g = self.clone();
+        let release = Tool::new(
+            "release",
+            "lets the held call go on",
+            json!({}),
+            move |_| {
+                g.release();
+                Ok(Value::Null)
+            },
+        )
+        .unwrap();
+        vec![started, released, release]
+    }
+
+    /// Session options with the gate's tools.
+    fn options(self: &Arc<Self>) -> SessionOptions {
+        SessionOptions {
+            tools: self.tools(),
+            ..SessionOptions::default()
+        }
+    }
+
+    /// Waits until `started()` was called `n` times in all.
+    fn wait_started(&self, n: usize) {
+        let end = Instant::now() + DEADLINE;
+        let mut st = self.state.lock().unwrap();
+        while st.0 < n {
+            let now = Instant::now();
+            assert!(now < end, "timed out waiting for call {n} to start");
+            st = self.cv.wait_timeout(st, end - now).unwrap().0;
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.cv.notify_all();
+    }
 }
 
 /// Polls until `cond` holds; panics with `what` after [`DEADLINE`].
@@ -77,10 +176,6 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn wait_for_file(p: &Path) {
-    wait_until(&format!("file {}", p.display()), || p.exists());
 }
 
 /// Runs `code` and waits for its result (at most [`DEADLINE`]).
@@ -202,24 +297,24 @@ fn queued_calls_run_in_order_and_each_result_is_complete() {
 #[test]
 fn two_sessions_run_in_parallel() {
     let sup = supervisor();
-    let a = session(&sup);
-    let b = session(&sup);
-    let started = temp_path("a-started");
-    let release = temp_path("release");
+    // One gate for both: A holds until B's code releases it.
+    let gate = Gate::new();
+    let a = session_with(&sup, gate.options());
+    let b = session_with(&sup, gate.options());
     let ha = a
         .run_with(
-            &format!("{}; 'A done'", block_until(&started, &release)),
+            &format!("{HOLD}; 'A done'"),
             &RunOptions {
                 timeout: Some(DEADLINE),
                 ..RunOptions::default()
             },
         )
         .expect("call accepted");
-    wait_for_file(&started);
-    // A is now blocked until B creates the file: B must not wait for A.
-    let rb = run(&b, &format!("file.create({})", r_str(&release)));
+    gate.wait_started(1);
+    // A is now blocked until B's call releases it: B must not wait for A.
+    let rb = run(&b, "invisible(tools$release()); 'B done'");
     assert_eq!(rb.outcome, Outcome::Complete, "{}", rb.console);
-    assert_eq!(rb.console, "[1] TRUE\n");
+    assert_eq!(rb.console, "[1] \"B done\"\n");
     let ra = wait(&ha);
     assert_eq!(
         ra.outcome,
@@ -229,8 +324,6 @@ fn two_sessions_run_in_parallel() {
     );
     assert_eq!(ra.console, "[1] \"A done\"\n");
     assert_ne!(ra.session.id, rb.session.id);
-    let _ = std::fs::remove_file(started);
-    let _ = std::fs::remove_file(release);
 }
 
 // ---------------------------------------------------------------------------
@@ -239,19 +332,18 @@ fn two_sessions_run_in_parallel() {
 #[test]
 fn a_full_queue_rejects_at_once_and_accepted_calls_complete() {
     let sup = supervisor();
+    let gate = Gate::new();
     let s = session_with(
         &sup,
         SessionOptions {
             queue_limit: 2,
-            ..SessionOptions::default()
+            ..gate.options()
         },
     );
-    let started = temp_path("q-started");
-    let release = temp_path("q-release");
     let h1 = s
-        .run(&format!("{}; 'one'", block_until(&started, &release)))
+        .run(&format!("{HOLD}; 'one'"))
         .expect("first call accepted");
-    wait_for_file(&started);
+    gate.wait_started(1);
     let h2 = s.run("'two'").expect("second call queued");
     let h3 = s.run("'three'").expect("third call queued");
     assert_eq!(s.status().queued, 2);
@@ -265,7 +357,7 @@ fn a_full_queue_rejects_at_once_and_accepted_calls_complete() {
     // Nothing of the rejected calls was queued.
     assert_eq!(s.status().queued, 2);
 
-    std::fs::write(&release, "").unwrap();
+    gate.release();
     for (h, want) in [(&h1, "one"), (&h2, "two"), (&h3, "three")] {
         let r = wait(h);
         assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
@@ -273,8 +365,6 @@ fn a_full_queue_rejects_at_once_and_accepted_calls_complete() {
     }
     // The queue has room again.
     assert_eq!(console(&s, "'five'"), "[1] \"five\"\n");
-    let _ = std::fs::remove_file(started);
-    let _ = std::fs::remove_file(release);
 }
 
 // ---------------------------------------------------------------------------
@@ -355,10 +445,11 @@ fn a_timeout_r_answers_keeps_the_session() {
 // ---------------------------------------------------------------------------
 // 7. timeout on C code that ignores interrupts
 
-/// Compiles `source` into `<name>.so` in a new temp dir with
-/// `R CMD SHLIB`; returns the path of the shared library.
+/// Compiles `source` into `<name>.so` in a new directory with
+/// `R CMD SHLIB`; returns the path of the shared library. Confined workers
+/// can load it when its directory is exposed ([`supervisor_reading`]).
 fn compile_c(name: &str, source: &str) -> PathBuf {
-    let dir = temp_dir(name);
+    let dir = exposed_dir(name);
     std::fs::write(dir.join(format!("{name}.c")), source).unwrap();
     let out = Command::new("R")
         .args(["CMD", "SHLIB", &format!("{name}.c")])
@@ -387,7 +478,7 @@ fn compile_spin() -> PathBuf {
 #[test]
 fn a_timeout_in_c_code_kills_the_worker_and_the_next_call_is_fresh() {
     let so = compile_spin();
-    let sup = supervisor();
+    let sup = supervisor_reading(&[so.parent().unwrap()]);
     let s = session_with(
         &sup,
         SessionOptions {
@@ -446,20 +537,19 @@ fn a_timeout_in_c_code_kills_the_worker_and_the_next_call_is_fresh() {
 #[test]
 fn cancel_stops_the_running_call_and_drops_the_queue() {
     let sup = supervisor();
-    let s = session(&sup);
+    let gate = Gate::new();
+    let s = session_with(&sup, gate.options());
     assert_eq!(console(&s, "before <- 'kept'"), "");
-    let started = temp_path("c-started");
-    let never = temp_path("c-never");
     let h1 = s
         .run_with(
-            &format!("{}; after <- TRUE", block_until(&started, &never)),
+            &format!("{BLOCK}; after <- TRUE"),
             &RunOptions {
                 timeout: Some(Duration::from_secs(120)),
                 ..RunOptions::default()
             },
         )
         .unwrap();
-    wait_for_file(&started);
+    gate.wait_started(1);
     let h2 = s.run("'two'").unwrap();
     let h3 = s.run("'three'").unwrap();
     s.cancel();
@@ -481,19 +571,15 @@ fn cancel_stops_the_running_call_and_drops_the_queue() {
     assert_eq!(r.session.generation, 1);
     assert_eq!(r.session.reset_reason, None);
     assert!(s.status().last_reset.is_none());
-    let _ = std::fs::remove_file(started);
 }
 
 #[test]
 fn interrupt_stops_the_running_call_and_keeps_the_queue() {
     let sup = supervisor();
-    let s = session(&sup);
-    let started = temp_path("i-started");
-    let never = temp_path("i-never");
-    let h1 = s
-        .run(&format!("kept <- 1; {}", block_until(&started, &never)))
-        .unwrap();
-    wait_for_file(&started);
+    let gate = Gate::new();
+    let s = session_with(&sup, gate.options());
+    let h1 = s.run(&format!("kept <- 1; {BLOCK}")).unwrap();
+    gate.wait_started(1);
     let h2 = s.run("kept + 1").unwrap();
     s.interrupt();
     let r1 = wait(&h1);
@@ -507,7 +593,6 @@ fn interrupt_stops_the_running_call_and_keeps_the_queue() {
     );
     assert_eq!(r2.console, "[1] 2\n");
     assert_eq!(r2.session.generation, 1);
-    let _ = std::fs::remove_file(started);
 }
 
 #[test]
@@ -535,20 +620,19 @@ fn reset_starts_a_fresh_worker() {
 // ---------------------------------------------------------------------------
 // 9. crash
 
-/// Runs `code` (which must end the worker with `signal`) after setting a
-/// variable, and checks the failed result and the fresh next call.
-fn check_crash(code: &str, signal: &str, reason: &str) {
-    let sup = supervisor();
-    let s = session(&sup);
-    assert_eq!(console(&s, "x <- 1"), "");
-    let r = run(&s, code);
+/// Sets a variable in `s`, then makes a call whose worker ends with
+/// `signal` (`crash` makes it and returns its result), and checks the
+/// failed result and the fresh next call.
+fn check_crash(s: &Session, crash: impl FnOnce(&Session) -> RunResult, signal: &str, reason: &str) {
+    assert_eq!(console(s, "x <- 1"), "");
+    let r = crash(s);
     assert_eq!(r.outcome, Outcome::WorkerFailed, "{}", r.console);
     assert!(!r.success);
     let msg = &r.error.as_ref().expect("error info").message;
     assert!(msg.contains(signal), "names the signal ({signal}): {msg}");
     assert!(r.console.contains(signal), "{}", r.console);
 
-    let r = run(&s, "exists('x')");
+    let r = run(s, "exists('x')");
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert!(r.session.fresh);
     assert_eq!(r.session.generation, 2);
@@ -556,7 +640,7 @@ fn check_crash(code: &str, signal: &str, reason: &str) {
     assert!(r.console.starts_with(FRESH_NOTICE), "{}", r.console);
     assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
     assert_eq!(s.status().last_reset.unwrap().reason, reason);
-    assert_eq!(console(&s, "1"), "[1] 1\n");
+    assert_eq!(console(s, "1"), "[1] 1\n");
 }
 
 #[test]
@@ -568,11 +652,15 @@ fn a_segfault_mid_call_is_reported_and_the_next_call_is_fresh() {
         "crash",
         "void crash(int *n) { *(volatile int *) 0 = *n; }\n",
     );
+    // The fault is the kernel's: it kills a confined worker too.
+    let sup = supervisor_reading(&[so.parent().unwrap()]);
+    let code = format!(
+        "cat('before\\n'); dyn.load({}); .C('crash', 1L); cat('after\\n')",
+        r_str(&so)
+    );
     check_crash(
-        &format!(
-            "cat('before\\n'); dyn.load({}); .C('crash', 1L); cat('after\\n')",
-            r_str(&so)
-        ),
+        &session(&sup),
+        |s| run(s, &code),
         "signal 11 (SIGSEGV)",
         "crash",
     );
@@ -581,8 +669,14 @@ fn a_segfault_mid_call_is_reported_and_the_next_call_is_fresh() {
 
 #[test]
 fn an_abort_signal_mid_call_is_a_crash() {
+    // Unconfined on purpose: a confined worker is pid 1 of its own pid
+    // namespace, so the kernel drops signals it sends itself, and a SIGABRT
+    // from outside without a handler too. The subject is how the supervisor
+    // reports a worker that died of SIGABRT.
+    let sup = unconfined_supervisor();
     check_crash(
-        "tools::pskill(Sys.getpid(), 6L); Sys.sleep(30)",
+        &session(&sup),
+        |s| run(s, "tools::pskill(Sys.getpid(), 6L); Sys.sleep(30)"),
         "signal 6 (SIGABRT)",
         "crash",
     );
@@ -590,8 +684,36 @@ fn an_abort_signal_mid_call_is_a_crash() {
 
 #[test]
 fn a_sigkill_mid_call_is_reported_as_killed() {
+    // Unconfined on purpose: R code killing its own process (a confined
+    // worker cannot signal itself; see the confined test below).
+    let sup = unconfined_supervisor();
     check_crash(
-        "tools::pskill(Sys.getpid(), tools::SIGKILL); Sys.sleep(30)",
+        &session(&sup),
+        |s| {
+            run(
+                s,
+                "tools::pskill(Sys.getpid(), tools::SIGKILL); Sys.sleep(30)",
+            )
+        },
+        "signal 9 (SIGKILL)",
+        "killed",
+    );
+}
+
+#[test]
+fn a_confined_worker_sigkilled_mid_call_is_reported_as_killed() {
+    // The confined equivalent: SIGKILL from outside (to the worker's host
+    // pid) while the call runs.
+    let sup = supervisor();
+    let gate = Gate::new();
+    check_crash(
+        &session_with(&sup, gate.options()),
+        |s| {
+            let h = s.run(BLOCK).expect("call accepted");
+            gate.wait_started(1);
+            sigkill(s.status().pid.expect("a worker runs"));
+            wait(&h)
+        },
         "signal 9 (SIGKILL)",
         "killed",
     );
@@ -667,37 +789,51 @@ fn rprofile_and_renviron_are_not_read() {
         .unwrap();
         std::fs::write(dir.join(".Renviron"), format!("{var}=from-{tag}\n")).unwrap();
     };
-    let wd = temp_dir("wd");
+    // The working directory is visible to a confined worker (an explicit
+    // working_dir is exposed read-only), so its files could be read: the
+    // call checks that they are there.
+    let wd = exposed_dir("wd");
     files(&wd, "wd");
-    // HOME is passed to workers: its start-up files must not run either.
+    // The supervisor's HOME: the zygote starts R with it, and unconfined
+    // workers get it. Its start-up files must not run either.
     // (nextest runs each test in its own process, so this is local.)
-    let home = temp_dir("home");
+    let home = exposed_dir("home");
     files(&home, "home");
     std::env::set_var("HOME", &home);
 
-    let sup = supervisor();
-    let s = session_with(
-        &sup,
-        SessionOptions {
-            working_dir: Some(wd.clone()),
-            ..SessionOptions::default()
-        },
-    );
-    let r = run(
-        &s,
-        &format!(
-            "cat(normalizePath(getwd()) == {}, Sys.getenv('HOME') == {}, '\\n')\n\
-             exists('profile_wd'); exists('profile_home'); Sys.getenv('{var}')",
-            r_str(&wd.canonicalize().unwrap()),
-            r_str(&home)
-        ),
-    );
-    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
-    assert_eq!(
-        r.console, "TRUE TRUE \n[1] FALSE\n[1] FALSE\n[1] \"\"\n",
-        "the call ran in working_dir with HOME set, and no start-up file ran"
-    );
-    assert!(!r.console.contains("PROFILE"));
+    // `home` is R code for the HOME the worker should have; `in_home`, the
+    // expected `file.exists` of the start-up files there.
+    let check = |sup: &Supervisor, home: &str, in_home: &str| {
+        let s = session_with(
+            sup,
+            SessionOptions {
+                working_dir: Some(wd.clone()),
+                ..SessionOptions::default()
+            },
+        );
+        let r = run(
+            &s,
+            &format!(
+                "cat(normalizePath(getwd()) == {}, Sys.getenv('HOME') == {home}, '\\n')\n\
+                 cat(file.exists('.Rprofile', '.Renviron', file.path(Sys.getenv('HOME'), \
+                 c('.Rprofile', '.Renviron'))), '\\n')\n\
+                 exists('profile_wd'); exists('profile_home'); Sys.getenv('{var}')",
+                r_str(&wd.canonicalize().unwrap()),
+            ),
+        );
+        assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+        assert_eq!(
+            r.console,
+            format!("TRUE TRUE \nTRUE TRUE {in_home} \n[1] FALSE\n[1] FALSE\n[1] \"\"\n"),
+            "the call ran in working_dir with HOME set, saw the start-up files, and none ran"
+        );
+        assert!(!r.console.contains("PROFILE"));
+    };
+    // Confined: HOME is the worker's private directory (where tempdir() is),
+    // which has no start-up files.
+    check(&supervisor(), "dirname(tempdir())", "FALSE FALSE");
+    // Unconfined, HOME is passed to workers as it is.
+    check(&unconfined_supervisor(), &r_str(&home), "TRUE TRUE");
     let _ = std::fs::remove_dir_all(&wd);
     let _ = std::fs::remove_dir_all(&home);
 }
@@ -712,12 +848,31 @@ fn a_worker_killed_from_outside_is_replaced_and_its_tempdir_removed() {
     let r = run(&s, "x <- 1; cat(tempdir())");
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     let old_tmp = PathBuf::from(&r.console);
-    assert!(old_tmp.is_dir(), "R's tempdir {} exists", old_tmp.display());
     let pid = s.status().pid.expect("a worker runs");
+    // R's tempdir is in the worker's private tmpfs; its directory on the
+    // host (the mount point, R's tempdir's parent) is the session's
+    // working directory.
+    assert!(
+        inside(pid, &old_tmp).is_dir(),
+        "R's tempdir {} exists",
+        old_tmp.display()
+    );
+    let old_dir = PathBuf::from(s.status().working_dir);
+    assert_eq!(old_tmp.parent(), Some(old_dir.as_path()));
+    assert!(old_dir.is_dir(), "{} exists on the host", old_dir.display());
 
+    // The worker's parent is the relay that made its namespaces, a child
+    // of the zygote.
+    let relay = parent_pid(pid).expect("the worker's parent");
     sigkill(pid);
-    // The worker is our child: once dead it stays a zombie until reaped.
+    // The supervisor learns of the death asynchronously (its link reader
+    // sees the socket close; the zygote reports the exit after the relay,
+    // which waits for the worker, ends): wait for the relay too, so that the
+    // death is known when the next call comes. (A call sent right after the
+    // worker's end can fail with "Broken pipe": the session's check for a
+    // worker that died while idle races with its link reader.)
     wait_until("the worker to die", || process_gone(pid));
+    wait_until("the worker's relay to end", || process_gone(relay));
 
     let r = run(&s, "exists('x')");
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
@@ -731,7 +886,8 @@ fn a_worker_killed_from_outside_is_replaced_and_its_tempdir_removed() {
     assert!(r.console.starts_with(FRESH_NOTICE), "{}", r.console);
     assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
     assert_ne!(s.status().pid, Some(pid));
-    wait_until("the old tempdir to be removed", || !old_tmp.exists());
+    assert_ne!(PathBuf::from(s.status().working_dir), old_dir);
+    wait_until("the old tempdir to be removed", || !old_dir.exists());
 }
 
 // ---------------------------------------------------------------------------
@@ -740,7 +896,8 @@ fn a_worker_killed_from_outside_is_replaced_and_its_tempdir_removed() {
 #[test]
 fn status_follows_the_session_life_cycle() {
     let sup = supervisor();
-    let s = session(&sup);
+    let gate = Gate::new();
+    let s = session_with(&sup, gate.options());
     let st = s.status();
     assert_eq!(st.id, s.id());
     assert_eq!(st.state, SessionState::New);
@@ -748,25 +905,40 @@ fn status_follows_the_session_life_cycle() {
     assert_eq!(st.pid, None);
     assert_eq!(st.queued, 0);
     assert!(st.last_reset.is_none());
-    assert!(Path::new(&st.working_dir).is_dir());
+    // A confined session without an explicit working_dir works in its
+    // worker's private directory, which exists once the worker does.
+    assert_eq!(st.working_dir, "");
 
-    let r = run(&s, "cat(getwd(), Sys.getpid(), sep = '\\n')");
+    let token = rvisor::ids::random_hex(8);
+    let r = run(
+        &s,
+        &format!("writeLines('{token}', 'whoami.txt'); cat(getwd(), Sys.getpid(), sep = '\\n')"),
+    );
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     let lines: Vec<&str> = r.console.lines().collect();
     let st = s.status();
     assert_eq!(st.state, SessionState::Idle);
     assert_eq!(st.generation, 1);
     assert_eq!(lines[0], st.working_dir, "calls run in working_dir");
-    assert_eq!(Some(lines[1].parse::<u32>().unwrap()), st.pid);
+    assert!(Path::new(&st.working_dir).is_dir(), "{st:?}");
+    // R sees itself as pid 1 of its own pid namespace; `pid` is the host
+    // pid of the process that ran the call: the file it wrote is in that
+    // process's root (and not on the host: the directory is private).
+    assert_eq!(lines[1], "1");
+    let pid = st.pid.expect("a worker pid");
+    let wrote = Path::new(&st.working_dir).join("whoami.txt");
+    assert_eq!(
+        std::fs::read_to_string(inside(pid, &wrote)).expect("the file R wrote"),
+        format!("{token}\n")
+    );
+    assert!(!wrote.exists(), "{} is private", wrote.display());
 
-    let started = temp_path("s-started");
-    let release = temp_path("s-release");
-    let h = s.run(&block_until(&started, &release)).unwrap();
-    wait_for_file(&started);
+    let h = s.run(HOLD).unwrap();
+    gate.wait_started(1);
     assert_eq!(s.status().state, SessionState::Running);
     let q = s.run("1").unwrap();
     assert_eq!(s.status().queued, 1);
-    std::fs::write(&release, "").unwrap();
+    gate.release();
     assert_eq!(wait(&h).outcome, Outcome::Complete);
     assert_eq!(wait(&q).outcome, Outcome::Complete);
     assert_eq!(s.status().state, SessionState::Idle);
@@ -778,18 +950,15 @@ fn status_follows_the_session_life_cycle() {
     // The private working directory goes with the session.
     wait_until("the session's working dir to be removed", || !wd.exists());
     assert_eq!(s.status().pid, None);
-    let _ = std::fs::remove_file(started);
-    let _ = std::fs::remove_file(release);
 }
 
 #[test]
 fn closing_a_session_resolves_its_running_and_queued_calls() {
     let sup = supervisor();
-    let s = session(&sup);
-    let started = temp_path("close-started");
-    let never = temp_path("close-never");
-    let h1 = s.run(&block_until(&started, &never)).unwrap();
-    wait_for_file(&started);
+    let gate = Gate::new();
+    let s = session_with(&sup, gate.options());
+    let h1 = s.run(BLOCK).unwrap();
+    gate.wait_started(1);
     let h2 = s.run("1").unwrap();
     let pid = s.status().pid.unwrap();
     s.close();
@@ -801,7 +970,6 @@ fn closing_a_session_resolves_its_running_and_queued_calls() {
     let r2 = wait(&h2);
     assert_eq!(r2.outcome, Outcome::Closed, "{}", r2.console);
     wait_until("the worker to end", || process_gone(pid));
-    let _ = std::fs::remove_file(started);
 }
 
 // ---------------------------------------------------------------------------
@@ -947,7 +1115,8 @@ fn block_on<F: std::future::Future>(fut: F) -> F::Output {
 #[test]
 fn a_call_handle_is_a_future() {
     let sup = supervisor();
-    let s = session(&sup);
+    let gate = Gate::new();
+    let s = session_with(&sup, gate.options());
     let h = s.run("1 + 1").unwrap();
     let id = h.execution_id().to_string();
     let r = block_on(h);
@@ -965,46 +1134,35 @@ fn a_call_handle_is_a_future() {
     assert_eq!(b.console, "[1] 10\n");
 
     // A pending future wakes when the blocked call is released.
-    let started = temp_path("f-started");
-    let release = temp_path("f-release");
-    let h = s
-        .run(&format!("{}; 'released'", block_until(&started, &release)))
-        .unwrap();
+    let h = s.run(&format!("{HOLD}; 'released'")).unwrap();
     let releaser = {
-        let (started, release) = (started.clone(), release.clone());
+        let gate = gate.clone();
         std::thread::spawn(move || {
-            wait_for_file(&started);
-            std::fs::write(release, "").unwrap();
+            gate.wait_started(1);
+            gate.release();
         })
     };
     let r = block_on(h);
     releaser.join().unwrap();
     assert_eq!(r.console, "[1] \"released\"\n");
-    let _ = std::fs::remove_file(started);
-    let _ = std::fs::remove_file(release);
 }
 
 #[test]
 fn wait_timeout_is_none_while_running_and_some_after() {
     let sup = supervisor();
-    let s = session(&sup);
-    let started = temp_path("w-started");
-    let release = temp_path("w-release");
-    let h = s
-        .run(&format!("{}; 'done'", block_until(&started, &release)))
-        .unwrap();
-    wait_for_file(&started);
-    // The call cannot end before the release file exists.
+    let gate = Gate::new();
+    let s = session_with(&sup, gate.options());
+    let h = s.run(&format!("{HOLD}; 'done'")).unwrap();
+    gate.wait_started(1);
+    // The call cannot end before the gate is released.
     assert!(h.wait_timeout(Duration::from_millis(50)).is_none());
     assert!(h.try_result().is_none());
-    std::fs::write(&release, "").unwrap();
+    gate.release();
     let r = h.wait_timeout(DEADLINE).expect("result after release");
     assert_eq!(r.console, "[1] \"done\"\n");
     assert_eq!(h.try_result().unwrap().execution_id, r.execution_id);
     // `wait` on a clone returns the same result.
     assert_eq!(h.clone().wait().execution_id, r.execution_id);
-    let _ = std::fs::remove_file(started);
-    let _ = std::fs::remove_file(release);
 }
 
 // ---------------------------------------------------------------------------
@@ -1118,6 +1276,26 @@ impl Cli {
         assert!(resp.get("error").is_none(), "{resp}");
         resp["result"].clone()
     }
+
+    /// Asks for a session's status and returns it.
+    fn status(&mut self, id: u64, session: Option<&str>) -> Value {
+        let mut req = json!({"id": id, "op": "status"});
+        if let Some(s) = session {
+            req["session"] = json!(s);
+        }
+        self.send_json(req);
+        let resp = self.response(&json!(id));
+        assert!(resp.get("error").is_none(), "{resp}");
+        resp["status"].clone()
+    }
+
+    /// The host pid of a session's worker (after a call ran).
+    fn worker_pid(&mut self, id: u64, session: Option<&str>) -> u32 {
+        let st = self.status(id, session);
+        st["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no worker pid: {st}")) as u32
+    }
 }
 
 impl Drop for Cli {
@@ -1130,22 +1308,23 @@ impl Drop for Cli {
 #[test]
 fn no_worker_survives_a_killed_cli() {
     let mut cli = Cli::start();
-    let result = cli.run(1, None, "cat(Sys.getpid())");
+    let result = cli.run(1, None, "x <- 1");
     assert_eq!(result["outcome"], "complete", "{result}");
-    let pid: u32 = result["console"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("a pid");
+    let pid = cli.worker_pid(2, None);
     assert!(!process_gone(pid), "the worker runs");
+    // A confined worker's parent is the process that made its namespaces.
+    let relay = parent_pid(pid).expect("the worker's parent");
+    assert!(!process_gone(relay), "its parent runs");
 
     sigkill(cli.child.id());
     let _ = cli.child.wait();
-    // The worker dies with its supervisor (parent-death signal). Whoever
+    // The worker dies with its supervisor (parent-death signals). Whoever
     // reaps it then (init or a subreaper) may be slow, so a zombie counts as
     // gone.
     wait_until(&format!("worker {pid} to end"), || process_gone(pid));
+    wait_until(&format!("the worker's parent {relay} to end"), || {
+        process_gone(relay)
+    });
 }
 
 #[test]
@@ -1188,10 +1367,17 @@ fn jsonl_bad_lines_get_errors_and_the_session_goes_on() {
 fn jsonl_cancel_works_mid_run() {
     let mut cli = Cli::start();
     assert_eq!(cli.run(1, None, "keep <- 'yes'")["outcome"], "complete");
-    let started = temp_path("j-started");
-    let never = temp_path("j-never");
-    cli.send_json(json!({"id": 2, "op": "run", "code": block_until(&started, &never)}));
-    wait_for_file(&started);
+    // The CLI has no tools: R marks its start with a file in its private
+    // working directory, which the test sees through the worker's root.
+    let st = cli.status(10, None);
+    let pid = st["pid"].as_u64().expect("a worker pid") as u32;
+    let wd = st["working_dir"].as_str().expect("a working dir");
+    assert!(!wd.is_empty(), "{st}");
+    let started = inside(pid, &Path::new(wd).join("started"));
+    assert!(!started.exists());
+    cli.send_json(json!({"id": 2, "op": "run",
+        "code": "invisible(file.create('started')); repeat Sys.sleep(0.05)"}));
+    wait_until("the call to start", || started.exists());
     cli.send_json(json!({"id": 3, "op": "cancel"}));
     let status = cli.response(&json!(3));
     assert!(status.get("status").is_some(), "{status}");
@@ -1200,7 +1386,7 @@ fn jsonl_cancel_works_mid_run() {
     assert_eq!(run["result"]["success"], false);
     let r = cli.run(4, None, "keep");
     assert_eq!(r["console"], "[1] \"yes\"\n", "{r}");
-    let _ = std::fs::remove_file(started);
+    assert_eq!(cli.worker_pid(5, None), pid, "the same worker");
 }
 
 #[test]
@@ -1222,10 +1408,12 @@ fn jsonl_named_sessions_are_separate() {
     assert_eq!(b["console"], "[1] \"from b\"\n", "{b}");
     assert_ne!(a["session"]["id"], b["session"]["id"]);
 
-    // Each has its own worker.
-    let pa = cli.run(6, Some("a"), "cat(Sys.getpid())");
-    let pb = cli.run(7, Some("b"), "cat(Sys.getpid())");
-    assert_ne!(pa["console"], pb["console"]);
+    // Each has its own worker (process and temporary directory).
+    assert_ne!(cli.worker_pid(6, Some("a")), cli.worker_pid(7, Some("b")));
+    let ta = cli.run(10, Some("a"), "cat(tempdir())");
+    let tb = cli.run(11, Some("b"), "cat(tempdir())");
+    assert_eq!(ta["outcome"], "complete", "{ta}");
+    assert_ne!(ta["console"], tb["console"]);
 
     cli.send(r#"{"id": 8, "op": "status", "session": "nope"}"#);
     let st = cli.response(&json!(8));

@@ -3,15 +3,23 @@
 //! restart after the zygote dies, and plain spawning when it is disabled or
 //! down. Every test runs real R.
 //!
+//! Workers forked from the zygote are confined by the OS (the default): a
+//! relay process makes the worker's namespaces and forks it, so the worker
+//! is the zygote's grandchild, pid 1 of its own pid namespace, and its
+//! temporary directory is a private tmpfs that the test reads through
+//! `/proc/<pid>/root` (the tests run as root, as confinement requires).
+//!
 //! No test sleeps and hopes: each waits for a condition by polling it, with a
 //! generous deadline after which the test fails as hung. No duration is
 //! asserted as a speed claim.
 
 use base64::Engine;
 use rvisor::{
-    CallOptions, EnvPolicy, Outcome, PoolConfig, PoolMode, PoolStatus, RunResult, Session,
-    SessionOptions, Supervisor, SupervisorConfig,
+    CallContext, CallOptions, EnvPolicy, Outcome, PoolConfig, PoolMode, PoolStatus, RunResult,
+    Session, SessionOptions, Supervisor, SupervisorConfig, Tool,
 };
+use rvisor_ffi_tests::inside;
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -23,8 +31,16 @@ const DEADLINE: Duration = Duration::from_secs(120);
 // Helpers
 
 fn supervisor_with(pool: PoolConfig) -> Supervisor {
+    // Spawned workers cannot be confined (only the zygote forks confined
+    // ones): a pool without a zygote is the explicit unconfined mode.
+    let confinement = if pool.zygote {
+        rvisor::Confinement::default()
+    } else {
+        rvisor::Confinement::unconfined()
+    };
     Supervisor::new(SupervisorConfig {
         pool,
+        confinement,
         ..SupervisorConfig::default()
     })
     .expect("supervisor starts")
@@ -86,23 +102,36 @@ fn lines(r: &RunResult) -> Vec<String> {
     r.console.lines().map(str::to_string).collect()
 }
 
-/// The worker's process id, as R reports it.
-fn r_pid(session: &Session) -> u32 {
-    let r = call_ok(session, "cat(Sys.getpid())");
-    r.console.trim().parse().expect("a pid")
+/// The host pid of the session's worker (started by a call if need be).
+/// (R's `Sys.getpid()` is 1 in every confined worker.)
+fn worker_pid(session: &Session) -> u32 {
+    call_ok(session, "invisible(0)");
+    let st = session.status();
+    st.pid.unwrap_or_else(|| panic!("no worker pid: {st:?}"))
 }
 
-/// The parent process id of `pid`, from /proc/<pid>/status.
-fn ppid_of(pid: u32) -> u32 {
+/// Field `name` of /proc/<pid>/status.
+fn proc_status(pid: u32, name: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
     status
         .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))
-        .expect("a PPid line")
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} line for {pid}"))
         .trim()
-        .parse()
-        .expect("a numeric PPid")
+        .to_string()
+}
+
+/// The parent process id of `pid`; panics if it does not run.
+fn ppid_of(pid: u32) -> u32 {
+    rvisor_ffi_tests::parent_pid(pid).unwrap_or_else(|| panic!("process {pid} does not run"))
+}
+
+/// Whether `pid` is pid 1 of its own pid namespace (a confined worker).
+fn is_ns_init(pid: u32) -> bool {
+    let ns = proc_status(pid, "NSpid");
+    let ids: Vec<&str> = ns.split_whitespace().collect();
+    ids.len() >= 2 && ids.last() == Some(&"1")
 }
 
 /// The zygote's pid; panics if it is not up.
@@ -112,17 +141,61 @@ fn zygote_pid(sup: &Supervisor) -> u32 {
         .unwrap_or_else(|| panic!("no zygote pid: {st:?}"))
 }
 
-/// Asserts that `session`'s worker is a child of the zygote; returns its pid.
+/// Asserts that worker `pid` was forked by zygote `z` into confinement:
+/// its parent (the relay that made its namespaces) is the zygote's child,
+/// and it is pid 1 of its own pid namespace.
+fn assert_forked_by(z: u32, pid: u32) {
+    let relay = ppid_of(pid);
+    assert_eq!(
+        ppid_of(relay),
+        z,
+        "worker {pid}'s parent {relay} is not a child of zygote {z}"
+    );
+    assert!(
+        is_ns_init(pid),
+        "worker {pid} is not in a pid namespace of its own"
+    );
+}
+
+/// Asserts that `session`'s worker was forked by the zygote; returns its
+/// host pid.
 fn assert_forked(sup: &Supervisor, session: &Session) -> u32 {
-    let pid = r_pid(session);
-    let z = zygote_pid(sup);
-    assert_eq!(ppid_of(pid), z, "worker {pid} is not a child of zygote {z}");
+    let pid = worker_pid(session);
+    assert_forked_by(zygote_pid(sup), pid);
     pid
 }
 
-/// R code printing this process's parent pid (read from /proc in R).
-const R_PPID: &str =
-    "cat(sub('^PPid:[[:space:]]*', '', grep('^PPid:', readLines('/proc/self/status'), value = TRUE)), '\\n', sep = '')";
+/// A tool for one-shot runs (whose worker is gone when the result is
+/// back): it checks, while R waits for it, that the calling worker was
+/// forked by zygote `z`, and answers "forked".
+fn lineage_tool(z: u32) -> Tool {
+    Tool::new(
+        "lineage",
+        "where the worker came from",
+        json!({}),
+        move |call| {
+            // A confined worker's root as the host sees it: /proc/<pid>/root.
+            let root = call
+                .worker_root
+                .as_ref()
+                .ok_or("the worker is not confined")?;
+            let pid: u32 = root
+                .parent()
+                .and_then(Path::file_name)
+                .and_then(|p| p.to_str())
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| format!("no pid in {}", root.display()))?;
+            let relay = ppid_of(pid);
+            if ppid_of(relay) != z || !is_ns_init(pid) {
+                return Err(format!(
+                    "worker {pid} (parent {relay}) was not forked by {z}"
+                ));
+            }
+            Ok(json!("forked"))
+        },
+    )
+    .unwrap()
+}
 
 fn png_magic(data_base64: &str) {
     let bytes = base64::engine::general_purpose::STANDARD
@@ -168,12 +241,8 @@ fn ready_zygote_preloads_ggplot2_keeps_spares_and_forks_session_workers() {
     });
 
     let session = sup.session().expect("session");
-    let pid = r_pid(&session);
-    assert_eq!(
-        ppid_of(pid),
-        z,
-        "the session's worker is a child of the zygote"
-    );
+    let pid = worker_pid(&session);
+    assert_forked_by(z, pid);
     // The preloaded package came with the fork: its namespace is loaded.
     let r = call_ok(&session, "cat('ggplot2' %in% loadedNamespaces())");
     assert_eq!(r.console, "TRUE");
@@ -195,8 +264,8 @@ fn forked_workers_have_their_own_pid_tempdir_and_random_stream() {
     let tmp_b = PathBuf::from(call_ok(&b, "cat(tempdir())").console);
     assert_ne!(tmp_a, tmp_b);
     let root = std::env::temp_dir();
-    for t in [&tmp_a, &tmp_b] {
-        assert!(t.is_dir(), "{} exists", t.display());
+    for (pid, t) in [(pid_a, &tmp_a), (pid_b, &tmp_b)] {
+        assert!(inside(pid, t).is_dir(), "{} exists", t.display());
         assert!(
             t.starts_with(&root),
             "{} is under {}",
@@ -219,13 +288,16 @@ fn forked_workers_have_their_own_pid_tempdir_and_random_stream() {
         &format!("writeLines('a', file.path(tempdir(), '{name}')); cat(file.exists(file.path(tempdir(), '{name}')))"),
     );
     assert_eq!(w.console, "TRUE");
-    assert!(tmp_a.join(name).is_file());
+    assert!(inside(pid_a, &tmp_a).join(name).is_file());
     let seen = call_ok(
         &b,
         &format!("cat(file.exists(file.path(tempdir(), '{name}')), length(list.files(tempdir(), pattern = 'only-in-a')))"),
     );
     assert_eq!(seen.console, "FALSE 0");
-    assert!(!tmp_b.join(name).exists());
+    assert!(!inside(pid_b, &tmp_b).join(name).exists());
+    // Nor can b see a's directory at all.
+    let r = call_ok(&b, &format!("cat(dir.exists('{}'))", tmp_a.display()));
+    assert_eq!(r.console, "FALSE");
 }
 
 // ---------------------------------------------------------------------------
@@ -236,48 +308,49 @@ fn run_once_leaks_nothing_to_the_next_run() {
     let sup = ready_supervisor();
     let z = zygote_pid(&sup);
     let opts = CallOptions::default();
-    let first = sup.run_once(
-        &format!(
-            "x <- 1; options(foo = 'bar'); library(tools); \
-             p <- file.path(tempdir(), 'run1.txt'); writeLines('hi', p); \
-             Sys.setenv(FOO = 'set'); \
-             {R_PPID}; \
-             cat(p, tempdir(), exists('x'), getOption('foo'), 'package:tools' %in% search(), \
-                 file.exists(p), Sys.getenv('FOO'), sep = '\\n')"
-        ),
-        &opts,
+    // The worker of a one-shot run is gone when its result is back: a tool
+    // checks where it came from while it runs.
+    let ctx = CallContext {
+        tools: std::sync::Arc::new(vec![lineage_tool(z)]),
+        ..CallContext::default()
+    };
+    let once = |code: &str| sup.run_once_with(rvisor::ids::execution_id(), code, &opts, &ctx);
+    let first = once(
+        "x <- 1; options(foo = 'bar'); library(tools); \
+         p <- file.path(tempdir(), 'run1.txt'); writeLines('hi', p); \
+         Sys.setenv(FOO = 'set'); \
+         cat(tools$lineage(), p, tempdir(), exists('x'), getOption('foo'), \
+             'package:tools' %in% search(), file.exists(p), Sys.getenv('FOO'), sep = '\\n')",
     );
     assert_complete(&first);
     assert!(first.session.fresh);
     let l1 = lines(&first);
     assert_eq!(l1.len(), 8, "{l1:?}");
     assert_eq!(
-        l1[0],
-        z.to_string(),
+        l1[0], "forked",
         "run 1 ran in a worker forked from the zygote"
     );
     let (path1, tmp1) = (l1[1].clone(), l1[2].clone());
     assert_eq!(&l1[3..], ["TRUE", "bar", "TRUE", "TRUE", "set"]);
 
-    let second = sup.run_once(
-        &format!(
-            "{R_PPID}; \
-             cat(exists('x'), is.null(getOption('foo')), 'package:tools' %in% search(), \
-                 file.exists('{path1}'), Sys.getenv('FOO') == '', tempdir(), sep = '\\n')"
-        ),
-        &opts,
-    );
+    let second = once(&format!(
+        "cat(tools$lineage(), exists('x'), is.null(getOption('foo')), \
+             'package:tools' %in% search(), file.exists('{path1}'), Sys.getenv('FOO') == '', \
+             tempdir(), sep = '\\n')"
+    ));
     assert_complete(&second);
     let l2 = lines(&second);
     assert_eq!(l2.len(), 7, "{l2:?}");
     assert_eq!(
-        l2[0],
-        z.to_string(),
+        l2[0], "forked",
         "run 2 ran in a worker forked from the zygote"
     );
     assert_eq!(&l2[1..6], ["FALSE", "TRUE", "FALSE", "FALSE", "TRUE"]);
     assert_ne!(l2[6], tmp1, "the second run has a temp dir of its own");
-    assert!(!Path::new(&path1).exists(), "run 1's file is gone");
+    assert_ne!(first.session.id, second.session.id, "two workers");
+    // Run 1's directory (where its private tmpfs was mounted) is gone.
+    let dir1 = Path::new(&tmp1).parent().expect("a parent");
+    wait_until("run 1's directory to be removed", || !dir1.exists());
 }
 
 // ---------------------------------------------------------------------------
@@ -307,7 +380,7 @@ fn killed_zygote_is_replaced_and_sessions_keep_working() {
     assert_eq!(r.console, "[1] 2\n");
 
     // The session whose worker died with the zygote gets a fresh worker.
-    let r = call(&old_worker_session, "cat(Sys.getpid(), exists('x'))");
+    let r = call(&old_worker_session, "cat(exists('x'))");
     assert_complete(&r);
     assert!(r.session.fresh, "the first result of a new worker is fresh");
     let reason = r.session.reset_reason.clone().unwrap_or_default();
@@ -316,14 +389,9 @@ fn killed_zygote_is_replaced_and_sessions_keep_working() {
         "reset_reason {reason:?}"
     );
     let out = r.console.lines().last().unwrap_or_default().to_string();
-    let mut words = out.split_whitespace();
-    let new_worker: u32 = words.next().and_then(|p| p.parse().ok()).expect("a pid");
+    let new_worker = old_worker_session.status().pid.expect("a worker pid");
     assert_ne!(new_worker, old_worker);
-    assert_eq!(
-        words.next(),
-        Some("FALSE"),
-        "the old worker's state is gone"
-    );
+    assert_eq!(out, "FALSE", "the old worker's state is gone");
 
     // The zygote comes back with a new pid.
     wait_until("a restarted zygote", || {
@@ -362,7 +430,7 @@ fn without_zygote_workers_are_spawned() {
     assert_eq!(st.zygote_starts, 0);
 
     let session = sup.session().expect("session");
-    let pid = r_pid(&session);
+    let pid = worker_pid(&session);
     assert_eq!(
         ppid_of(pid),
         std::process::id(),
@@ -451,21 +519,27 @@ fn extra_env_names_reach_forked_workers_only_when_asked_for() {
 fn forked_worker_temp_dir_is_removed_after_close() {
     let sup = ready_supervisor();
     let session = sup.session().expect("session");
-    assert_forked(&sup, &session);
+    let pid = assert_forked(&sup, &session);
     let r = call_ok(
         &session,
         "writeLines('x', file.path(tempdir(), 'left-behind.txt')); cat(tempdir())",
     );
     let rtmp = PathBuf::from(&r.console);
-    assert!(rtmp.join("left-behind.txt").is_file());
-    // R's temp dir lives inside the worker's private directory.
+    // The file is in the worker's private tmpfs (seen through its root).
+    assert!(inside(pid, &rtmp).join("left-behind.txt").is_file());
+    // R's temp dir lives inside the worker's private directory, which is
+    // also a directory on the host (where that tmpfs is mounted).
     let worker_dir = rtmp.parent().expect("a parent").to_path_buf();
     assert!(worker_dir.is_dir());
     assert!(worker_dir.starts_with(std::env::temp_dir()));
+    assert_eq!(
+        session.status().working_dir,
+        worker_dir.display().to_string()
+    );
 
     session.close();
     wait_until("the worker's temp dir to be removed", || {
-        !rtmp.exists() && !worker_dir.exists()
+        !worker_dir.exists()
     });
     drop(session);
 }

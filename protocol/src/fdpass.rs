@@ -9,7 +9,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Most descriptors one frame may carry.
-pub const MAX_FDS: usize = 8;
+pub const MAX_FDS: usize = 16;
 
 fn cmsg_space() -> usize {
     // SAFETY: CMSG_SPACE is a pure size computation.

@@ -82,10 +82,11 @@ pub struct RunRequest {
     /// (already checked: syntactic names, scalars or flat arrays, no null).
     #[serde(default)]
     pub variables: Vec<(String, serde_json::Value)>,
-    /// Tables bound as data frames before the code runs: (name, path of a
-    /// stored Arrow IPC file).
+    /// Names of tables bound as data frames before the code runs. Their
+    /// Arrow IPC files travel with this frame as descriptors (SCM_RIGHTS),
+    /// one per name, in order: a confined worker cannot open the store.
     #[serde(default)]
-    pub tables: Vec<(String, String)>,
+    pub tables: Vec<String>,
 }
 
 /// What a tool handler produced.

@@ -34,6 +34,47 @@ pub struct ForkRequest {
     pub temp_dir: String,
     /// The worker's whole environment (the zygote's is replaced).
     pub env: Vec<(String, String)>,
+    /// Confine the worker with the OS before it serves (docs/confinement.md);
+    /// `None` runs it unconfined.
+    #[serde(default)]
+    pub confine: Option<Confine>,
+}
+
+/// How the zygote confines a forked worker: every layer is set up in the
+/// child before it reads its first request; a layer that fails ends the
+/// child with a message on stderr (it never runs unconfined).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Confine {
+    /// Unprivileged uid and gid of this worker (one per worker).
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Address space (RLIMIT_AS), bytes.
+    pub memory_bytes: u64,
+    /// Processes and threads of the worker's uid (RLIMIT_NPROC).
+    pub processes: u64,
+    /// Largest file the worker may write (RLIMIT_FSIZE), bytes.
+    pub file_bytes: u64,
+    /// Open descriptors (RLIMIT_NOFILE).
+    pub open_files: u64,
+    /// Size of the private tmpfs for the temporary and working directory.
+    pub disk_bytes: u64,
+    /// CPU seconds for the worker's whole life (RLIMIT_CPU); `None` for no
+    /// limit beyond the per-call ones.
+    #[serde(default)]
+    pub cpu_seconds: Option<u64>,
+    /// Keep the host's network (else a new network namespace: no network).
+    pub network: bool,
+    /// Host paths bound read-only into the worker's root (besides what R
+    /// needs, which the zygote binds anyway).
+    #[serde(default)]
+    pub read_only: Vec<String>,
+    /// CPUs for `options(mc.cores)` (`detectCores()` cannot shell out).
+    pub cores: u32,
+    /// `cgroup.procs` files the worker's relay joins (before it forks the
+    /// worker, so the worker and its children are in them).
+    #[serde(default)]
+    pub cgroups: Vec<String>,
 }
 
 /// Zygote to supervisor.

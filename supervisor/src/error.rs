@@ -38,4 +38,7 @@ pub enum Error {
     /// A request was invalid.
     #[error("{0}")]
     Invalid(String),
+    /// Workers cannot be confined as configured on this host.
+    #[error("refusing to start: {0}")]
+    Confinement(String),
 }

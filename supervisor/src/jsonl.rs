@@ -266,6 +266,7 @@ mod tests {
                 zygote: false,
                 ..Default::default()
             },
+            confinement: crate::Confinement::unconfined(),
             ..Default::default()
         })
         .expect("a supervisor (build the workspace first: the worker binary must exist)");

@@ -28,6 +28,7 @@
 //! ```
 
 pub mod bench;
+pub mod confine;
 mod error;
 pub mod html;
 pub mod http;
@@ -44,6 +45,7 @@ pub mod tools;
 pub mod worker;
 pub mod zygote;
 
+pub use confine::{CgroupMode, Confinement, Limits};
 pub use error::Error;
 pub use ops::{Health, Package, Problem, SafetyRules, StyleEngine, StyleNote, Validation};
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};

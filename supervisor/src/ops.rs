@@ -176,14 +176,7 @@ pub struct Health {
     pub sandbox: Sandbox,
 }
 
-/// Confinement report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Sandbox {
-    /// `unconfined` until the OS layers exist.
-    pub mode: String,
-    /// Active layers.
-    pub layers: Vec<String>,
-}
+pub use crate::confine::Sandbox;
 
 fn problem(kind: &str, message: String) -> Problem {
     Problem {
@@ -298,10 +291,7 @@ impl Supervisor {
             uptime_seconds: self.uptime().as_secs_f64(),
             rules: self.config().rules.clone(),
             workers: self.pool_status(),
-            sandbox: Sandbox {
-                mode: "unconfined".into(),
-                layers: Vec::new(),
-            },
+            sandbox: self.sandbox().clone(),
         }
     }
 }

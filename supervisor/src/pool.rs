@@ -128,11 +128,15 @@ impl Pool {
         self.zygote_compatible(cfg)
             && cfg.env == self.base.env
             && cfg.inherit_env == self.base.inherit_env
+            && cfg.confine == self.base.confine
     }
 
     /// A ready worker for `cfg`: a spare if one fits, else forked from the
     /// zygote, else spawned.
     pub fn acquire(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
+        if cfg.confine.is_some() {
+            return self.acquire_confined(cfg);
+        }
         if self.cfg.zygote && self.zygote_compatible(cfg) {
             let (spare, zygote) = {
                 let mut i = lock(&self.inner);
@@ -156,6 +160,52 @@ impl Pool {
             }
         }
         Worker::spawn(cfg)
+    }
+
+    /// A confined worker: only the zygote makes them, so this waits for it
+    /// to be up (within the start-up timeout) and reports why it is not.
+    fn acquire_confined(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
+        if !self.cfg.zygote || !self.zygote_compatible(cfg) {
+            return Err(Error::Startup(
+                "confined workers are forked by the zygote, and this worker's settings \
+                 (library path or binary) differ from the zygote's"
+                    .into(),
+            ));
+        }
+        let spare = if self.spare_compatible(cfg) {
+            lock(&self.inner).spares.pop_front()
+        } else {
+            None
+        };
+        self.cv.notify_all(); // the keeper refills
+        if let Some(mut w) = spare {
+            if w.is_alive() {
+                return Ok(w);
+            }
+        }
+        let end = std::time::Instant::now() + cfg.startup_timeout;
+        let mut i = lock(&self.inner);
+        let zygote = loop {
+            if let Some(z) = i.zygote.clone().filter(|z| z.is_alive()) {
+                break z;
+            }
+            let now = std::time::Instant::now();
+            if (!i.starting && i.last_error.is_some()) || now >= end {
+                return Err(Error::Startup(format!(
+                    "no zygote to fork a confined worker from: {}",
+                    i.last_error
+                        .as_deref()
+                        .unwrap_or("it did not start in time")
+                )));
+            }
+            i = self
+                .cv
+                .wait_timeout(i, (end - now).min(Duration::from_millis(500)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        drop(i);
+        zygote.fork(cfg)
     }
 
     /// The pool's state.

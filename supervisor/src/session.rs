@@ -297,6 +297,8 @@ struct Inner {
     /// The next result is the first of its generation.
     fresh: bool,
     pid: Option<u32>,
+    /// The worker's own directory (a confined session's working directory).
+    worker_dir: Option<String>,
     canceller: Option<Canceller>,
     interrupter: Option<Interrupter>,
     reset_requested: bool,
@@ -308,7 +310,9 @@ struct Shared {
     id: String,
     opts: SessionOptions,
     worker_cfg: WorkerConfig,
-    working_dir: PathBuf,
+    /// Where calls run; `None`: in the worker's own private directory
+    /// (confined sessions without an explicit one).
+    working_dir: Option<PathBuf>,
     owns_working_dir: bool,
     ctx: CallContext,
     inner: Mutex<Inner>,
@@ -373,7 +377,10 @@ impl Shared {
             queued: i.queue.len(),
             last_reset: i.last_reset.clone(),
             pid: i.pid,
-            working_dir: self.working_dir.display().to_string(),
+            working_dir: match &self.working_dir {
+                Some(d) => d.display().to_string(),
+                None => i.worker_dir.clone().unwrap_or_default(),
+            },
         }
     }
 
@@ -482,7 +489,7 @@ impl Shared {
             let died = worker.as_mut().and_then(|w| {
                 let status = w
                     .exit_status()
-                    .or_else(|| w.link_closed().then(|| w.wait_exit()));
+                    .or_else(|| (w.link_closed() || w.peer_gone()).then(|| w.wait_exit()));
                 status.map(|st| (w.pid(), st))
             });
             if let Some((pid, status)) = died {
@@ -513,6 +520,7 @@ impl Shared {
                         i.generation += 1;
                         i.fresh = true;
                         i.pid = Some(w.pid());
+                        i.worker_dir = Some(w.temp_dir().display().to_string());
                         i.canceller = Some(w.canceller());
                         i.interrupter = Some(w.interrupter());
                         i.state = SessionState::Running;
@@ -607,6 +615,7 @@ impl Shared {
                     i.generation += 1;
                     i.fresh = true;
                     i.pid = Some(w.pid());
+                    i.worker_dir = Some(w.temp_dir().display().to_string());
                     i.canceller = Some(w.canceller());
                     i.interrupter = Some(w.interrupter());
                     if i.running.is_none() && i.queue.is_empty() {
@@ -628,8 +637,8 @@ impl Shared {
             "the session was closed before this call ran",
         );
         drop(i);
-        if self.owns_working_dir {
-            let _ = std::fs::remove_dir_all(&self.working_dir);
+        if let (true, Some(d)) = (self.owns_working_dir, &self.working_dir) {
+            let _ = std::fs::remove_dir_all(d);
         }
     }
 }
@@ -708,7 +717,7 @@ impl Session {
             plot_width: over.plot_width.unwrap_or(s.opts.plot_width),
             plot_height: over.plot_height.unwrap_or(s.opts.plot_height),
             max_output_bytes: s.opts.max_output_bytes,
-            working_dir: Some(s.working_dir.clone()),
+            working_dir: s.working_dir.clone(),
             // A session's worker lives on: no CPU limit that could not be lifted.
             cpu_limit: None,
         };
@@ -825,6 +834,10 @@ pub struct SupervisorConfig {
     pub rules: crate::SafetyRules,
     /// Style checks of validation (`auto`: lintr when installed).
     pub style: crate::ops::StyleEngine,
+    /// OS confinement of workers (default: every layer; see
+    /// docs/confinement.md). The supervisor refuses to start when the host
+    /// cannot provide it.
+    pub confinement: crate::Confinement,
 }
 
 #[derive(Debug)]
@@ -837,6 +850,8 @@ struct SupShared {
     started: Instant,
     /// A worker kept for validation: it parses, never evaluates, scripts.
     validator: Mutex<Option<Worker>>,
+    /// The confinement in force (from the host probe).
+    sandbox: crate::confine::Sandbox,
 }
 
 /// Hands out sessions; owns every worker they start. Dropping the last
@@ -849,9 +864,39 @@ pub struct Supervisor {
 impl Supervisor {
     /// A supervisor with this configuration. Removes temporary directories
     /// left behind by supervisors that were killed.
-    pub fn new(cfg: SupervisorConfig) -> Result<Self, Error> {
+    pub fn new(mut cfg: SupervisorConfig) -> Result<Self, Error> {
         if cfg.worker.worker_bin.is_none() {
             crate::locate_worker()?;
+        }
+        let mut sandbox = crate::confine::probe(&cfg.confinement).map_err(Error::Confinement)?;
+        if cfg.confinement.enabled {
+            for p in &cfg.confinement.read_only {
+                crate::confine::check_read_only(p, &cfg.worker.temp_root)
+                    .map_err(Error::Confinement)?;
+            }
+            let cgroups = crate::confine::Cgroups::detect(cfg.confinement.cgroups)
+                .map_err(Error::Confinement)?
+                .map(Arc::new);
+            sandbox.layers.push(crate::confine::cgroup_layer(
+                &cfg.confinement.limits,
+                cgroups.as_deref(),
+            ));
+            cfg.worker.cgroups = cgroups;
+            cfg.worker.uids = Some(Arc::new(
+                crate::confine::Uids::reserve(&cfg.confinement).map_err(Error::Confinement)?,
+            ));
+            if !cfg.pool.zygote {
+                return Err(Error::Confinement(
+                    "confined workers are forked by the zygote: enable PoolConfig.zygote, \
+                     or opt out of confinement with Confinement::unconfined() (trusted code only)"
+                        .into(),
+                ));
+            }
+            cfg.worker.confine = Some(cfg.confinement.clone());
+        } else {
+            cfg.worker.confine = None;
+            cfg.worker.cgroups = None;
+            cfg.worker.uids = None;
         }
         sweep_stale_dirs(&cfg.worker.temp_root);
         let pool = crate::Pool::new(cfg.worker.clone(), cfg.pool.clone())?;
@@ -864,6 +909,7 @@ impl Supervisor {
                 shut: AtomicBool::new(false),
                 started: Instant::now(),
                 validator: Mutex::new(None),
+                sandbox,
             }),
         })
     }
@@ -871,6 +917,11 @@ impl Supervisor {
     /// The configuration.
     pub fn config(&self) -> &SupervisorConfig {
         &self.inner.cfg
+    }
+
+    /// The confinement workers get (what health reports).
+    pub fn sandbox(&self) -> &crate::confine::Sandbox {
+        &self.inner.sandbox
     }
 
     /// A new session with the supervisor's default options.
@@ -906,6 +957,7 @@ impl Supervisor {
             }
         }
         let id = format!("s-{}", ids::random_hex(8));
+        let confined = self.inner.cfg.worker.confine.is_some();
         let (working_dir, owns) = match &opts.working_dir {
             Some(d) => {
                 if !d.is_dir() {
@@ -915,10 +967,12 @@ impl Supervisor {
                     )));
                 }
                 (
-                    std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()),
+                    Some(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone())),
                     false,
                 )
             }
+            // A confined worker works in its private tmpfs.
+            None if confined => (None, false),
             None => {
                 use std::os::unix::fs::DirBuilderExt;
                 let d = self
@@ -934,10 +988,16 @@ impl Supervisor {
                         what: "create the session's working directory",
                         source,
                     })?;
-                (d, true)
+                (Some(d), true)
             }
         };
         let mut worker_cfg = self.inner.cfg.worker.clone();
+        if let (Some(c), Some(d)) = (worker_cfg.confine.as_mut(), &working_dir) {
+            // An explicit working directory is visible, read-only, inside.
+            crate::confine::check_read_only(d, &worker_cfg.temp_root).map_err(Error::Invalid)?;
+            crate::confine::check_enterable(d).map_err(Error::Invalid)?;
+            c.read_only.push(d.clone());
+        }
         worker_cfg.startup_timeout = opts.startup_timeout;
         worker_cfg.libpath = opts.libpath.clone();
         match &opts.env {
@@ -963,6 +1023,7 @@ impl Supervisor {
                 queue: VecDeque::new(),
                 running: None,
                 last_reset: None,
+                worker_dir: None,
                 unreported_reset: None,
                 fresh: false,
                 pid: None,

@@ -20,6 +20,9 @@ pub struct ToolCall {
     /// The calling worker's private temporary directory: the only place a
     /// handler may read files the R code names (see [`read_worker_file`]).
     pub worker_temp_dir: std::path::PathBuf,
+    /// A confined worker's root as the host sees it (`/proc/PID/root`):
+    /// its temporary directory is a private tmpfs reachable only there.
+    pub worker_root: Option<std::path::PathBuf>,
 }
 
 /// Reads a file that R code wrote and named in a tool call, refusing any
@@ -29,13 +32,97 @@ pub struct ToolCall {
 /// path of the descriptor), so swapping the path after the check does not
 /// help.
 pub fn read_worker_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, String> {
+    match &call.worker_root {
+        Some(root) => read_confined_file(call, root, path),
+        None => read_host_file(call, path),
+    }
+}
+
+/// Largest file a tool may read from a worker.
+const MAX_WORKER_FILE_BYTES: u64 = 1 << 30;
+
+/// A confined worker's file: opened inside its root (`openat2` with
+/// RESOLVE_IN_ROOT and no symlinks at all), so neither `..` nor a link
+/// leads out of it, and only under its temporary directory.
+fn read_confined_file(
+    call: &ToolCall,
+    root: &std::path::Path,
+    path: &str,
+) -> Result<Vec<u8>, String> {
+    use std::os::fd::FromRawFd;
+    use std::path::Component;
+    let p = std::path::Path::new(path);
+    let clean = p.is_absolute()
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if !clean || !p.starts_with(&call.worker_temp_dir) {
+        return Err("the file must be in the R session's temporary directory (tempdir())".into());
+    }
+    let dir = std::fs::File::open(root).map_err(|e| format!("the worker is gone: {e}"))?;
+    let rel = std::ffi::CString::new(path.trim_start_matches('/'))
+        .map_err(|_| "the path contains a NUL byte".to_string())?;
+    /// `struct open_how` of openat2(2).
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        // O_NONBLOCK: opening a FIFO the code made must not hang this thread
+        // (regular files ignore the flag).
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: openat2 with a directory fd we own, a NUL-terminated path and
+    // an open_how struct that live across the call; a returned descriptor
+    // becomes owned by the File at once.
+    let f = unsafe {
+        let fd = libc::syscall(
+            libc::SYS_openat2,
+            std::os::fd::AsRawFd::as_raw_fd(&dir),
+            rel.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        );
+        if fd < 0 {
+            return Err(format!(
+                "cannot open {path}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        std::fs::File::from_raw_fd(fd as i32)
+    };
+    read_regular(f, path)
+}
+
+/// Reads an opened file if it is a regular one of a sane size (a FIFO or a
+/// device the code made must not block or flood the host).
+fn read_regular(mut f: std::fs::File, path: &str) -> Result<Vec<u8>, String> {
     use std::io::Read;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("cannot check {path}: {e}"))?;
+    if !meta.is_file() || meta.len() > MAX_WORKER_FILE_BYTES {
+        return Err(format!(
+            "{path} must be a regular file of at most {} MiB",
+            MAX_WORKER_FILE_BYTES >> 20
+        ));
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    Ok(bytes)
+}
+
+fn read_host_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, String> {
     use std::os::unix::fs::OpenOptionsExt;
     let root = std::fs::canonicalize(&call.worker_temp_dir)
         .map_err(|e| format!("the worker's directory is gone: {e}"))?;
-    let mut f = std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| format!("cannot open {path}: {e}"))?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
@@ -44,10 +131,7 @@ pub fn read_worker_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, String> 
     if !real.starts_with(&root) {
         return Err("the file must be in the R session's temporary directory (tempdir())".into());
     }
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {path}: {e}"))?;
-    Ok(bytes)
+    read_regular(f, path)
 }
 
 /// A tool handler: JSON in, JSON out; an `Err` becomes an R error with that

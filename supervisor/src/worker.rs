@@ -44,6 +44,13 @@ pub struct WorkerConfig {
     pub libpath: Vec<PathBuf>,
     /// Parent of the per-worker temporary directories.
     pub temp_root: PathBuf,
+    /// Confine workers with the OS (set by the supervisor from its
+    /// configuration; only the zygote forks confined workers).
+    pub confine: Option<crate::Confinement>,
+    /// Per-worker cgroups of confined workers, when the host offers them.
+    pub cgroups: Option<std::sync::Arc<crate::confine::Cgroups>>,
+    /// The uids confined workers get (this supervisor's host-wide block).
+    pub uids: Option<std::sync::Arc<crate::confine::Uids>>,
 }
 
 impl Default for WorkerConfig {
@@ -55,6 +62,9 @@ impl Default for WorkerConfig {
             inherit_env: false,
             libpath: Vec::new(),
             temp_root: std::env::temp_dir(),
+            confine: None,
+            cgroups: None,
+            uids: None,
         }
     }
 }
@@ -433,6 +443,10 @@ pub struct Worker {
     startup: Duration,
     exited: bool,
     call_seq: u64,
+    /// Forked into OS confinement (its files are under /proc/PID/root).
+    pub(crate) confined: bool,
+    /// Its cgroup's CPU time (ns) of itself and its children, if counted.
+    pub(crate) cpu_usage: Option<PathBuf>,
     _tmp: TempDir,
 }
 
@@ -440,6 +454,13 @@ impl Worker {
     /// Starts a worker process (exec, R starts from scratch) and waits until
     /// R is ready.
     pub fn spawn(cfg: &WorkerConfig) -> Result<Self, Error> {
+        if cfg.confine.is_some() {
+            return Err(Error::Startup(
+                "confined workers are forked by the zygote, which is not running (see the \
+                 supervisor's log for why it stopped)"
+                    .into(),
+            ));
+        }
         let t0 = Instant::now();
         let (mut child, parent, tmp) = launch(cfg, ENV_WORKER_FD, &[], Stdio::piped())?;
 
@@ -493,6 +514,8 @@ impl Worker {
             startup: Duration::ZERO,
             exited: false,
             call_seq: 0,
+            confined: false,
+            cpu_usage: None,
             _tmp: tmp,
         };
         write_frame(
@@ -704,23 +727,64 @@ impl Worker {
             working_dir: opts.working_dir.as_ref().map(|p| p.display().to_string()),
             tools: ctx.tools.iter().map(|t| t.name.clone()).collect(),
             variables: ctx.variables.clone(),
-            tables: ctx
-                .tables
-                .iter()
-                .map(|(n, p)| (n.clone(), p.display().to_string()))
-                .collect(),
+            tables: ctx.tables.iter().map(|(n, _)| n.clone()).collect(),
         };
-        if let Err(e) = write_frame(&mut self.stream, &ToWorker::Run(req)) {
+        // Tables travel as open files: a confined worker cannot see the store.
+        if ctx.tables.len() > rvisor_protocol::fdpass::MAX_FDS {
+            return RunResult::failed(
+                execution_id,
+                code.into(),
+                Outcome::Rejected,
+                format!(
+                    "{} tables given; at most {} can be passed to one call",
+                    ctx.tables.len(),
+                    rvisor_protocol::fdpass::MAX_FDS
+                ),
+            );
+        }
+        let mut files = Vec::with_capacity(ctx.tables.len());
+        for (name, path) in &ctx.tables {
+            match std::fs::File::open(path) {
+                Ok(f) => files.push(f),
+                Err(e) => {
+                    return RunResult::failed(
+                        execution_id,
+                        code.into(),
+                        Outcome::Error,
+                        format!("the data for '{name}' could not be opened ({e}); nothing ran"),
+                    )
+                }
+            }
+        }
+        let fds: Vec<std::os::fd::RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        let sent = if fds.is_empty() {
+            write_frame(&mut self.stream, &ToWorker::Run(req))
+        } else {
+            rvisor_protocol::fdpass::send_frame_with_fds(&self.stream, &ToWorker::Run(req), &fds)
+        };
+        drop(files);
+        if let Err(e) = sent {
             return self.dead_result(execution_id, code, format!("failed to send the call ({e})"));
         }
         let started = Instant::now();
         let deadline = opts.timeout.map(|t| started + t);
+        // A CPU limit counts the processes the call starts too, when the
+        // worker's cgroup keeps the account (RLIMIT_CPU is per process).
+        let cpu_account = match (opts.cpu_limit, &self.cpu_usage) {
+            (Some(limit), Some(f)) => read_cpu_ns(f).map(|at_start| (f.clone(), at_start, limit)),
+            _ => None,
+        };
         // Set once SIGINT was sent: why, and when to give up on R.
         let mut stopping: Option<(Stop, Instant)> = None;
         loop {
-            let until = match (stopping, deadline) {
+            let limit_at = match (stopping, deadline) {
                 (Some((_, kill_at)), _) => Some(kill_at),
                 (None, d) => d,
+            };
+            let until = match (&cpu_account, limit_at) {
+                (Some(_), Some(t)) => Some(t.min(Instant::now() + CPU_POLL)),
+                (Some(_), None) => Some(Instant::now() + CPU_POLL),
+                (None, t) => t,
             };
             let event = match until {
                 Some(t) => self
@@ -802,6 +866,27 @@ impl Worker {
                     return res;
                 }
                 Err(RecvTimeoutError::Timeout) => {
+                    if let Some((f, at_start, limit)) = &cpu_account {
+                        let used = read_cpu_ns(f)
+                            .unwrap_or(*at_start)
+                            .saturating_sub(*at_start);
+                        if stopping.is_none() && u128::from(used) > limit.as_nanos() {
+                            // Over the limit across its processes: no grace.
+                            self.kill();
+                            self.collect_until_closed(Duration::from_secs(1));
+                            let _ = self.proc.wait();
+                            self.exited = true;
+                            let mut res =
+                                cpu_limit_result(execution_id, code, &self.hello.r_version);
+                            let [o, e] = std::mem::take(&mut self.raw);
+                            push_raw(&mut res, o, e);
+                            res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+                            return res;
+                        }
+                        if limit_at.is_none_or(|t| Instant::now() < t) {
+                            continue; // only the CPU poll
+                        }
+                    }
                     if stopping.is_none() {
                         self.interrupt_call(seq);
                         stopping = Some((Stop::Timeout, Instant::now() + opts.grace));
@@ -859,6 +944,9 @@ impl Worker {
             name,
             args,
             worker_temp_dir: self.temp_dir().to_path_buf(),
+            worker_root: self
+                .confined
+                .then(|| format!("/proc/{}/root", self.pid()).into()),
         };
         let spawned = std::thread::Builder::new()
             .name("rvisor-tool".into())
@@ -991,6 +1079,20 @@ impl Worker {
         st
     }
 
+    /// Whether the worker's end of the socket has closed (it died), asked
+    /// of the kernel directly: the I/O thread may not have said so yet.
+    pub fn peer_gone(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: poll with a zero timeout on one pollfd we own; the
+        // descriptor stays open (owned by `self.stream`).
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n > 0 && pfd.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+    }
+
     /// Whether the worker's link has closed while no call was running (the
     /// worker died while idle). Drains stale events of earlier calls.
     pub fn link_closed(&mut self) -> bool {
@@ -1011,20 +1113,17 @@ impl Worker {
         self.exited = true;
         let [o, e] = std::mem::take(&mut self.raw);
         if status.is_some_and(|s| s.signal == Some(libc::SIGXCPU)) {
+            // Raw output first, then the notice (as every other end).
             let mut res = RunResult::empty(execution_id, code.into());
-            res.r_version = self.hello.r_version.clone();
-            let [o, e] = std::mem::take(&mut self.raw);
             push_raw(&mut res, o, e);
-            let message = "the call used up its CPU time limit and was stopped";
-            res.push_segment(Segment::Stderr {
-                text: format!("rvisor: {message}\n"),
-            });
-            res.outcome = Outcome::TimedOut;
+            let stopped = cpu_limit_result(String::new(), code, &self.hello.r_version);
+            res.r_version = stopped.r_version;
+            for seg in stopped.segments {
+                res.push_segment(seg);
+            }
+            res.outcome = stopped.outcome;
             res.success = false;
-            res.error = Some(ErrorInfo {
-                timed_out: true,
-                ..ErrorInfo::message(message)
-            });
+            res.error = stopped.error;
             return res;
         }
         let (outcome, what) = match status {
@@ -1053,6 +1152,32 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// How often a call with a CPU limit reads its cgroup's CPU account.
+const CPU_POLL: Duration = Duration::from_millis(100);
+
+/// CPU time (ns) in a cgroup's `cpuacct.usage`.
+fn read_cpu_ns(f: &Path) -> Option<u64> {
+    std::fs::read_to_string(f).ok()?.trim().parse().ok()
+}
+
+/// The result of a call stopped at its CPU time limit.
+fn cpu_limit_result(execution_id: String, code: &str, r_version: &str) -> RunResult {
+    let mut res = RunResult::empty(execution_id, code.into());
+    res.r_version = r_version.to_string();
+    let message =
+        "the call used up its CPU time limit (counting the processes it started) and was stopped";
+    res.push_segment(Segment::Stderr {
+        text: format!("rvisor: {message}\n"),
+    });
+    res.outcome = Outcome::TimedOut;
+    res.success = false;
+    res.error = Some(ErrorInfo {
+        timed_out: true,
+        ..ErrorInfo::message(message)
+    });
+    res
 }
 
 fn mark_timed_out(res: &mut RunResult, timeout: Option<Duration>, killed: bool) {

@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Default)]
 pub(crate) struct ZygoteState {
     pending: HashMap<u64, Sender<Result<u32, String>>>,
+    /// Confined workers' uids by pid, given back when they end.
+    uid_of: HashMap<u32, u32>,
+    /// Confined workers' cgroups by pid, removed when they end.
+    cgroups_of: HashMap<u32, Vec<std::path::PathBuf>>,
     exits: HashMap<u32, ExitInfo>,
     alive: bool,
 }
@@ -29,6 +33,16 @@ pub(crate) struct ZygoteState {
 pub(crate) struct ZygoteShared {
     state: Mutex<ZygoteState>,
     cv: Condvar,
+    /// The supervisor's worker uids (confined workers only).
+    uids: Mutex<Option<Arc<crate::confine::Uids>>>,
+}
+
+impl ZygoteShared {
+    fn give_back_uid(&self, uid: u32) {
+        if let Some(u) = self.uids.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            u.give_back(uid);
+        }
+    }
 }
 
 impl ZygoteShared {
@@ -165,12 +179,19 @@ impl Zygote {
                         Ok(FromZygote::Exited { pid, code, signal }) => {
                             let mut s = sh.state.lock().unwrap_or_else(|e| e.into_inner());
                             s.exits.insert(pid, ExitInfo { code, signal });
+                            if let Some(uid) = s.uid_of.remove(&pid) {
+                                sh.give_back_uid(uid);
+                            }
+                            let groups = s.cgroups_of.remove(&pid);
                             // Keep the map small: forget very old news.
                             if s.exits.len() > 4096 {
                                 s.exits.clear();
                             }
                             drop(s);
                             sh.cv.notify_all();
+                            if let Some(g) = groups {
+                                crate::confine::remove(&g);
+                            }
                         }
                         Ok(FromZygote::Hello(_)) => {}
                         Err(_) => break,
@@ -259,10 +280,49 @@ impl Zygote {
             }
             s.pending.insert(worker_id, tx);
         }
+        let (confine, uid, groups) = match &cfg.confine {
+            Some(c) => {
+                let Some(uids) = cfg.uids.clone() else {
+                    self.forget(worker_id, None, &[]);
+                    return Err(Error::Startup(
+                        "no worker uids were reserved for confined workers".into(),
+                    ));
+                };
+                *self.shared.uids.lock().unwrap_or_else(|e| e.into_inner()) = Some(uids.clone());
+                let Some(uid) = uids.take() else {
+                    self.forget(worker_id, None, &[]);
+                    return Err(Error::Startup(format!(
+                        "all {} worker uids of this supervisor are in use: end sessions or raise Confinement.uid_count",
+                        uids.count()
+                    )));
+                };
+                let groups = match &cfg.cgroups {
+                    Some(cg) => {
+                        match cg.create(&format!("w-{}-{worker_id}", self.pid()), &c.limits) {
+                            Ok(g) => g,
+                            Err(e) => {
+                                self.forget(worker_id, Some(uid), &[]);
+                                return Err(Error::Startup(format!(
+                                    "cannot make the worker's cgroups: {e}"
+                                )));
+                            }
+                        }
+                    }
+                    None => Vec::new(),
+                };
+                (
+                    Some(crate::confine::request(c, uid, &cfg.libpath, &groups)),
+                    Some(uid),
+                    groups,
+                )
+            }
+            None => (None, None, Vec::new()),
+        };
         let req = ToZygote::Fork(ForkRequest {
             worker_id,
             temp_dir: tmp.path().display().to_string(),
             env,
+            confine,
         });
         {
             let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
@@ -271,33 +331,64 @@ impl Zygote {
                 &req,
                 &[child_end.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
             )
-            .map_err(|e| Error::Startup(format!("failed to ask the zygote to fork: {e}")))?;
+            .map_err(|e| {
+                self.forget(worker_id, uid, &groups);
+                Error::Startup(format!("failed to ask the zygote to fork: {e}"))
+            })?;
         }
         drop((child_end, out_w, err_w));
         let pid = match rx.recv_timeout(cfg.startup_timeout) {
             Ok(Ok(pid)) => pid,
             Ok(Err(message)) => {
+                self.forget(worker_id, uid, &groups);
                 return Err(Error::Startup(format!(
                     "the zygote could not fork: {message}"
-                )))
+                )));
             }
             Err(_) => {
-                self.shared
-                    .state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pending
-                    .remove(&worker_id);
+                self.forget(worker_id, uid, &groups);
                 return Err(Error::StartupTimeout(cfg.startup_timeout));
             }
         };
+        let cpu_usage = crate::confine::cpu_usage_file(&groups);
+        if let Some(uid) = uid {
+            let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            if s.exits.contains_key(&pid) {
+                drop(s);
+                self.shared.give_back_uid(uid);
+                crate::confine::remove(&groups);
+            } else {
+                s.uid_of.insert(pid, uid);
+                s.cgroups_of.insert(pid, groups);
+            }
+        }
         let proc = Proc::Forked {
             pid,
             zygote: self.shared.clone(),
             reaped: None,
         };
         let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
-        Worker::connect(proc, parent, [out_r, err_r], tmp, remaining, t0)
+        let mut w = Worker::connect(proc, parent, [out_r, err_r], tmp, remaining, t0)?;
+        w.confined = cfg.confine.is_some();
+        w.cpu_usage = cpu_usage;
+        Ok(w)
+    }
+}
+
+impl Zygote {
+    /// Drops fork request `worker_id`, gives its uid back and removes its
+    /// cgroups.
+    fn forget(&self, worker_id: u64, uid: Option<u32>, groups: &[std::path::PathBuf]) {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pending
+            .remove(&worker_id);
+        if let Some(uid) = uid {
+            self.shared.give_back_uid(uid);
+        }
+        crate::confine::remove(groups);
     }
 }
 

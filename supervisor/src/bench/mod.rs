@@ -660,13 +660,16 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
     progress("measuring cold starts without spares, first ggplot, kill recovery");
     let mut extra = Vec::new();
     let k = if quick { 8 } else { 20 };
-    for (label, pool) in [
+    let confined = crate::Confinement::default;
+    let unconfined = crate::Confinement::unconfined;
+    for (label, pool, confinement) in [
         (
             "cold_start_spare_no_preload",
             PoolConfig {
                 preload: Some(Vec::new()),
                 ..PoolConfig::default()
             },
+            confined(),
         ),
         (
             "cold_start_no_spare",
@@ -674,6 +677,28 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
                 spares: 0,
                 ..PoolConfig::default()
             },
+            confined(),
+        ),
+        // The same without cgroups, and without OS confinement: the
+        // differences are what each costs a new worker.
+        (
+            "cold_start_no_spare_no_cgroups",
+            PoolConfig {
+                spares: 0,
+                ..PoolConfig::default()
+            },
+            crate::Confinement {
+                cgroups: crate::confine::CgroupMode::Off,
+                ..confined()
+            },
+        ),
+        (
+            "cold_start_no_spare_unconfined",
+            PoolConfig {
+                spares: 0,
+                ..PoolConfig::default()
+            },
+            unconfined(),
         ),
         (
             "cold_start_plain_spawn",
@@ -681,10 +706,12 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
                 zygote: false,
                 ..PoolConfig::default()
             },
+            unconfined(),
         ),
     ] {
         let sup2 = Supervisor::new(SupervisorConfig {
             pool,
+            confinement,
             ..SupervisorConfig::default()
         })
         .map_err(|e| e.to_string())?;

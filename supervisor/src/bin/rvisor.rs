@@ -5,7 +5,7 @@ mod repl;
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use clap::{Parser, Subcommand};
-use rvisor::{CallOptions, Outcome, RunResult, Segment, Worker, WorkerConfig};
+use rvisor::{CallOptions, Outcome, RunResult, Segment};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +20,81 @@ use std::time::Duration;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    confine: ConfineArgs,
+}
+
+/// OS confinement of workers (every command that runs R).
+#[derive(clap::Args, Debug, Clone)]
+struct ConfineArgs {
+    /// Run R without OS confinement: R code can do anything this user can.
+    /// For trusted code only (health reports it).
+    #[arg(long, global = true)]
+    unconfined: bool,
+    /// Address space per worker, MiB.
+    #[arg(long, global = true, value_name = "MIB")]
+    memory_mb: Option<u64>,
+    /// Private disk (tmpfs) per worker for tempdir() and the work dir, MiB.
+    #[arg(long, global = true, value_name = "MIB")]
+    disk_mb: Option<u64>,
+    /// Processes and threads per worker.
+    #[arg(long, global = true, value_name = "N")]
+    processes: Option<u64>,
+    /// Let workers reach the network (default: none at all).
+    #[arg(long, global = true)]
+    network: bool,
+    /// A host path workers may read (repeatable); it keeps its path inside.
+    #[arg(long = "read-only", global = true, value_name = "PATH")]
+    read_only: Vec<PathBuf>,
+}
+
+static CONFINE: std::sync::OnceLock<rvisor::Confinement> = std::sync::OnceLock::new();
+
+impl ConfineArgs {
+    fn confinement(&self) -> Result<rvisor::Confinement> {
+        if self.unconfined {
+            eprintln!(
+                "rvisor: WARNING: --unconfined: R code runs without OS confinement and can do \
+                 anything this user can (read files, use the network, run programs)"
+            );
+            return Ok(rvisor::Confinement::unconfined());
+        }
+        let mut c = rvisor::Confinement::default();
+        if let Some(m) = self.memory_mb {
+            if m < 1024 {
+                bail!("--memory-mb {m} is too small for R: a forked R worker already maps ~350 MiB: use at least 1024");
+            }
+            c.limits.memory_bytes = m << 20;
+        }
+        if let Some(d) = self.disk_mb {
+            if d == 0 {
+                bail!("--disk-mb must be at least 1");
+            }
+            c.limits.disk_bytes = d << 20;
+        }
+        if let Some(p) = self.processes {
+            if p == 0 {
+                bail!("--processes must be at least 1");
+            }
+            c.limits.processes = p;
+        }
+        c.network = self.network;
+        for p in &self.read_only {
+            let abs = std::fs::canonicalize(p)
+                .with_context(|| format!("--read-only {}: no such path", p.display()))?;
+            c.read_only.push(abs);
+        }
+        Ok(c)
+    }
+}
+
+/// The supervisor configuration every command starts from (confinement
+/// as given on the command line).
+fn base_config() -> rvisor::SupervisorConfig {
+    rvisor::SupervisorConfig {
+        confinement: CONFINE.get().cloned().unwrap_or_default(),
+        ..Default::default()
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -175,7 +250,7 @@ impl SessionArgs {
 
 fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
     let opts = args.options()?;
-    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+    let sup = rvisor::Supervisor::new(base_config())?;
     sup.cleanup_on_signals()?;
     let stdin = std::io::stdin().lock();
     rvisor::jsonl::serve(&sup, opts, stdin, std::io::stdout())?;
@@ -224,13 +299,15 @@ fn report(r: Result<ExitCode>) -> ExitCode {
 }
 
 fn supervisor_quiet() -> Result<rvisor::Supervisor> {
-    // One-off commands do not need a zygote: it would only add start-up work.
+    // One-off commands need one worker: a zygote without preloads or spares
+    // (workers are confined only when forked from it).
     let cfg = rvisor::SupervisorConfig {
         pool: rvisor::PoolConfig {
-            zygote: false,
-            ..Default::default()
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
         },
-        ..Default::default()
+        ..base_config()
     };
     Ok(rvisor::Supervisor::new(cfg)?)
 }
@@ -320,7 +397,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
 }
 
 fn mcp(data_dir: Option<PathBuf>) -> Result<ExitCode> {
-    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+    let sup = rvisor::Supervisor::new(base_config())?;
     sup.cleanup_on_signals()?;
     let mut tables = rvisor::tables::TableConfig::default();
     if let Some(dir) = data_dir {
@@ -345,6 +422,9 @@ fn ops_health(json: bool) -> Result<ExitCode> {
             "workers: {:?} mode; sandbox: {}",
             h.workers.mode, h.sandbox.mode
         );
+        for layer in &h.sandbox.layers {
+            println!("  {layer}");
+        }
         let r = &h.rules;
         println!(
             "rules: scripts up to {} bytes, nesting up to {}, timeout {} s ({}..{}), up to {} data frames and {} variables",
@@ -404,6 +484,15 @@ fn ops_validate(file: &str, json: bool) -> Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    match cli.confine.confinement() {
+        Ok(c) => {
+            let _ = CONFINE.set(c);
+        }
+        Err(e) => {
+            eprintln!("rvisor: {e:#}");
+            return ExitCode::from(2);
+        }
+    }
     match cli.cmd {
         Cmd::Serve { args } => report(serve(args)),
         Cmd::Mcp { data_dir } => report(mcp(data_dir)),
@@ -413,7 +502,7 @@ fn main() -> ExitCode {
         Cmd::Repl { plots_dir, opts } => {
             let run = || -> Result<ExitCode> {
                 let session_opts = opts.options()?;
-                let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig::default())?;
+                let sup = rvisor::Supervisor::new(base_config())?;
                 let session = sup.session_with(session_opts)?;
                 repl::run(session, plots_dir)
             };
@@ -560,30 +649,25 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         );
         RunResult::failed(execution_id, code, Outcome::Rejected, msg)
     } else {
-        match Worker::spawn(&WorkerConfig::default()) {
-            Ok(mut worker) => {
-                let opts = CallOptions {
-                    timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
-                    plot_width: width,
-                    plot_height: height,
-                    working_dir: std::env::current_dir().ok(),
-                    ..CallOptions::default()
-                };
-                let mut r = worker.run_call(execution_id, &code, &opts, &ctx);
-                r.session.id = "run".into();
-                r.session.generation = 1;
-                r.session.fresh = true;
-                worker.shutdown(Duration::from_millis(500));
-                r
-            }
-            Err(e) => {
-                let outcome = match e {
-                    rvisor::Error::StartupTimeout(_) => Outcome::StartupTimedOut,
-                    _ => Outcome::StartupFailed,
-                };
-                RunResult::failed(execution_id, code, outcome, e.to_string())
-            }
-        }
+        let sup = supervisor_quiet()?;
+        // Unconfined, the script runs in the current directory; confined, in
+        // its private one (pass --read-only PATH to let it read host files).
+        let cwd = std::env::current_dir().ok();
+        let working_dir = match &sup.config().worker.confine {
+            None => cwd,
+            Some(c) => cwd.filter(|d| c.read_only.iter().any(|r| d.starts_with(r))),
+        };
+        let opts = CallOptions {
+            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+            plot_width: width,
+            plot_height: height,
+            working_dir,
+            ..CallOptions::default()
+        };
+        let mut r = sup.run_once_with(execution_id, &code, &opts, &ctx);
+        r.session.id = "run".into();
+        sup.shutdown();
+        r
     };
 
     let mut saved = Vec::new();

@@ -1,0 +1,544 @@
+//! OS confinement of a forked worker (docs/confinement.md).
+//!
+//! Runs in the worker (pid 1 of its own pid namespace, already in new mount,
+//! ipc, uts, cgroup and, unless network is on, network namespaces), as root,
+//! single-threaded, before it reads its first request. Layers, in order:
+//! a new root (tmpfs with read-only binds of what R needs, a size-capped
+//! private tmpfs for the temporary and working directory, a new /proc, a
+//! minimal /dev), rlimits, an unprivileged uid/gid of its own with every
+//! capability dropped, no_new_privs, Landlock, and seccomp last. Any failure
+//! is returned: the caller ends the process rather than serve unconfined.
+
+use rvisor_protocol::Confine;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+/// Exit status of a confined worker that hit its CPU limit: as pid 1 of
+/// its namespace it cannot die of SIGXCPU, so its handler exits with this
+/// and the process outside turns it back into SIGXCPU.
+pub const EXIT_CPU_LIMIT: i32 = 128 + libc::SIGXCPU;
+
+/// Host paths bound read-only into the new root when they exist (symlinks
+/// are recreated as symlinks). R's BLAS link goes through /etc/alternatives.
+const BINDS: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/R",
+    "/etc/fonts",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/locale.alias",
+    "/etc/os-release",
+    "/etc/nsswitch.conf",
+    "/var/cache/fontconfig",
+];
+
+/// Device nodes bound into the minimal /dev.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+fn err(what: impl std::fmt::Display) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+fn cstr(s: &str) -> Result<CString, String> {
+    CString::new(s).map_err(|_| format!("path {s:?} contains a NUL byte"))
+}
+
+fn path_str(p: &Path) -> Result<&str, String> {
+    p.to_str()
+        .ok_or_else(|| format!("path {} is not UTF-8", p.display()))
+}
+
+fn mount(
+    src: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), String> {
+    let t = cstr(path_str(target)?)?;
+    let s = src.map(cstr).transpose()?;
+    let f = fstype.map(cstr).transpose()?;
+    let d = data.map(cstr).transpose()?;
+    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: mount(2) with NUL-terminated strings that live across the call
+    // (or null where the call allows it).
+    let rc = unsafe { libc::mount(ptr(&s), t.as_ptr(), ptr(&f), flags, ptr(&d).cast()) };
+    if rc != 0 {
+        return Err(err(format!(
+            "mount {} on {} ({})",
+            src.unwrap_or("-"),
+            target.display(),
+            fstype.unwrap_or("bind/remount")
+        )));
+    }
+    Ok(())
+}
+
+/// Binds `src` read-only at `dst` (nosuid, nodev; exec stays allowed:
+/// shared libraries are mapped executable).
+fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
+    let s = path_str(src)?;
+    mount(Some(s), dst, None, libc::MS_BIND | libc::MS_REC, None)?;
+    mount(
+        None,
+        dst,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+        None,
+    )
+}
+
+/// `root` + absolute `p`.
+fn under(root: &Path, p: &str) -> PathBuf {
+    root.join(p.trim_start_matches('/'))
+}
+
+/// Recreates host path `p` inside `root`: a symlink as the same symlink, a
+/// directory or file as a read-only bind. Missing paths are skipped.
+fn expose(root: &Path, p: &str) -> Result<(), String> {
+    let Ok(meta) = std::fs::symlink_metadata(p) else {
+        return Ok(());
+    };
+    let dst = under(root, p);
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
+    }
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(p).map_err(|e| format!("readlink {p}: {e}"))?;
+        return std::os::unix::fs::symlink(&target, &dst)
+            .map_err(|e| format!("symlink {}: {e}", dst.display()));
+    }
+    if meta.is_dir() {
+        std::fs::create_dir_all(&dst).map_err(|e| format!("mkdir {}: {e}", dst.display()))?;
+    } else {
+        std::fs::write(&dst, b"").map_err(|e| format!("create {}: {e}", dst.display()))?;
+    }
+    bind_ro(Path::new(p), &dst)
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
+        .map_err(|e| format!("chown {}: {e}", path.display()))
+}
+
+/// Builds the new root on `work` (the worker's temporary directory, which
+/// keeps its path inside) and pivots into it.
+fn filesystem(c: &Confine, work: &str) -> Result<(), String> {
+    let root = PathBuf::from(work);
+    // Nothing mounted here propagates back to the host.
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    mount(
+        Some("tmpfs"),
+        &root,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("size=4m,mode=0755"),
+    )?;
+    for p in BINDS {
+        expose(&root, p)?;
+    }
+    let etc = root.join("etc");
+    std::fs::create_dir_all(&etc).map_err(|e| format!("mkdir {}: {e}", etc.display()))?;
+    write_file(
+        &etc.join("passwd"),
+        &format!(
+            "root:x:0:0:root:/:/usr/sbin/nologin\nrvisor:x:{}:{}:rvisor worker:{work}:/usr/sbin/nologin\n",
+            c.uid, c.gid
+        ),
+    )?;
+    write_file(
+        &etc.join("group"),
+        &format!("root:x:0:\nrvisor:x:{}:\n", c.gid),
+    )?;
+    write_file(&etc.join("hostname"), "rvisor\n")?;
+    write_file(
+        &etc.join("hosts"),
+        "127.0.0.1 localhost rvisor\n::1 localhost\n",
+    )?;
+
+    // The private, size-capped scratch space: /tmp, and the temporary
+    // directory at its host path (the same tmpfs, so one cap for both).
+    let tmp = root.join("tmp");
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("mkdir {}: {e}", tmp.display()))?;
+    mount(
+        Some("tmpfs"),
+        &tmp,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some(&format!(
+            "size={},mode=0700,uid={},gid={}",
+            c.disk_bytes.max(1 << 20),
+            c.uid,
+            c.gid
+        )),
+    )?;
+    let inside = under(&root, work);
+    std::fs::create_dir_all(&inside).map_err(|e| format!("mkdir {}: {e}", inside.display()))?;
+    if inside.starts_with(&tmp) {
+        chown(&inside, c.uid, c.gid)?;
+    } else {
+        mount(Some(path_str(&tmp)?), &inside, None, libc::MS_BIND, None)?;
+    }
+
+    // Host paths the configuration exposes, after the scratch space so that
+    // paths under /tmp stay visible (the supervisor refuses paths that
+    // would cover the scratch space itself).
+    for p in &c.read_only {
+        expose(&root, p)?;
+    }
+
+    // A /proc of this pid namespace only.
+    let proc_dir = root.join("proc");
+    std::fs::create_dir_all(&proc_dir).map_err(|e| format!("mkdir {}: {e}", proc_dir.display()))?;
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )?;
+
+    // A minimal /dev.
+    let dev = root.join("dev");
+    std::fs::create_dir_all(&dev).map_err(|e| format!("mkdir {}: {e}", dev.display()))?;
+    mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("size=64k,mode=0755"),
+    )?;
+    for d in DEVICES {
+        let host = format!("/dev/{d}");
+        if Path::new(&host).exists() {
+            let dst = dev.join(d);
+            std::fs::write(&dst, b"").map_err(|e| format!("create {}: {e}", dst.display()))?;
+            mount(Some(&host), &dst, None, libc::MS_BIND, None)?;
+        }
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, dev.join(name))
+            .map_err(|e| format!("symlink /dev/{name}: {e}"))?;
+    }
+    mount(
+        None,
+        &dev,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NOEXEC,
+        None,
+    )?;
+
+    // Into the new root; the old one is detached.
+    std::env::set_current_dir(&root).map_err(|e| format!("chdir {}: {e}", root.display()))?;
+    let dot = cstr(".")?;
+    // SAFETY: pivot_root(".", ".") stacks the old root on the new one, and
+    // umount2 detaches it (pivot_root(2)); both take valid C strings.
+    unsafe {
+        if libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) != 0 {
+            return Err(err("pivot_root"));
+        }
+        if libc::umount2(dot.as_ptr(), libc::MNT_DETACH) != 0 {
+            return Err(err("detach the old root"));
+        }
+    }
+    std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+        None,
+    )?;
+    let host = b"rvisor";
+    // SAFETY: sethostname with a buffer and its length (own uts namespace).
+    if unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) } != 0 {
+        return Err(err("sethostname"));
+    }
+    Ok(())
+}
+
+fn rlimit(resource: libc::__rlimit_resource_t, value: u64, name: &str) -> Result<(), String> {
+    let rl = libc::rlimit {
+        rlim_cur: value,
+        rlim_max: value,
+    };
+    // SAFETY: setrlimit with a struct we own.
+    if unsafe { libc::setrlimit(resource, &rl) } != 0 {
+        return Err(err(format!("setrlimit {name}={value}")));
+    }
+    Ok(())
+}
+
+fn limits(c: &Confine) -> Result<(), String> {
+    rlimit(libc::RLIMIT_AS, c.memory_bytes, "AS")?;
+    rlimit(libc::RLIMIT_NPROC, c.processes, "NPROC")?;
+    rlimit(libc::RLIMIT_FSIZE, c.file_bytes, "FSIZE")?;
+    rlimit(libc::RLIMIT_NOFILE, c.open_files, "NOFILE")?;
+    rlimit(libc::RLIMIT_CORE, 0, "CORE")?;
+    if let Some(cpu) = c.cpu_seconds {
+        // Soft limit: SIGXCPU (see EXIT_CPU_LIMIT); one second later SIGKILL.
+        let rl = libc::rlimit {
+            rlim_cur: cpu,
+            rlim_max: cpu + 1,
+        };
+        // SAFETY: setrlimit with a struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_CPU, &rl) } != 0 {
+            return Err(err("setrlimit CPU"));
+        }
+    }
+    Ok(())
+}
+
+/// Drops to the worker's own uid/gid with no capabilities at all.
+fn credentials(c: &Confine) -> Result<(), String> {
+    if c.uid == 0 || c.gid == 0 {
+        return Err("refusing to run a confined worker as uid or gid 0".into());
+    }
+    // SAFETY: prctl/setgroups/setres[ug]id on this single-threaded process
+    // with plain integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0);
+        for cap in 0..64 {
+            // EINVAL past the last capability this kernel knows.
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(err("setgroups"));
+        }
+        if libc::setresgid(c.gid, c.gid, c.gid) != 0 {
+            return Err(err("setresgid"));
+        }
+        if libc::setresuid(c.uid, c.uid, c.uid) != 0 {
+            return Err(err("setresuid"));
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(err("no_new_privs"));
+        }
+        // Changing credentials clears the parent-death signal: re-arm it.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        if libc::geteuid() != c.uid || libc::getegid() != c.gid {
+            return Err("the uid change did not take".into());
+        }
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for field in ["CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        let value = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .map(str::trim);
+        if value.is_some_and(|v| v.chars().any(|ch| ch != '0')) {
+            return Err(format!(
+                "capabilities remain after the uid change ({field} {value:?})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Landlock: read anything in the new root (it holds only what was bound),
+/// write only the scratch space and /dev; execute nothing; no TCP; no
+/// signals or abstract sockets outside the domain.
+fn landlock(work: &str) -> Result<String, String> {
+    use landlock::{
+        path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    };
+    let abi = ABI::V6;
+    let read = AccessFs::from_read(abi) & !AccessFs::Execute;
+    let write = AccessFs::from_all(abi) & !AccessFs::Execute;
+    let status = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
+        .and_then(|r| r.scope(Scope::from_all(abi)))
+        .and_then(|r| r.create())
+        .and_then(|r| r.add_rules(path_beneath_rules(["/"], read)))
+        .and_then(|r| r.add_rules(path_beneath_rules(["/tmp", work, "/dev"], write)))
+        .and_then(|r| r.restrict_self())
+        .map_err(|e| format!("landlock: {e}"))?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok("full".into()),
+        RulesetStatus::PartiallyEnforced => Ok("partial".into()),
+        _ => Err("landlock is not enforced by this kernel".into()),
+    }
+}
+
+/// seccomp-bpf, last: system calls R never needs fail with EPERM (execve
+/// included: nothing runs programs after start-up); sockets other than Unix
+/// ones and clone into new namespaces too; clone3 says ENOSYS so glibc
+/// falls back to clone, whose flags a filter can read.
+fn seccomp() -> Result<(), String> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    };
+    use std::collections::BTreeMap;
+    let denied: &[libc::c_long] = &[
+        libc::SYS_execve,
+        libc::SYS_execveat,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_bpf,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_reboot,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        libc::SYS_settimeofday,
+        libc::SYS_clock_settime,
+        libc::SYS_clock_adjtime,
+        libc::SYS_adjtimex,
+        libc::SYS_sethostname,
+        libc::SYS_setdomainname,
+        libc::SYS_iopl,
+        libc::SYS_ioperm,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_fanotify_init,
+        libc::SYS_syslog,
+        libc::SYS_uselib,
+        libc::SYS_kcmp,
+        libc::SYS_vhangup,
+        libc::SYS_lookup_dcookie,
+    ];
+    let arch: seccompiler::TargetArch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| format!("seccomp: {e:?}"))?;
+    let cond = |arg: u8, op: SeccompCmpOp, v: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, v)
+            .map_err(|e| format!("seccomp: {e}"))
+    };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for nr in denied {
+        rules.insert(*nr, vec![]);
+    }
+    let not_unix = || -> Result<Vec<SeccompRule>, String> {
+        Ok(vec![SeccompRule::new(vec![cond(
+            0,
+            SeccompCmpOp::Ne,
+            libc::AF_UNIX as u64,
+        )?])
+        .map_err(|e| format!("seccomp: {e}"))?])
+    };
+    rules.insert(libc::SYS_socket, not_unix()?);
+    rules.insert(libc::SYS_socketpair, not_unix()?);
+    let mut clone_rules = Vec::new();
+    for flag in [
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWCGROUP,
+    ] {
+        let f = flag as u64;
+        clone_rules.push(
+            SeccompRule::new(vec![cond(0, SeccompCmpOp::MaskedEq(f), f)?])
+                .map_err(|e| format!("seccomp: {e}"))?,
+        );
+    }
+    rules.insert(libc::SYS_clone, clone_rules);
+    let deny = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+    let clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, vec![])].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+    for filter in [clone3, deny] {
+        let prog: seccompiler::BpfProgram =
+            filter.try_into().map_err(|e| format!("seccomp: {e:?}"))?;
+        seccompiler::apply_filter(&prog).map_err(|e| format!("seccomp: {e}"))?;
+    }
+    Ok(())
+}
+
+extern "C" fn on_sigxcpu(_sig: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(EXIT_CPU_LIMIT) }
+}
+
+/// Confines this process; `work` is its temporary/working directory (a
+/// host path that stays the same inside).
+pub fn apply(c: &Confine, work: &str) -> Result<(), String> {
+    filesystem(c, work)?;
+    limits(c)?;
+    credentials(c)?;
+    // As pid 1 of its namespace the worker ignores SIGXCPU by default.
+    // SAFETY: installs an async-signal-safe handler.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_sigxcpu as *const () as usize;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(libc::SIGXCPU, &act, std::ptr::null_mut());
+    }
+    landlock(work)?;
+    seccomp()?;
+    Ok(())
+}

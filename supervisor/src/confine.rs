@@ -1,0 +1,618 @@
+//! OS confinement of workers: the settings, the host probe, and the
+//! per-worker uids (docs/confinement.md). The layers themselves are set up
+//! by the zygote in each forked worker (`rvisor-worker`'s confine module).
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// How workers are confined. `Confinement::default()` confines with every
+/// layer; [`Confinement::unconfined`] is the explicit opt-out (trusted code
+/// only), reported in health.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confinement {
+    /// Confine workers (false only by explicit opt-in).
+    pub enabled: bool,
+    /// Resource limits of each worker.
+    pub limits: Limits,
+    /// Let workers use the host's network (default: no network at all).
+    pub network: bool,
+    /// Host paths workers may read (besides what R needs).
+    pub read_only: Vec<PathBuf>,
+    /// First uid (and gid) of the range workers get theirs from.
+    pub uid_base: u32,
+    /// Size of that range. It is split in blocks of 1000 and each
+    /// supervisor on the host holds one block (at most 1000 live workers
+    /// per supervisor, `uid_count / 1000` supervisors at once).
+    pub uid_count: u32,
+    /// Memory and process limits through cgroups as well as rlimits.
+    pub cgroups: CgroupMode,
+}
+
+/// Whether workers get cgroups (memory incl. their tmpfs, and pids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupMode {
+    /// When the host offers writable v1 memory and pids controllers.
+    #[default]
+    Auto,
+    /// Never (rlimits and the tmpfs cap only).
+    Off,
+    /// Refuse to start without them.
+    Required,
+}
+
+/// Per-worker resource limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Limits {
+    /// Address space (RLIMIT_AS), bytes.
+    pub memory_bytes: u64,
+    /// Processes and threads (RLIMIT_NPROC of the worker's own uid).
+    pub processes: u64,
+    /// Largest file written (RLIMIT_FSIZE), bytes.
+    pub file_bytes: u64,
+    /// Open files (RLIMIT_NOFILE).
+    pub open_files: u64,
+    /// Private tmpfs for the temporary and working directory, bytes.
+    pub disk_bytes: u64,
+    /// CPU seconds over a worker's whole life (calls have their own).
+    pub cpu_seconds: Option<u64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 4 << 30,
+            processes: 64,
+            file_bytes: 256 << 20,
+            open_files: 1024,
+            disk_bytes: 512 << 20,
+            cpu_seconds: None,
+        }
+    }
+}
+
+impl Default for Confinement {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            limits: Limits::default(),
+            network: false,
+            read_only: Vec::new(),
+            uid_base: 2_100_000_000,
+            uid_count: 100_000,
+            cgroups: CgroupMode::Auto,
+        }
+    }
+}
+
+impl Confinement {
+    /// No OS confinement: R code can do whatever the supervisor's user can.
+    pub fn unconfined() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+}
+
+/// What confinement is in force, for health.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Sandbox {
+    /// `confined` or `unconfined` (explicit opt-in).
+    pub mode: String,
+    /// The layers every worker gets, e.g. `namespaces: mount, pid, ...`.
+    pub layers: Vec<String>,
+    /// Per-worker limits (absent when unconfined).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// Whether workers may reach the network.
+    pub network: bool,
+}
+
+/// The kernel's Landlock ABI version, or None.
+fn landlock_abi() -> Option<i64> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI
+    // version (or an error); it takes no pointers we own.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    (v > 0).then_some(v)
+}
+
+/// Checks that this host can confine workers as `c` asks; the answer lists
+/// the layers, or says what is missing and what to do.
+pub fn probe(c: &Confinement) -> Result<Sandbox, String> {
+    if !c.enabled {
+        return Ok(Sandbox {
+            mode: "unconfined".into(),
+            layers: Vec::new(),
+            limits: None,
+            network: true,
+        });
+    }
+    let advice = "run rvisor as root (it gives each worker its own unprivileged uid), \
+                  or opt out of OS confinement explicitly (`--unconfined`; library: \
+                  `Confinement::unconfined()`) for trusted code only";
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "OS confinement needs root to create namespaces and switch uids; {advice}"
+        ));
+    }
+    let mut namespaces = vec!["mount", "pid", "ipc", "uts", "cgroup"];
+    if !c.network {
+        namespaces.push("net");
+    }
+    for ns in ["mnt", "pid", "ipc", "uts", "cgroup", "net"] {
+        if !std::path::Path::new(&format!("/proc/self/ns/{ns}")).exists() {
+            return Err(format!(
+                "this kernel has no {ns} namespaces (/proc/self/ns/{ns} is missing); {advice}"
+            ));
+        }
+    }
+    let Some(abi) = landlock_abi() else {
+        return Err(format!(
+            "Landlock is not enabled in this kernel (boot with lsm=...,landlock); {advice}"
+        ));
+    };
+    // SAFETY: prctl(PR_GET_SECCOMP) reads this process's seccomp mode.
+    if unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } < 0 {
+        return Err(format!("seccomp is not available in this kernel; {advice}"));
+    }
+    if c.uid_count == 0 || c.uid_base == 0 || c.uid_base.checked_add(c.uid_count).is_none() {
+        return Err(format!(
+            "the worker uid range {}+{} is empty or overflows",
+            c.uid_base, c.uid_count
+        ));
+    }
+    let l = &c.limits;
+    Ok(Sandbox {
+        mode: "confined".into(),
+        layers: vec![
+            format!("namespaces: {}", namespaces.join(", ")),
+            "filesystem: new root of read-only binds, private tmpfs (nosuid, nodev, noexec) for tmp and work dir, own /proc and minimal /dev".into(),
+            format!("credentials: own uid/gid per worker from {}, no supplementary groups, no capabilities, no_new_privs", c.uid_base),
+            format!("landlock: ABI {abi} (files: read-only outside tmp/work dir, nothing executable; TCP bind/connect denied; signals and abstract sockets scoped)"),
+            "seccomp: execve, ptrace, process_vm_*, mount, unshare/setns, bpf, keyctl, io_uring, perf, userfaultfd, non-Unix sockets and more denied".into(),
+            format!(
+                "rlimits: address space {} MiB, {} processes, file size {} MiB, {} open files, core 0{}",
+                l.memory_bytes >> 20,
+                l.processes,
+                l.file_bytes >> 20,
+                l.open_files,
+                l.cpu_seconds.map(|s| format!(", CPU {s} s")).unwrap_or_default()
+            ),
+        ],
+        limits: Some(l.clone()),
+        network: c.network,
+    })
+}
+
+/// Per-worker cgroups (v1 memory and pids controllers) under a group of
+/// this supervisor's; removed when the worker ends, and at start-up when a
+/// dead supervisor left them.
+#[derive(Debug)]
+pub struct Cgroups {
+    /// This supervisor's group in each controller.
+    parents: Vec<PathBuf>,
+}
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CGROUP_CONTROLLERS: [&str; 2] = ["memory", "pids"];
+/// Used when mounted: the CPU time of a worker and all its children, for
+/// per-call CPU limits (RLIMIT_CPU counts each process alone).
+const CGROUP_OPTIONAL: [&str; 1] = ["cpuacct"];
+
+fn write_value(dir: &std::path::Path, file: &str, value: &str) -> Result<(), String> {
+    std::fs::write(dir.join(file), value)
+        .map_err(|e| format!("cannot set {} to {value}: {e}", dir.join(file).display()))
+}
+
+impl Cgroups {
+    /// This host's v1 memory and pids hierarchies, with a group for this
+    /// supervisor in each; `Ok(None)` when they are missing and `mode` is
+    /// `Auto`.
+    pub fn detect(mode: CgroupMode) -> Result<Option<Cgroups>, String> {
+        if mode == CgroupMode::Off {
+            return Ok(None);
+        }
+        let missing = |why: String| {
+            if mode == CgroupMode::Required {
+                Err(format!("cgroups were required but {why}"))
+            } else {
+                Ok(None)
+            }
+        };
+        let root = std::path::Path::new(CGROUP_ROOT);
+        if root.join("cgroup.controllers").exists() {
+            return missing(
+                "this host has cgroups v2, which rvisor does not drive yet (v1 memory and pids controllers are needed)".into(),
+            );
+        }
+        let mut parents = Vec::new();
+        for c in CGROUP_CONTROLLERS {
+            let base = root.join(c);
+            if !base.join("cgroup.procs").exists() {
+                return missing(format!(
+                    "the v1 {c} controller is not mounted at {}",
+                    base.display()
+                ));
+            }
+            sweep_stale(&base);
+            let parent = base.join(format!("rvisor-{}", std::process::id()));
+            match std::fs::create_dir(&parent) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    for p in &parents {
+                        let _ = std::fs::remove_dir(p);
+                    }
+                    return missing(format!("{} cannot be created: {e}", parent.display()));
+                }
+            }
+            parents.push(parent);
+        }
+        for c in CGROUP_OPTIONAL {
+            let base = root.join(c);
+            if base.join("cgroup.procs").exists() {
+                sweep_stale(&base);
+                let parent = base.join(format!("rvisor-{}", std::process::id()));
+                if std::fs::create_dir(&parent).is_ok() || parent.is_dir() {
+                    parents.push(parent);
+                }
+            }
+        }
+        Ok(Some(Cgroups { parents }))
+    }
+
+    /// Creates worker `name`'s groups with `limits`; returns their
+    /// directories (the relay writes itself into each `cgroup.procs`).
+    pub(crate) fn create(&self, name: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
+        let mut dirs = Vec::new();
+        let made = (|| {
+            for parent in &self.parents {
+                let dir = parent.join(name);
+                std::fs::create_dir(&dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                dirs.push(dir.clone());
+                if parent.parent().is_some_and(|p| p.ends_with("cpuacct")) {
+                    // Accounting only: read for per-call CPU limits.
+                } else if parent.parent().is_some_and(|p| p.ends_with("memory")) {
+                    // RAM of the process and of its tmpfs together.
+                    let bytes = (limits.memory_bytes + limits.disk_bytes).to_string();
+                    write_value(&dir, "memory.limit_in_bytes", &bytes)?;
+                    if dir.join("memory.memsw.limit_in_bytes").exists() {
+                        write_value(&dir, "memory.memsw.limit_in_bytes", &bytes)?;
+                    }
+                } else {
+                    // The worker, its relay, and the worker's children.
+                    write_value(&dir, "pids.max", &(limits.processes + 2).to_string())?;
+                }
+            }
+            Ok(())
+        })();
+        match made {
+            Ok(()) => Ok(dirs),
+            Err(e) => {
+                remove(&dirs);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The file with the CPU time (ns) of the worker whose groups are `dirs`.
+pub(crate) fn cpu_usage_file(dirs: &[PathBuf]) -> Option<PathBuf> {
+    dirs.iter()
+        .find(|d| {
+            d.parent()
+                .and_then(|p| p.parent())
+                .is_some_and(|p| p.ends_with("cpuacct"))
+        })
+        .map(|d| d.join("cpuacct.usage"))
+}
+
+/// Removes worker groups (their processes have ended).
+pub(crate) fn remove(dirs: &[PathBuf]) {
+    for d in dirs {
+        // A dying process can hold a group for a moment: retry briefly.
+        for _ in 0..50 {
+            match std::fs::remove_dir(d) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            }
+        }
+    }
+}
+
+/// Removes a supervisor's group and its workers' groups.
+fn remove_tree(parent: &std::path::Path) {
+    if let Ok(children) = std::fs::read_dir(parent) {
+        let dirs: Vec<PathBuf> = children
+            .flatten()
+            .filter(|c| c.path().is_dir())
+            .map(|c| c.path())
+            .collect();
+        remove(&dirs);
+    }
+    let _ = std::fs::remove_dir(parent);
+}
+
+/// Removes groups of supervisors that are gone.
+fn sweep_stale(base: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix("rvisor-")
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let alive = pid == std::process::id() as i32 || unsafe { libc::kill(pid, 0) } == 0;
+        if alive {
+            continue;
+        }
+        remove_tree(&e.path());
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for p in &self.parents {
+            remove_tree(p);
+        }
+    }
+}
+
+/// Checks a host path a configuration wants to expose read-only: absolute,
+/// existing, and neither a kernel view (/proc, /sys, /dev) nor the root or
+/// an ancestor of the workers' private directories (`temp_root`), which it
+/// would cover.
+pub fn check_read_only(p: &std::path::Path, temp_root: &std::path::Path) -> Result<(), String> {
+    let shown = p.display();
+    if !p.is_absolute() {
+        return Err(format!("read-only path {shown} must be absolute"));
+    }
+    let real = std::fs::canonicalize(p).map_err(|e| format!("read-only path {shown}: {e}"))?;
+    let temp_root = std::fs::canonicalize(temp_root).unwrap_or_else(|_| temp_root.to_path_buf());
+    for kernel in ["/proc", "/sys", "/dev"] {
+        if real.starts_with(kernel) {
+            return Err(format!(
+                "read-only path {shown} is under {kernel}, which workers must not see from the host"
+            ));
+        }
+    }
+    if temp_root.starts_with(&real) || real == std::path::Path::new("/tmp") {
+        return Err(format!(
+            "read-only path {shown} would cover the workers' private directories under {}; expose a subdirectory instead",
+            temp_root.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that a confined worker (running as some other uid) can enter
+/// directory `d`: it and every ancestor must be searchable by others.
+pub fn check_enterable(d: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let real = std::fs::canonicalize(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    for a in real.ancestors() {
+        let mode = std::fs::metadata(a)
+            .map_err(|e| format!("{}: {e}", a.display()))?
+            .permissions()
+            .mode();
+        let need = if a == real { 0o005 } else { 0o001 };
+        if mode & need != need {
+            return Err(format!(
+                "working_dir {}: confined workers run as their own uid and cannot {} {} (mode {:o}); \
+                 chmod o+rx it (o+x its parents) or pick another directory",
+                d.display(),
+                if a == real { "read" } else { "pass through" },
+                a.display(),
+                mode & 0o7777
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The health line for cgroups.
+pub(crate) fn cgroup_layer(l: &Limits, cgroups: Option<&Cgroups>) -> String {
+    match cgroups {
+        Some(cg) => format!(
+            "cgroups v1: memory {} MiB (process and its tmpfs), {} pids per worker{}",
+            (l.memory_bytes + l.disk_bytes) >> 20,
+            l.processes + 2,
+            if cg.parents.iter().any(|p| p.parent().is_some_and(|b| b.ends_with("cpuacct"))) {
+                "; CPU accounting (a call's CPU limit counts the processes it starts)"
+            } else {
+                ""
+            }
+        ),
+        None => "cgroups: not used (turned off, or the host has no writable v1 memory and pids controllers)".into(),
+    }
+}
+
+/// Uids per block: a supervisor reserves one block host-wide.
+const UID_BLOCK: u32 = 1000;
+
+/// Hands out one uid per live worker, from a block of uids this supervisor
+/// holds host-wide (an flock on a file per block): the kernel counts
+/// processes per uid across the whole host, so two supervisors must never
+/// share one (a fork bomb in one would starve the other).
+#[derive(Debug)]
+pub struct Uids {
+    used: Mutex<(HashSet<u32>, u32)>,
+    base: u32,
+    count: u32,
+    _lock: Option<std::fs::File>,
+}
+
+impl Uids {
+    /// A free block of `c`'s range, held while this value lives.
+    pub(crate) fn reserve(c: &Confinement) -> Result<Uids, String> {
+        use std::os::fd::AsRawFd;
+        let dir = if std::path::Path::new("/run").is_dir() {
+            PathBuf::from("/run/rvisor/uid-blocks")
+        } else {
+            std::env::temp_dir().join("rvisor-uid-blocks")
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let size = c.uid_count.min(UID_BLOCK);
+        let blocks = (c.uid_count / size).max(1);
+        for b in 0..blocks {
+            let base = c.uid_base + b * size;
+            let path = dir.join(format!("{base}-{size}"));
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            // SAFETY: flock on a descriptor we own; released when it closes.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(Uids {
+                    used: Mutex::new((HashSet::new(), 0)),
+                    base,
+                    count: size,
+                    _lock: Some(f),
+                });
+            }
+        }
+        Err(format!(
+            "all {blocks} blocks of worker uids from {} are held by other rvisor supervisors on this host; \
+             raise Confinement.uid_count or use another uid_base",
+            c.uid_base
+        ))
+    }
+
+    /// A range without a host-wide reservation (tests).
+    #[cfg(test)]
+    fn with_range(base: u32, count: u32) -> Uids {
+        Uids {
+            used: Mutex::new((HashSet::new(), 0)),
+            base,
+            count,
+            _lock: None,
+        }
+    }
+
+    /// How many uids this supervisor has.
+    pub(crate) fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// A uid no live worker of this supervisor has.
+    pub(crate) fn take(&self) -> Option<u32> {
+        let mut g = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let (used, next) = &mut *g;
+        for _ in 0..self.count {
+            let uid = self.base + (*next % self.count);
+            *next = next.wrapping_add(1);
+            if used.insert(uid) {
+                return Some(uid);
+            }
+        }
+        None
+    }
+
+    /// Gives `uid` back (its worker ended).
+    pub(crate) fn give_back(&self, uid: u32) {
+        self.used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .remove(&uid);
+    }
+}
+
+/// The protocol's per-worker confinement for a worker with `uid`.
+pub(crate) fn request(
+    c: &Confinement,
+    uid: u32,
+    libpath: &[PathBuf],
+    cgroups: &[PathBuf],
+) -> rvisor_protocol::Confine {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    rvisor_protocol::Confine {
+        uid,
+        gid: uid,
+        memory_bytes: c.limits.memory_bytes,
+        processes: c.limits.processes,
+        file_bytes: c.limits.file_bytes,
+        open_files: c.limits.open_files,
+        disk_bytes: c.limits.disk_bytes,
+        cpu_seconds: c.limits.cpu_seconds,
+        network: c.network,
+        read_only: c
+            .read_only
+            .iter()
+            .chain(libpath)
+            .map(|p| p.display().to_string())
+            .collect(),
+        cores,
+        cgroups: cgroups
+            .iter()
+            .map(|d| d.join("cgroup.procs").display().to_string())
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uids_are_unique_among_live_workers_and_reused_after() {
+        let u = Uids::with_range(5000, 3);
+        let a = u.take().unwrap();
+        let b = u.take().unwrap();
+        let d = u.take().unwrap();
+        let mut all = vec![a, b, d];
+        all.sort();
+        assert_eq!(all, vec![5000, 5001, 5002]);
+        assert_eq!(u.take(), None, "the range is used up");
+        u.give_back(b);
+        assert_eq!(u.take(), Some(b));
+    }
+
+    #[test]
+    fn two_supervisors_never_hold_the_same_uid_block() {
+        // A range of its own, so parallel tests do not meet here.
+        let c = Confinement {
+            uid_base: 1_900_000_000 + (std::process::id() % 1000) * 3000,
+            uid_count: 2000,
+            ..Confinement::default()
+        };
+        let first = Uids::reserve(&c).unwrap();
+        let second = Uids::reserve(&c).unwrap();
+        assert_ne!(first.base, second.base);
+        let err = Uids::reserve(&c).unwrap_err();
+        assert!(err.contains("held by other rvisor supervisors"), "{err}");
+        drop(first);
+        let again = Uids::reserve(&c).unwrap();
+        assert_eq!(again.base, c.uid_base, "a released block is free again");
+    }
+
+    #[test]
+    fn unconfined_is_reported_as_such() {
+        let s = probe(&Confinement::unconfined()).unwrap();
+        assert_eq!(s.mode, "unconfined");
+        assert!(s.layers.is_empty());
+    }
+}
