@@ -728,9 +728,13 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
             }
         }
         let note = match label {
-            "cold_start_spare_no_preload" => "new session, a spare ready (zygote without ggplot2), then 1+1",
+            "cold_start_spare_no_preload" => {
+                "new session, a spare ready (zygote without ggplot2), then 1+1"
+            }
             "cold_start_no_spare" => "no spare: fork + every confinement layer + cgroups, then 1+1",
-            "cold_start_no_spare_no_cgroups" => "no spare: fork + confinement without cgroups, then 1+1",
+            "cold_start_no_spare_no_cgroups" => {
+                "no spare: fork + confinement without cgroups, then 1+1"
+            }
             "cold_start_no_spare_unconfined" => "no spare: fork only (unconfined), then 1+1",
             _ => "no zygote: exec + R start (unconfined), then 1+1",
         };
