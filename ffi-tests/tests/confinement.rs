@@ -2003,3 +2003,97 @@ fn works_tools() {
     assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
     assert_eq!(r.console, "5");
 }
+
+// ---------------------------------------------------------------------------
+// Limits per session and per one-shot run
+
+/// A session can have tighter limits than its supervisor: an allocation
+/// that the supervisor's limit allows fails in the limited session only.
+#[test]
+fn limits_per_session_apply_to_that_session_only() {
+    let sup = supervisor();
+    let roomy = session(&sup);
+    let tight = sup
+        .session_with(rvisor::SessionOptions {
+            limits: Some(Limits {
+                memory_bytes: 1 << 30,
+                disk_bytes: 8 << 20,
+                ..Limits::default()
+            }),
+            ..rvisor::SessionOptions::default()
+        })
+        .expect("a limited session");
+    let alloc = "x <- raw(1.5e9); length(x)";
+    assert_eq!(console(&roomy, alloc), "[1] 1500000000\n");
+    let r = run(&tight, alloc);
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    assert!(r.console.contains("cannot allocate"), "{}", r.console);
+    // The limited session's disk is 8 MiB; the other's is the default.
+    let fill = "f <- file.path(tempdir(), 'big'); \
+                r <- tryCatch({ writeBin(raw(20e6), f); 'written' }, \
+                              error = function(e) 'failed', warning = function(w) 'failed'); \
+                cat(r, file.exists(f) && file.size(f) >= 20e6, '\\n')";
+    assert_eq!(console(&roomy, fill), "written TRUE \n");
+    assert!(
+        console(&tight, fill).contains("FALSE"),
+        "20 MB fit in an 8 MiB disk"
+    );
+    // Both sessions still work.
+    assert_eq!(console(&tight, "1 + 1"), "[1] 2\n");
+    assert_eq!(console(&roomy, "1 + 1"), "[1] 2\n");
+}
+
+/// One-shot runs take limits too; limits R cannot run in are refused with
+/// a reason, and so are limits for an unconfined supervisor.
+#[test]
+fn limits_per_run_and_their_checks() {
+    let sup = supervisor();
+    let code = "x <- raw(1.5e9); length(x)";
+    let run_limited = |limits: &Limits| {
+        let r = sup.run_once_limited(
+            rvisor::ids::execution_id(),
+            code,
+            &CallOptions::default(),
+            &CallContext::default(),
+            Some(limits),
+            None,
+        );
+        show(code, &r);
+        r
+    };
+    let r = run_limited(&Limits {
+        memory_bytes: 1 << 30,
+        ..Limits::default()
+    });
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    assert!(r.console.contains("cannot allocate"), "{}", r.console);
+    assert_eq!(
+        once_console(&sup, code),
+        "[1] 1500000000\n",
+        "the default is roomier"
+    );
+    let r = run_limited(&Limits {
+        memory_bytes: 64 << 20,
+        ..Limits::default()
+    });
+    assert_eq!(r.outcome, Outcome::Rejected);
+    assert!(r.console.contains("too small"), "{}", r.console);
+
+    let open = Supervisor::new(SupervisorConfig {
+        confinement: Confinement::unconfined(),
+        pool: PoolConfig {
+            spares: 0,
+            preload: Some(Vec::new()),
+            ..PoolConfig::default()
+        },
+        ..SupervisorConfig::default()
+    })
+    .expect("an unconfined supervisor");
+    let err = open
+        .session_with(rvisor::SessionOptions {
+            limits: Some(Limits::default()),
+            ..rvisor::SessionOptions::default()
+        })
+        .expect_err("limits without confinement");
+    assert!(err.to_string().contains("unconfined"), "{err}");
+}

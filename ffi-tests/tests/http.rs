@@ -652,6 +652,53 @@ fn run_rejects_timeouts_outside_1_to_300_seconds() {
 }
 
 #[test]
+fn runs_and_sessions_take_tighter_limits_never_looser_ones() {
+    let srv = Server::open();
+    let c = srv.client();
+    let alloc = "x <- raw(1.5e9); length(x)";
+    // Looser than the server's 4 GiB, or too small for R: refused, nothing runs.
+    let m = c
+        .post(
+            "/v1/run",
+            &json!({"script": alloc, "limits": {"memory_mb": 8192}}),
+        )
+        .error(422, "invalid");
+    assert!(m.contains("memory_mb"), "{m}");
+    let m = c
+        .post(
+            "/v1/run",
+            &json!({"script": alloc, "limits": {"memory_mb": 16}}),
+        )
+        .error(422, "invalid");
+    assert!(m.contains("too small"), "{m}");
+    c.post(
+        "/v1/run",
+        &json!({"script": "1", "limits": {"network": true}}),
+    )
+    .error(422, "invalid");
+    // Tighter: the allocation the server's limit allows fails.
+    let r = c.run(&json!({"script": alloc}));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let r = c.run(&json!({"script": alloc, "limits": {"memory_mb": 1024}}));
+    assert_eq!(r["outcome"], "error", "{r}");
+    assert!(
+        r["console"].as_str().unwrap().contains("cannot allocate"),
+        "{r}"
+    );
+    // Sessions take them too.
+    let r = c.send(
+        "POST",
+        "/v1/sessions",
+        &[("content-type", "application/json")],
+        Some(&json!({"limits": {"memory_mb": 1024}}).to_string()),
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let r = c.session_run(&id, alloc);
+    assert_eq!(r["outcome"], "error", "{r}");
+}
+
+#[test]
 fn a_forbidden_script_is_rejected_with_its_validation() {
     let srv = table_server(None, 100);
     let script = format!("{RAN_PROBE}\nsystem('id')\n");

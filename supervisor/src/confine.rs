@@ -59,6 +59,29 @@ pub struct Limits {
     pub cpu_seconds: Option<u64>,
 }
 
+impl Limits {
+    /// Checks that R can run within these limits.
+    pub fn check(&self) -> Result<(), String> {
+        let mib = |b: u64| b >> 20;
+        if self.memory_bytes < 512 << 20 {
+            return Err(format!(
+                "memory limit {} MiB is too small: a forked R worker already maps ~350 MiB; use at least 512 (1024 to load packages with native code)",
+                mib(self.memory_bytes)
+            ));
+        }
+        if self.processes == 0 || self.open_files < 64 {
+            return Err("limits need at least 1 process and 64 open files".into());
+        }
+        if self.disk_bytes < 1 << 20 || self.file_bytes < 1 << 20 {
+            return Err("disk and file size limits must be at least 1 MiB".into());
+        }
+        if self.cpu_seconds == Some(0) {
+            return Err("a CPU limit must be at least 1 second".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
@@ -424,6 +447,32 @@ pub fn check_enterable(d: &std::path::Path) -> Result<(), String> {
                 mode & 0o7777
             ));
         }
+    }
+    Ok(())
+}
+
+/// Gives a worker configuration its own limits and network access.
+/// Refused for unconfined workers, which have no limits to set.
+pub(crate) fn apply_overrides(
+    cfg: &mut crate::WorkerConfig,
+    limits: Option<&Limits>,
+    network: Option<bool>,
+) -> Result<(), String> {
+    if limits.is_none() && network.is_none() {
+        return Ok(());
+    }
+    let Some(c) = cfg.confine.as_mut() else {
+        return Err(
+            "per-session limits and network settings need OS confinement, and this supervisor is unconfined"
+                .into(),
+        );
+    };
+    if let Some(l) = limits {
+        l.check()?;
+        c.limits = l.clone();
+    }
+    if let Some(n) = network {
+        c.network = n;
     }
     Ok(())
 }

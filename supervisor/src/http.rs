@@ -464,6 +464,79 @@ struct RunBody {
     variables: Vec<VariableBody>,
     #[serde(default)]
     dataframes: Vec<DataframeBody>,
+    /// Tighter confinement limits for this run (never looser than the server's).
+    #[serde(default)]
+    limits: Option<LimitsBody>,
+}
+
+/// Limits a client may ask for: each at most the server's own.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct LimitsBody {
+    /// Address space, MiB.
+    #[serde(default)]
+    memory_mb: Option<u64>,
+    /// Private disk (tmpfs), MiB.
+    #[serde(default)]
+    disk_mb: Option<u64>,
+    /// Processes and threads.
+    #[serde(default)]
+    processes: Option<u64>,
+    /// CPU seconds over the worker's life.
+    #[serde(default)]
+    cpu_seconds: Option<u64>,
+}
+
+/// The server's limits tightened by `b`; a looser value is refused.
+fn tighter_limits(
+    st: &AppState,
+    b: Option<&LimitsBody>,
+) -> Result<Option<crate::Limits>, ApiError> {
+    let Some(b) = b else { return Ok(None) };
+    let Some(base) = st
+        .sup
+        .config()
+        .worker
+        .confine
+        .as_ref()
+        .map(|c| c.limits.clone())
+    else {
+        return Err(ApiError::invalid(
+            "limits need OS confinement, and this server runs unconfined",
+        ));
+    };
+    let mut l = base.clone();
+    let over = |what: &str, asked: u64, max: u64, unit: &str| {
+        ApiError::invalid(format!(
+            "{what} {asked}{unit} is over the server's limit of {max}{unit}; ask for less"
+        ))
+    };
+    if let Some(m) = b.memory_mb {
+        if m > base.memory_bytes >> 20 {
+            return Err(over("memory_mb", m, base.memory_bytes >> 20, " MiB"));
+        }
+        l.memory_bytes = m << 20;
+    }
+    if let Some(d) = b.disk_mb {
+        if d > base.disk_bytes >> 20 {
+            return Err(over("disk_mb", d, base.disk_bytes >> 20, " MiB"));
+        }
+        l.disk_bytes = d << 20;
+    }
+    if let Some(p) = b.processes {
+        if p > base.processes {
+            return Err(over("processes", p, base.processes, ""));
+        }
+        l.processes = p;
+    }
+    if let Some(c) = b.cpu_seconds {
+        if let Some(max) = base.cpu_seconds.filter(|max| c > *max) {
+            return Err(over("cpu_seconds", c, max, " s"));
+        }
+        l.cpu_seconds = Some(c);
+    }
+    l.check().map_err(ApiError::invalid)?;
+    Ok(Some(l))
 }
 
 fn check_timeout(t: Option<f64>, rules: &ops::SafetyRules) -> Result<Duration, ApiError> {
@@ -489,6 +562,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let rules = st.sup.config().rules.clone();
     let timeout = check_timeout(b.timeout_seconds, &rules)?;
+    let limits = tighter_limits(&st, b.limits.as_ref())?;
     if b.dataframes.len() > rules.max_dataframes {
         return Err(ApiError::invalid(format!(
             "{} dataframes given; at most {} are allowed",
@@ -578,7 +652,7 @@ async fn run(
             tools: Arc::new(vec![publish]),
             ..CallContext::default()
         };
-        sup.run_once_with(id, &script, &opts, &ctx)
+        sup.run_once_limited(id, &script, &opts, &ctx, limits.as_ref(), None)
     })
     .await?;
     let mut r = r;
@@ -599,6 +673,9 @@ async fn run(
 struct SessionBody {
     #[serde(default)]
     timeout_seconds: Option<f64>,
+    /// Tighter confinement limits for this session's workers.
+    #[serde(default)]
+    limits: Option<LimitsBody>,
     #[serde(default)]
     plot_width: Option<u32>,
     #[serde(default)]
@@ -643,6 +720,7 @@ async fn create_session(
     if let Some(h) = b.plot_height {
         opts.plot_height = h;
     }
+    opts.limits = tighter_limits(&st, b.limits.as_ref())?;
     let published: Published = Arc::new(Mutex::new(Vec::new()));
     opts.tools.push(publish_tool(
         st.tables.clone(),

@@ -63,6 +63,12 @@ pub struct SessionOptions {
     pub working_dir: Option<PathBuf>,
     /// Tools R code may call as `tools$name(...)`.
     pub tools: Vec<Tool>,
+    /// This session's confinement limits (default: the supervisor's).
+    /// Needs a confined supervisor; its workers are forked on demand (the
+    /// pool's spares have the supervisor's limits).
+    pub limits: Option<crate::Limits>,
+    /// Network access for this session (default: the supervisor's).
+    pub network: Option<bool>,
 }
 
 impl Default for SessionOptions {
@@ -79,6 +85,8 @@ impl Default for SessionOptions {
             libpath: Vec::new(),
             working_dir: None,
             tools: Vec::new(),
+            limits: None,
+            network: None,
         }
     }
 }
@@ -870,6 +878,7 @@ impl Supervisor {
         }
         let mut sandbox = crate::confine::probe(&cfg.confinement).map_err(Error::Confinement)?;
         if cfg.confinement.enabled {
+            cfg.confinement.limits.check().map_err(Error::Confinement)?;
             for p in &cfg.confinement.read_only {
                 crate::confine::check_read_only(p, &cfg.worker.temp_root)
                     .map_err(Error::Confinement)?;
@@ -992,6 +1001,8 @@ impl Supervisor {
             }
         };
         let mut worker_cfg = self.inner.cfg.worker.clone();
+        crate::confine::apply_overrides(&mut worker_cfg, opts.limits.as_ref(), opts.network)
+            .map_err(Error::Invalid)?;
         if let (Some(c), Some(d)) = (worker_cfg.confine.as_mut(), &working_dir) {
             // An explicit working directory is visible, read-only, inside.
             crate::confine::check_read_only(d, &worker_cfg.temp_root).map_err(Error::Invalid)?;
@@ -1138,10 +1149,29 @@ impl Supervisor {
         opts: &CallOptions,
         ctx: &CallContext,
     ) -> RunResult {
+        self.run_once_limited(execution_id, code, opts, ctx, None, None)
+    }
+
+    /// [`Supervisor::run_once_with`] in a worker with its own confinement
+    /// limits and network access (`None`: the supervisor's). The worker is
+    /// forked for this run (spares have the supervisor's limits).
+    pub fn run_once_limited(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+    ) -> RunResult {
         if let Err(message) = crate::validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
         }
-        let mut worker = match self.inner.pool.acquire(&self.inner.cfg.worker) {
+        let mut cfg = self.inner.cfg.worker.clone();
+        if let Err(message) = crate::confine::apply_overrides(&mut cfg, limits, network) {
+            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
+        }
+        let mut worker = match self.inner.pool.acquire(&cfg) {
             Ok(w) => w,
             Err(e) => {
                 let outcome = match e {
