@@ -46,6 +46,11 @@ struct ConfineArgs {
     /// A host path workers may read (repeatable); it keeps its path inside.
     #[arg(long = "read-only", global = true, value_name = "PATH")]
     read_only: Vec<PathBuf>,
+    /// Per-worker cgroups (memory, pids, CPU accounting): `auto` uses them
+    /// when the host offers writable v1 controllers, `required` refuses to
+    /// start without them, `off` never uses them.
+    #[arg(long, global = true, default_value = "auto", value_parser = ["auto", "off", "required"])]
+    cgroups: String,
 }
 
 static CONFINE: std::sync::OnceLock<rvisor::Confinement> = std::sync::OnceLock::new();
@@ -79,6 +84,11 @@ impl ConfineArgs {
             c.limits.processes = p;
         }
         c.network = self.network;
+        c.cgroups = match self.cgroups.as_str() {
+            "off" => rvisor::CgroupMode::Off,
+            "required" => rvisor::CgroupMode::Required,
+            _ => rvisor::CgroupMode::Auto,
+        };
         for p in &self.read_only {
             let abs = std::fs::canonicalize(p)
                 .with_context(|| format!("--read-only {}: no such path", p.display()))?;
