@@ -104,10 +104,8 @@ struct Gate {
 /// R code that announces its start, then runs until it is interrupted,
 /// cancelled or closed. An interrupt can reach R while it still waits for
 /// the answer to `started()` (the test acts as soon as the handler runs);
-/// the tool call then fails, and that error is ignored so the loop takes
-/// the interrupt, which stays pending.
-const BLOCK: &str =
-    "invisible(tryCatch(tools$started(), error = function(e) NULL)); repeat Sys.sleep(0.05)";
+/// that ends the call as an interrupt too.
+const BLOCK: &str = "invisible(tools$started()); repeat Sys.sleep(0.05)";
 
 /// R code that announces its start, then waits until the gate is released.
 const HOLD: &str = "invisible(tools$started()); while (!tools$released()) Sys.sleep(0.01)";
@@ -593,6 +591,53 @@ fn interrupt_stops_the_running_call_and_keeps_the_queue() {
     );
     assert_eq!(r2.console, "[1] 2\n");
     assert_eq!(r2.session.generation, 1);
+}
+
+/// An interrupt or a cancel that arrives while R waits for a tool's answer
+/// ends the call as `interrupted` / `cancelled`, not as an R error (the
+/// wait used to fail with "the tool call was interrupted", which the driver
+/// raised as an error). Repeated: the interrupt lands at a different point
+/// of the wait each time.
+#[test]
+fn an_interrupt_during_a_tool_call_is_an_interrupt_not_an_error() {
+    let sup = supervisor();
+    let gate = Gate::new();
+    let mut opts = gate.options();
+    let g = gate.clone();
+    opts.tools.push(
+        Tool::new(
+            "slow",
+            "announces itself, then takes a while",
+            json!({}),
+            move |_| {
+                g.state.lock().unwrap().0 += 1;
+                g.cv.notify_all();
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(Value::Null)
+            },
+        )
+        .unwrap(),
+    );
+    let s = session_with(&sup, opts);
+    assert_eq!(console(&s, "kept <- 1"), "");
+    for i in 1..=6 {
+        let h = s.run("tools$slow(); repeat Sys.sleep(0.05)").unwrap();
+        gate.wait_started(i);
+        if i % 2 == 0 {
+            s.cancel();
+        } else {
+            s.interrupt();
+        }
+        let r = wait(&h);
+        let want = if i % 2 == 0 {
+            Outcome::Cancelled
+        } else {
+            Outcome::Interrupted
+        };
+        assert_eq!(r.outcome, want, "round {i}: {}", r.console);
+        assert_eq!(r.session.generation, 1, "round {i}: state kept");
+    }
+    assert_eq!(console(&s, "kept"), "[1] 1\n");
 }
 
 #[test]
