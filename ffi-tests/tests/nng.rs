@@ -432,6 +432,46 @@ fn ipc_serves_and_its_socket_is_removed_on_exit() {
     });
 }
 
+/// SIGTERM stops the server gracefully: requests already in flight (a
+/// session run and a one-shot run) finish and are answered before it exits.
+#[test]
+fn requests_in_flight_at_sigterm_are_answered() {
+    let mut s = Server::ipc();
+    let mut p = s.peer();
+    // The one-shot run publishes a table first, so the test can see that it
+    // runs (a file appears in the server's data directory).
+    let data = s.dir.path().join("data");
+    let arrow_files = || {
+        std::fs::read_dir(&data)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "arrow"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let b = p.send(json!({"op": "run_script", "token": TOK_A,
+        "script": "invisible(rvisor_publish(data.frame(a = 1))); Sys.sleep(2); 7 * 6"}));
+    let a = p.send(json!({"op": "run", "token": TOK_A, "code": "Sys.sleep(2); 6 * 7"}));
+    wait_for("the one-shot run to be running", || {
+        (arrow_files() > 0).then_some(())
+    });
+    wait_for("the session run to be running", || {
+        let st = ok(&p.call(TOK_A, json!({"op": "status"})), "status");
+        (st["state"] == "running").then_some(())
+    });
+    sigterm(s.child.as_ref().expect("the server runs"));
+    let ra = result(&p.wait(&a));
+    let rb = result(&p.wait(&b));
+    assert_eq!(ra["outcome"], "complete", "{ra}");
+    assert_eq!(console(&ra), "[1] 42\n");
+    assert_eq!(rb["outcome"], "complete", "{rb}");
+    assert_eq!(console(&rb), "[1] 42\n");
+    drop(p);
+    let status = s.stop();
+    assert_eq!(status.code(), Some(0), "{status}: {}", s.log());
+}
+
 #[test]
 fn tcp_on_port_0_prints_the_real_port() {
     let s = Server::tcp();

@@ -1044,6 +1044,7 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     }
     eprintln!("rvisor serve: listening on http://{addr}");
     let nng_url = cfg.nng.clone();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // An nng message carries a table as a JSON string: room for escaping.
     let max_message = cfg.max_body_bytes.max(cfg.max_table_bytes) * 2 + 64 * 1024;
     let (app, st) = build(sup.clone(), cfg)?;
@@ -1053,12 +1054,12 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
                 std::io::Error::new(e.kind(), format!("cannot listen on {url}: {e}"))
             })?;
             eprintln!("rvisor serve: listening on nng {}", l.url());
-            Some(tokio::spawn(l.run(app.clone(), st, max_message)))
+            Some(tokio::spawn(l.run(app.clone(), st, max_message, stop_rx)))
         }
         None => None,
     };
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
+        .with_graceful_shutdown(async move {
             let term = async {
                 match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                     Ok(mut s) => {
@@ -1072,11 +1073,12 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
                 _ = term => {}
             }
             eprintln!("rvisor serve: shutting down");
+            let _ = stop_tx.send(true);
         })
         .await?;
     if let Some(task) = nng {
-        // Dropping the listener removes an IPC socket file.
-        task.abort();
+        // Requests in flight finish (bounded by their call timeouts); the
+        // listener's end removes an IPC socket file.
         let _ = task.await;
     }
     let s = sup.clone();

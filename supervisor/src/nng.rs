@@ -551,7 +551,12 @@ fn percent_path(p: &str) -> String {
 
 /// Serves one connection: SP header exchange, then requests answered as
 /// they finish (several may be in flight with REQ contexts).
-async fn connection<S>(svc: Arc<Service>, stream: S, ipc: bool) -> std::io::Result<()>
+async fn connection<S>(
+    svc: Arc<Service>,
+    stream: S,
+    ipc: bool,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -584,7 +589,13 @@ where
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let result = loop {
-        let msg = match read_message(&mut rd, ipc, svc.max_message).await {
+        // At shutdown no new request is read; those in flight finish and
+        // are answered before the connection closes.
+        let read = tokio::select! {
+            m = read_message(&mut rd, ipc, svc.max_message) => m,
+            _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+        };
+        let msg = match read {
             Ok(Some(m)) => m,
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
@@ -672,29 +683,53 @@ impl Listener {
     }
 
     /// Accepts connections until the task is dropped.
-    pub(crate) async fn run(self, router: Router, state: Shared, max_message: usize) {
+    /// Accepts connections until `shutdown` turns true; then stops
+    /// accepting, lets the requests in flight finish and be answered, and
+    /// returns (dropping the listener removes an IPC socket file).
+    pub(crate) async fn run(
+        self,
+        router: Router,
+        state: Shared,
+        max_message: usize,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
         let svc = Arc::new(Service {
             router,
             state,
             sessions: tokio::sync::Mutex::new(HashMap::new()),
             max_message,
         });
+        let mut connections = tokio::task::JoinSet::new();
         loop {
-            let accepted = match &self.inner {
-                ListenerKind::Tcp(l) => l.accept().await.map(|(s, _)| {
-                    let _ = s.set_nodelay(true);
-                    tokio::spawn(log_end(connection(svc.clone(), s, false)))
-                }),
-                ListenerKind::Ipc(l) => l
-                    .accept()
-                    .await
-                    .map(|(s, _)| tokio::spawn(log_end(connection(svc.clone(), s, true)))),
+            let accept = async {
+                match &self.inner {
+                    ListenerKind::Tcp(l) => l.accept().await.map(|(s, _)| {
+                        let _ = s.set_nodelay(true);
+                        (Box::new(s) as Box<dyn Stream>, false)
+                    }),
+                    ListenerKind::Ipc(l) => l
+                        .accept()
+                        .await
+                        .map(|(s, _)| (Box::new(s) as Box<dyn Stream>, true)),
+                }
             };
-            if let Err(e) = accepted {
-                tracing::warn!(target: "rvisor::nng", error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let accepted = tokio::select! {
+                a = accept => a,
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            };
+            match accepted {
+                Ok((s, ipc)) => {
+                    connections.spawn(log_end(connection(svc.clone(), s, ipc, shutdown.clone())));
+                }
+                Err(e) => {
+                    tracing::warn!(target: "rvisor::nng", error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
+            // Forget connections that ended.
+            while connections.try_join_next().is_some() {}
         }
+        while connections.join_next().await.is_some() {}
     }
 }
 
@@ -705,6 +740,10 @@ impl Drop for Listener {
         }
     }
 }
+
+/// A TCP or Unix stream.
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 
 async fn log_end(f: impl std::future::Future<Output = std::io::Result<()>>) {
     if let Err(e) = f.await {
