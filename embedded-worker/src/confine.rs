@@ -398,7 +398,7 @@ fn landlock(work: &str) -> Result<String, String> {
 /// included: nothing runs programs after start-up); sockets other than Unix
 /// ones and clone into new namespaces too; clone3 says ENOSYS so glibc
 /// falls back to clone, whose flags a filter can read.
-fn seccomp() -> Result<(), String> {
+fn seccomp_programs() -> Result<Vec<seccompiler::BpfProgram>, String> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
     };
@@ -511,10 +511,30 @@ fn seccomp() -> Result<(), String> {
         arch,
     )
     .map_err(|e| format!("seccomp: {e}"))?;
-    for filter in [clone3, deny] {
-        let prog: seccompiler::BpfProgram =
-            filter.try_into().map_err(|e| format!("seccomp: {e:?}"))?;
-        seccompiler::apply_filter(&prog).map_err(|e| format!("seccomp: {e}"))?;
+    [clone3, deny]
+        .into_iter()
+        .map(|f| f.try_into().map_err(|e| format!("seccomp: {e:?}")))
+        .collect()
+}
+
+/// The seccomp programs, compiled once in the zygote before it forks (a
+/// worker then only installs them).
+static SECCOMP: std::sync::OnceLock<Result<Vec<seccompiler::BpfProgram>, String>> =
+    std::sync::OnceLock::new();
+
+/// Work that every confined worker needs and that can be done once, in
+/// the zygote, before forking.
+pub fn prepare() {
+    let _ = SECCOMP.get_or_init(seccomp_programs);
+}
+
+fn seccomp() -> Result<(), String> {
+    let progs = SECCOMP
+        .get_or_init(seccomp_programs)
+        .as_ref()
+        .map_err(Clone::clone)?;
+    for prog in progs {
+        seccompiler::apply_filter(prog).map_err(|e| format!("seccomp: {e}"))?;
     }
     Ok(())
 }

@@ -143,6 +143,7 @@ pub fn run(fd: RawFd) -> Result<(), String> {
     crate::warm_up(&r);
     let (preloaded, failed) = preload(&r);
     crate::warm_up(&r);
+    crate::confine::prepare();
 
     // SIGCHLD -> self-pipe, so poll() wakes up to reap.
     let mut pipe = [0 as RawFd; 2];
