@@ -1,9 +1,9 @@
 //! OS confinement of a forked worker (docs/confinement.md).
 //!
-//! Runs in the worker (pid 1 of its own pid namespace, already in new mount,
-//! ipc, uts, cgroup and, unless network is on, network namespaces), as root,
+//! Runs in the worker (pid 1 of its own pid namespace), as root,
 //! single-threaded, before it reads its first request. Layers, in order:
-//! a new root (tmpfs with read-only binds of what R needs, a size-capped
+//! its cgroups and new mount, ipc, uts, cgroup and (unless network is on)
+//! network namespaces, a new root (tmpfs with read-only binds of what R needs, a size-capped
 //! private tmpfs for the temporary and working directory, a new /proc, a
 //! minimal /dev), rlimits, an unprivileged uid/gid of its own with every
 //! capability dropped, no_new_privs, Landlock, and seccomp last. Any failure
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 /// Exit status of a confined worker that hit its CPU limit: as pid 1 of
 /// its namespace it cannot die of SIGXCPU, so its handler exits with this
-/// and the process outside turns it back into SIGXCPU.
+/// and the zygote reports it as SIGXCPU.
 pub const EXIT_CPU_LIMIT: i32 = 128 + libc::SIGXCPU;
 
 /// Host paths bound read-only into the new root when they exist (symlinks
@@ -539,6 +539,28 @@ fn seccomp() -> Result<(), String> {
     Ok(())
 }
 
+/// Joins the worker's cgroups (so that its children are in them too, and
+/// the new cgroup namespace is rooted there), then enters new mount, ipc,
+/// uts, cgroup and (unless network is on) network namespaces. The pid
+/// namespace was made by the zygote when it forked this process.
+fn namespaces(c: &Confine) -> Result<(), String> {
+    for procs in &c.cgroups {
+        // "0": the writing process, whatever its pid in this namespace.
+        std::fs::write(procs, "0")
+            .map_err(|e| format!("could not join the cgroup {procs}: {e}"))?;
+    }
+    let mut flags =
+        libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+    if !c.network {
+        flags |= libc::CLONE_NEWNET;
+    }
+    // SAFETY: unshare in this single-threaded process.
+    if unsafe { libc::unshare(flags) } != 0 {
+        return Err(err("unshare the worker's namespaces"));
+    }
+    Ok(())
+}
+
 extern "C" fn on_sigxcpu(_sig: libc::c_int) {
     // SAFETY: _exit is async-signal-safe.
     unsafe { libc::_exit(EXIT_CPU_LIMIT) }
@@ -547,6 +569,7 @@ extern "C" fn on_sigxcpu(_sig: libc::c_int) {
 /// Confines this process; `work` is its temporary/working directory (a
 /// host path that stays the same inside).
 pub fn apply(c: &Confine, work: &str) -> Result<(), String> {
+    namespaces(c)?;
     filesystem(c, work)?;
     limits(c)?;
     credentials(c)?;

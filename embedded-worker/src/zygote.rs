@@ -13,7 +13,7 @@ use rvisor_protocol::{
     fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, ZygoteHello, ENV_PRELOAD,
     PROTOCOL_VERSION,
 };
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -144,6 +144,9 @@ pub fn run(fd: RawFd) -> Result<(), String> {
     let (preloaded, failed) = preload(&r);
     crate::warm_up(&r);
     crate::confine::prepare();
+    if let Ok(f) = std::fs::File::open("/proc/self/ns/pid") {
+        OWN_PIDNS.store(f.into_raw_fd(), Ordering::SeqCst);
+    }
 
     // SIGCHLD -> self-pipe, so poll() wakes up to reap.
     let mut pipe = [0 as RawFd; 2];
@@ -171,9 +174,8 @@ pub fn run(fd: RawFd) -> Result<(), String> {
     };
     write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
 
-    // A confined worker's parent is a small relay process (see
-    // `fork_confined`): its pid -> the worker's pid, for exit reports.
-    let mut relays: HashMap<libc::pid_t, u32> = HashMap::new();
+    // Confined workers (pid 1 of their namespaces: see `fork_confined`).
+    let mut confined: HashSet<libc::pid_t> = HashSet::new();
     loop {
         let mut fds = [
             libc::pollfd {
@@ -196,7 +198,7 @@ pub fn run(fd: RawFd) -> Result<(), String> {
             let mut buf = [0u8; 64];
             // SAFETY: read into our buffer from our non-blocking pipe.
             while unsafe { libc::read(pipe[0], buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-            reap(&mut ctl, &mut relays)?;
+            reap(&mut ctl, &mut confined)?;
         }
         if fds[0].revents != 0 {
             let (req, fds) = match fdpass::recv_frame_with_fds::<_, ToZygote>(&mut ctl) {
@@ -205,15 +207,17 @@ pub fn run(fd: RawFd) -> Result<(), String> {
                 Err(e) => return Err(format!("failed to read a request: {e}")),
             };
             match req {
-                ToZygote::Fork(req) => fork_worker(&r, &mut ctl, req, fds, pipe, &mut relays)?,
+                ToZygote::Fork(req) => fork_worker(&r, &mut ctl, req, fds, pipe, &mut confined)?,
                 ToZygote::Hello { .. } => return Err("unexpected second hello".into()),
             }
         }
     }
 }
 
-/// Reaps every ended child and reports it (a relay's end as its worker's).
-fn reap(ctl: &mut UnixStream, relays: &mut HashMap<libc::pid_t, u32>) -> Result<(), String> {
+/// Reaps every ended child and reports it. A confined worker cannot die of
+/// SIGXCPU (pid 1 of its namespace): its handler exits with
+/// `EXIT_CPU_LIMIT`, reported here as the signal.
+fn reap(ctl: &mut UnixStream, confined: &mut HashSet<libc::pid_t>) -> Result<(), String> {
     loop {
         let mut status = 0;
         // SAFETY: waitpid on our own children, non-blocking.
@@ -228,7 +232,11 @@ fn reap(ctl: &mut UnixStream, relays: &mut HashMap<libc::pid_t, u32>) -> Result<
         } else {
             (None, None)
         };
-        let pid = relays.remove(&pid).unwrap_or(pid as u32);
+        let (code, signal) = match (confined.remove(&pid), code) {
+            (true, Some(crate::confine::EXIT_CPU_LIMIT)) => (None, Some(libc::SIGXCPU)),
+            _ => (code, signal),
+        };
+        let pid = pid as u32;
         write_frame(ctl, &FromZygote::Exited { pid, code, signal }).map_err(|e| e.to_string())?;
     }
 }
@@ -239,7 +247,7 @@ fn fork_worker(
     req: ForkRequest,
     fds: Vec<OwnedFd>,
     pipe: [RawFd; 2],
-    relays: &mut HashMap<libc::pid_t, u32>,
+    confined: &mut HashSet<libc::pid_t>,
 ) -> Result<(), String> {
     if fds.len() != 3 {
         let msg = FromZygote::ForkFailed {
@@ -249,12 +257,12 @@ fn fork_worker(
         return write_frame(ctl, &msg).map_err(|e| e.to_string());
     }
     if req.confine.is_some() {
-        let msg = match fork_confined(r, ctl.as_raw_fd(), req.clone(), fds, pipe) {
-            Ok((relay, pid)) => {
-                relays.insert(relay, pid);
+        let msg = match fork_confined(r, ctl.as_raw_fd(), req.clone(), fds, pipe)? {
+            Ok(pid) => {
+                confined.insert(pid);
                 FromZygote::Forked {
                     worker_id: req.worker_id,
-                    pid,
+                    pid: pid as u32,
                 }
             }
             Err(message) => FromZygote::ForkFailed {
@@ -287,177 +295,57 @@ fn fork_worker(
     write_frame(ctl, &msg).map_err(|e| e.to_string())
 }
 
-/// Forks a confined worker: a relay child enters new namespaces and forks
-/// the worker, which is pid 1 of its pid namespace (a process cannot move
-/// itself into a new pid namespace). The relay stays as the worker's parent
-/// and ends the way the worker ended, so the zygote's reports hold. Returns
-/// (relay pid, worker pid).
+/// Forks a confined worker as pid 1 of a new pid namespace: the zygote
+/// enters it for its next child only (`unshare(CLONE_NEWPID)`), forks, and
+/// goes back to its own (`setns`), so later forks are not affected. The
+/// worker makes its other namespaces itself (`become_worker`). The outer
+/// `Err` is fatal for the zygote (it could not go back to its own pid
+/// namespace); the inner one is a failed fork.
 fn fork_confined(
     r: &r::R,
     ctl_fd: RawFd,
     req: ForkRequest,
     fds: Vec<OwnedFd>,
     pipe: [RawFd; 2],
-) -> Result<(libc::pid_t, u32), String> {
-    let network = req.confine.as_ref().is_some_and(|c| c.network);
-    let mut report = [0 as RawFd; 2];
-    // SAFETY: pipe2 fills an array we own.
-    if unsafe { libc::pipe2(report.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+) -> Result<Result<libc::pid_t, String>, String> {
+    let own = OWN_PIDNS.load(Ordering::SeqCst);
+    if own < 0 {
+        return Ok(Err("the zygote has no handle on its pid namespace".into()));
+    }
+    // SAFETY: unshare affects only the pid namespace of this process's
+    // next children; the zygote is single-threaded.
+    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+        return Ok(Err(format!(
+            "could not create the worker's pid namespace: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     let zygote_pid = std::process::id() as libc::pid_t;
-    // SAFETY: single-threaded zygote (see fork_worker); the child runs
-    // `relay`, which never returns.
-    let relay = unsafe { libc::fork() };
-    if relay == 0 {
-        relay_main(r, ctl_fd, req, fds, pipe, report, zygote_pid, network);
+    // SAFETY: the zygote is single-threaded (see fork_worker); the child
+    // continues in `become_worker`, which never returns.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        become_worker(r, ctl_fd, req, fds, pipe, zygote_pid);
     }
-    drop(fds);
-    // SAFETY: close our copy of the write end; read the relay's report
-    // (a few bytes) from the read end we own.
-    let text = unsafe {
-        libc::close(report[1]);
-        let mut f = std::fs::File::from_raw_fd(report[0]);
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut f, &mut s);
-        s
-    };
-    if relay < 0 {
-        return Err(format!("fork failed: {}", std::io::Error::last_os_error()));
+    let fork_error = std::io::Error::last_os_error();
+    drop(fds); // the child has its copies
+               // SAFETY: setns with a namespace descriptor we own, back to our own pid
+               // namespace for the children that follow.
+    if unsafe { libc::setns(own, libc::CLONE_NEWPID) } != 0 {
+        return Err(format!(
+            "could not return to the zygote's pid namespace: {}",
+            std::io::Error::last_os_error()
+        ));
     }
-    match text
-        .strip_prefix("pid ")
-        .and_then(|p| p.trim().parse::<u32>().ok())
-    {
-        Some(pid) => Ok((relay, pid)),
-        None if text.is_empty() => {
-            Err("the confined worker's parent ended without a report".into())
-        }
-        None => Err(text),
+    if pid < 0 {
+        return Ok(Err(format!("fork failed: {fork_error}")));
     }
+    Ok(Ok(pid))
 }
 
-/// The relay: new namespaces, fork the worker, report its pid, wait for it
-/// and end as it ended.
-#[allow(clippy::too_many_arguments)]
-fn relay_main(
-    r: &r::R,
-    ctl_fd: RawFd,
-    req: ForkRequest,
-    fds: Vec<OwnedFd>,
-    pipe: [RawFd; 2],
-    report: [RawFd; 2],
-    zygote_pid: libc::pid_t,
-    network: bool,
-) -> ! {
-    let fail = |msg: String| -> ! {
-        // SAFETY: write the message to the report pipe we own, then end.
-        unsafe {
-            libc::write(report[1], msg.as_ptr().cast(), msg.len());
-            libc::_exit(73)
-        }
-    };
-    // SAFETY: plain system calls in the freshly forked, single-threaded
-    // relay on descriptors it owns.
-    unsafe {
-        libc::close(report[0]);
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = libc::SIG_DFL;
-        libc::sigaction(libc::SIGCHLD, &act, std::ptr::null_mut());
-        CHLD_PIPE.store(-1, Ordering::SeqCst);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        if libc::getppid() != zygote_pid {
-            libc::_exit(71);
-        }
-    }
-    // Join the worker's cgroups first: the worker and its children inherit
-    // them, and the new cgroup namespace is rooted there.
-    let me = std::process::id().to_string();
-    for procs in req.confine.iter().flat_map(|c| c.cgroups.iter()) {
-        if let Err(e) = std::fs::write(procs, &me) {
-            fail(format!("could not join the cgroup {procs}: {e}"));
-        }
-    }
-    // SAFETY: unshare in the single-threaded relay.
-    unsafe {
-        let mut flags = libc::CLONE_NEWNS
-            | libc::CLONE_NEWPID
-            | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWUTS
-            | libc::CLONE_NEWCGROUP;
-        if !network {
-            flags |= libc::CLONE_NEWNET;
-        }
-        if libc::unshare(flags) != 0 {
-            fail(format!(
-                "could not create the worker's namespaces: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-    }
-    let relay_pid = std::process::id() as libc::pid_t;
-    // SAFETY: single-threaded relay; the child continues in `become_worker`.
-    let worker = unsafe { libc::fork() };
-    if worker == 0 {
-        // SAFETY: our copy of the report pipe is not the worker's business.
-        unsafe { libc::close(report[1]) };
-        become_worker(r, ctl_fd, req, fds, pipe, relay_pid);
-    }
-    if worker < 0 {
-        fail(format!("fork failed: {}", std::io::Error::last_os_error()));
-    }
-    let msg = format!("pid {worker}");
-    // SAFETY: the report goes to the pipe we own; then every descriptor
-    // but stdio is closed (the worker's socket must end when it does).
-    unsafe {
-        libc::write(report[1], msg.as_ptr().cast(), msg.len());
-        libc::close(report[1]);
-        libc::close(ctl_fd);
-        libc::close(pipe[0]);
-        libc::close(pipe[1]);
-    }
-    drop(fds);
-    let mut status = 0;
-    loop {
-        // SAFETY: waitpid on our one child.
-        let rc = unsafe { libc::waitpid(worker, &mut status, 0) };
-        if rc == worker {
-            break;
-        }
-        if rc < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            // SAFETY: end at once.
-            unsafe { libc::_exit(70) }
-        }
-    }
-    let signal = if libc::WIFSIGNALED(status) {
-        Some(libc::WTERMSIG(status))
-    } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == crate::confine::EXIT_CPU_LIMIT
-    {
-        Some(libc::SIGXCPU)
-    } else {
-        None
-    };
-    if let Some(sig) = signal {
-        // SAFETY: no core file; default action for `sig`, unblocked; then
-        // the signal ends the relay as it ended the worker.
-        unsafe {
-            let rl = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            libc::setrlimit(libc::RLIMIT_CORE, &rl);
-            libc::signal(sig, libc::SIG_DFL);
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, sig);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            libc::kill(libc::getpid(), sig);
-            libc::_exit(128 + sig)
-        }
-    }
-    // SAFETY: end with the worker's exit status.
-    unsafe { libc::_exit(libc::WEXITSTATUS(status)) }
-}
+/// The zygote's own pid namespace (a descriptor), to return to after
+/// forking a confined worker into a new one.
+static OWN_PIDNS: AtomicI32 = AtomicI32::new(-1);
 
 /// The child side of a fork: set up, then serve calls; never returns.
 fn become_worker(
@@ -484,11 +372,16 @@ fn become_worker(
         libc::close(ctl_fd);
         libc::close(pipe[0]);
         libc::close(pipe[1]);
+        // The handle on the zygote's pid namespace is not a worker's business.
+        let own = OWN_PIDNS.swap(-1, Ordering::SeqCst);
+        if own >= 0 {
+            libc::close(own);
+        }
         libc::dup2(out.as_raw_fd(), 1);
         libc::dup2(err.as_raw_fd(), 2);
         libc::setpgid(0, 0);
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        // A confined worker's parent (the relay) is outside its pid
+        // A confined worker's parent (the zygote) is outside its pid
         // namespace: getppid() says 0 there.
         let parent = if req.confine.is_some() { 0 } else { parent_pid };
         if libc::getppid() != parent {

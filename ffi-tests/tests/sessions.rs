@@ -906,18 +906,10 @@ fn a_worker_killed_from_outside_is_replaced_and_its_tempdir_removed() {
     assert_eq!(old_tmp.parent(), Some(old_dir.as_path()));
     assert!(old_dir.is_dir(), "{} exists on the host", old_dir.display());
 
-    // The worker's parent is the relay that made its namespaces, a child
-    // of the zygote.
-    let relay = parent_pid(pid).expect("the worker's parent");
     sigkill(pid);
-    // The supervisor learns of the death asynchronously (its link reader
-    // sees the socket close; the zygote reports the exit after the relay,
-    // which waits for the worker, ends): wait for the relay too, so that the
-    // death is known when the next call comes. (A call sent right after the
-    // worker's end can fail with "Broken pipe": the session's check for a
-    // worker that died while idle races with its link reader.)
+    // The session notices the death before its next call (from the socket
+    // itself, even before its link reader or the zygote's report).
     wait_until("the worker to die", || process_gone(pid));
-    wait_until("the worker's relay to end", || process_gone(relay));
 
     let r = run(&s, "exists('x')");
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
@@ -1357,9 +1349,9 @@ fn no_worker_survives_a_killed_cli() {
     assert_eq!(result["outcome"], "complete", "{result}");
     let pid = cli.worker_pid(2, None);
     assert!(!process_gone(pid), "the worker runs");
-    // A confined worker's parent is the process that made its namespaces.
-    let relay = parent_pid(pid).expect("the worker's parent");
-    assert!(!process_gone(relay), "its parent runs");
+    // A confined worker's parent is the zygote, which made its namespace.
+    let zygote = parent_pid(pid).expect("the worker's parent");
+    assert!(!process_gone(zygote), "its parent runs");
 
     sigkill(cli.child.id());
     let _ = cli.child.wait();
@@ -1367,8 +1359,8 @@ fn no_worker_survives_a_killed_cli() {
     // reaps it then (init or a subreaper) may be slow, so a zombie counts as
     // gone.
     wait_until(&format!("worker {pid} to end"), || process_gone(pid));
-    wait_until(&format!("the worker's parent {relay} to end"), || {
-        process_gone(relay)
+    wait_until(&format!("the zygote {zygote} to end"), || {
+        process_gone(zygote)
     });
 }
 

@@ -3,9 +3,9 @@
 //! restart after the zygote dies, and plain spawning when it is disabled or
 //! down. Every test runs real R.
 //!
-//! Workers forked from the zygote are confined by the OS (the default): a
-//! relay process makes the worker's namespaces and forks it, so the worker
-//! is the zygote's grandchild, pid 1 of its own pid namespace, and its
+//! Workers forked from the zygote are confined by the OS (the default): the
+//! zygote forks each into a new pid namespace, so the worker is the
+//! zygote's child and pid 1 of its own pid namespace, and its
 //! temporary directory is a private tmpfs that the test reads through
 //! `/proc/<pid>/root` (the tests run as root, as confinement requires).
 //!
@@ -142,14 +142,12 @@ fn zygote_pid(sup: &Supervisor) -> u32 {
 }
 
 /// Asserts that worker `pid` was forked by zygote `z` into confinement:
-/// its parent (the relay that made its namespaces) is the zygote's child,
-/// and it is pid 1 of its own pid namespace.
+/// the zygote is its parent, and it is pid 1 of its own pid namespace.
 fn assert_forked_by(z: u32, pid: u32) {
-    let relay = ppid_of(pid);
+    let parent = ppid_of(pid);
     assert_eq!(
-        ppid_of(relay),
-        z,
-        "worker {pid}'s parent {relay} is not a child of zygote {z}"
+        parent, z,
+        "worker {pid}'s parent {parent} is not zygote {z}"
     );
     assert!(
         is_ns_init(pid),
@@ -185,10 +183,10 @@ fn lineage_tool(z: u32) -> Tool {
                 .and_then(|p| p.to_str())
                 .and_then(|p| p.parse().ok())
                 .ok_or_else(|| format!("no pid in {}", root.display()))?;
-            let relay = ppid_of(pid);
-            if ppid_of(relay) != z || !is_ns_init(pid) {
+            let parent = ppid_of(pid);
+            if parent != z || !is_ns_init(pid) {
                 return Err(format!(
-                    "worker {pid} (parent {relay}) was not forked by {z}"
+                    "worker {pid} (parent {parent}) was not forked by {z}"
                 ));
             }
             Ok(json!("forked"))

@@ -296,7 +296,7 @@ impl Cgroups {
     }
 
     /// Creates worker `name`'s groups with `limits`; returns their
-    /// directories (the relay writes itself into each `cgroup.procs`).
+    /// directories (the worker writes itself into each `cgroup.procs`).
     pub(crate) fn create(&self, name: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
         let mut dirs = Vec::new();
         let made = (|| {
@@ -315,7 +315,7 @@ impl Cgroups {
                         write_value(&dir, "memory.memsw.limit_in_bytes", &bytes)?;
                     }
                 } else {
-                    // The worker, its relay, and the worker's children.
+                    // The worker and its children (one spare slot).
                     write_value(&dir, "pids.max", &(limits.processes + 2).to_string())?;
                 }
             }
