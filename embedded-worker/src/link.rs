@@ -61,18 +61,20 @@ pub fn wait_tool_result(call_id: u64) -> ToolOutcome {
         let Some(fd) = fd else {
             return ToolOutcome::Error("the link to the supervisor is closed".into());
         };
+        // An interrupt may have come before the poll started (then poll is
+        // not woken by it): check first, and wake up now and then to check.
+        if crate::interrupt::seen() {
+            return ToolOutcome::Error("the tool call was interrupted".into());
+        }
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: poll on one pollfd we own; the fd stays open (owned by LINK).
-        let n = unsafe { libc::poll(&mut pfd, 1, -1) };
-        if n < 0 {
-            if crate::interrupt::seen() {
-                return ToolOutcome::Error("the tool call was interrupted".into());
-            }
-            continue;
+        let n = unsafe { libc::poll(&mut pfd, 1, 20) };
+        if n <= 0 {
+            continue; // a timeout or EINTR: check for an interrupt above
         }
         match recv() {
             Ok(ToWorker::ToolResult {

@@ -635,6 +635,8 @@ fn an_interrupt_during_a_tool_call_is_an_interrupt_not_an_error() {
             Outcome::Interrupted
         };
         assert_eq!(r.outcome, want, "round {i}: {}", r.console);
+        // R answered: the worker was not killed (that would lose the state).
+        assert!(!r.console.contains("killed"), "round {i}: {}", r.console);
         assert_eq!(r.session.generation, 1, "round {i}: state kept");
     }
     assert_eq!(console(&s, "kept"), "[1] 1\n");

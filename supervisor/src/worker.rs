@@ -828,9 +828,12 @@ impl Worker {
                     self.start_tool(ctx, eid, call_id, name, args);
                 }
                 Ok(LinkEvent::ToolDone { call_id, outcome }) => {
-                    if stopping.is_none() {
-                        let msg = ToWorker::ToolResult { call_id, outcome };
-                        if let Err(e) = write_frame(&mut self.stream, &msg) {
+                    // Sent while stopping too: R may still wait for it (an
+                    // interrupt that came before it started waiting); a
+                    // result it no longer waits for is skipped.
+                    let msg = ToWorker::ToolResult { call_id, outcome };
+                    if let Err(e) = write_frame(&mut self.stream, &msg) {
+                        if stopping.is_none() {
                             return self.dead_result(
                                 execution_id,
                                 code,
