@@ -75,6 +75,10 @@ struct Inner {
     spares: VecDeque<Worker>,
     starting: bool,
     starts: u64,
+    /// Zygote starts that failed (not forks: those fail when it dies).
+    start_failures: u64,
+    /// The latest zygote start failed (the keeper retries with backoff).
+    last_start_failed: bool,
     last_error: Option<String>,
 }
 
@@ -184,28 +188,43 @@ impl Pool {
             }
         }
         let end = std::time::Instant::now() + cfg.startup_timeout;
-        let mut i = lock(&self.inner);
-        let zygote = loop {
-            if let Some(z) = i.zygote.clone().filter(|z| z.is_alive()) {
-                break z;
+        // Waits for a live zygote; gives up when a start of one failed
+        // after we began waiting (the keeper keeps retrying, with backoff),
+        // or at the start-up deadline.
+        let failures_before = lock(&self.inner).start_failures;
+        loop {
+            let mut i = lock(&self.inner);
+            let zygote = loop {
+                if let Some(z) = i.zygote.clone().filter(|z| z.is_alive()) {
+                    break z;
+                }
+                let now = std::time::Instant::now();
+                let failed =
+                    i.start_failures > failures_before || (!i.starting && i.last_start_failed);
+                if failed || now >= end {
+                    return Err(Error::Startup(format!(
+                        "no zygote to fork a confined worker from: {}",
+                        i.last_error
+                            .as_deref()
+                            .unwrap_or("it did not start in time")
+                    )));
+                }
+                i = self
+                    .cv
+                    .wait_timeout(i, (end - now).min(Duration::from_millis(500)))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            };
+            drop(i);
+            match zygote.fork(cfg) {
+                // The zygote died under us: wait for its successor.
+                Err(_) if !zygote.is_alive() && std::time::Instant::now() < end => {
+                    self.cv.notify_all();
+                    continue;
+                }
+                other => return other,
             }
-            let now = std::time::Instant::now();
-            if (!i.starting && i.last_error.is_some()) || now >= end {
-                return Err(Error::Startup(format!(
-                    "no zygote to fork a confined worker from: {}",
-                    i.last_error
-                        .as_deref()
-                        .unwrap_or("it did not start in time")
-                )));
-            }
-            i = self
-                .cv
-                .wait_timeout(i, (end - now).min(Duration::from_millis(500)))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        };
-        drop(i);
-        zygote.fork(cfg)
+        }
     }
 
     /// The pool's state.
@@ -318,6 +337,7 @@ fn keeper(pool: std::sync::Weak<Pool>) {
                         i.zygote = Some(z.clone());
                         i.starts += 1;
                         i.last_error = None;
+                        i.last_start_failed = false;
                         backoff = Duration::from_millis(250);
                         drop(i);
                         p.cv.notify_all();
@@ -325,6 +345,8 @@ fn keeper(pool: std::sync::Weak<Pool>) {
                     }
                     Err(e) => {
                         i.last_error = Some(e.to_string());
+                        i.start_failures += 1;
+                        i.last_start_failed = true;
                         drop(i);
                         p.cv.notify_all();
                         let wait = backoff;
