@@ -236,6 +236,14 @@ struct SessionArgs {
 }
 
 impl SessionArgs {
+    /// The supervisor for these sessions: R's library path is fixed when R
+    /// starts, so the zygote (the only maker of confined workers) gets it.
+    fn supervisor_config(&self) -> rvisor::SupervisorConfig {
+        let mut cfg = base_config();
+        cfg.worker.libpath = self.libpath.clone();
+        cfg
+    }
+
     fn options(&self) -> Result<rvisor::SessionOptions> {
         if !(self.timeout > 0.0 && self.timeout.is_finite()) {
             bail!("--timeout must be a positive number of seconds");
@@ -260,7 +268,7 @@ impl SessionArgs {
 
 fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
     let opts = args.options()?;
-    let sup = rvisor::Supervisor::new(base_config())?;
+    let sup = rvisor::Supervisor::new(args.supervisor_config())?;
     sup.cleanup_on_signals()?;
     let stdin = std::io::stdin().lock();
     rvisor::jsonl::serve(&sup, opts, stdin, std::io::stdout())?;
@@ -512,7 +520,7 @@ fn main() -> ExitCode {
         Cmd::Repl { plots_dir, opts } => {
             let run = || -> Result<ExitCode> {
                 let session_opts = opts.options()?;
-                let sup = rvisor::Supervisor::new(base_config())?;
+                let sup = rvisor::Supervisor::new(opts.supervisor_config())?;
                 let session = sup.session_with(session_opts)?;
                 repl::run(session, plots_dir)
             };
