@@ -31,25 +31,8 @@ pub fn rvisor_bin() -> std::path::PathBuf {
     bin
 }
 
-/// The RunResult fields CONTRACT.md fixes; every surface must carry them.
-pub const RUN_RESULT_FIELDS: [&str; 16] = [
-    "schema_version",
-    "execution_id",
-    "code",
-    "outcome",
-    "success",
-    "console",
-    "segments",
-    "warnings",
-    "error",
-    "plots",
-    "result",
-    "duration_ms",
-    "r_version",
-    "session",
-    "usage",
-    "truncated",
-];
+/// The RunResult fields CONTRACT.md fixes (defined once, in the protocol).
+pub use rvisor::RUN_RESULT_FIELDS;
 
 /// `path` as the worker with host pid `pid` sees it, from the host: through
 /// its root, `/proc/<pid>/root`. A confined worker's temporary directory is
@@ -68,4 +51,53 @@ pub fn parent_pid(pid: u32) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Polls `f` every 20 ms until it gives a value; fails the test as hung
+/// after `deadline`.
+pub fn wait_for<T>(
+    what: &str,
+    deadline: std::time::Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let end = std::time::Instant::now() + deadline;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A new directory of a test, removed when dropped.
+#[derive(Debug)]
+pub struct TestDir(PathBuf);
+
+impl TestDir {
+    /// `parent/<name>-<random>`.
+    pub fn new_in(parent: &Path, name: &str) -> Self {
+        let d = parent.join(format!("{name}-{}", rvisor::ids::random_hex(6)));
+        std::fs::create_dir_all(&d).expect("create a test directory");
+        TestDir(d)
+    }
+
+    /// A new directory in the host's temporary directory.
+    pub fn new(name: &str) -> Self {
+        Self::new_in(&std::env::temp_dir(), name)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

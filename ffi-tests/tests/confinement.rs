@@ -25,6 +25,7 @@ use rvisor::{
     CallContext, CallOptions, Confinement, Limits, Outcome, PoolConfig, RunOptions, RunResult,
     Session, SessionOptions, Supervisor, SupervisorConfig, Tool,
 };
+use rvisor_ffi_tests::TestDir;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -36,6 +37,15 @@ use std::time::{Duration, Instant};
 
 /// How long anything may take before the test calls it a hang.
 const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A new host directory of this test, outside the host's /tmp (which a
+/// confined worker cannot see), removed when dropped.
+fn host_dir(name: &str) -> TestDir {
+    TestDir::new_in(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &format!("confinement-{name}-{}", std::process::id()),
+    )
+}
 
 /// The text every successful `id` prints.
 const ID_OUTPUT: &str = "uid=";
@@ -222,32 +232,6 @@ fn secret(what: &str) -> String {
     format!("rvisor-secret-{what}-{}", rvisor::ids::random_hex(12))
 }
 
-/// A new host directory of this test, outside the host's /tmp (removed when
-/// dropped).
-struct HostDir(PathBuf);
-
-impl HostDir {
-    fn new(name: &str) -> Self {
-        let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "confinement-{name}-{}-{}",
-            std::process::id(),
-            rvisor::ids::random_hex(6)
-        ));
-        std::fs::create_dir_all(&d).expect("create a host test directory");
-        HostDir(d)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for HostDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A session in the same supervisor that holds state and must come through
 /// every attack unharmed: same worker, same generation, same variable.
 struct Sentinel {
@@ -332,12 +316,12 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 /// The native attack probe, built with gcc into a host directory that the
 /// supervisor exposes read-only.
 struct Native {
-    dir: HostDir,
+    dir: TestDir,
     so: PathBuf,
 }
 
 fn build_native() -> Native {
-    let dir = HostDir::new("native");
+    let dir = host_dir("native");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/confinement/probe.c");
     let so = dir.path().join("rvprobe.so");
     let out = Command::new("gcc")
@@ -489,7 +473,7 @@ cat("procs =", length(list.files("/proc", pattern = "^[0-9]+$")), "\n")
 /// at /tmp), with the uid and Landlock behind it.
 #[test]
 fn attack_read_shadow_host_files_and_host_tmp() {
-    let host = HostDir::new("secret");
+    let host = host_dir("secret");
     let file_secret = secret("file");
     let host_file = host.path().join("secret.txt");
     std::fs::write(&host_file, &file_secret).unwrap();
@@ -585,7 +569,7 @@ fn fingerprint(p: &Path) -> Option<(Vec<u8>, std::time::SystemTime)> {
 /// temporary directory and /dev) and the unprivileged uid.
 #[test]
 fn attack_write_outside_the_scratch_space() {
-    let data = HostDir::new("readonly");
+    let data = host_dir("readonly");
     std::fs::write(data.path().join("data.csv"), "x\n1\n").unwrap();
     let r_home_etc = Path::new("/usr/lib/R/etc");
     let watched: Vec<PathBuf> = vec![
@@ -1647,7 +1631,7 @@ fn attack_signal_other_processes() {
 /// directory, a path outside tempdir(); and a FIFO must not hang the host.
 #[test]
 fn attack_tool_file_reads_stay_inside_the_worker() {
-    let host = HostDir::new("tool-secret");
+    let host = host_dir("tool-secret");
     let host_secret = secret("tool");
     let host_file = host.path().join("secret.txt");
     std::fs::write(&host_file, &host_secret).unwrap();
@@ -1927,7 +1911,7 @@ rvisor_result(list(answer = 42L, name = "confined", xs = c(1.5, 2.5)))"#,
 /// at its host path (and stays read-only).
 #[test]
 fn works_reading_a_read_only_data_directory() {
-    let data = HostDir::new("data");
+    let data = host_dir("data");
     std::fs::write(data.path().join("data.csv"), "x,y\n1,2\n3,4\n").unwrap();
     let sup = supervisor_with(Confinement {
         read_only: vec![data.path().to_path_buf()],

@@ -11,6 +11,7 @@ use base64::Engine as _;
 use rvisor::http::{read_tokens, ServeConfig};
 use rvisor::ops::TimeoutRules;
 use rvisor::{PoolConfig, SafetyRules, SessionOptions, Supervisor, SupervisorConfig};
+use rvisor_ffi_tests::TestDir;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -19,6 +20,10 @@ use std::time::{Duration, Instant};
 
 /// How long a wait may take before the test calls it a hang.
 const DEADLINE: Duration = Duration::from_secs(60);
+
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    rvisor_ffi_tests::wait_for(what, DEADLINE, f)
+}
 
 /// Alice's and Bob's bearer tokens (tokens are at least 16 characters).
 const TOK_A: &str = "alice-token-0123456789abcdef";
@@ -269,39 +274,6 @@ impl Client {
 }
 
 /// Polls `f` until it gives `Some`, or panics after [`DEADLINE`].
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A new directory in the temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let d =
-            std::env::temp_dir().join(format!("http-test-{name}-{}", rvisor::ids::random_hex(6)));
-        std::fs::create_dir_all(&d).expect("create a temp dir");
-        Self(d)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// R code that leaves a trace on the host if it runs: it publishes a table
 /// (through the run's publish tool), which the server stores. Runs are
 /// confined, so R code cannot write host files; a stored table is how a
@@ -1432,7 +1404,7 @@ impl Drop for ChildGuard {
 #[test]
 fn the_binary_serves_with_auth_and_exits_0_on_sigterm() {
     let bin = rvisor_bin();
-    let dir = TempDir::new("serve-bin");
+    let dir = TestDir::new("http-test-serve-bin");
     let token_file = dir.path().join("tokens");
     std::fs::write(
         &token_file,

@@ -8,10 +8,11 @@
 //! deadline.
 
 use base64::Engine as _;
+use rvisor_ffi_tests::TestDir;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,16 @@ use std::time::{Duration, Instant};
 /// wait to end before the test calls it a hang.
 const DEADLINE: Duration = Duration::from_secs(90);
 
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    rvisor_ffi_tests::wait_for(what, DEADLINE, f)
+}
+
+/// A new directory, with a short name so that an IPC socket path in it
+/// stays far below the 108-byte limit.
+fn short_dir() -> TestDir {
+    TestDir::new("nng")
+}
+
 /// Alice's and Bob's tokens (tokens are at least 16 characters).
 const TOK_A: &str = "alice-token-0123456789abcdef";
 const TOK_B: &str = "bob-token-0123456789abcdefgh";
@@ -29,39 +40,6 @@ const TOK_B: &str = "bob-token-0123456789abcdefgh";
 // Helpers
 
 /// Polls `f` until it gives `Some`, or panics after [`DEADLINE`].
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A new directory in the temp dir, removed when dropped. Short, so that an
-/// IPC socket path in it stays far below the 108-byte limit.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let d = std::env::temp_dir().join(format!("nng-{}", rvisor::ids::random_hex(6)));
-        std::fs::create_dir_all(&d).expect("create a temp dir");
-        Self(d)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn process_gone(pid: u64) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
@@ -87,7 +65,7 @@ struct Server {
     http: String,
     /// Everything the server wrote to stderr so far.
     log: Arc<Mutex<String>>,
-    dir: TempDir,
+    dir: TestDir,
 }
 
 impl Server {
@@ -102,7 +80,7 @@ impl Server {
     }
 
     fn start(url: impl FnOnce(&Path) -> String) -> Self {
-        let dir = TempDir::new();
+        let dir = short_dir();
         let url = url(dir.path());
         Self::try_start(dir, &url).unwrap_or_else(|(status, log)| {
             panic!("rvisor serve --nng {url} exited early ({status}):\n{log}")
@@ -111,7 +89,7 @@ impl Server {
 
     /// Starts the server and waits for its "listening on nng" line; the
     /// exit status and stderr if it exits first.
-    fn try_start(dir: TempDir, url: &str) -> Result<Self, (ExitStatus, String)> {
+    fn try_start(dir: TestDir, url: &str) -> Result<Self, (ExitStatus, String)> {
         let tokens = dir.path().join("tokens");
         std::fs::write(&tokens, format!("{TOK_A} alice\n{TOK_B} bob\n"))
             .expect("write the token file");
@@ -415,7 +393,7 @@ fn ipc_serves_and_its_socket_is_removed_on_exit() {
 
     // A second server on the same live socket is refused, and leaves the
     // first one serving.
-    let again = Server::try_start(TempDir::new(), &s.url);
+    let again = Server::try_start(short_dir(), &s.url);
     let Err((status, log)) = again else {
         panic!("a second server on a live socket started")
     };

@@ -256,6 +256,26 @@ pub struct RunResult {
     pub published: Vec<serde_json::Value>,
 }
 
+/// The RunResult fields CONTRACT.md fixes; every surface must carry them.
+pub const RUN_RESULT_FIELDS: [&str; 16] = [
+    "schema_version",
+    "execution_id",
+    "code",
+    "outcome",
+    "success",
+    "console",
+    "segments",
+    "warnings",
+    "error",
+    "plots",
+    "result",
+    "duration_ms",
+    "r_version",
+    "session",
+    "usage",
+    "truncated",
+];
+
 impl RunResult {
     /// A result for a call that produced nothing (rejected, not executed,
     /// failed to start...), with `message` as its error.
@@ -344,24 +364,7 @@ mod tests {
         });
         r.push_segment(Segment::Plot { index: 0 });
         let v = serde_json::to_value(&r).unwrap();
-        for key in [
-            "schema_version",
-            "execution_id",
-            "code",
-            "outcome",
-            "success",
-            "console",
-            "segments",
-            "warnings",
-            "error",
-            "plots",
-            "result",
-            "duration_ms",
-            "r_version",
-            "session",
-            "usage",
-            "truncated",
-        ] {
+        for key in RUN_RESULT_FIELDS {
             assert!(v.get(key).is_some(), "missing {key}");
         }
         assert_eq!(v["segments"][0]["kind"], "stdout");

@@ -51,7 +51,7 @@ pub use ops::{Health, Package, Problem, SafetyRules, StyleEngine, StyleNote, Val
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use rvisor_protocol::{
     ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE,
+    DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,
 };
 pub use session::{
     CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, Session, SessionOptions, SessionState,

@@ -135,6 +135,17 @@ impl Pool {
             && cfg.confine == self.base.confine
     }
 
+    /// A live spare that fits `cfg`, if there is one (the keeper refills).
+    fn take_spare(&self, cfg: &WorkerConfig) -> Option<Worker> {
+        if !self.spare_compatible(cfg) {
+            return None;
+        }
+        let spare = lock(&self.inner).spares.pop_front();
+        self.cv.notify_all();
+        let mut w = spare?;
+        w.is_alive().then_some(w)
+    }
+
     /// A ready worker for `cfg`: a spare if one fits, else forked from the
     /// zygote, else spawned.
     pub fn acquire(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
@@ -142,21 +153,10 @@ impl Pool {
             return self.acquire_confined(cfg);
         }
         if self.cfg.zygote && self.zygote_compatible(cfg) {
-            let (spare, zygote) = {
-                let mut i = lock(&self.inner);
-                let spare = if self.spare_compatible(cfg) {
-                    i.spares.pop_front()
-                } else {
-                    None
-                };
-                (spare, i.zygote.clone())
-            };
-            self.cv.notify_all(); // the keeper refills
-            if let Some(mut w) = spare {
-                if w.is_alive() {
-                    return Ok(w);
-                }
+            if let Some(w) = self.take_spare(cfg) {
+                return Ok(w);
             }
+            let zygote = lock(&self.inner).zygote.clone();
             if let Some(z) = zygote.filter(|z| z.is_alive()) {
                 if let Ok(w) = z.fork(cfg) {
                     return Ok(w);
@@ -176,16 +176,8 @@ impl Pool {
                     .into(),
             ));
         }
-        let spare = if self.spare_compatible(cfg) {
-            lock(&self.inner).spares.pop_front()
-        } else {
-            None
-        };
-        self.cv.notify_all(); // the keeper refills
-        if let Some(mut w) = spare {
-            if w.is_alive() {
-                return Ok(w);
-            }
+        if let Some(w) = self.take_spare(cfg) {
+            return Ok(w);
         }
         let end = std::time::Instant::now() + cfg.startup_timeout;
         // Waits for a live zygote; gives up when a start of one failed

@@ -497,7 +497,7 @@ impl Shared {
             let died = worker.as_mut().and_then(|w| {
                 let status = w
                     .exit_status()
-                    .or_else(|| (w.link_closed() || w.peer_gone()).then(|| w.wait_exit()));
+                    .or_else(|| w.link_closed().then(|| w.wait_exit()));
                 status.map(|st| (w.pid(), st))
             });
             if let Some((pid, status)) = died {

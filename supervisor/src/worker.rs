@@ -879,10 +879,9 @@ impl Worker {
                             self.collect_until_closed(Duration::from_secs(1));
                             let _ = self.proc.wait();
                             self.exited = true;
+                            let raw = std::mem::take(&mut self.raw);
                             let mut res =
-                                cpu_limit_result(execution_id, code, &self.hello.r_version);
-                            let [o, e] = std::mem::take(&mut self.raw);
-                            push_raw(&mut res, o, e);
+                                cpu_limit_result(execution_id, code, &self.hello.r_version, raw);
                             res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
                             return res;
                         }
@@ -1083,8 +1082,8 @@ impl Worker {
     }
 
     /// Whether the worker's end of the socket has closed (it died), asked
-    /// of the kernel directly: the I/O thread may not have said so yet.
-    pub fn peer_gone(&self) -> bool {
+    /// of the kernel directly.
+    fn peer_gone(&self) -> bool {
         let mut pfd = libc::pollfd {
             fd: self.stream.as_raw_fd(),
             events: libc::POLLRDHUP,
@@ -1106,7 +1105,8 @@ impl Worker {
                 _ => {}
             }
         }
-        self.link_closed
+        // The I/O thread may not have seen the hang-up yet: ask the socket.
+        self.link_closed || self.peer_gone()
     }
 
     /// The result of a call whose worker went away.
@@ -1116,18 +1116,7 @@ impl Worker {
         self.exited = true;
         let [o, e] = std::mem::take(&mut self.raw);
         if status.is_some_and(|s| s.signal == Some(libc::SIGXCPU)) {
-            // Raw output first, then the notice (as every other end).
-            let mut res = RunResult::empty(execution_id, code.into());
-            push_raw(&mut res, o, e);
-            let stopped = cpu_limit_result(String::new(), code, &self.hello.r_version);
-            res.r_version = stopped.r_version;
-            for seg in stopped.segments {
-                res.push_segment(seg);
-            }
-            res.outcome = stopped.outcome;
-            res.success = false;
-            res.error = stopped.error;
-            return res;
+            return cpu_limit_result(execution_id, code, &self.hello.r_version, [o, e]);
         }
         let (outcome, what) = match status {
             Some(s) if s.signal.is_some() => (Outcome::WorkerFailed, s.describe()),
@@ -1165,10 +1154,17 @@ fn read_cpu_ns(f: &Path) -> Option<u64> {
     std::fs::read_to_string(f).ok()?.trim().parse().ok()
 }
 
-/// The result of a call stopped at its CPU time limit.
-fn cpu_limit_result(execution_id: String, code: &str, r_version: &str) -> RunResult {
+/// The result of a call stopped at its CPU time limit: the raw output it
+/// wrote, then the notice.
+fn cpu_limit_result(
+    execution_id: String,
+    code: &str,
+    r_version: &str,
+    [out, err]: [Vec<u8>; 2],
+) -> RunResult {
     let mut res = RunResult::empty(execution_id, code.into());
     res.r_version = r_version.to_string();
+    push_raw(&mut res, out, err);
     let message =
         "the call used up its CPU time limit (counting the processes it started) and was stopped";
     res.push_segment(Segment::Stderr {

@@ -34,12 +34,25 @@ pub(crate) struct ZygoteShared {
     state: Mutex<ZygoteState>,
     cv: Condvar,
     /// The supervisor's worker uids (confined workers only).
-    uids: Mutex<Option<Arc<crate::confine::Uids>>>,
+    uids: Option<Arc<crate::confine::Uids>>,
 }
 
 impl ZygoteShared {
+    /// Hands the answer to fork request `worker_id` to its waiter.
+    fn answer(&self, worker_id: u64, answer: Result<u32, String>) {
+        let tx = self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pending
+            .remove(&worker_id);
+        if let Some(tx) = tx {
+            let _ = tx.send(answer);
+        }
+    }
+
     fn give_back_uid(&self, uid: u32) {
-        if let Some(u) = self.uids.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(u) = &self.uids {
             u.give_back(uid);
         }
     }
@@ -146,7 +159,10 @@ impl Zygote {
                 )));
             }
         };
-        let shared = Arc::new(ZygoteShared::default());
+        let shared = Arc::new(ZygoteShared {
+            uids: cfg.uids.clone(),
+            ..ZygoteShared::default()
+        });
         shared.state.lock().unwrap_or_else(|e| e.into_inner()).alive = true;
         let sh = shared.clone();
         std::thread::Builder::new()
@@ -154,27 +170,9 @@ impl Zygote {
             .spawn(move || {
                 loop {
                     match read_frame::<_, FromZygote>(&mut reader) {
-                        Ok(FromZygote::Forked { worker_id, pid }) => {
-                            let tx = sh
-                                .state
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .pending
-                                .remove(&worker_id);
-                            if let Some(tx) = tx {
-                                let _ = tx.send(Ok(pid));
-                            }
-                        }
+                        Ok(FromZygote::Forked { worker_id, pid }) => sh.answer(worker_id, Ok(pid)),
                         Ok(FromZygote::ForkFailed { worker_id, message }) => {
-                            let tx = sh
-                                .state
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .pending
-                                .remove(&worker_id);
-                            if let Some(tx) = tx {
-                                let _ = tx.send(Err(message));
-                            }
+                            sh.answer(worker_id, Err(message))
                         }
                         Ok(FromZygote::Exited { pid, code, signal }) => {
                             let mut s = sh.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -282,13 +280,12 @@ impl Zygote {
         }
         let (confine, uid, groups) = match &cfg.confine {
             Some(c) => {
-                let Some(uids) = cfg.uids.clone() else {
+                let Some(uids) = self.shared.uids.clone() else {
                     self.forget(worker_id, None, &[]);
                     return Err(Error::Startup(
                         "no worker uids were reserved for confined workers".into(),
                     ));
                 };
-                *self.shared.uids.lock().unwrap_or_else(|e| e.into_inner()) = Some(uids.clone());
                 let Some(uid) = uids.take() else {
                     self.forget(worker_id, None, &[]);
                     return Err(Error::Startup(format!(
