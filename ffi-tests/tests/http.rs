@@ -8,10 +8,10 @@
 //! Durations are only bounded from above, to prove that nothing hung.
 
 use base64::Engine as _;
-use rvisor::http::{read_tokens, ServeConfig};
 use rvisor::ops::TimeoutRules;
 use rvisor::{PoolConfig, SafetyRules, SessionOptions, Supervisor, SupervisorConfig};
 use rvisor_ffi_tests::TestDir;
+use rvisor_server::http::{read_tokens, ServeConfig};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -75,7 +75,7 @@ impl Server {
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("the bound address");
         let tables_dir = cfg.tables.dir.clone();
-        let app = rvisor::http::router(sup.clone(), cfg).expect("the router");
+        let app = rvisor_server::http::router(sup.clone(), cfg).expect("the router");
         rt.spawn(async move { axum::serve(listener, app).await });
         Self {
             base: format!("http://{addr}"),
@@ -1506,7 +1506,7 @@ fn table_server(tokens: Option<HashMap<String, String>>, max_tables: usize) -> S
         light_sup(SafetyRules::default()),
         ServeConfig {
             tokens,
-            tables: rvisor::tables::TableConfig {
+            tables: rvisor_server::tables::TableConfig {
                 dir,
                 max_tables_per_tenant: max_tables,
                 ..Default::default()

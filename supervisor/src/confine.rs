@@ -43,7 +43,8 @@ pub enum CgroupMode {
 }
 
 /// Per-worker resource limits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Limits {
     /// Address space (RLIMIT_AS), bytes.
     pub memory_bytes: u64,
@@ -120,7 +121,8 @@ impl Confinement {
 }
 
 /// What confinement is in force, for health.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Sandbox {
     /// `confined` or `unconfined` (explicit opt-in).
     pub mode: String,

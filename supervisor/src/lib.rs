@@ -2,8 +2,9 @@
 //!
 //! The library starts worker processes that embed libR (the `rvisor-worker`
 //! binary), sends them calls over a private socketpair and returns
-//! [`RunResult`]s. It never links libR itself. The `rvisor` binary is a thin
-//! command-line adapter over this library.
+//! [`RunResult`]s. It never links libR itself, and it has no async runtime,
+//! HTTP, Arrow or CLI dependencies: the service and its network adapters are
+//! the `rvisor-server` crate, the `rvisor` command is `rvisor-cli`.
 //!
 //! ```
 //! use rvisor::{Supervisor, SupervisorConfig, Outcome};
@@ -27,20 +28,15 @@
 //! # Ok::<(), rvisor::Error>(())
 //! ```
 
-pub mod bench;
+pub mod clock;
 pub mod confine;
 mod error;
 pub mod html;
-pub mod http;
 pub mod ids;
-pub mod jsonl;
-pub mod mcp;
-pub mod nng;
 pub mod ops;
 pub mod pool;
 mod raw;
 pub mod session;
-pub mod tables;
 pub mod tools;
 pub mod worker;
 pub mod zygote;

@@ -32,7 +32,8 @@ impl StyleEngine {
 
 /// Limits an agent must respect; reported by health from the running
 /// configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SafetyRules {
     /// Largest script, in bytes.
     pub max_script_bytes: usize,
@@ -50,7 +51,8 @@ pub struct SafetyRules {
 }
 
 /// Timeout default and bounds, in seconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TimeoutRules {
     /// Used when a run gives none.
     pub default: u64,
@@ -105,7 +107,8 @@ impl Default for SafetyRules {
 
 /// One finding that makes a script invalid (or, in `warnings`, that could
 /// not be checked).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Problem {
     /// `empty`, `size`, `syntax`, `forbidden`, `nesting`.
     pub kind: String,
@@ -118,7 +121,8 @@ pub struct Problem {
 }
 
 /// A style note; never blocks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StyleNote {
     /// The rule, e.g. `line_length`.
     pub rule: String,
@@ -131,7 +135,8 @@ pub struct StyleNote {
 }
 
 /// The answer of validation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Validation {
     /// True when there are no problems.
     pub valid: bool,
@@ -147,7 +152,8 @@ pub struct Validation {
 }
 
 /// An installed package.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Package {
     /// Name.
     pub name: String,
@@ -158,7 +164,8 @@ pub struct Package {
 }
 
 /// Liveness and the live rules.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Health {
     /// `ok`.
     pub status: String,

@@ -39,7 +39,8 @@ impl Default for PoolConfig {
 }
 
 /// Which way new workers are made right now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PoolMode {
     /// Forked from the zygote.
@@ -51,7 +52,8 @@ pub enum PoolMode {
 }
 
 /// The pool's state, for health reports.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PoolStatus {
     /// Which way workers are made now.
     pub mode: PoolMode,

@@ -103,7 +103,8 @@ pub struct RunOptions {
 }
 
 /// Where a session is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SessionState {
     /// No call yet; no worker.
@@ -119,7 +120,8 @@ pub enum SessionState {
 }
 
 /// The last reset of a session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ResetInfo {
     /// Why: `timeout`, `cancel`, `crash`, `killed`, `quit`, `reset`.
     pub reason: String,
@@ -128,7 +130,8 @@ pub struct ResetInfo {
 }
 
 /// A session's status (CONTRACT.md `SessionStatus`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionStatus {
     /// Session id.
     pub id: String,
@@ -352,7 +355,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn now_rfc3339() -> String {
-    crate::tables::rfc3339(crate::tables::unix_now())
+    crate::clock::rfc3339(crate::clock::unix_now())
 }
 
 fn reset_words(reason: &str) -> &'static str {
@@ -1193,7 +1196,10 @@ impl Supervisor {
     }
 
     /// Kills every worker and exits when the host gets SIGINT or SIGTERM
-    /// (for hosts without signal handling of their own; call once).
+    /// (for hosts without signal handling of their own; call once). Behind
+    /// the `ctrlc` feature: it ends the process, which a library host may
+    /// not want.
+    #[cfg(feature = "ctrlc")]
     pub fn cleanup_on_signals(&self) -> Result<(), Error> {
         let registry = self.inner.registry.clone();
         let pool = self.inner.pool.clone();

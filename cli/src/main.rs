@@ -1,5 +1,6 @@
 //! The `rvisor` command: thin adapters over the rvisor library.
 
+mod bench;
 mod repl;
 
 use anyhow::{bail, Context, Result};
@@ -271,7 +272,7 @@ fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
     let sup = rvisor::Supervisor::new(args.supervisor_config())?;
     sup.cleanup_on_signals()?;
     let stdin = std::io::stdin().lock();
-    rvisor::jsonl::serve(&sup, opts, stdin, std::io::stdout())?;
+    rvisor_server::jsonl::serve(&sup, opts, stdin, std::io::stdout())?;
     sup.shutdown();
     Ok(ExitCode::SUCCESS)
 }
@@ -360,7 +361,7 @@ struct ServeArgs {
     /// tcp://127.0.0.1:PORT) for hosts that are not Rust: JSON requests
     /// with a "token" field (docs/nng.md).
     #[arg(long, value_name = "URL")]
-    nng: Option<rvisor::nng::NngUrl>,
+    nng: Option<rvisor_server::nng::NngUrl>,
 }
 
 fn serve(a: ServeArgs) -> Result<ExitCode> {
@@ -368,7 +369,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         (Some(path), _) => {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("failed to read the token file {}", path.display()))?;
-            Some(rvisor::http::read_tokens(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)
+            Some(rvisor_server::http::read_tokens(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)
         }
         (None, true) => None,
         (None, false) => bail!(
@@ -392,12 +393,12 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         },
         ..Default::default()
     })?;
-    let mut tables = rvisor::tables::TableConfig::default();
+    let mut tables = rvisor_server::tables::TableConfig::default();
     if let Some(dir) = a.data_dir {
         tables.dir = dir;
     }
     tables.ttl = Duration::from_secs_f64(a.table_ttl_hours.max(0.0) * 3600.0);
-    let cfg = rvisor::http::ServeConfig {
+    let cfg = rvisor_server::http::ServeConfig {
         listen: a.listen,
         tokens,
         max_body_bytes: a.max_body_bytes,
@@ -409,7 +410,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("failed to start the async runtime")?;
-    rt.block_on(rvisor::http::serve(sup, cfg))
+    rt.block_on(rvisor_server::http::serve(sup, cfg))
         .context("the server failed")?;
     Ok(ExitCode::SUCCESS)
 }
@@ -417,12 +418,12 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
 fn mcp(data_dir: Option<PathBuf>) -> Result<ExitCode> {
     let sup = rvisor::Supervisor::new(base_config())?;
     sup.cleanup_on_signals()?;
-    let mut tables = rvisor::tables::TableConfig::default();
+    let mut tables = rvisor_server::tables::TableConfig::default();
     if let Some(dir) = data_dir {
         tables.dir = dir;
     }
     let stdin = std::io::stdin().lock();
-    rvisor::mcp::serve(&sup, tables, stdin, std::io::stdout().lock())?;
+    rvisor_server::mcp::serve(&sup, tables, stdin, std::io::stdout().lock())?;
     sup.shutdown();
     Ok(ExitCode::SUCCESS)
 }
@@ -547,10 +548,10 @@ fn main() -> ExitCode {
         }
         Cmd::Bench { quick, json } => {
             let mut progress = |m: &str| eprintln!("bench: {m}");
-            match rvisor::bench::run(quick, &mut progress) {
+            match bench::run(quick, &mut progress) {
                 Ok(report) => {
                     if !json {
-                        println!("{}", rvisor::bench::table(&report));
+                        println!("{}", bench::table(&report));
                     }
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
                     ExitCode::SUCCESS
@@ -620,7 +621,7 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         let bytes = std::fs::read(path).with_context(|| format!("failed to read {path}"))?;
         std::fs::create_dir_all(&table_dir)?;
         let out = table_dir.join(format!("{name}.arrow"));
-        rvisor::tables::convert_file(rvisor::tables::TableFormat::Csv, &bytes, &out)
+        rvisor_server::tables::convert_file(rvisor_server::tables::TableFormat::Csv, &bytes, &out)
             .map_err(|e| anyhow::anyhow!("--table {name}: {e}"))?;
         tables.push((name.to_string(), out));
     }

@@ -7,12 +7,13 @@
 
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use rvisor::clock::{rfc3339, unix_now};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// Where tables live and how much a tenant may keep.
 #[derive(Debug, Clone)]
@@ -96,35 +97,6 @@ pub enum TableError {
     /// Storage failed.
     #[error("failed to store the table: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// Seconds since the Unix epoch.
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// RFC 3339 (UTC) of a Unix time (civil date by Howard Hinnant's algorithm).
-pub(crate) fn rfc3339(secs: u64) -> String {
-    let secs = secs as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
 }
 
 fn kind_of(t: &DataType) -> Option<&'static str> {
@@ -466,7 +438,7 @@ impl TableStore {
                 )));
             }
         }
-        let pointer = format!("dp_{}", crate::ids::random_hex(24));
+        let pointer = format!("dp_{}", rvisor::ids::random_hex(24));
         let path = self.file(&pointer);
         let (rows, columns) = match convert(format, bytes, &path) {
             Ok(x) => x,
@@ -563,7 +535,7 @@ mod tests {
 
     fn store() -> (TableStore, PathBuf) {
         let dir =
-            std::env::temp_dir().join(format!("rvisor-tables-test-{}", crate::ids::random_hex(6)));
+            std::env::temp_dir().join(format!("rvisor-tables-test-{}", rvisor::ids::random_hex(6)));
         let s = TableStore::open(TableConfig {
             dir: dir.clone(),
             ..TableConfig::default()
@@ -623,7 +595,7 @@ mod tests {
     #[test]
     fn index_survives_a_reopen_and_quota_holds() {
         let dir =
-            std::env::temp_dir().join(format!("rvisor-tables-test-{}", crate::ids::random_hex(6)));
+            std::env::temp_dir().join(format!("rvisor-tables-test-{}", rvisor::ids::random_hex(6)));
         let cfg = TableConfig {
             dir: dir.clone(),
             max_tables_per_tenant: 1,

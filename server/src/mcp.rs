@@ -9,7 +9,7 @@
 
 use crate::http::{publish_tool, take_published, Published};
 use crate::tables::{TableConfig, TableStore};
-use crate::{ops, CallContext, CallOptions, RunOptions, RunResult, Session, Supervisor};
+use rvisor::{ops, CallContext, CallOptions, RunOptions, RunResult, Session, Supervisor};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
 use std::sync::{Arc, Mutex};
@@ -251,9 +251,9 @@ impl State {
                     cpu_limit: Some(timeout),
                     ..CallOptions::default()
                 };
-                let mut r = self
-                    .sup
-                    .run_once_with(crate::ids::execution_id(), script, &opts, &ctx);
+                let mut r =
+                    self.sup
+                        .run_once_with(rvisor::ids::execution_id(), script, &opts, &ctx);
                 r.published = take_published(&published, &r.execution_id.clone());
                 Ok(result_content(&r))
             }

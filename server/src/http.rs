@@ -5,7 +5,6 @@
 //! come from bearer tokens; a session belongs to the tenant that made it and
 //! is invisible to others (another tenant's id answers like an unknown one).
 
-use crate::{ops, CallContext, CallOptions, Outcome, RunOptions, RunResult, Session, Supervisor};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -13,6 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use rvisor::{ops, CallContext, CallOptions, Outcome, RunOptions, RunResult, Session, Supervisor};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -39,15 +39,15 @@ pub(crate) fn publish_tool(
     store: Arc<crate::tables::TableStore>,
     tenant: String,
     record: Published,
-) -> crate::Tool {
-    let tool = crate::Tool::new(
+) -> rvisor::Tool {
+    let tool = rvisor::Tool::new(
         "rvisor.publish",
         "Publish a data frame as a data pointer",
         json!({"type": "object", "properties": {"path": {"type": "string"}, "name": {"type": "string"}}}),
         move |call| {
             let path = call.args["path"].as_str().ok_or("path is missing")?;
             let name = call.args["name"].as_str().unwrap_or("");
-            let bytes = crate::tools::read_worker_file(call, path)?;
+            let bytes = rvisor::tools::read_worker_file(call, path)?;
             let meta = store
                 .put(&tenant, crate::tables::TableFormat::Csv, &bytes)
                 .map_err(|e| e.to_string())?;
@@ -193,7 +193,7 @@ pub struct ErrorDetail {
 /// The answer of GET /v1/packages.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct PackagesBody {
-    packages: Vec<crate::ops::Package>,
+    packages: Vec<rvisor::ops::Package>,
 }
 
 /// The OpenAPI 3 document, generated from the types the handlers use.
@@ -384,7 +384,7 @@ fn wants_html(h: &HeaderMap) -> bool {
 
 fn result_response(h: &HeaderMap, r: RunResult) -> Response {
     if wants_html(h) {
-        Html(crate::html::render(&r)).into_response()
+        Html(rvisor::html::render(&r)).into_response()
     } else {
         Json(r).into_response()
     }
@@ -402,7 +402,7 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-#[utoipa::path(get, path = "/v1/health", tag = "operations", responses((status = 200, description = "Liveness, versions, the live safety rules, workers (a `sessions` count is added)", body = crate::ops::Health), (status = 401, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/health", tag = "operations", responses((status = 200, description = "Liveness, versions, the live safety rules, workers (a `sessions` count is added)", body = rvisor::ops::Health), (status = 401, body = ErrorBody)))]
 async fn health(State(st): State<Shared>) -> Result<Response, ApiError> {
     let sup = st.sup.clone();
     let h = blocking(move || sup.health()).await?;
@@ -430,7 +430,7 @@ struct ValidateBody {
     script: String,
 }
 
-#[utoipa::path(post, path = "/v1/validate", tag = "operations", request_body = ValidateBody, responses((status = 200, body = crate::ops::Validation), (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/validate", tag = "operations", request_body = ValidateBody, responses((status = 200, body = rvisor::ops::Validation), (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
 async fn validate(
     State(st): State<Shared>,
     ApiJson(b): ApiJson<ValidateBody>,
@@ -491,7 +491,7 @@ struct LimitsBody {
 fn tighter_limits(
     st: &AppState,
     b: Option<&LimitsBody>,
-) -> Result<Option<crate::Limits>, ApiError> {
+) -> Result<Option<rvisor::Limits>, ApiError> {
     let Some(b) = b else { return Ok(None) };
     let Some(base) = st
         .sup
@@ -617,8 +617,8 @@ async fn run(
     let publish = publish_tool(st.tables.clone(), tenant.clone(), published.clone());
     let r = blocking(move || {
         // A run checks problems only; style notes are for /v1/validate.
-        let v = sup.validate_with(&script, crate::ops::StyleEngine::None);
-        let id = crate::ids::execution_id();
+        let v = sup.validate_with(&script, rvisor::ops::StyleEngine::None);
+        let id = rvisor::ids::execution_id();
         if !v.valid {
             let summary: Vec<String> = v
                 .problems
@@ -682,7 +682,7 @@ struct SessionBody {
     plot_height: Option<u32>,
 }
 
-#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<SessionBody>, description = "optional session options"), responses((status = 201, body = crate::SessionStatus), (status = 422, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<SessionBody>, description = "optional session options"), responses((status = 201, body = rvisor::SessionStatus), (status = 422, body = ErrorBody)))]
 async fn create_session(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -710,7 +710,7 @@ async fn create_session(
     };
     let rules = &st.sup.config().rules;
     let timeout = check_timeout(b.timeout_seconds, rules)?;
-    let mut opts = crate::SessionOptions {
+    let mut opts = rvisor::SessionOptions {
         timeout,
         ..st.sup.config().defaults.clone()
     };
@@ -792,10 +792,10 @@ async fn session_run(
             },
         )
         .map_err(|e| match e {
-            crate::Rejection::QueueFull(_) => {
+            rvisor::Rejection::QueueFull(_) => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", e.to_string())
             }
-            crate::Rejection::Closed => ApiError::not_found("session"),
+            rvisor::Rejection::Closed => ApiError::not_found("session"),
             other => ApiError::invalid(other.to_string()),
         })?;
     let mut r = handle.await;
@@ -804,7 +804,7 @@ async fn session_run(
     Ok(result_response(&headers, r))
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = crate::SessionStatus), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_status(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -813,7 +813,7 @@ async fn session_status(
     Ok(Json(find_session(&st, &tenant, &id)?.0.status()).into_response())
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = crate::SessionStatus), (status = 404, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_cancel(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -824,7 +824,7 @@ async fn session_cancel(
     Ok(Json(s.status()).into_response())
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = crate::SessionStatus), (status = 404, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_reset(
     State(st): State<Shared>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -964,7 +964,7 @@ async fn metrics(State(st): State<Shared>) -> Response {
         "# TYPE rvisor_sessions gauge\nrvisor_sessions {}\n# TYPE rvisor_queue_depth gauge\nrvisor_queue_depth {queued}\n# TYPE rvisor_spare_workers gauge\nrvisor_spare_workers {}\n# TYPE rvisor_zygote_up gauge\nrvisor_zygote_up {}\n# TYPE rvisor_http_requests_total counter\nrvisor_http_requests_total {}\n",
         sessions.len(),
         pool.spares,
-        u8::from(pool.mode == crate::PoolMode::Zygote),
+        u8::from(pool.mode == rvisor::PoolMode::Zygote),
         m.requests.load(Ordering::Relaxed)
     ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()

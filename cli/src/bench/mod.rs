@@ -8,7 +8,7 @@
 //! hits all systems alike. Medians, p90 and p99 per system, and the ratio
 //! peer/rvisor of the medians. A peer that cannot do a workload says so.
 
-use crate::{
+use rvisor::{
     CallOptions, Outcome, PoolConfig, RunOptions, Session, SessionOptions, Supervisor,
     SupervisorConfig,
 };
@@ -660,8 +660,8 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
     progress("measuring cold starts without spares, first ggplot, kill recovery");
     let mut extra = Vec::new();
     let k = if quick { 8 } else { 20 };
-    let confined = crate::Confinement::default;
-    let unconfined = crate::Confinement::unconfined;
+    let confined = rvisor::Confinement::default;
+    let unconfined = rvisor::Confinement::unconfined;
     for (label, pool, confinement) in [
         (
             "cold_start_spare_no_preload",
@@ -687,8 +687,8 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
                 spares: 0,
                 ..PoolConfig::default()
             },
-            crate::Confinement {
-                cgroups: crate::confine::CgroupMode::Off,
+            rvisor::Confinement {
+                cgroups: rvisor::confine::CgroupMode::Off,
                 ..confined()
             },
         ),

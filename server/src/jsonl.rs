@@ -5,7 +5,7 @@
 //! responses of different sessions may interleave. A bad line gets an error
 //! line and the loop goes on.
 
-use crate::{RunOptions, Session, SessionOptions, Supervisor};
+use rvisor::{RunOptions, Session, SessionOptions, Supervisor};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -32,16 +32,16 @@ struct Request {
 }
 
 /// Largest accepted request line (the code limit plus room for JSON).
-const MAX_LINE_BYTES: usize = crate::MAX_CODE_BYTES * 2 + 64 * 1024;
+const MAX_LINE_BYTES: usize = rvisor::MAX_CODE_BYTES * 2 + 64 * 1024;
 
 /// One response line; fields keep the order of the contract.
 #[derive(Debug, Serialize)]
 struct Response<'a> {
     id: &'a Value,
     #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<&'a crate::RunResult>,
+    result: Option<&'a rvisor::RunResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<&'a crate::SessionStatus>,
+    status: Option<&'a rvisor::SessionStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<Value>,
 }
@@ -50,7 +50,7 @@ fn error_line(id: &Value, code: &str, message: &str) -> Value {
     json!({"id": id, "error": {"code": code, "message": message}})
 }
 
-fn result_line(id: &Value, r: &crate::RunResult) -> Value {
+fn result_line(id: &Value, r: &rvisor::RunResult) -> Value {
     to_line(&Response {
         id,
         result: Some(r),
@@ -59,7 +59,7 @@ fn result_line(id: &Value, r: &crate::RunResult) -> Value {
     })
 }
 
-fn status_line(id: &Value, s: &crate::SessionStatus) -> Value {
+fn status_line(id: &Value, s: &rvisor::SessionStatus) -> Value {
     to_line(&Response {
         id,
         result: None,
@@ -261,12 +261,12 @@ mod tests {
 
     #[test]
     fn malformed_lines_get_one_error_line_each_and_never_panic() {
-        let sup = Supervisor::new(crate::SupervisorConfig {
-            pool: crate::PoolConfig {
+        let sup = Supervisor::new(rvisor::SupervisorConfig {
+            pool: rvisor::PoolConfig {
                 zygote: false,
                 ..Default::default()
             },
-            confinement: crate::Confinement::unconfined(),
+            confinement: rvisor::Confinement::unconfined(),
             ..Default::default()
         })
         .expect("a supervisor (build the workspace first: the worker binary must exist)");
@@ -322,7 +322,7 @@ mod tests {
         let sink = Sink::default();
         serve(
             &sup,
-            crate::SessionOptions::default(),
+            rvisor::SessionOptions::default(),
             input.as_bytes(),
             sink.clone(),
         )

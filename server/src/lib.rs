@@ -1,0 +1,15 @@
+//! rvisor-server: the service around the rvisor library, and its adapters.
+//!
+//! [`service`] owns what every surface shares: tenants and their sessions,
+//! one-shot runs with variables and tables, validation, the limits and
+//! timeout policy, the error codes and the metrics. The adapters decode a
+//! request, call the service and encode its answer: [`http`] (`rvisor
+//! serve`), [`nng`] (`serve --nng`), [`mcp`] (`rvisor mcp`) and [`jsonl`]
+//! (`rvisor session --jsonl`). [`tables`] is the table store behind data
+//! pointers.
+
+pub mod http;
+pub mod jsonl;
+pub mod mcp;
+pub mod nng;
+pub mod tables;
