@@ -66,23 +66,19 @@ impl ConfineArgs {
             return Ok(rvisor::Confinement::unconfined());
         }
         let mut c = rvisor::Confinement::default();
+        // The limits' own check (the library's, the server's) says what is
+        // too small.
         if let Some(m) = self.memory_mb {
-            if m < 1024 {
-                bail!("--memory-mb {m} is too small for R: a forked R worker already maps ~350 MiB: use at least 1024");
-            }
-            c.limits.memory_bytes = m << 20;
+            c.limits.memory_bytes = m.saturating_mul(1 << 20);
         }
         if let Some(d) = self.disk_mb {
-            if d == 0 {
-                bail!("--disk-mb must be at least 1");
-            }
-            c.limits.disk_bytes = d << 20;
+            c.limits.disk_bytes = d.saturating_mul(1 << 20);
         }
         if let Some(p) = self.processes {
-            if p == 0 {
-                bail!("--processes must be at least 1");
-            }
             c.limits.processes = p;
+        }
+        if let Err(e) = c.limits.check() {
+            bail!("{e} (--memory-mb, --disk-mb, --processes)");
         }
         c.network = self.network;
         c.cgroups = match self.cgroups.as_str() {
@@ -268,11 +264,18 @@ impl SessionArgs {
 }
 
 fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
-    let opts = args.options()?;
-    let sup = rvisor::Supervisor::new(args.supervisor_config())?;
+    let mut cfg = args.supervisor_config();
+    cfg.defaults = args.options()?;
+    // The per-call timeout range: the rules' own, stretched to the
+    // session's timeout when that is longer (a local harness may run long
+    // fits).
+    let t = &mut cfg.rules.timeout_seconds;
+    t.default = cfg.defaults.timeout.as_secs().max(1);
+    t.max = t.max.max(cfg.defaults.timeout.as_secs_f64().ceil() as u64);
+    let sup = rvisor::Supervisor::new(cfg)?;
     sup.cleanup_on_signals()?;
     let stdin = std::io::stdin().lock();
-    rvisor_server::jsonl::serve(&sup, opts, stdin, std::io::stdout())?;
+    rvisor_server::jsonl::serve(&sup, stdin, std::io::stdout())?;
     sup.shutdown();
     Ok(ExitCode::SUCCESS)
 }
@@ -610,20 +613,12 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         }
     }
     let _cleanup = Cleanup(table_dir.clone());
-    let mut tables = Vec::new();
+    let mut table_files = Vec::new();
     for t in table_args {
         let Some((name, path)) = t.split_once('=') else {
             bail!("--table {t:?}: expected NAME=FILE.csv");
         };
-        if !rvisor::ops::syntactic_name(name) {
-            bail!("--table {t:?}: {name:?} is not a syntactic R name");
-        }
-        let bytes = std::fs::read(path).with_context(|| format!("failed to read {path}"))?;
-        std::fs::create_dir_all(&table_dir)?;
-        let out = table_dir.join(format!("{name}.arrow"));
-        rvisor_server::tables::convert_file(rvisor_server::tables::TableFormat::Csv, &bytes, &out)
-            .map_err(|e| anyhow::anyhow!("--table {name}: {e}"))?;
-        tables.push((name.to_string(), out));
+        table_files.push((name, path));
     }
     let mut variables = Vec::new();
     for v in vars {
@@ -634,8 +629,20 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
             .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
         variables.push((name.to_string(), value));
     }
-    rvisor::ops::check_variables(&variables, &rvisor::SafetyRules::default())
-        .map_err(|e| anyhow::anyhow!("--var: {e}"))?;
+    // The same checks as a one-shot run of the service (names, values,
+    // counts, no name used twice), before a name becomes a file name.
+    let names: Vec<&str> = table_files.iter().map(|(n, _)| *n).collect();
+    rvisor_server::service::check_bindings(&variables, &names, &rvisor::SafetyRules::default())
+        .map_err(|e| anyhow::anyhow!("--var/--table: {e}"))?;
+    let mut tables = Vec::new();
+    for (name, path) in table_files {
+        let bytes = std::fs::read(path).with_context(|| format!("failed to read {path}"))?;
+        std::fs::create_dir_all(&table_dir)?;
+        let out = table_dir.join(format!("{name}.arrow"));
+        rvisor_server::tables::convert_file(rvisor_server::tables::TableFormat::Csv, &bytes, &out)
+            .map_err(|e| anyhow::anyhow!("--table {name}: {e}"))?;
+        tables.push((name.to_string(), out));
+    }
     let ctx = rvisor::CallContext {
         variables,
         tables,

@@ -1,17 +1,19 @@
 //! `rvisor session --jsonl`: persistent sessions over JSON lines.
 //!
 //! One request per input line, one response per output line, matched by
-//! `id`. Requests are read while calls run, so `cancel` works mid-run;
+//! `id`. Named sessions, timeouts and errors are the [`Service`]'s, as on
+//! every other surface; the sessions are made with the supervisor's
+//! session defaults (`SupervisorConfig::defaults`). Requests are read while calls run, so `cancel` works mid-run;
 //! responses of different sessions may interleave. A bad line gets an error
 //! line and the loop goes on.
 
-use rvisor::{RunOptions, Session, SessionOptions, Supervisor};
+use crate::service::{Service, ServiceConfig, ServiceError, SessionRun, Surface, LOCAL_TENANT};
+use crate::tables::TableConfig;
+use rvisor::Supervisor;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,10 +85,39 @@ fn to_line(r: &Response<'_>) -> Value {
 }
 
 /// Serves requests from `input` until it ends, writing responses to
-/// `output`; then waits for running calls and closes the sessions.
+/// `output`; then waits for running calls and closes the sessions. Tables
+/// that calls publish live in a private directory removed at the end.
 pub fn serve<R: BufRead, W: Write + Send + 'static>(
     sup: &Supervisor,
-    opts: SessionOptions,
+    input: R,
+    output: W,
+) -> std::io::Result<()> {
+    let dir = std::env::temp_dir().join(format!(
+        "rvisor-jsonl-tables-{}",
+        rvisor::ids::random_hex(6)
+    ));
+    let service = Service::new(
+        sup.clone(),
+        ServiceConfig {
+            tokens: None,
+            tables: TableConfig {
+                dir: dir.clone(),
+                ..TableConfig::default()
+            },
+        },
+    )?;
+    let served = serve_with(&service, input, output);
+    service.close_all();
+    let _ = std::fs::remove_dir_all(&dir);
+    served
+}
+
+fn error_of(id: &Value, e: &ServiceError) -> Value {
+    error_line(id, e.code.as_str(), &e.message)
+}
+
+fn serve_with<R: BufRead, W: Write + Send + 'static>(
+    service: &Service,
     input: R,
     output: W,
 ) -> std::io::Result<()> {
@@ -108,13 +139,14 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
             let _ = o.flush();
         }
     };
-    let mut sessions: HashMap<String, Session> = HashMap::new();
+    let tenant = LOCAL_TENANT;
     let mut waiters = Vec::new();
     for line in input.split(b'\n') {
         let line = line?;
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        service.count_request(Surface::Jsonl);
         if line.len() > MAX_LINE_BYTES {
             emit(&error_line(
                 &Value::Null,
@@ -138,20 +170,19 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
                 continue;
             }
         };
+        if !matches!(req.op.as_str(), "run" | "status" | "cancel" | "reset" | "close") {
+            emit(&error_line(
+                &req.id,
+                "bad_request",
+                &format!("unknown op {:?}; use run, status, cancel, reset or close", req.op),
+            ));
+            continue;
+        }
         let name = req.session.clone().unwrap_or_else(|| "main".into());
-        let session = match sessions.get(&name) {
-            Some(s) => s.clone(),
-            None if req.op == "run" || req.op == "status" => match sup.session_with(opts.clone()) {
-                Ok(s) => {
-                    sessions.insert(name.clone(), s.clone());
-                    s
-                }
-                Err(e) => {
-                    emit(&error_line(&req.id, "session_failed", &e.to_string()));
-                    continue;
-                }
-            },
-            None => {
+        let create = req.op == "run" || req.op == "status";
+        let sid = match service.named_session(tenant, &name, create) {
+            Ok(Some(sid)) => sid,
+            Ok(None) => {
                 emit(&error_line(
                     &req.id,
                     "unknown_session",
@@ -159,8 +190,12 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
                 ));
                 continue;
             }
+            Err(e) => {
+                emit(&error_of(&req.id, &e));
+                continue;
+            }
         };
-        match req.op.as_str() {
+        let answer = match req.op.as_str() {
             "run" => {
                 let Some(code) = req.code else {
                     emit(&error_line(
@@ -170,64 +205,39 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
                     ));
                     continue;
                 };
-                let timeout = match req.timeout_seconds {
-                    None => None,
-                    Some(t) if t > 0.0 && t.is_finite() && t <= 86_400.0 => {
-                        Some(Duration::from_secs_f64(t))
-                    }
-                    Some(t) => {
-                        emit(&error_line(
-                            &req.id,
-                            "invalid",
-                            &format!("timeout_seconds {t} must be > 0 and at most 86400"),
-                        ));
-                        continue;
-                    }
-                };
-                let over = RunOptions {
-                    timeout,
+                let run = SessionRun {
+                    code,
+                    timeout_seconds: req.timeout_seconds,
                     plot_width: req.plot_width,
                     plot_height: req.plot_height,
                 };
-                match session.run_with(&code, &over) {
-                    Ok(handle) => {
+                match service.session_run(tenant, &sid, &run) {
+                    Ok(call) => {
                         let emit = emit.clone();
                         let id = req.id.clone();
                         waiters.push(std::thread::spawn(move || {
-                            let r = handle.wait();
+                            let r = call.wait();
                             emit(&result_line(&id, &r));
                         }));
+                        waiters.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
+                        continue;
                     }
-                    Err(e) => emit(&error_line(&req.id, e.code(), &e.to_string())),
+                    Err(e) => Err(e),
                 }
             }
-            "status" => emit(&status_line(&req.id, &session.status())),
-            "cancel" => {
-                session.cancel();
-                emit(&status_line(&req.id, &session.status()));
-            }
-            "reset" => {
-                session.reset();
-                emit(&status_line(&req.id, &session.status()));
-            }
-            "close" => {
-                session.close();
-                sessions.remove(&name);
-                emit(&status_line(&req.id, &session.status()));
-            }
-            other => emit(&error_line(
-                &req.id,
-                "bad_request",
-                &format!("unknown op {other:?}; use run, status, cancel, reset or close"),
-            )),
+            "status" => service.session_status(tenant, &sid),
+            "cancel" => service.cancel(tenant, &sid),
+            "reset" => service.reset(tenant, &sid),
+            _ => service.close(tenant, &sid),
+        };
+        match answer {
+            Ok(status) => emit(&status_line(&req.id, &status)),
+            Err(e) => emit(&error_of(&req.id, &e)),
         }
         waiters.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
     }
     for h in waiters {
         let _ = h.join();
-    }
-    for s in sessions.values() {
-        s.close();
     }
     Ok(())
 }
@@ -320,13 +330,7 @@ mod tests {
             expected += 1;
         }
         let sink = Sink::default();
-        serve(
-            &sup,
-            rvisor::SessionOptions::default(),
-            input.as_bytes(),
-            sink.clone(),
-        )
-        .unwrap();
+        serve(&sup, input.as_bytes(), sink.clone()).unwrap();
         assert!(
             expected > 100,
             "the generator made too few lines: {expected}"

@@ -12,4 +12,5 @@ pub mod http;
 pub mod jsonl;
 pub mod mcp;
 pub mod nng;
+pub mod service;
 pub mod tables;

@@ -1,19 +1,17 @@
 //! `rvisor mcp`: the Model Context Protocol over stdio, for agents.
 //!
 //! JSON-RPC 2.0, one message per line. The tools are thin wrappers over the
-//! library's operations: health, packages, validation, one-shot runs (with
+//! [`Service`]'s operations, with the same checks as every other surface: health, packages, validation, one-shot runs (with
 //! variables and data pointers), and one persistent session per connection.
 //! Results come back as MCP content: console text, plots as images, the
 //! RunResult as structured content, `isError` when the R code failed, timed
 //! out or was refused.
 
-use crate::http::{publish_tool, take_published, Published};
-use crate::tables::{TableConfig, TableStore};
-use rvisor::{ops, CallContext, CallOptions, RunOptions, RunResult, Session, Supervisor};
+use crate::service::{RunScript, Service, ServiceConfig, ServiceError, SessionRun, Surface};
+use crate::tables::TableConfig;
+use rvisor::{RunResult, Supervisor};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// The protocol revisions this server speaks (newest first).
 const PROTOCOL_VERSIONS: [&str; 3] = ["2025-06-18", "2025-03-26", "2024-11-05"];
@@ -114,180 +112,80 @@ fn text_result(v: &Value, is_error: bool) -> Value {
     })
 }
 
+/// A service error as a tool result the model can read and act on.
+fn error_result(e: &ServiceError) -> Value {
+    text_result(&json!({ "error": e.to_json() }), true)
+}
+
+/// The arguments `keys` of a tool call decoded into a service request type
+/// (other keys are ignored); a missing or mistyped argument is a protocol
+/// error (-32602) that names it.
+fn decode<T: serde::de::DeserializeOwned>(args: &Value, keys: &[&str]) -> Result<T, (i64, String)> {
+    let map: serde_json::Map<String, Value> = keys
+        .iter()
+        .filter_map(|k| args.get(*k).map(|v| (k.to_string(), v.clone())))
+        .collect();
+    serde_json::from_value(Value::Object(map)).map_err(|e| (-32602, format!("invalid arguments: {e}")))
+}
+
 struct State {
-    sup: Supervisor,
-    tables: Arc<TableStore>,
-    session: Option<(Session, Published)>,
+    service: Service,
 }
 
 impl State {
-    fn session(&mut self) -> Result<(Session, Published), String> {
-        if let Some(s) = &self.session {
-            return Ok(s.clone());
-        }
-        let published: Published = Arc::new(Mutex::new(Vec::new()));
-        let mut opts = self.sup.config().defaults.clone();
-        opts.tools.push(publish_tool(
-            self.tables.clone(),
-            TENANT.into(),
-            published.clone(),
-        ));
-        let s = self.sup.session_with(opts).map_err(|e| e.to_string())?;
-        self.session = Some((s, published));
-        Ok(self.session.clone().unwrap_or_else(|| unreachable!()))
-    }
-
-    fn timeout(&self, args: &Value) -> Result<Duration, String> {
-        let r = &self.sup.config().rules.timeout_seconds;
-        match args.get("timeout_seconds").and_then(Value::as_f64) {
-            None => Ok(Duration::from_secs(r.default)),
-            Some(t) if t >= r.min as f64 && t <= r.max as f64 => Ok(Duration::from_secs_f64(t)),
-            Some(t) => Err(format!(
-                "timeout_seconds {t} is out of range: use {}..{}",
-                r.min, r.max
-            )),
-        }
-    }
-
     /// Runs one tool call; `Err` is a protocol error (unknown tool, bad
     /// arguments), `Ok` a tool result (which may be `isError`).
     fn call(&mut self, name: &str, args: &Value) -> Result<Value, (i64, String)> {
-        let bad = |m: String| (-32602, m);
-        let rules = self.sup.config().rules.clone();
+        let svc = &self.service;
+        svc.count_request(Surface::Mcp);
         match name {
-            "check_r_server_health" => Ok(text_result(&json!(self.sup.health()), false)),
-            "list_r_packages" => match self.sup.packages() {
+            "check_r_server_health" => Ok(text_result(&svc.health(), false)),
+            "list_r_packages" => match svc.packages() {
                 Ok(p) => Ok(text_result(&json!({ "packages": p }), false)),
-                Err(e) => Ok(text_result(&json!({ "error": e }), true)),
+                Err(e) => Ok(error_result(&e)),
             },
             "validate_r_script" => {
                 let script = args
                     .get("script")
                     .and_then(Value::as_str)
-                    .ok_or_else(|| bad("script (a string) is required".into()))?;
-                let v = self.sup.validate(script);
+                    .ok_or_else(|| (-32602, "script (a string) is required".to_string()))?;
+                let v = svc.validate(script);
                 let invalid = !v.valid;
                 Ok(text_result(&json!(v), invalid))
             }
             "run_r_script" => {
-                let script = args
-                    .get("script")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| bad("script (a string) is required".into()))?;
-                let timeout = self.timeout(args).map_err(bad)?;
-                let mut variables = Vec::new();
-                if let Some(list) = args.get("variables").and_then(Value::as_array) {
-                    for v in list {
-                        let name = v
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| bad("each variable needs a name".into()))?;
-                        variables.push((
-                            name.to_string(),
-                            v.get("value").cloned().unwrap_or(Value::Null),
-                        ));
-                    }
+                let req: RunScript = decode(
+                    args,
+                    &["script", "timeout_seconds", "variables", "dataframes"],
+                )?;
+                match svc.run_script(TENANT, req, Surface::Mcp) {
+                    Ok(r) => Ok(result_content(&r)),
+                    Err(e) => Ok(error_result(&e)),
                 }
-                if let Err(e) = ops::check_variables(&variables, &rules) {
-                    return Ok(text_result(&json!({ "error": e }), true));
-                }
-                let mut tables = Vec::new();
-                if let Some(list) = args.get("dataframes").and_then(Value::as_array) {
-                    if list.len() > rules.max_dataframes {
-                        return Ok(text_result(
-                            &json!({"error": format!("at most {} dataframes", rules.max_dataframes)}),
-                            true,
-                        ));
-                    }
-                    let mut names = Vec::new();
-                    let mut pointers = Vec::new();
-                    for d in list {
-                        let (Some(p), Some(n)) = (
-                            d.get("data_pointer").and_then(Value::as_str),
-                            d.get("name").and_then(Value::as_str),
-                        ) else {
-                            return Err(bad("each dataframe needs data_pointer and name".into()));
-                        };
-                        if !ops::syntactic_name(n) {
-                            return Ok(text_result(
-                                &json!({"error": format!("{n:?} is not a syntactic R name")}),
-                                true,
-                            ));
-                        }
-                        names.push(n.to_string());
-                        pointers.push(p.to_string());
-                    }
-                    let refs: Vec<&str> = pointers.iter().map(String::as_str).collect();
-                    match self.tables.resolve(TENANT, &refs) {
-                        Some(files) => tables = names.into_iter().zip(files).collect(),
-                        None => {
-                            return Ok(text_result(
-                                &json!({"error": "one or more data pointers could not be resolved; nothing ran"}),
-                                true,
-                            ))
-                        }
-                    }
-                }
-                let v = self.sup.validate_with(script, ops::StyleEngine::None);
-                if !v.valid {
-                    return Ok(text_result(
-                        &json!({"error": "the script failed validation and was not run", "validation": v}),
-                        true,
-                    ));
-                }
-                let published: Published = Arc::new(Mutex::new(Vec::new()));
-                let ctx = CallContext {
-                    variables,
-                    tables,
-                    tools: Arc::new(vec![publish_tool(
-                        self.tables.clone(),
-                        TENANT.into(),
-                        published.clone(),
-                    )]),
-                    ..CallContext::default()
-                };
-                let opts = CallOptions {
-                    timeout: Some(timeout),
-                    cpu_limit: Some(timeout),
-                    ..CallOptions::default()
-                };
-                let mut r =
-                    self.sup
-                        .run_once_with(rvisor::ids::execution_id(), script, &opts, &ctx);
-                r.published = take_published(&published, &r.execution_id.clone());
-                Ok(result_content(&r))
             }
             "run_r_code" => {
-                let code = args
-                    .get("code")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| bad("code (a string) is required".into()))?;
-                let timeout = self.timeout(args).map_err(bad)?;
-                let (s, published) = self.session().map_err(|e| (-32603, e))?;
-                match s.run_with(
-                    code,
-                    &RunOptions {
-                        timeout: Some(timeout),
-                        ..RunOptions::default()
-                    },
-                ) {
-                    Ok(h) => {
-                        let mut r = h.wait();
-                        r.published = take_published(&published, &r.execution_id.clone());
-                        Ok(result_content(&r))
-                    }
-                    Err(e) => Ok(text_result(&json!({"error": e.to_string()}), true)),
+                let req: SessionRun = decode(args, &["code", "timeout_seconds"])?;
+                let call = svc
+                    .named_session(TENANT, "main", true)
+                    .and_then(|id| {
+                        let id = id.unwrap_or_default();
+                        svc.session_run(TENANT, &id, &req)
+                    });
+                match call {
+                    Ok(call) => Ok(result_content(&call.wait())),
+                    Err(e) => Ok(error_result(&e)),
                 }
             }
             "reset_r_session" => {
-                let status = match &self.session {
-                    Some((s, _)) => {
-                        s.reset();
-                        json!({"reset": true, "status": s.status()})
-                    }
-                    None => {
+                let status = match svc.named_session(TENANT, "main", false) {
+                    Ok(Some(id)) => match svc.reset(TENANT, &id) {
+                        Ok(status) => json!({"reset": true, "status": status}),
+                        Err(e) => return Ok(error_result(&e)),
+                    },
+                    Ok(None) => {
                         json!({"reset": false, "message": "no session yet: the next run_r_code starts one"})
                     }
+                    Err(e) => return Ok(error_result(&e)),
                 };
                 Ok(text_result(&status, false))
             }
@@ -319,12 +217,8 @@ pub fn serve<R: BufRead, W: Write>(
     input: R,
     mut output: W,
 ) -> std::io::Result<()> {
-    let store = Arc::new(TableStore::open(tables)?);
-    let mut st = State {
-        sup: sup.clone(),
-        tables: store,
-        session: None,
-    };
+    let service = Service::new(sup.clone(), ServiceConfig { tokens: None, tables })?;
+    let mut st = State { service };
     for line in input.lines() {
         let line = line?;
         if line.trim().is_empty() {
@@ -375,8 +269,6 @@ pub fn serve<R: BufRead, W: Write>(
         };
         reply(&mut output, &id, result)?;
     }
-    if let Some((s, _)) = &st.session {
-        s.close();
-    }
+    st.service.close_all();
     Ok(())
 }

@@ -6,23 +6,21 @@
 //! 64-bit length; IPC: a type byte and a 64-bit length), and the REQ/REP
 //! request-id backtrace, which a reply echoes. Each request is one JSON
 //! object, the requests of `session --jsonl` plus the operations of the
-//! HTTP service; every request is answered by handing it to the HTTP
-//! router in-process, so tenants, limits and errors are the HTTP service's
-//! own (docs/nng.md lists the requests).
+//! HTTP service; each request is decoded into the service's own request
+//! types and answered by the [`Service`] directly, so tenants, limits and
+//! errors are those of every other surface (docs/nng.md lists the requests).
 
-use crate::http::Shared;
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
-use axum::Router;
-use serde::Deserialize;
+use crate::service::{
+    ErrorCode, RunScript, Service, ServiceError, SessionRun, Surface,
+};
+use crate::tables::TableFormat;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tower::ServiceExt;
 
 /// Where the socket listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,8 +159,9 @@ fn frame(ipc: bool, backtrace: &[u8], body: &[u8]) -> Vec<u8> {
 }
 
 /// One request; the fields an operation does not use are ignored. Values
-/// the HTTP service checks (timeouts, variables, plot sizes) pass through
-/// as given, so they get the HTTP service's errors.
+/// the service checks (timeouts, variables, plot sizes) are decoded into
+/// the service's request types as given, so they get the same errors as
+/// on every other surface.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NngRequest {
@@ -196,11 +195,8 @@ struct NngRequest {
 }
 
 /// What the adapter shares between connections.
-struct Service {
-    router: Router,
-    state: Shared,
-    /// (tenant, session name) -> session id of the HTTP service.
-    sessions: tokio::sync::Mutex<HashMap<(String, String), String>>,
+struct Adapter {
+    service: Service,
     max_message: usize,
 }
 
@@ -210,127 +206,57 @@ fn error_reply(id: &Value, code: &str, message: &str) -> Vec<u8> {
     format!("{{\"id\":{id},\"error\":{error}}}").into_bytes()
 }
 
-/// `{"id": ID, "KEY": BODY}` built around the router's JSON bytes (field
-/// order kept); an error body `{"error": ...}` becomes `{"id": ID, "error": ...}`.
-fn wrap(id: &Value, key: &str, status: StatusCode, body: &[u8]) -> Vec<u8> {
-    let id = id.to_string();
-    if status.is_success() {
-        let mut out = Vec::with_capacity(body.len() + id.len() + key.len() + 16);
-        out.extend_from_slice(b"{\"id\":");
-        out.extend_from_slice(id.as_bytes());
-        out.extend_from_slice(format!(",\"{key}\":").as_bytes());
-        out.extend_from_slice(body);
-        out.push(b'}');
-        return out;
-    }
-    match body.strip_prefix(b"{") {
-        Some(rest) if body.starts_with(b"{\"error\"") => {
-            let mut out = Vec::with_capacity(body.len() + id.len() + 8);
-            out.extend_from_slice(b"{\"id\":");
-            out.extend_from_slice(id.as_bytes());
-            out.push(b',');
-            out.extend_from_slice(rest);
+/// `{"id": ID, "KEY": VALUE}` (id first, the value's own field order kept),
+/// or the error reply.
+fn reply<T: Serialize>(id: &Value, key: &str, answer: Result<T, ServiceError>) -> Vec<u8> {
+    let value = match answer {
+        Ok(v) => v,
+        Err(e) => return error_reply(id, e.code.as_str(), &e.message),
+    };
+    match serde_json::to_vec(&value) {
+        Ok(body) => {
+            let mut out = Vec::with_capacity(body.len() + key.len() + 32);
+            out.extend_from_slice(format!("{{\"id\":{id},\"{key}\":").as_bytes());
+            out.extend_from_slice(&body);
+            out.push(b'}');
             out
         }
-        _ => error_reply(
-            &serde_json::from_str(&id).unwrap_or(Value::Null),
-            "internal",
-            &format!("the service answered {status} without an error body"),
+        Err(e) => error_reply(
+            id,
+            ErrorCode::Internal.as_str(),
+            &format!("failed to encode the reply: {e}"),
         ),
     }
 }
 
-/// Drops the fields that were not given, so the HTTP service sees exactly
-/// what the client sent.
-fn body_of(fields: &[(&str, Option<Value>)]) -> Vec<u8> {
+/// Decodes the given fields (those not given are left out) into one of the
+/// service's request types; a wrong type is `invalid`, naming the field.
+fn decode<T: serde::de::DeserializeOwned>(fields: &[(&str, Option<Value>)]) -> Result<T, ServiceError> {
     let map: serde_json::Map<String, Value> = fields
         .iter()
         .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
         .collect();
-    Value::Object(map).to_string().into_bytes()
+    serde_json::from_value(Value::Object(map))
+        .map_err(|e| ServiceError::invalid(format!("invalid request: {e}")))
 }
 
-impl Service {
-    /// One request through the HTTP router.
-    async fn http(
-        &self,
-        method: Method,
-        uri: &str,
-        token: Option<&str>,
-        content_type: &str,
-        body: Vec<u8>,
-    ) -> (StatusCode, Vec<u8>) {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::CONTENT_TYPE, content_type);
-        if let Some(t) = token {
-            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-        }
-        let req = match req.body(Body::from(body)) {
-            Ok(r) => r,
-            Err(e) => {
-                return (
-                    StatusCode::BAD_REQUEST,
-                    json!({"error": {"code": "bad_request", "message": format!("cannot form the request: {e}")}})
-                        .to_string()
-                        .into_bytes(),
-                )
-            }
-        };
-        let res = match self.router.clone().oneshot(req).await {
-            Ok(r) => r,
-            Err(e) => match e {},
-        };
-        let status = res.status();
-        let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
-            .await
-            .map(|b| b.to_vec())
-            .unwrap_or_default();
-        (status, bytes)
-    }
+/// Runs blocking service work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static,
+) -> Result<T, ServiceError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| {
+            Err(ServiceError::new(
+                ErrorCode::Internal,
+                format!("the request failed: {e}"),
+            ))
+        })
+}
 
-    /// The session id for `name`, made on first use when `create`.
-    async fn session_id(
-        &self,
-        tenant: &str,
-        name: &str,
-        token: Option<&str>,
-        create: bool,
-    ) -> Result<Option<String>, (StatusCode, Vec<u8>)> {
-        let mut map = self.sessions.lock().await;
-        let key = (tenant.to_string(), name.to_string());
-        if let Some(id) = map.get(&key) {
-            // Closed through HTTP meanwhile? Then it is gone here too.
-            if crate::http::find_session(&self.state, tenant, id).is_ok() {
-                return Ok(Some(id.clone()));
-            }
-            map.remove(&key);
-        }
-        if !create {
-            return Ok(None);
-        }
-        let (status, body) = self
-            .http(
-                Method::POST,
-                "/v1/sessions",
-                token,
-                "application/json",
-                Vec::new(),
-            )
-            .await;
-        if !status.is_success() {
-            return Err((status, body));
-        }
-        let id = serde_json::from_slice::<Value>(&body)
-            .ok()
-            .and_then(|v| v["id"].as_str().map(String::from))
-            .unwrap_or_default();
-        map.insert(key, id.clone());
-        Ok(Some(id))
-    }
-
+impl Adapter {
     async fn handle(&self, msg: &[u8]) -> Vec<u8> {
+        self.service.count_request(Surface::Nng);
         let req: NngRequest = match serde_json::from_slice(msg) {
             Ok(r) => r,
             Err(e) => {
@@ -346,8 +272,13 @@ impl Service {
             }
         };
         let id = &req.id;
-        let token = req.token.as_deref();
-        let json_ct = "application/json";
+        let tenant = match self
+            .service
+            .authenticate(req.token.as_deref(), "in the request's \"token\" field")
+        {
+            Ok(t) => t,
+            Err(e) => return reply::<Value>(id, "error", Err(e)),
+        };
         let missing = |field: &str| {
             error_reply(
                 id,
@@ -355,35 +286,19 @@ impl Service {
                 &format!("op {:?} needs \"{field}\"", req.op),
             )
         };
+        let svc = self.service.clone();
         match req.op.as_str() {
-            "health" => {
-                let (s, b) = self
-                    .http(Method::GET, "/v1/health", token, json_ct, Vec::new())
-                    .await;
-                wrap(id, "health", s, &b)
-            }
-            "packages" => {
-                let (s, b) = self
-                    .http(Method::GET, "/v1/packages", token, json_ct, Vec::new())
-                    .await;
-                if s.is_success() {
-                    let list = serde_json::from_slice::<Value>(&b)
-                        .map(|v| v["packages"].to_string())
-                        .unwrap_or_default();
-                    wrap(id, "packages", s, list.as_bytes())
-                } else {
-                    wrap(id, "packages", s, &b)
-                }
-            }
+            "health" => reply(id, "health", blocking(move || Ok(svc.health())).await),
+            "packages" => reply(id, "packages", blocking(move || svc.packages()).await),
             "validate" => {
                 let Some(script) = req.script.clone() else {
                     return missing("script");
                 };
-                let body = body_of(&[("script", Some(Value::String(script)))]);
-                let (s, b) = self
-                    .http(Method::POST, "/v1/validate", token, json_ct, body)
-                    .await;
-                wrap(id, "validation", s, &b)
+                reply(
+                    id,
+                    "validation",
+                    blocking(move || Ok(svc.validate(&script))).await,
+                )
             }
             // A one-shot run: `run_script`, or `run` with a script and no code.
             "run_script" | "run"
@@ -392,22 +307,26 @@ impl Service {
                 let Some(script) = req.script.clone() else {
                     return missing("script");
                 };
-                let body = body_of(&[
+                let run: RunScript = match decode(&[
                     ("script", Some(Value::String(script))),
                     ("timeout_seconds", req.timeout_seconds.clone()),
                     ("variables", req.variables.clone()),
                     ("dataframes", req.dataframes.clone()),
-                ]);
-                let (s, b) = self
-                    .http(Method::POST, "/v1/run", token, json_ct, body)
-                    .await;
-                wrap(id, "result", s, &b)
+                ]) {
+                    Ok(r) => r,
+                    Err(e) => return reply::<Value>(id, "result", Err(e)),
+                };
+                reply(
+                    id,
+                    "result",
+                    blocking(move || svc.run_script(&tenant, run, Surface::Nng)).await,
+                )
             }
-            "run" | "status" | "cancel" | "reset" | "close" => self.session_op(&req).await,
+            "run" | "status" | "cancel" | "reset" | "close" => self.session_op(&req, tenant).await,
             "put_table" => {
-                let (ct, body) = match (&req.csv, &req.records) {
-                    (Some(csv), None) => ("text/csv", csv.clone().into_bytes()),
-                    (None, Some(records)) => ("application/json", records.to_string().into_bytes()),
+                let (format, body) = match (&req.csv, &req.records) {
+                    (Some(csv), None) => (TableFormat::Csv, csv.clone().into_bytes()),
+                    (None, Some(records)) => (TableFormat::Json, records.to_string().into_bytes()),
                     _ => {
                         return error_reply(
                             id,
@@ -416,26 +335,20 @@ impl Service {
                         )
                     }
                 };
-                let (s, b) = self.http(Method::POST, "/v1/tables", token, ct, body).await;
-                wrap(id, "table", s, &b)
+                reply(
+                    id,
+                    "table",
+                    blocking(move || svc.put_table(&tenant, format, &body)).await,
+                )
             }
-            "get_table" | "delete_table" => {
-                let Some(p) = req.data_pointer.as_deref() else {
-                    return missing("data_pointer");
-                };
-                let uri = format!("/v1/tables/{}", percent_path(p));
-                if req.op == "get_table" {
-                    let (s, b) = self
-                        .http(Method::GET, &uri, token, json_ct, Vec::new())
-                        .await;
-                    wrap(id, "table", s, &b)
-                } else {
-                    let (s, b) = self
-                        .http(Method::DELETE, &uri, token, json_ct, Vec::new())
-                        .await;
-                    wrap(id, "deleted", s, if s.is_success() { b"true" } else { &b })
-                }
-            }
+            "get_table" => match req.data_pointer.as_deref() {
+                None => missing("data_pointer"),
+                Some(p) => reply(id, "table", svc.get_table(&tenant, p)),
+            },
+            "delete_table" => match req.data_pointer.as_deref() {
+                None => missing("data_pointer"),
+                Some(p) => reply(id, "deleted", svc.delete_table(&tenant, p).map(|()| true)),
+            },
             other => error_reply(
                 id,
                 "bad_request",
@@ -450,16 +363,8 @@ impl Service {
     /// `run` (with code), `status`, `cancel`, `reset`, `close` on the
     /// tenant's session named `session` (default `main`), made by the first
     /// `run` or `status` as in `session --jsonl`.
-    async fn session_op(&self, req: &NngRequest) -> Vec<u8> {
+    async fn session_op(&self, req: &NngRequest, tenant: String) -> Vec<u8> {
         let id = &req.id;
-        let token = req.token.as_deref();
-        let Some(tenant) = crate::http::tenant_for(&self.state.cfg.tokens, token) else {
-            return error_reply(
-                id,
-                "unauthorized",
-                "send a valid token in the request's \"token\" field",
-            );
-        };
         let name = req.session.clone().unwrap_or_else(|| "main".into());
         let create = matches!(req.op.as_str(), "run" | "status");
         if req.op == "run" && req.code.is_none() {
@@ -468,91 +373,48 @@ impl Service {
                 "bad_request",
                 "a run request needs \"code\" (or \"script\" for a one-shot run)",
             );
-        }
-        let sid = match self.session_id(&tenant, &name, token, create).await {
+        };
+        let svc = &self.service;
+        let sid = match svc.named_session(&tenant, &name, create) {
             Ok(Some(sid)) => sid,
             Ok(None) => {
                 return error_reply(
                     id,
-                    "unknown_session",
+                    ErrorCode::UnknownSession.as_str(),
                     &format!("no session named {name:?}; a run creates it"),
                 )
             }
-            Err((s, b)) => return wrap(id, "status", s, &b),
+            Err(e) => return reply::<Value>(id, "status", Err(e)),
         };
-        let json_ct = "application/json";
         match req.op.as_str() {
             "run" => {
-                let body = body_of(&[
+                let run: SessionRun = match decode(&[
                     ("code", req.code.clone().map(Value::String)),
                     ("timeout_seconds", req.timeout_seconds.clone()),
                     ("plot_width", req.plot_width.clone()),
                     ("plot_height", req.plot_height.clone()),
-                ]);
-                let uri = format!("/v1/sessions/{sid}/run");
-                let (s, b) = self.http(Method::POST, &uri, token, json_ct, body).await;
-                wrap(id, "result", s, &b)
-            }
-            "status" => {
-                let uri = format!("/v1/sessions/{sid}");
-                let (s, b) = self
-                    .http(Method::GET, &uri, token, json_ct, Vec::new())
-                    .await;
-                wrap(id, "status", s, &b)
-            }
-            "cancel" | "reset" => {
-                let uri = format!("/v1/sessions/{sid}/{}", req.op);
-                let (s, b) = self
-                    .http(Method::POST, &uri, token, json_ct, Vec::new())
-                    .await;
-                wrap(id, "status", s, &b)
-            }
-            _ => {
-                // close: answer with the closed session's status, as jsonl does.
-                let session = crate::http::find_session(&self.state, &tenant, &sid).ok();
-                let uri = format!("/v1/sessions/{sid}");
-                let (s, b) = self
-                    .http(Method::DELETE, &uri, token, json_ct, Vec::new())
-                    .await;
-                // Forget the name only if it still means this session: a
-                // `run` racing this close may already have made a new one
-                // under the name, which must stay reachable (and closable).
-                let key = (tenant, name);
-                let mut map = self.sessions.lock().await;
-                if map.get(&key) == Some(&sid) {
-                    map.remove(&key);
-                }
-                drop(map);
-                match (s.is_success(), session) {
-                    (true, Some((session, _))) => {
-                        let status = serde_json::to_vec(&session.status()).unwrap_or_default();
-                        wrap(id, "status", s, &status)
-                    }
-                    _ => wrap(id, "status", s, &b),
+                ]) {
+                    Ok(r) => r,
+                    Err(e) => return reply::<Value>(id, "result", Err(e)),
+                };
+                match svc.session_run(&tenant, &sid, &run) {
+                    Ok(call) => reply(id, "result", Ok(call.finish().await)),
+                    Err(e) => reply::<Value>(id, "result", Err(e)),
                 }
             }
+            "status" => reply(id, "status", svc.session_status(&tenant, &sid)),
+            "cancel" => reply(id, "status", svc.cancel(&tenant, &sid)),
+            "reset" => reply(id, "status", svc.reset(&tenant, &sid)),
+            // close: answer with the closed session's status, as jsonl does.
+            _ => reply(id, "status", svc.close(&tenant, &sid)),
         }
     }
-}
-
-/// Escapes a data pointer for a URL path segment (pointers are plain
-/// tokens; anything else simply fails to resolve).
-fn percent_path(p: &str) -> String {
-    p.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// Serves one connection: SP header exchange, then requests answered as
 /// they finish (several may be in flight with REQ contexts).
 async fn connection<S>(
-    svc: Arc<Service>,
+    svc: Arc<Adapter>,
     stream: S,
     ipc: bool,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -682,21 +544,17 @@ impl Listener {
         &self.url
     }
 
-    /// Accepts connections until the task is dropped.
     /// Accepts connections until `shutdown` turns true; then stops
     /// accepting, lets the requests in flight finish and be answered, and
     /// returns (dropping the listener removes an IPC socket file).
-    pub(crate) async fn run(
+    pub async fn run(
         self,
-        router: Router,
-        state: Shared,
+        service: Service,
         max_message: usize,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
-        let svc = Arc::new(Service {
-            router,
-            state,
-            sessions: tokio::sync::Mutex::new(HashMap::new()),
+        let svc = Arc::new(Adapter {
+            service,
             max_message,
         });
         let mut connections = tokio::task::JoinSet::new();
@@ -788,28 +646,30 @@ mod tests {
     }
 
     #[test]
-    fn replies_wrap_the_service_json_and_keep_the_id() {
+    fn replies_put_the_id_first_and_carry_service_errors() {
         let id = json!(7);
-        let ok = wrap(&id, "status", StatusCode::OK, br#"{"state":"idle"}"#);
+        let ok = reply(&id, "status", Ok(json!({"state": "idle"})));
+        assert!(ok.starts_with(b"{\"id\":7,"), "{}", String::from_utf8_lossy(&ok));
         assert_eq!(
             serde_json::from_slice::<Value>(&ok).unwrap(),
             json!({"id": 7, "status": {"state": "idle"}})
         );
-        let err = wrap(
-            &json!("a"),
-            "result",
-            StatusCode::UNPROCESSABLE_ENTITY,
-            br#"{"error":{"code":"invalid","message":"m"}}"#,
-        );
+        let err = reply::<Value>(&json!("a"), "result", Err(ServiceError::invalid("m")));
         assert_eq!(
             serde_json::from_slice::<Value>(&err).unwrap(),
             json!({"id": "a", "error": {"code": "invalid", "message": "m"}})
         );
-        let odd = wrap(&id, "x", StatusCode::BAD_GATEWAY, b"");
-        assert_eq!(
-            serde_json::from_slice::<Value>(&odd).unwrap()["error"]["code"],
-            "internal"
-        );
+    }
+
+    #[test]
+    fn fields_decode_into_the_service_types_or_name_what_is_wrong() {
+        let r: SessionRun = decode(&[("code", Some(json!("1"))), ("plot_width", None)]).unwrap();
+        assert_eq!(r.code, "1");
+        assert_eq!(r.plot_width, None);
+        let e = decode::<SessionRun>(&[("code", Some(json!("1"))), ("plot_width", Some(json!("wide")))])
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert!(e.message.contains("invalid request"), "{}", e.message);
     }
 
     #[tokio::test]

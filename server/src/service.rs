@@ -1,0 +1,1074 @@
+//! The transport-neutral service: what HTTP, nng, MCP and `session --jsonl`
+//! share, written once.
+//!
+//! [`Service`] owns tenants and their sessions (by id, and by name for the
+//! surfaces that address sessions by name), one-shot runs with variables
+//! and tables, validation, the table store, the request policy (timeouts
+//! and limits a client may ask for, one definition each), the error codes
+//! ([`ErrorCode`], mapped to HTTP statuses here and nowhere else) and the
+//! metrics. An adapter decodes a request into the types of this module,
+//! calls the service, and encodes the answer; it holds no rule of its own.
+
+use crate::tables::{TableConfig, TableError, TableFormat, TableMeta, TableStore};
+use rvisor::{
+    CallContext, CallHandle, CallOptions, Outcome, RunOptions, RunResult, SafetyRules, Session,
+    SessionOptions, SessionStatus, Supervisor,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------
+// Errors
+
+/// A stable error code, the same on every surface (`{"code", "message"}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The request could not be read (malformed JSON, wrong content type).
+    BadRequest,
+    /// No valid token.
+    Unauthorized,
+    /// No such session, table or route (for this tenant).
+    NotFound,
+    /// No session of that name (surfaces that address sessions by name).
+    UnknownSession,
+    /// The route does not take that method.
+    MethodNotAllowed,
+    /// The request is over a size limit.
+    TooLarge,
+    /// The request is well-formed but breaks a rule (a timeout out of
+    /// range, a bad variable name...).
+    Invalid,
+    /// A data pointer of a run did not resolve (which one is not said).
+    DataPointerUnresolved,
+    /// The session's queue is full.
+    QueueFull,
+    /// The session is closed.
+    Closed,
+    /// A tenant quota is used up.
+    Quota,
+    /// No worker could be started.
+    NoWorker,
+    /// The table store failed.
+    Storage,
+    /// A bug or an unexpected failure of the server.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for documentation and tests.
+    pub const ALL: [ErrorCode; 14] = [
+        ErrorCode::BadRequest,
+        ErrorCode::Unauthorized,
+        ErrorCode::NotFound,
+        ErrorCode::UnknownSession,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::TooLarge,
+        ErrorCode::Invalid,
+        ErrorCode::DataPointerUnresolved,
+        ErrorCode::QueueFull,
+        ErrorCode::Closed,
+        ErrorCode::Quota,
+        ErrorCode::NoWorker,
+        ErrorCode::Storage,
+        ErrorCode::Internal,
+    ];
+
+    /// The code on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::UnknownSession => "unknown_session",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::Invalid => "invalid",
+            ErrorCode::DataPointerUnresolved => "data_pointer_unresolved",
+            ErrorCode::QueueFull => "queue_full",
+            ErrorCode::Closed => "closed",
+            ErrorCode::Quota => "quota",
+            ErrorCode::NoWorker => "no_worker",
+            ErrorCode::Storage => "storage",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status of this code: the one mapping every surface that
+    /// speaks HTTP statuses uses (and the OpenAPI document lists).
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::NotFound | ErrorCode::UnknownSession | ErrorCode::Closed => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::TooLarge => 413,
+            ErrorCode::Invalid | ErrorCode::DataPointerUnresolved => 422,
+            ErrorCode::QueueFull | ErrorCode::Quota => 429,
+            ErrorCode::Internal | ErrorCode::Storage => 500,
+            ErrorCode::NoWorker => 503,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed request: a stable code and a message that says what went wrong
+/// and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ServiceError {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// For a person or a model.
+    pub message: String,
+}
+
+impl ServiceError {
+    /// An error with `code`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A rule was broken (422).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Invalid, message)
+    }
+
+    /// `what` does not exist for this tenant (404).
+    pub fn not_found(what: &str) -> Self {
+        Self::new(ErrorCode::NotFound, format!("{what} not found"))
+    }
+
+    /// The request could not be read (400).
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::BadRequest, message)
+    }
+
+    /// `{"code", "message"}`, as every surface carries it.
+    pub fn to_json(&self) -> Value {
+        json!({"code": self.code.as_str(), "message": self.message})
+    }
+}
+
+impl From<rvisor::Rejection> for ServiceError {
+    fn from(r: rvisor::Rejection) -> Self {
+        let code = match &r {
+            rvisor::Rejection::QueueFull(_) => ErrorCode::QueueFull,
+            rvisor::Rejection::Closed => ErrorCode::Closed,
+            _ => ErrorCode::Invalid,
+        };
+        Self::new(code, r.to_string())
+    }
+}
+
+impl From<TableError> for ServiceError {
+    fn from(e: TableError) -> Self {
+        match e {
+            TableError::Invalid(m) => Self::invalid(m),
+            TableError::Quota(m) => Self::new(ErrorCode::Quota, m),
+            e @ TableError::Io(_) => Self::new(ErrorCode::Storage, e.to_string()),
+        }
+    }
+}
+
+/// A session could not be made: bad options are the client's to fix, a
+/// worker or host failure is the server's.
+fn session_error(e: rvisor::Error) -> ServiceError {
+    match e {
+        rvisor::Error::Invalid(m) => ServiceError::invalid(m),
+        e @ (rvisor::Error::WorkerNotFound(_)
+        | rvisor::Error::Spawn { .. }
+        | rvisor::Error::Startup(_)
+        | rvisor::Error::StartupTimeout(_)
+        | rvisor::Error::Confinement(_)) => ServiceError::new(ErrorCode::NoWorker, e.to_string()),
+        e => ServiceError::new(ErrorCode::Internal, e.to_string()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests
+
+/// A variable bound in R before a one-shot run.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Variable {
+    /// A syntactic R name.
+    pub name: String,
+    /// A number, string, boolean or flat array of one of those.
+    pub value: Value,
+}
+
+/// A table loaded as a data frame before a one-shot run.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DataframeRef {
+    /// The pointer `POST /v1/tables` answered.
+    pub data_pointer: String,
+    /// The R name it is bound to.
+    pub name: String,
+}
+
+/// Limits a client may ask for: each at most the server's own.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsRequest {
+    /// Address space, MiB.
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    /// Private disk (tmpfs), MiB.
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
+    /// Processes and threads.
+    #[serde(default)]
+    pub processes: Option<u64>,
+    /// CPU seconds over the worker's life.
+    #[serde(default)]
+    pub cpu_seconds: Option<u64>,
+}
+
+/// A one-shot run: a fresh worker, variables and tables bound first,
+/// validated before anything runs.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunScript {
+    /// The R script.
+    pub script: String,
+    /// Wall and CPU time limit, seconds (the rules' range; default from the
+    /// rules).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Variables bound before the script runs.
+    #[serde(default)]
+    pub variables: Vec<Variable>,
+    /// Tables loaded as data frames before the script runs.
+    #[serde(default)]
+    pub dataframes: Vec<DataframeRef>,
+    /// Tighter confinement limits for this run (never looser than the
+    /// server's).
+    #[serde(default)]
+    pub limits: Option<LimitsRequest>,
+}
+
+/// Options of a new session.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSession {
+    /// Time limit per call, seconds (the rules' range).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Tighter confinement limits for this session's workers.
+    #[serde(default)]
+    pub limits: Option<LimitsRequest>,
+    /// Plot width in pixels.
+    #[serde(default)]
+    pub plot_width: Option<u32>,
+    /// Plot height in pixels.
+    #[serde(default)]
+    pub plot_height: Option<u32>,
+}
+
+/// One call in a session.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRun {
+    /// The R code.
+    pub code: String,
+    /// Time limit for this call, seconds (the session's otherwise).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Plot width in pixels for this call (the session's otherwise).
+    #[serde(default)]
+    pub plot_width: Option<u32>,
+    /// Plot height in pixels for this call (the session's otherwise).
+    #[serde(default)]
+    pub plot_height: Option<u32>,
+}
+
+// ---------------------------------------------------------------------------
+// Policy: one definition of each rule a request is checked against
+
+/// Checks a requested timeout against the rules' range; `None` gives the
+/// rules' default.
+pub fn check_timeout(t: Option<f64>, rules: &SafetyRules) -> Result<Duration, ServiceError> {
+    let r = &rules.timeout_seconds;
+    match t {
+        None => Ok(Duration::from_secs(r.default)),
+        Some(t) if t.is_finite() && t >= r.min as f64 && t <= r.max as f64 => {
+            Ok(Duration::from_secs_f64(t))
+        }
+        Some(t) => Err(ServiceError::invalid(format!(
+            "timeout_seconds {t} is out of range: use {}..{} seconds",
+            r.min, r.max
+        ))),
+    }
+}
+
+/// The server's limits tightened by `asked`; a looser value is refused.
+/// `base` is `None` when the server runs unconfined.
+pub fn tighter_limits(
+    base: Option<&rvisor::Limits>,
+    asked: Option<&LimitsRequest>,
+) -> Result<Option<rvisor::Limits>, ServiceError> {
+    let Some(b) = asked else { return Ok(None) };
+    let Some(base) = base else {
+        return Err(ServiceError::invalid(
+            "limits need OS confinement, and this server runs unconfined",
+        ));
+    };
+    let mut l = base.clone();
+    let over = |what: &str, asked: u64, max: u64, unit: &str| {
+        ServiceError::invalid(format!(
+            "{what} {asked}{unit} is over the server's limit of {max}{unit}; ask for less"
+        ))
+    };
+    if let Some(m) = b.memory_mb {
+        if m > base.memory_bytes >> 20 {
+            return Err(over("memory_mb", m, base.memory_bytes >> 20, " MiB"));
+        }
+        l.memory_bytes = m << 20;
+    }
+    if let Some(d) = b.disk_mb {
+        if d > base.disk_bytes >> 20 {
+            return Err(over("disk_mb", d, base.disk_bytes >> 20, " MiB"));
+        }
+        l.disk_bytes = d << 20;
+    }
+    if let Some(p) = b.processes {
+        if p > base.processes {
+            return Err(over("processes", p, base.processes, ""));
+        }
+        l.processes = p;
+    }
+    if let Some(c) = b.cpu_seconds {
+        if let Some(max) = base.cpu_seconds.filter(|max| c > *max) {
+            return Err(over("cpu_seconds", c, max, " s"));
+        }
+        l.cpu_seconds = Some(c);
+    }
+    l.check().map_err(|e| ServiceError::invalid(e.to_string()))?;
+    Ok(Some(l))
+}
+
+/// Checks the names a one-shot run binds: at most `max_dataframes` tables,
+/// syntactic names, the variables' own rules, and no name used twice
+/// (between tables, or between a table and a variable).
+pub fn check_bindings(
+    variables: &[(String, Value)],
+    table_names: &[&str],
+    rules: &SafetyRules,
+) -> Result<(), ServiceError> {
+    if table_names.len() > rules.max_dataframes {
+        return Err(ServiceError::invalid(format!(
+            "{} dataframes given; at most {} are allowed",
+            table_names.len(),
+            rules.max_dataframes
+        )));
+    }
+    for n in table_names {
+        if !rvisor::ops::syntactic_name(n) {
+            return Err(ServiceError::invalid(format!(
+                "dataframe name {n:?} is not a syntactic R name"
+            )));
+        }
+    }
+    rvisor::ops::check_variables(variables, rules)
+        .map_err(|e| ServiceError::invalid(e.to_string()))?;
+    let mut names = HashSet::new();
+    for n in table_names {
+        if !names.insert(*n) || variables.iter().any(|(v, _)| v == n) {
+            return Err(ServiceError::invalid(format!("the name {n:?} is used twice")));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Published tables
+
+/// Tables published during calls: (execution id, table metadata).
+type Published = Arc<Mutex<Vec<(String, Value)>>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes the tables published by call `execution_id`.
+fn take_published(p: &Published, execution_id: &str) -> Vec<Value> {
+    let mut all = lock(p);
+    let (mine, rest): (Vec<_>, Vec<_>) = all.drain(..).partition(|(id, _)| id == execution_id);
+    *all = rest;
+    mine.into_iter().map(|(_, v)| v).collect()
+}
+
+/// The built-in tool behind `rvisor_publish(df)`: stores the CSV the R
+/// code wrote (in its own temporary directory) as a table of `tenant`, and
+/// records it for the result's `published` list.
+fn publish_tool(store: Arc<TableStore>, tenant: String, record: Published) -> rvisor::Tool {
+    let tool = rvisor::Tool::new(
+        "rvisor.publish",
+        "Publish a data frame as a data pointer",
+        json!({"type": "object", "properties": {"path": {"type": "string"}, "name": {"type": "string"}}}),
+        move |call| {
+            let path = call.args["path"].as_str().ok_or("path is missing")?;
+            let name = call.args["name"].as_str().unwrap_or("");
+            let bytes = rvisor::tools::read_worker_file(call, path)?;
+            let meta = store
+                .put(&tenant, TableFormat::Csv, &bytes)
+                .map_err(|e| e.to_string())?;
+            let mut v = serde_json::to_value(&meta).map_err(|e| e.to_string())?;
+            if !name.is_empty() {
+                v["name"] = json!(name);
+            }
+            lock(&record).push((call.execution_id.clone(), v.clone()));
+            Ok(v)
+        },
+    );
+    // The name is a constant that matches the rules.
+    tool.unwrap_or_else(|e| unreachable!("{e}"))
+}
+
+// ---------------------------------------------------------------------------
+// Metrics
+
+/// The surface a request came in on (metrics label it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Surface {
+    /// `rvisor serve`.
+    Http,
+    /// `rvisor serve --nng`.
+    Nng,
+    /// `rvisor mcp`.
+    Mcp,
+    /// `rvisor session --jsonl`.
+    Jsonl,
+}
+
+impl Surface {
+    fn as_str(self) -> &'static str {
+        match self {
+            Surface::Http => "http",
+            Surface::Nng => "nng",
+            Surface::Mcp => "mcp",
+            Surface::Jsonl => "jsonl",
+        }
+    }
+}
+
+const BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+
+#[derive(Debug, Default)]
+struct Metrics {
+    by_outcome: Mutex<BTreeMap<String, u64>>,
+    /// Call latency histogram: counts of calls at or under each bound (s).
+    buckets: [AtomicU64; 10],
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+    requests: Mutex<BTreeMap<Surface, u64>>,
+}
+
+impl Metrics {
+    fn record(&self, r: &RunResult, took: Duration) {
+        *lock(&self.by_outcome)
+            .entry(r.outcome.to_string())
+            .or_default() += 1;
+        let secs = took.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The service
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Bearer token -> tenant; `None` serves one local tenant without auth.
+    pub tokens: Option<HashMap<String, String>>,
+    /// Where tables are stored, their lifetime and quotas.
+    pub tables: TableConfig,
+}
+
+/// The tenant of every request when the service runs without tokens.
+pub const LOCAL_TENANT: &str = "local";
+
+#[derive(Debug)]
+struct Entry {
+    tenant: String,
+    session: Session,
+    published: Published,
+}
+
+/// The service every surface calls. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    sup: Supervisor,
+    cfg: ServiceConfig,
+    tables: Arc<TableStore>,
+    /// Session id -> its tenant, the session, the tables it published.
+    sessions: Mutex<HashMap<String, Entry>>,
+    /// (tenant, name) -> session id, for surfaces that name sessions.
+    names: Mutex<HashMap<(String, String), String>>,
+    metrics: Metrics,
+}
+
+/// A session call in flight: resolve it with [`PendingCall::wait`] or
+/// `.await` ([`PendingCall::finish`]); either records the metrics and
+/// attaches the tables the call published.
+#[derive(Debug)]
+pub struct PendingCall {
+    handle: CallHandle,
+    published: Published,
+    started: Instant,
+    service: Service,
+}
+
+impl PendingCall {
+    /// The call's execution id.
+    pub fn execution_id(&self) -> &str {
+        self.handle.execution_id()
+    }
+
+    fn complete(
+        published: &Published,
+        service: &Service,
+        started: Instant,
+        mut r: RunResult,
+    ) -> RunResult {
+        r.published = take_published(published, &r.execution_id.clone());
+        service.inner.metrics.record(&r, started.elapsed());
+        r
+    }
+
+    /// Blocks until the call ends.
+    pub fn wait(self) -> RunResult {
+        let r = self.handle.wait();
+        Self::complete(&self.published, &self.service, self.started, r)
+    }
+
+    /// Waits for the call without blocking a thread.
+    pub async fn finish(self) -> RunResult {
+        let PendingCall {
+            handle,
+            published,
+            started,
+            service,
+        } = self;
+        let r = handle.await;
+        Self::complete(&published, &service, started, r)
+    }
+}
+
+impl Service {
+    /// A service over `sup`, with its table store opened (or made) in
+    /// `cfg.tables.dir`.
+    pub fn new(sup: Supervisor, cfg: ServiceConfig) -> std::io::Result<Self> {
+        let tables = Arc::new(TableStore::open(cfg.tables.clone())?);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                sup,
+                cfg,
+                tables,
+                sessions: Mutex::new(HashMap::new()),
+                names: Mutex::new(HashMap::new()),
+                metrics: Metrics::default(),
+            }),
+        })
+    }
+
+    /// The supervisor underneath.
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.inner.sup
+    }
+
+    /// The rules every request is checked against (health reports them).
+    pub fn rules(&self) -> &SafetyRules {
+        &self.inner.sup.config().rules
+    }
+
+    /// Whether requests need a token.
+    pub fn requires_auth(&self) -> bool {
+        self.inner.cfg.tokens.is_some()
+    }
+
+    /// The tenant of `token` (the local tenant when the service has no
+    /// tokens). `how` tells the client where its surface takes the token.
+    pub fn authenticate(&self, token: Option<&str>, how: &str) -> Result<String, ServiceError> {
+        match &self.inner.cfg.tokens {
+            None => Ok(LOCAL_TENANT.to_string()),
+            Some(map) => token
+                .map(str::trim)
+                .and_then(|t| map.get(t))
+                .cloned()
+                .ok_or_else(|| {
+                    ServiceError::new(ErrorCode::Unauthorized, format!("send a valid token {how}"))
+                }),
+        }
+    }
+
+    /// Counts a request of `surface`.
+    pub fn count_request(&self, surface: Surface) {
+        *lock(&self.inner.metrics.requests).entry(surface).or_default() += 1;
+    }
+
+    /// Liveness, versions, the live rules and workers, with the number of
+    /// open sessions.
+    pub fn health(&self) -> Value {
+        let h = self.inner.sup.health();
+        let mut v = serde_json::to_value(&h).unwrap_or_default();
+        v["workers"]["sessions"] = json!(lock(&self.inner.sessions).len());
+        v
+    }
+
+    /// Installed packages a script can `library()`.
+    pub fn packages(&self) -> Result<Vec<rvisor::Package>, ServiceError> {
+        self.inner
+            .sup
+            .packages()
+            .map_err(|e| ServiceError::new(ErrorCode::NoWorker, e.to_string()))
+    }
+
+    /// Validation with style notes: runs nothing.
+    pub fn validate(&self, script: &str) -> rvisor::Validation {
+        self.inner.sup.validate(script)
+    }
+
+    /// A one-shot run in a fresh worker, for `tenant`. Blocks until it
+    /// ends. A script that fails validation is not run: the answer is a
+    /// result with outcome `rejected` and the validation.
+    pub fn run_script(
+        &self,
+        tenant: &str,
+        req: RunScript,
+        surface: Surface,
+    ) -> Result<RunResult, ServiceError> {
+        let _ = surface;
+        let sup = &self.inner.sup;
+        let rules = self.rules();
+        let timeout = check_timeout(req.timeout_seconds, rules)?;
+        let limits = tighter_limits(self.server_limits(), req.limits.as_ref())?;
+        let variables: Vec<(String, Value)> = req
+            .variables
+            .into_iter()
+            .map(|v| (v.name, v.value))
+            .collect();
+        let names: Vec<&str> = req.dataframes.iter().map(|d| d.name.as_str()).collect();
+        check_bindings(&variables, &names, rules)?;
+        let pointers: Vec<&str> = req
+            .dataframes
+            .iter()
+            .map(|d| d.data_pointer.as_str())
+            .collect();
+        // All or nothing, and one answer for every failure (unknown,
+        // expired, deleted, another tenant's): it does not say which
+        // pointer or why.
+        let Some(files) = self.inner.tables.resolve(tenant, &pointers) else {
+            return Err(ServiceError::new(
+                ErrorCode::DataPointerUnresolved,
+                "one or more data pointers could not be resolved; nothing ran",
+            ));
+        };
+        let tables: Vec<(String, PathBuf)> = names
+            .iter()
+            .map(|n| n.to_string())
+            .zip(files)
+            .collect();
+        let started = Instant::now();
+        let script = req.script;
+        let id = rvisor::ids::execution_id();
+        // A run checks problems only; style notes are for validation.
+        let v = sup.validate_with(&script, rvisor::StyleEngine::None);
+        if !v.valid {
+            let summary: Vec<String> = v
+                .problems
+                .iter()
+                .map(|p| match (p.line, p.column) {
+                    (Some(l), Some(c)) => format!("line {l}, column {c}: {}", p.message),
+                    _ => p.message.clone(),
+                })
+                .collect();
+            let mut r = RunResult::failed(
+                id,
+                script,
+                Outcome::Rejected,
+                format!(
+                    "the script failed validation and was not run: {}",
+                    summary.join("; ")
+                ),
+            );
+            r.validation = serde_json::to_value(&v).ok();
+            self.inner.metrics.record(&r, started.elapsed());
+            return Ok(r);
+        }
+        let published: Published = Arc::new(Mutex::new(Vec::new()));
+        let publish = publish_tool(
+            self.inner.tables.clone(),
+            tenant.to_string(),
+            published.clone(),
+        );
+        let opts = CallOptions {
+            timeout: Some(timeout),
+            // Wall and CPU: a run may not use more CPU than its timeout.
+            cpu_limit: Some(timeout),
+            ..CallOptions::default()
+        };
+        let ctx = CallContext {
+            variables,
+            tables,
+            tools: Arc::new(vec![publish]),
+            ..CallContext::default()
+        };
+        let mut r = sup.run_once_limited(id, &script, &opts, &ctx, limits.as_ref(), None);
+        r.published = take_published(&published, &r.execution_id.clone());
+        self.inner.metrics.record(&r, started.elapsed());
+        if matches!(r.outcome, Outcome::StartupFailed | Outcome::StartupTimedOut) {
+            return Err(ServiceError::new(
+                ErrorCode::NoWorker,
+                r.error.map(|e| e.message).unwrap_or_default(),
+            ));
+        }
+        Ok(r)
+    }
+
+    fn server_limits(&self) -> Option<&rvisor::Limits> {
+        self.inner
+            .sup
+            .config()
+            .worker
+            .confine
+            .as_ref()
+            .map(|c| &c.limits)
+    }
+
+    /// A new session of `tenant`.
+    pub fn create_session(
+        &self,
+        tenant: &str,
+        req: NewSession,
+    ) -> Result<SessionStatus, ServiceError> {
+        let mut opts = SessionOptions {
+            timeout: check_timeout(req.timeout_seconds, self.rules())?,
+            ..self.inner.sup.config().defaults.clone()
+        };
+        if let Some(w) = req.plot_width {
+            opts.plot_width = w;
+        }
+        if let Some(h) = req.plot_height {
+            opts.plot_height = h;
+        }
+        opts.limits = tighter_limits(self.server_limits(), req.limits.as_ref())?;
+        let s = self.open(tenant, opts)?;
+        Ok(s.status())
+    }
+
+    fn open(&self, tenant: &str, mut opts: SessionOptions) -> Result<Session, ServiceError> {
+        let published: Published = Arc::new(Mutex::new(Vec::new()));
+        opts.tools.push(publish_tool(
+            self.inner.tables.clone(),
+            tenant.to_string(),
+            published.clone(),
+        ));
+        let s = self.inner.sup.session_with(opts).map_err(session_error)?;
+        lock(&self.inner.sessions).insert(
+            s.id().to_string(),
+            Entry {
+                tenant: tenant.to_string(),
+                session: s.clone(),
+                published,
+            },
+        );
+        Ok(s)
+    }
+
+    fn find(&self, tenant: &str, id: &str) -> Result<(Session, Published), ServiceError> {
+        match lock(&self.inner.sessions).get(id) {
+            Some(e) if e.tenant == tenant => Ok((e.session.clone(), e.published.clone())),
+            // Another tenant's session answers exactly like an unknown one.
+            _ => Err(ServiceError::not_found("session")),
+        }
+    }
+
+    /// The session `id` of `tenant`.
+    pub fn session(&self, tenant: &str, id: &str) -> Result<Session, ServiceError> {
+        Ok(self.find(tenant, id)?.0)
+    }
+
+    /// The session named `name` of `tenant` (for surfaces that address
+    /// sessions by name: nng, `session --jsonl`, MCP); made with the
+    /// server's defaults on first use when `create`. `Ok(None)`: no such
+    /// name and `create` was false.
+    pub fn named_session(
+        &self,
+        tenant: &str,
+        name: &str,
+        create: bool,
+    ) -> Result<Option<String>, ServiceError> {
+        let mut names = lock(&self.inner.names);
+        let key = (tenant.to_string(), name.to_string());
+        if let Some(id) = names.get(&key) {
+            // Closed by id meanwhile? Then the name is free again.
+            if self.find(tenant, id).is_ok() {
+                return Ok(Some(id.clone()));
+            }
+            names.remove(&key);
+        }
+        if !create {
+            return Ok(None);
+        }
+        let s = self.open(tenant, self.inner.sup.config().defaults.clone())?;
+        let id = s.id().to_string();
+        names.insert(key, id.clone());
+        Ok(Some(id))
+    }
+
+    /// Queues a call in session `id` of `tenant`.
+    pub fn session_run(
+        &self,
+        tenant: &str,
+        id: &str,
+        req: &SessionRun,
+    ) -> Result<PendingCall, ServiceError> {
+        let (s, published) = self.find(tenant, id)?;
+        let timeout = match req.timeout_seconds {
+            None => None,
+            t => Some(check_timeout(t, self.rules())?),
+        };
+        let started = Instant::now();
+        let handle = s
+            .run_with(
+                &req.code,
+                &RunOptions {
+                    timeout,
+                    plot_width: req.plot_width,
+                    plot_height: req.plot_height,
+                },
+            )
+            .map_err(|e| match e {
+                // A session closed under the caller is gone for it.
+                rvisor::Rejection::Closed => ServiceError::not_found("session"),
+                other => other.into(),
+            })?;
+        Ok(PendingCall {
+            handle,
+            published,
+            started,
+            service: self.clone(),
+        })
+    }
+
+    /// The status of session `id`.
+    pub fn session_status(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        Ok(self.session(tenant, id)?.status())
+    }
+
+    /// Cancels the running call and drops the queue of session `id`.
+    pub fn cancel(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        s.cancel();
+        Ok(s.status())
+    }
+
+    /// Starts session `id` over with a fresh worker.
+    pub fn reset(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        // The fresh worker is put in place before the next call runs.
+        s.reset();
+        Ok(s.status())
+    }
+
+    /// Closes session `id`; its running and queued calls end as `closed`.
+    /// The answer is the closed session's status.
+    pub fn close(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        lock(&self.inner.sessions).remove(id);
+        // Forget any name that still means this session (a racing
+        // `named_session` may already have made a new one under the name,
+        // which stays reachable).
+        lock(&self.inner.names).retain(|_, v| v != id);
+        s.close();
+        Ok(s.status())
+    }
+
+    /// Stores a table for `tenant`.
+    pub fn put_table(
+        &self,
+        tenant: &str,
+        format: TableFormat,
+        bytes: &[u8],
+    ) -> Result<TableMeta, ServiceError> {
+        Ok(self.inner.tables.put(tenant, format, bytes)?)
+    }
+
+    /// A table's metadata.
+    pub fn get_table(&self, tenant: &str, pointer: &str) -> Result<TableMeta, ServiceError> {
+        self.inner
+            .tables
+            .get(tenant, pointer)
+            .ok_or_else(|| ServiceError::not_found("table"))
+    }
+
+    /// Deletes a table.
+    pub fn delete_table(&self, tenant: &str, pointer: &str) -> Result<(), ServiceError> {
+        if self.inner.tables.delete(tenant, pointer) {
+            Ok(())
+        } else {
+            Err(ServiceError::not_found("table"))
+        }
+    }
+
+    /// Closes every session (at the end of a surface's life).
+    pub fn close_all(&self) {
+        let all: Vec<Entry> = lock(&self.inner.sessions).drain().map(|(_, e)| e).collect();
+        lock(&self.inner.names).clear();
+        for e in all {
+            e.session.close();
+        }
+    }
+
+    /// Prometheus text: calls by outcome, call latency, sessions, queue
+    /// depth, spares, the zygote, requests by surface.
+    pub fn metrics_text(&self) -> String {
+        let m = &self.inner.metrics;
+        let mut out = String::new();
+        out.push_str(
+            "# HELP rvisor_calls_total Calls by outcome.\n# TYPE rvisor_calls_total counter\n",
+        );
+        for (k, v) in lock(&m.by_outcome).iter() {
+            out.push_str(&format!("rvisor_calls_total{{outcome=\"{k}\"}} {v}\n"));
+        }
+        out.push_str(
+            "# HELP rvisor_call_seconds Call latency.\n# TYPE rvisor_call_seconds histogram\n",
+        );
+        for (i, b) in BUCKETS.iter().enumerate() {
+            out.push_str(&format!(
+                "rvisor_call_seconds_bucket{{le=\"{b}\"}} {}\n",
+                m.buckets[i].load(Ordering::Relaxed)
+            ));
+        }
+        let count = m.count.load(Ordering::Relaxed);
+        out.push_str(&format!(
+            "rvisor_call_seconds_bucket{{le=\"+Inf\"}} {count}\n"
+        ));
+        out.push_str(&format!(
+            "rvisor_call_seconds_sum {}\n",
+            m.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        ));
+        out.push_str(&format!("rvisor_call_seconds_count {count}\n"));
+        let pool = self.inner.sup.pool_status();
+        let (n, queued) = {
+            let sessions = lock(&self.inner.sessions);
+            let queued: usize = sessions.values().map(|e| e.session.status().queued).sum();
+            (sessions.len(), queued)
+        };
+        out.push_str(&format!(
+            "# TYPE rvisor_sessions gauge\nrvisor_sessions {n}\n# TYPE rvisor_queue_depth gauge\nrvisor_queue_depth {queued}\n# TYPE rvisor_spare_workers gauge\nrvisor_spare_workers {}\n# TYPE rvisor_zygote_up gauge\nrvisor_zygote_up {}\n",
+            pool.spares,
+            u8::from(pool.mode == rvisor::PoolMode::Zygote),
+        ));
+        let requests = lock(&m.requests);
+        out.push_str(
+            "# HELP rvisor_requests_total Requests by surface.\n# TYPE rvisor_requests_total counter\n",
+        );
+        for (s, v) in requests.iter() {
+            out.push_str(&format!("rvisor_requests_total{{surface=\"{}\"}} {v}\n", s.as_str()));
+        }
+        out.push_str(&format!(
+            "# TYPE rvisor_http_requests_total counter\nrvisor_http_requests_total {}\n",
+            requests.get(&Surface::Http).copied().unwrap_or(0)
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_one_status_and_a_distinct_name() {
+        let mut names = HashSet::new();
+        for c in ErrorCode::ALL {
+            assert!(names.insert(c.as_str()), "{c} twice");
+            assert!((400..600).contains(&c.http_status()), "{c}");
+        }
+    }
+
+    #[test]
+    fn timeouts_follow_the_rules_range() {
+        let rules = SafetyRules::default();
+        let r = &rules.timeout_seconds;
+        assert_eq!(
+            check_timeout(None, &rules),
+            Ok(Duration::from_secs(r.default))
+        );
+        assert!(check_timeout(Some(r.min as f64), &rules).is_ok());
+        assert!(check_timeout(Some(r.max as f64), &rules).is_ok());
+        for bad in [0.0, r.max as f64 + 1.0, f64::NAN, f64::INFINITY, -1.0] {
+            let e = check_timeout(Some(bad), &rules).unwrap_err();
+            assert_eq!(e.code, ErrorCode::Invalid);
+            assert!(e.message.contains("timeout_seconds"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn limits_only_tighten() {
+        let base = rvisor::Limits::default();
+        assert_eq!(tighter_limits(Some(&base), None), Ok(None));
+        let tighter = LimitsRequest {
+            memory_mb: Some(1024),
+            ..Default::default()
+        };
+        let l = tighter_limits(Some(&base), Some(&tighter)).unwrap().unwrap();
+        assert_eq!(l.memory_bytes, 1024 << 20);
+        let looser = LimitsRequest {
+            processes: Some(base.processes + 1),
+            ..Default::default()
+        };
+        let e = tighter_limits(Some(&base), Some(&looser)).unwrap_err();
+        assert!(e.message.contains("over the server's limit"), "{}", e.message);
+        let e = tighter_limits(None, Some(&tighter)).unwrap_err();
+        assert!(e.message.contains("unconfined"), "{}", e.message);
+    }
+
+    #[test]
+    fn bindings_refuse_reused_and_bad_names() {
+        let rules = SafetyRules::default();
+        let vars = vec![("n".to_string(), json!(1))];
+        assert!(check_bindings(&vars, &["d"], &rules).is_ok());
+        for (tables, what) in [
+            (vec!["n"], "used twice"),
+            (vec!["d", "d"], "used twice"),
+            (vec!["1x"], "not a syntactic R name"),
+        ] {
+            let e = check_bindings(&vars, &tables, &rules).unwrap_err();
+            assert!(e.message.contains(what), "{tables:?}: {}", e.message);
+        }
+        let many: Vec<String> = (0..=rules.max_dataframes).map(|i| format!("d{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(check_bindings(&[], &many, &rules).is_err());
+    }
+}
