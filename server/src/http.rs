@@ -209,11 +209,10 @@ where
 }
 
 /// What the handlers share.
-pub(crate) struct AppState {
+#[derive(Clone)]
+struct Handlers {
     service: Service,
 }
-
-type Shared = std::sync::Arc<AppState>;
 
 /// The tenant of the request (set by the auth layer).
 #[derive(Debug, Clone)]
@@ -243,7 +242,7 @@ async fn log_requests(req: Request, next: Next) -> Response {
     res
 }
 
-async fn auth(State(st): State<Shared>, mut req: Request, next: Next) -> Response {
+async fn auth(State(st): State<Handlers>, mut req: Request, next: Next) -> Response {
     st.service.count_request(Surface::Http);
     let given = req
         .headers()
@@ -286,13 +285,13 @@ async fn blocking<T: Send + 'static>(
 }
 
 #[utoipa::path(get, path = "/v1/health", tag = "operations", responses((status = 200, description = "Liveness, versions, the live safety rules, workers (a `sessions` count is added)", body = rvisor::ops::Health), (status = 401, body = ErrorBody)))]
-async fn health(State(st): State<Shared>) -> Result<Response, ApiError> {
+async fn health(State(st): State<Handlers>) -> Result<Response, ApiError> {
     let svc = st.service.clone();
     Ok(Json(blocking(move || svc.health()).await?).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/packages", tag = "operations", responses((status = 200, description = "`{\"packages\": [Package]}`", body = PackagesBody), (status = 503, body = ErrorBody)))]
-async fn packages(State(st): State<Shared>) -> Result<Response, ApiError> {
+async fn packages(State(st): State<Handlers>) -> Result<Response, ApiError> {
     let svc = st.service.clone();
     let list = blocking(move || svc.packages()).await??;
     Ok(Json(json!({ "packages": list })).into_response())
@@ -306,7 +305,7 @@ struct ValidateBody {
 
 #[utoipa::path(post, path = "/v1/validate", tag = "operations", request_body = ValidateBody, responses((status = 200, body = rvisor::ops::Validation), (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
 async fn validate(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     ApiJson(b): ApiJson<ValidateBody>,
 ) -> Result<Response, ApiError> {
     let svc = st.service.clone();
@@ -316,7 +315,7 @@ async fn validate(
 
 #[utoipa::path(post, path = "/v1/run", tag = "operations", request_body = RunScript, responses((status = 200, description = "A RunResult (outcome `rejected` with `validation` when the script fails validation); `Accept: text/html` gives an HTML fragment", body = rvisor_protocol::RunResult), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn run(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     ApiJson(b): ApiJson<RunScript>,
@@ -328,7 +327,7 @@ async fn run(
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<NewSession>, description = "optional session options"), responses((status = 201, body = rvisor::SessionStatus), (status = 422, body = ErrorBody)))]
 async fn create_session(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -342,10 +341,7 @@ async fn create_session(
     } else {
         serde_json::from_slice(&body).map_err(|e| {
             if e.is_data() {
-                ApiError::new(
-                    ErrorCode::Invalid,
-                    format!("invalid session options: {e}"),
-                )
+                ApiError::new(ErrorCode::Invalid, format!("invalid session options: {e}"))
             } else {
                 ApiError::new(ErrorCode::BadRequest, format!("malformed JSON: {e}"))
             }
@@ -357,7 +353,7 @@ async fn create_session(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/run", tag = "sessions", params(("id" = String, Path, description = "session id")), request_body = SessionRun, responses((status = 200, body = rvisor_protocol::RunResult), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
 async fn session_run(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -369,7 +365,7 @@ async fn session_run(
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_status(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -378,7 +374,7 @@ async fn session_status(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_cancel(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -387,7 +383,7 @@ async fn session_cancel(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
 async fn session_reset(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -396,7 +392,7 @@ async fn session_reset(
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 204, description = "closed"), (status = 404, body = ErrorBody)))]
 async fn session_delete(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -431,7 +427,7 @@ fn table_format(content_type: &str) -> Result<TableFormat, ServiceError> {
 
 #[utoipa::path(post, path = "/v1/tables", tag = "tables", request_body(content = String, description = "CSV (text/csv), a JSON array of records (application/json) or an Arrow IPC stream (application/vnd.apache.arrow.stream)"), responses((status = 201, body = crate::tables::TableMeta), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody)))]
 async fn table_create(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
@@ -449,7 +445,7 @@ async fn table_create(
 
 #[utoipa::path(get, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 200, body = crate::tables::TableMeta), (status = 404, body = ErrorBody)))]
 async fn table_get(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(p): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -458,7 +454,7 @@ async fn table_get(
 
 #[utoipa::path(delete, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 204, description = "deleted"), (status = 404, body = ErrorBody)))]
 async fn table_delete(
-    State(st): State<Shared>,
+    State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     Path(p): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -466,7 +462,7 @@ async fn table_delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn metrics(State(st): State<Shared>) -> Response {
+async fn metrics(State(st): State<Handlers>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.service.metrics_text(),
@@ -503,7 +499,7 @@ pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
 
 /// The HTTP routes over `service`, with `cfg`'s body limits.
 pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
-    let st = std::sync::Arc::new(AppState { service });
+    let st = Handlers { service };
     // Table uploads get their own (larger) body limit.
     let uploads = Router::new()
         .route("/v1/tables", post(table_create))

@@ -170,11 +170,17 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                 continue;
             }
         };
-        if !matches!(req.op.as_str(), "run" | "status" | "cancel" | "reset" | "close") {
+        if !matches!(
+            req.op.as_str(),
+            "run" | "status" | "cancel" | "reset" | "close"
+        ) {
             emit(&error_line(
                 &req.id,
                 "bad_request",
-                &format!("unknown op {:?}; use run, status, cancel, reset or close", req.op),
+                &format!(
+                    "unknown op {:?}; use run, status, cancel, reset or close",
+                    req.op
+                ),
             ));
             continue;
         }

@@ -125,7 +125,8 @@ fn decode<T: serde::de::DeserializeOwned>(args: &Value, keys: &[&str]) -> Result
         .iter()
         .filter_map(|k| args.get(*k).map(|v| (k.to_string(), v.clone())))
         .collect();
-    serde_json::from_value(Value::Object(map)).map_err(|e| (-32602, format!("invalid arguments: {e}")))
+    serde_json::from_value(Value::Object(map))
+        .map_err(|e| (-32602, format!("invalid arguments: {e}")))
 }
 
 struct State {
@@ -165,12 +166,10 @@ impl State {
             }
             "run_r_code" => {
                 let req: SessionRun = decode(args, &["code", "timeout_seconds"])?;
-                let call = svc
-                    .named_session(TENANT, "main", true)
-                    .and_then(|id| {
-                        let id = id.unwrap_or_default();
-                        svc.session_run(TENANT, &id, &req)
-                    });
+                let call = svc.named_session(TENANT, "main", true).and_then(|id| {
+                    let id = id.unwrap_or_default();
+                    svc.session_run(TENANT, &id, &req)
+                });
                 match call {
                     Ok(call) => Ok(result_content(&call.wait())),
                     Err(e) => Ok(error_result(&e)),
@@ -217,7 +216,13 @@ pub fn serve<R: BufRead, W: Write>(
     input: R,
     mut output: W,
 ) -> std::io::Result<()> {
-    let service = Service::new(sup.clone(), ServiceConfig { tokens: None, tables })?;
+    let service = Service::new(
+        sup.clone(),
+        ServiceConfig {
+            tokens: None,
+            tables,
+        },
+    )?;
     let mut st = State { service };
     for line in input.lines() {
         let line = line?;

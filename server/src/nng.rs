@@ -10,9 +10,7 @@
 //! types and answered by the [`Service`] directly, so tenants, limits and
 //! errors are those of every other surface (docs/nng.md lists the requests).
 
-use crate::service::{
-    ErrorCode, RunScript, Service, ServiceError, SessionRun, Surface,
-};
+use crate::service::{ErrorCode, RunScript, Service, ServiceError, SessionRun, Surface};
 use crate::tables::TableFormat;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -231,7 +229,9 @@ fn reply<T: Serialize>(id: &Value, key: &str, answer: Result<T, ServiceError>) -
 
 /// Decodes the given fields (those not given are left out) into one of the
 /// service's request types; a wrong type is `invalid`, naming the field.
-fn decode<T: serde::de::DeserializeOwned>(fields: &[(&str, Option<Value>)]) -> Result<T, ServiceError> {
+fn decode<T: serde::de::DeserializeOwned>(
+    fields: &[(&str, Option<Value>)],
+) -> Result<T, ServiceError> {
     let map: serde_json::Map<String, Value> = fields
         .iter()
         .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
@@ -244,14 +244,12 @@ fn decode<T: serde::de::DeserializeOwned>(fields: &[(&str, Option<Value>)]) -> R
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static,
 ) -> Result<T, ServiceError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| {
-            Err(ServiceError::new(
-                ErrorCode::Internal,
-                format!("the request failed: {e}"),
-            ))
-        })
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ServiceError::new(
+            ErrorCode::Internal,
+            format!("the request failed: {e}"),
+        ))
+    })
 }
 
 impl Adapter {
@@ -649,7 +647,11 @@ mod tests {
     fn replies_put_the_id_first_and_carry_service_errors() {
         let id = json!(7);
         let ok = reply(&id, "status", Ok(json!({"state": "idle"})));
-        assert!(ok.starts_with(b"{\"id\":7,"), "{}", String::from_utf8_lossy(&ok));
+        assert!(
+            ok.starts_with(b"{\"id\":7,"),
+            "{}",
+            String::from_utf8_lossy(&ok)
+        );
         assert_eq!(
             serde_json::from_slice::<Value>(&ok).unwrap(),
             json!({"id": 7, "status": {"state": "idle"}})
@@ -666,8 +668,11 @@ mod tests {
         let r: SessionRun = decode(&[("code", Some(json!("1"))), ("plot_width", None)]).unwrap();
         assert_eq!(r.code, "1");
         assert_eq!(r.plot_width, None);
-        let e = decode::<SessionRun>(&[("code", Some(json!("1"))), ("plot_width", Some(json!("wide")))])
-            .unwrap_err();
+        let e = decode::<SessionRun>(&[
+            ("code", Some(json!("1"))),
+            ("plot_width", Some(json!("wide"))),
+        ])
+        .unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(e.message.contains("invalid request"), "{}", e.message);
     }

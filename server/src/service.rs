@@ -358,7 +358,8 @@ pub fn tighter_limits(
         }
         l.cpu_seconds = Some(c);
     }
-    l.check().map_err(|e| ServiceError::invalid(e.to_string()))?;
+    l.check()
+        .map_err(|e| ServiceError::invalid(e.to_string()))?;
     Ok(Some(l))
 }
 
@@ -389,7 +390,9 @@ pub fn check_bindings(
     let mut names = HashSet::new();
     for n in table_names {
         if !names.insert(*n) || variables.iter().any(|(v, _)| v == n) {
-            return Err(ServiceError::invalid(format!("the name {n:?} is used twice")));
+            return Err(ServiceError::invalid(format!(
+                "the name {n:?} is used twice"
+            )));
         }
     }
     Ok(())
@@ -521,11 +524,11 @@ struct Entry {
 /// The service every surface calls. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Service {
-    inner: Arc<Inner>,
+    inner: Arc<ServiceState>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct ServiceState {
     sup: Supervisor,
     cfg: ServiceConfig,
     tables: Arc<TableStore>,
@@ -589,7 +592,7 @@ impl Service {
     pub fn new(sup: Supervisor, cfg: ServiceConfig) -> std::io::Result<Self> {
         let tables = Arc::new(TableStore::open(cfg.tables.clone())?);
         Ok(Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(ServiceState {
                 sup,
                 cfg,
                 tables,
@@ -632,7 +635,9 @@ impl Service {
 
     /// Counts a request of `surface`.
     pub fn count_request(&self, surface: Surface) {
-        *lock(&self.inner.metrics.requests).entry(surface).or_default() += 1;
+        *lock(&self.inner.metrics.requests)
+            .entry(surface)
+            .or_default() += 1;
     }
 
     /// Liveness, versions, the live rules and workers, with the number of
@@ -692,11 +697,8 @@ impl Service {
                 "one or more data pointers could not be resolved; nothing ran",
             ));
         };
-        let tables: Vec<(String, PathBuf)> = names
-            .iter()
-            .map(|n| n.to_string())
-            .zip(files)
-            .collect();
+        let tables: Vec<(String, PathBuf)> =
+            names.iter().map(|n| n.to_string()).zip(files).collect();
         let started = Instant::now();
         let script = req.script;
         let id = rvisor::ids::execution_id();
@@ -994,7 +996,10 @@ impl Service {
             "# HELP rvisor_requests_total Requests by surface.\n# TYPE rvisor_requests_total counter\n",
         );
         for (s, v) in requests.iter() {
-            out.push_str(&format!("rvisor_requests_total{{surface=\"{}\"}} {v}\n", s.as_str()));
+            out.push_str(&format!(
+                "rvisor_requests_total{{surface=\"{}\"}} {v}\n",
+                s.as_str()
+            ));
         }
         out.push_str(&format!(
             "# TYPE rvisor_http_requests_total counter\nrvisor_http_requests_total {}\n",
@@ -1042,14 +1047,20 @@ mod tests {
             memory_mb: Some(1024),
             ..Default::default()
         };
-        let l = tighter_limits(Some(&base), Some(&tighter)).unwrap().unwrap();
+        let l = tighter_limits(Some(&base), Some(&tighter))
+            .unwrap()
+            .unwrap();
         assert_eq!(l.memory_bytes, 1024 << 20);
         let looser = LimitsRequest {
             processes: Some(base.processes + 1),
             ..Default::default()
         };
         let e = tighter_limits(Some(&base), Some(&looser)).unwrap_err();
-        assert!(e.message.contains("over the server's limit"), "{}", e.message);
+        assert!(
+            e.message.contains("over the server's limit"),
+            "{}",
+            e.message
+        );
         let e = tighter_limits(None, Some(&tighter)).unwrap_err();
         assert!(e.message.contains("unconfined"), "{}", e.message);
     }
@@ -1067,7 +1078,9 @@ mod tests {
             let e = check_bindings(&vars, &tables, &rules).unwrap_err();
             assert!(e.message.contains(what), "{tables:?}: {}", e.message);
         }
-        let many: Vec<String> = (0..=rules.max_dataframes).map(|i| format!("d{i}")).collect();
+        let many: Vec<String> = (0..=rules.max_dataframes)
+            .map(|i| format!("d{i}"))
+            .collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(check_bindings(&[], &many, &rules).is_err());
     }
