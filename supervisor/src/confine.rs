@@ -2,6 +2,7 @@
 //! per-worker uids (docs/confinement.md). The layers themselves are set up
 //! by the zygote in each forked worker (`rvisor-worker`'s confine module).
 
+use crate::error::{CgroupMissing, ConfineError, LimitsError, ReadOnlyRefusal};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -62,22 +63,20 @@ pub struct Limits {
 
 impl Limits {
     /// Checks that R can run within these limits.
-    pub fn check(&self) -> Result<(), String> {
-        let mib = |b: u64| b >> 20;
+    pub fn check(&self) -> Result<(), LimitsError> {
         if self.memory_bytes < 512 << 20 {
-            return Err(format!(
-                "memory limit {} MiB is too small: a forked R worker already maps ~350 MiB; use at least 512 (1024 to load packages with native code)",
-                mib(self.memory_bytes)
-            ));
+            return Err(LimitsError::MemoryTooSmall {
+                mib: self.memory_bytes >> 20,
+            });
         }
         if self.processes == 0 || self.open_files < 64 {
-            return Err("limits need at least 1 process and 64 open files".into());
+            return Err(LimitsError::ProcessesOrFiles);
         }
         if self.disk_bytes < 1 << 20 || self.file_bytes < 1 << 20 {
-            return Err("disk and file size limits must be at least 1 MiB".into());
+            return Err(LimitsError::DiskTooSmall);
         }
         if self.cpu_seconds == Some(0) {
-            return Err("a CPU limit must be at least 1 second".into());
+            return Err(LimitsError::CpuZero);
         }
         Ok(())
     }
@@ -153,7 +152,7 @@ fn landlock_abi() -> Option<i64> {
 
 /// Checks that this host can confine workers as `c` asks; the answer lists
 /// the layers, or says what is missing and what to do.
-pub fn probe(c: &Confinement) -> Result<Sandbox, String> {
+pub fn probe(c: &Confinement) -> Result<Sandbox, ConfineError> {
     if !c.enabled {
         return Ok(Sandbox {
             mode: "unconfined".into(),
@@ -162,14 +161,9 @@ pub fn probe(c: &Confinement) -> Result<Sandbox, String> {
             network: true,
         });
     }
-    let advice = "run rvisor as root (it gives each worker its own unprivileged uid), \
-                  or opt out of OS confinement explicitly (`--unconfined`; library: \
-                  `Confinement::unconfined()`) for trusted code only";
     // SAFETY: geteuid has no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(format!(
-            "OS confinement needs root to create namespaces and switch uids; {advice}"
-        ));
+        return Err(ConfineError::NotRoot);
     }
     let mut namespaces = vec!["mount", "pid", "ipc", "uts", "cgroup"];
     if !c.network {
@@ -177,25 +171,23 @@ pub fn probe(c: &Confinement) -> Result<Sandbox, String> {
     }
     for ns in ["mnt", "pid", "ipc", "uts", "cgroup", "net"] {
         if !std::path::Path::new(&format!("/proc/self/ns/{ns}")).exists() {
-            return Err(format!(
-                "this kernel has no {ns} namespaces (/proc/self/ns/{ns} is missing); {advice}"
-            ));
+            return Err(ConfineError::Namespaces {
+                namespace: ns.to_string(),
+            });
         }
     }
     let Some(abi) = landlock_abi() else {
-        return Err(format!(
-            "Landlock is not enabled in this kernel (boot with lsm=...,landlock); {advice}"
-        ));
+        return Err(ConfineError::Landlock);
     };
     // SAFETY: prctl(PR_GET_SECCOMP) reads this process's seccomp mode.
     if unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } < 0 {
-        return Err(format!("seccomp is not available in this kernel; {advice}"));
+        return Err(ConfineError::Seccomp);
     }
     if c.uid_count == 0 || c.uid_base == 0 || c.uid_base.checked_add(c.uid_count).is_none() {
-        return Err(format!(
-            "the worker uid range {}+{} is empty or overflows",
-            c.uid_base, c.uid_count
-        ));
+        return Err(ConfineError::UidRange {
+            base: c.uid_base,
+            count: c.uid_count,
+        });
     }
     let l = &c.limits;
     Ok(Sandbox {
@@ -235,51 +227,56 @@ const CGROUP_CONTROLLERS: [&str; 2] = ["memory", "pids"];
 /// per-call CPU limits (RLIMIT_CPU counts each process alone).
 const CGROUP_OPTIONAL: [&str; 1] = ["cpuacct"];
 
-fn write_value(dir: &std::path::Path, file: &str, value: &str) -> Result<(), String> {
-    std::fs::write(dir.join(file), value)
-        .map_err(|e| format!("cannot set {} to {value}: {e}", dir.join(file).display()))
+fn write_value(dir: &std::path::Path, file: &str, value: &str) -> Result<(), ConfineError> {
+    let path = dir.join(file);
+    std::fs::write(&path, value).map_err(|source| ConfineError::Cgroup {
+        what: format!("set {} to {value}", path.display()),
+        path,
+        source,
+    })
 }
 
 impl Cgroups {
     /// This host's v1 memory and pids hierarchies, with a group for this
     /// supervisor in each; `Ok(None)` when they are missing and `mode` is
     /// `Auto`.
-    pub fn detect(mode: CgroupMode) -> Result<Option<Cgroups>, String> {
+    pub fn detect(mode: CgroupMode) -> Result<Option<Cgroups>, ConfineError> {
         if mode == CgroupMode::Off {
             return Ok(None);
         }
-        let missing = |why: String| {
+        let missing = |why: CgroupMissing| {
             if mode == CgroupMode::Required {
-                Err(format!("cgroups were required but {why}"))
+                Err(ConfineError::CgroupsRequired(why))
             } else {
                 Ok(None)
             }
         };
         let root = std::path::Path::new(CGROUP_ROOT);
         if root.join("cgroup.controllers").exists() {
-            return missing(
-                "this host has cgroups v2, which rvisor does not drive yet (v1 memory and pids controllers are needed)".into(),
-            );
+            return missing(CgroupMissing::V2Only);
         }
         let mut parents = Vec::new();
         for c in CGROUP_CONTROLLERS {
             let base = root.join(c);
             if !base.join("cgroup.procs").exists() {
-                return missing(format!(
-                    "the v1 {c} controller is not mounted at {}",
-                    base.display()
-                ));
+                return missing(CgroupMissing::NotMounted {
+                    controller: c.to_string(),
+                    path: base,
+                });
             }
             sweep_stale(&base);
             let parent = base.join(format!("rvisor-{}", std::process::id()));
             match std::fs::create_dir(&parent) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
+                Err(source) => {
                     for p in &parents {
                         let _ = std::fs::remove_dir(p);
                     }
-                    return missing(format!("{} cannot be created: {e}", parent.display()));
+                    return missing(CgroupMissing::NotWritable {
+                        path: parent,
+                        source,
+                    });
                 }
             }
             parents.push(parent);
@@ -299,13 +296,16 @@ impl Cgroups {
 
     /// Creates worker `name`'s groups with `limits`; returns their
     /// directories (the worker writes itself into each `cgroup.procs`).
-    pub(crate) fn create(&self, name: &str, limits: &Limits) -> Result<Vec<PathBuf>, String> {
+    pub(crate) fn create(&self, name: &str, limits: &Limits) -> Result<Vec<PathBuf>, ConfineError> {
         let mut dirs = Vec::new();
         let made = (|| {
             for parent in &self.parents {
                 let dir = parent.join(name);
-                std::fs::create_dir(&dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                std::fs::create_dir(&dir).map_err(|source| ConfineError::Cgroup {
+                    what: format!("create cgroup {}", dir.display()),
+                    path: dir.clone(),
+                    source,
+                })?;
                 dirs.push(dir.clone());
                 if parent.parent().is_some_and(|p| p.ends_with("cpuacct")) {
                     // Accounting only: read for per-call CPU limits.
@@ -405,76 +405,53 @@ impl Drop for Cgroups {
 /// existing, and neither a kernel view (/proc, /sys, /dev) nor the root or
 /// an ancestor of the workers' private directories (`temp_root`), which it
 /// would cover.
-pub fn check_read_only(p: &std::path::Path, temp_root: &std::path::Path) -> Result<(), String> {
-    let shown = p.display();
+pub fn check_read_only(
+    p: &std::path::Path,
+    temp_root: &std::path::Path,
+) -> Result<(), ConfineError> {
+    let refuse = |why| ConfineError::ReadOnlyPath {
+        path: p.to_path_buf(),
+        why,
+    };
     if !p.is_absolute() {
-        return Err(format!("read-only path {shown} must be absolute"));
+        return Err(refuse(ReadOnlyRefusal::NotAbsolute));
     }
-    let real = std::fs::canonicalize(p).map_err(|e| format!("read-only path {shown}: {e}"))?;
+    let real = std::fs::canonicalize(p).map_err(|e| refuse(ReadOnlyRefusal::Unresolvable(e)))?;
     let temp_root = std::fs::canonicalize(temp_root).unwrap_or_else(|_| temp_root.to_path_buf());
     for kernel in ["/proc", "/sys", "/dev"] {
         if real.starts_with(kernel) {
-            return Err(format!(
-                "read-only path {shown} is under {kernel}, which workers must not see from the host"
-            ));
+            return Err(refuse(ReadOnlyRefusal::KernelView(kernel)));
         }
     }
     if temp_root.starts_with(&real) || real == std::path::Path::new("/tmp") {
-        return Err(format!(
-            "read-only path {shown} would cover the workers' private directories under {}; expose a subdirectory instead",
-            temp_root.display()
-        ));
+        return Err(refuse(ReadOnlyRefusal::CoversTempRoot(temp_root)));
     }
     Ok(())
 }
 
 /// Checks that a confined worker (running as some other uid) can enter
 /// directory `d`: it and every ancestor must be searchable by others.
-pub fn check_enterable(d: &std::path::Path) -> Result<(), String> {
+pub fn check_enterable(d: &std::path::Path) -> Result<(), ConfineError> {
     use std::os::unix::fs::PermissionsExt;
-    let real = std::fs::canonicalize(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    let path_error = |p: &std::path::Path| {
+        let path = p.to_path_buf();
+        move |source| ConfineError::Path { path, source }
+    };
+    let real = std::fs::canonicalize(d).map_err(path_error(d))?;
     for a in real.ancestors() {
         let mode = std::fs::metadata(a)
-            .map_err(|e| format!("{}: {e}", a.display()))?
+            .map_err(path_error(a))?
             .permissions()
             .mode();
         let need = if a == real { 0o005 } else { 0o001 };
         if mode & need != need {
-            return Err(format!(
-                "working_dir {}: confined workers run as their own uid and cannot {} {} (mode {:o}); \
-                 chmod o+rx it (o+x its parents) or pick another directory",
-                d.display(),
-                if a == real { "read" } else { "pass through" },
-                a.display(),
-                mode & 0o7777
-            ));
+            return Err(ConfineError::NotEnterable {
+                dir: d.to_path_buf(),
+                action: if a == real { "read" } else { "pass through" },
+                blocked: a.to_path_buf(),
+                mode: mode & 0o7777,
+            });
         }
-    }
-    Ok(())
-}
-
-/// Gives a worker configuration its own limits and network access.
-/// Refused for unconfined workers, which have no limits to set.
-pub(crate) fn apply_overrides(
-    cfg: &mut crate::WorkerConfig,
-    limits: Option<&Limits>,
-    network: Option<bool>,
-) -> Result<(), String> {
-    if limits.is_none() && network.is_none() {
-        return Ok(());
-    }
-    let Some(c) = cfg.confine.as_mut() else {
-        return Err(
-            "per-session limits and network settings need OS confinement, and this supervisor is unconfined"
-                .into(),
-        );
-    };
-    if let Some(l) = limits {
-        l.check()?;
-        c.limits = l.clone();
-    }
-    if let Some(n) = network {
-        c.network = n;
     }
     Ok(())
 }
@@ -513,15 +490,18 @@ pub struct Uids {
 
 impl Uids {
     /// A free block of `c`'s range, held while this value lives.
-    pub(crate) fn reserve(c: &Confinement) -> Result<Uids, String> {
+    pub(crate) fn reserve(c: &Confinement) -> Result<Uids, ConfineError> {
         use std::os::fd::AsRawFd;
         let dir = if std::path::Path::new("/run").is_dir() {
             PathBuf::from("/run/rvisor/uid-blocks")
         } else {
             std::env::temp_dir().join("rvisor-uid-blocks")
         };
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| ConfineError::UidRegistry {
+            what: "create",
+            path: dir.clone(),
+            source,
+        })?;
         let size = c.uid_count.min(UID_BLOCK);
         let blocks = (c.uid_count / size).max(1);
         for b in 0..blocks {
@@ -532,7 +512,11 @@ impl Uids {
                 .truncate(false)
                 .write(true)
                 .open(&path)
-                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+                .map_err(|source| ConfineError::UidRegistry {
+                    what: "open",
+                    path: path.clone(),
+                    source,
+                })?;
             // SAFETY: flock on a descriptor we own; released when it closes.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 return Ok(Uids {
@@ -543,11 +527,10 @@ impl Uids {
                 });
             }
         }
-        Err(format!(
-            "all {blocks} blocks of worker uids from {} are held by other rvisor supervisors on this host; \
-             raise Confinement.uid_count or use another uid_base",
-            c.uid_base
-        ))
+        Err(ConfineError::UidsExhausted {
+            blocks,
+            base: c.uid_base,
+        })
     }
 
     /// A range without a host-wide reservation (tests).
@@ -654,7 +637,11 @@ mod tests {
         let second = Uids::reserve(&c).unwrap();
         assert_ne!(first.base, second.base);
         let err = Uids::reserve(&c).unwrap_err();
-        assert!(err.contains("held by other rvisor supervisors"), "{err}");
+        assert!(
+            matches!(err, ConfineError::UidsExhausted { blocks: 2, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("held by other rvisor supervisors"));
         drop(first);
         let again = Uids::reserve(&c).unwrap();
         assert_eq!(again.base, c.uid_base, "a released block is free again");

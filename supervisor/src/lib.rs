@@ -28,6 +28,7 @@
 //! # Ok::<(), rvisor::Error>(())
 //! ```
 
+mod call;
 pub mod clock;
 pub mod confine;
 mod error;
@@ -35,16 +36,25 @@ pub mod html;
 pub mod ids;
 pub mod ops;
 pub mod pool;
+mod process;
 mod raw;
 pub mod session;
+#[cfg(test)]
+mod testing;
 pub mod tools;
 pub mod worker;
 pub mod zygote;
 
+pub use call::CallOptions;
+pub use call::{validate_call, MAX_CODE_BYTES};
 pub use confine::{CgroupMode, Confinement, Limits};
-pub use error::Error;
+pub use error::{
+    CallError, CgroupMissing, ConfineError, Error, LimitsError, ReadOnlyRefusal, ValidateError,
+    VariableError, WorkerFileError,
+};
 pub use ops::{Health, Package, Problem, SafetyRules, StyleEngine, StyleNote, Validation};
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
+pub use process::{locate_worker, ExitInfo, WorkerConfig};
 pub use rvisor_protocol::{
     ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,
@@ -54,39 +64,4 @@ pub use session::{
     SessionStatus, Supervisor, SupervisorConfig,
 };
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
-pub use worker::{
-    locate_worker, CallOptions, Canceller, ExitInfo, Interrupter, Worker, WorkerConfig,
-};
-
-/// Largest accepted code, in bytes.
-pub const MAX_CODE_BYTES: usize = 256 * 1024;
-
-/// Checks a call before it is sent: non-empty code within
-/// [`MAX_CODE_BYTES`], plot sides within 1..=[`MAX_PLOT_SIDE`], a non-zero
-/// output cap. The message says what to change.
-pub fn validate_call(code: &str, opts: &CallOptions) -> Result<(), String> {
-    if code.trim().is_empty() {
-        return Err("the code is empty; send at least one R expression".into());
-    }
-    if code.len() > MAX_CODE_BYTES {
-        return Err(format!(
-            "the code is {} bytes, over the limit of {MAX_CODE_BYTES} bytes; split it into \
-             several calls or load data from files",
-            code.len()
-        ));
-    }
-    for (name, v) in [
-        ("plot_width", opts.plot_width),
-        ("plot_height", opts.plot_height),
-    ] {
-        if v == 0 || v > MAX_PLOT_SIDE {
-            return Err(format!(
-                "{name} is {v}; it must be between 1 and {MAX_PLOT_SIDE} pixels"
-            ));
-        }
-    }
-    if opts.max_output_bytes == 0 {
-        return Err("max_output_bytes must be at least 1".into());
-    }
-    Ok(())
-}
+pub use worker::{Canceller, Interrupter, Worker};

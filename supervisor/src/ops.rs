@@ -2,6 +2,7 @@
 //! safety rules), installed packages, and validation that runs nothing.
 //! Every surface (CLI, HTTP, MCP) answers from these.
 
+use crate::error::VariableError;
 use crate::{CallOptions, Outcome, Supervisor};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -350,22 +351,21 @@ pub fn syntactic_name(name: &str) -> bool {
 pub fn check_variables(
     vars: &[(String, serde_json::Value)],
     rules: &SafetyRules,
-) -> Result<(), String> {
+) -> Result<(), VariableError> {
     use serde_json::Value as V;
     if vars.len() > rules.max_variables {
-        return Err(format!(
-            "{} variables given; at most {} are allowed",
-            vars.len(),
-            rules.max_variables
-        ));
+        return Err(VariableError::TooMany {
+            given: vars.len(),
+            max: rules.max_variables,
+        });
     }
     let mut seen = std::collections::HashSet::new();
     for (name, value) in vars {
         if !syntactic_name(name) {
-            return Err(format!("variable name {name:?} is not a syntactic R name (letters, digits, '.', '_'; not starting with a digit or '_'; not a reserved word)"));
+            return Err(VariableError::BadName(name.clone()));
         }
         if !seen.insert(name) {
-            return Err(format!("variable {name:?} is given twice"));
+            return Err(VariableError::Duplicate(name.clone()));
         }
         let kind = |v: &V| match v {
             V::Bool(_) => Some(0),
@@ -374,18 +374,18 @@ pub fn check_variables(
             _ => None,
         };
         match value {
-            V::Null => return Err(format!("variable {name:?} is null; omit it or give a value")),
-            V::Object(_) => return Err(format!("variable {name:?} is an object; use a number, string, boolean or an array of one of those (tables go by data pointer)")),
+            V::Null => return Err(VariableError::Null(name.clone())),
+            V::Object(_) => return Err(VariableError::Object(name.clone())),
             V::Array(items) => {
                 if items.iter().any(V::is_null) {
-                    return Err(format!("variable {name:?} contains null; omit the element or use a value"));
+                    return Err(VariableError::NullElement(name.clone()));
                 }
                 let kinds: std::collections::HashSet<_> = items.iter().map(kind).collect();
                 if kinds.contains(&None) {
-                    return Err(format!("variable {name:?} contains nested arrays or objects; use a flat array"));
+                    return Err(VariableError::Nested(name.clone()));
                 }
                 if kinds.len() > 1 {
-                    return Err(format!("variable {name:?} mixes types; an array must hold numbers, strings or booleans only"));
+                    return Err(VariableError::Mixed(name.clone()));
                 }
             }
             _ => {}
@@ -429,15 +429,19 @@ mod tests {
             (json!([[1]]), "nested"),
             (json!({"a": 1}), "object"),
         ] {
-            let e = check_variables(&[("x".to_string(), bad)], &r).unwrap_err();
+            let e = check_variables(&[("x".to_string(), bad)], &r)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(why), "{e}");
         }
         let many: Vec<_> = (0..51).map(|i| (format!("v{i}"), json!(i))).collect();
-        assert!(check_variables(&many, &r)
-            .unwrap_err()
-            .contains("at most 50"));
+        assert_eq!(
+            check_variables(&many, &r),
+            Err(VariableError::TooMany { given: 51, max: 50 })
+        );
         assert!(check_variables(&[("1x".into(), json!(1))], &r)
             .unwrap_err()
+            .to_string()
             .contains("syntactic"));
     }
 }

@@ -7,8 +7,10 @@
 //! as the pool, which matters: the zygote's parent-death signal fires when
 //! the thread that spawned it ends.
 
+use crate::error::Error;
+use crate::process::WorkerConfig;
+use crate::worker::Worker;
 use crate::zygote::Zygote;
-use crate::{Error, Worker, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

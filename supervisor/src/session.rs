@@ -11,9 +11,13 @@
 //! a reset (timeout kill, cancel kill, crash, `quit()`, [`Session::reset`])
 //! goes back to `starting` with the next generation; `close()` --> `closed`.
 
+use crate::call::{validate_call, CallOptions};
+use crate::error::{ConfineError, Error, ValidateError};
+use crate::ids;
+use crate::process::{ExitInfo, WorkerConfig};
 use crate::tools::{CallContext, Tool};
-use crate::worker::{Canceller, Interrupter};
-use crate::{ids, CallOptions, Error, Outcome, RunResult, Worker, WorkerConfig};
+use crate::worker::{Canceller, Interrupter, Worker, WorkerSource};
+use rvisor_protocol::{Outcome, RunResult};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -320,7 +324,6 @@ struct Inner {
 struct Shared {
     id: String,
     opts: SessionOptions,
-    worker_cfg: WorkerConfig,
     /// Where calls run; `None`: in the worker's own private directory
     /// (confined sessions without an explicit one).
     working_dir: Option<PathBuf>,
@@ -328,8 +331,6 @@ struct Shared {
     ctx: CallContext,
     inner: Mutex<Inner>,
     cv: Condvar,
-    registry: Arc<Registry>,
-    pool: Arc<crate::Pool>,
 }
 
 /// Live workers of a supervisor, so they can be killed on host signals.
@@ -339,6 +340,14 @@ struct Registry {
 }
 
 impl Registry {
+    fn insert(&self, w: &Worker) {
+        lock(&self.workers).insert(w.pid(), w.temp_dir().to_path_buf());
+    }
+
+    fn remove(&self, w: &Worker) {
+        lock(&self.workers).remove(&w.pid());
+    }
+
     fn kill_all(&self) {
         let workers = std::mem::take(&mut *lock(&self.workers));
         for (pid, tmp) in workers {
@@ -347,6 +356,27 @@ impl Registry {
             unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
             let _ = std::fs::remove_dir_all(tmp);
         }
+    }
+}
+
+/// The supervisor's source: the pool, with every worker in the registry
+/// while it lives.
+#[derive(Debug)]
+struct PoolSource {
+    pool: Arc<crate::Pool>,
+    cfg: WorkerConfig,
+    registry: Arc<Registry>,
+}
+
+impl WorkerSource for PoolSource {
+    fn start(&mut self) -> Result<Worker, Error> {
+        let w = self.pool.acquire(&self.cfg)?;
+        self.registry.insert(&w);
+        Ok(w)
+    }
+
+    fn forget(&mut self, w: &Worker) {
+        self.registry.remove(w);
     }
 }
 
@@ -371,7 +401,166 @@ fn reset_words(reason: &str) -> &'static str {
     }
 }
 
+/// The reset reason for a worker that ended by itself.
+fn exit_reason(exit: Option<ExitInfo>) -> &'static str {
+    match exit.and_then(|e| e.signal) {
+        Some(libc::SIGKILL) => "killed",
+        Some(_) => "crash",
+        None => "exited",
+    }
+}
+
+/// The reset reason for a worker that ended during a call with `res`.
+fn call_end_reason(res: &RunResult, exit: Option<ExitInfo>) -> &'static str {
+    match res.outcome {
+        Outcome::TimedOut => "timeout",
+        Outcome::Cancelled => "cancel",
+        Outcome::WorkerExited
+            if res
+                .error
+                .as_ref()
+                .is_some_and(|e| e.message.starts_with("quit()")) =>
+        {
+            "quit"
+        }
+        _ => exit_reason(exit),
+    }
+}
+
+impl Inner {
+    /// Records that the worker is being replaced, for status and the next
+    /// result.
+    fn record_reset(&mut self, reason: &str) {
+        self.last_reset = Some(ResetInfo {
+            reason: reason.to_string(),
+            at: now_rfc3339(),
+        });
+        self.unreported_reset = Some(reason.to_string());
+        self.pid = None;
+        self.canceller = None;
+        self.interrupter = None;
+    }
+
+    /// Makes `w` the session's worker: the next generation, whose first
+    /// result says it is fresh.
+    fn install(&mut self, w: &Worker) {
+        self.generation += 1;
+        self.fresh = true;
+        self.pid = Some(w.pid());
+        self.worker_dir = Some(w.temp_dir().display().to_string());
+        self.canceller = Some(w.canceller());
+        self.interrupter = Some(w.interrupter());
+    }
+
+    /// Resolves every queued call with `outcome` and `message`.
+    fn drop_queue(&mut self, outcome: Outcome, message: &str) {
+        for p in self.queue.drain(..) {
+            p.slot.resolve(RunResult::failed(
+                p.execution_id,
+                p.code,
+                outcome,
+                message.to_string(),
+            ));
+        }
+    }
+
+    /// Records a reset: queued calls become `not_executed`.
+    fn note_reset(&mut self, reason: &str) {
+        self.record_reset(reason);
+        self.drop_queue(
+            Outcome::NotExecuted,
+            &format!(
+                "not executed: the session was reset ({}) before this call ran",
+                reset_words(reason)
+            ),
+        );
+    }
+
+    /// Says in `res` which session and generation it belongs to, and, for
+    /// the first result after a reset, why the session is fresh.
+    fn stamp(&mut self, id: &str, res: &mut RunResult) {
+        if self.closed && res.outcome == Outcome::Cancelled {
+            // Cancelled because the session was closed: say so, rather
+            // than that the session's variables are kept.
+            let msg = "the session was closed during the call";
+            res.outcome = Outcome::Closed;
+            res.push_segment(crate::Segment::Stderr {
+                text: format!("rvisor: {msg}\n"),
+            });
+            res.error = Some(crate::ErrorInfo::message(msg));
+        }
+        res.session.id = id.to_string();
+        res.session.generation = self.generation;
+        res.session.fresh = std::mem::take(&mut self.fresh);
+        if let Some(reason) = self.unreported_reset.take() {
+            res.session.reset_reason = Some(reason.clone());
+            res.prepend_notice(&format!(
+                "rvisor: started a fresh R session (generation {}) because {}; earlier variables are gone.",
+                self.generation,
+                reset_words(&reason)
+            ));
+        }
+    }
+}
+
+/// Ends a worker without holding up the session: the shutdown (and, if
+/// the worker does not exit, the kill) happens on a thread of its own.
+fn retire(source: &mut impl WorkerSource, w: Worker) {
+    source.forget(&w);
+    let spawned = std::thread::Builder::new()
+        .name("rvisor-retire".into())
+        .spawn(move || w.shutdown(Duration::from_millis(200)));
+    // Without a thread, the worker was moved into the failed closure and
+    // is killed as it is dropped.
+    drop(spawned);
+}
+
+/// How a worker that died while idle ended, if it did: the link closing
+/// is the first sign (the exit status may not be known yet), then its
+/// status is awaited briefly so that it names a reason.
+fn died_idle(w: &mut Worker) -> Option<ExitInfo> {
+    w.exit_status()
+        .or_else(|| w.link_closed().then(|| w.wait_exit()))
+}
+
 impl Shared {
+    /// A new session's state; its tools come from `opts`.
+    fn new(
+        id: String,
+        opts: SessionOptions,
+        working_dir: Option<PathBuf>,
+        owns_working_dir: bool,
+    ) -> Arc<Self> {
+        Arc::new(Shared {
+            ctx: CallContext {
+                session_id: id.clone(),
+                tools: Arc::new(opts.tools.clone()),
+                variables: Vec::new(),
+                tables: Vec::new(),
+            },
+            id,
+            opts,
+            working_dir,
+            owns_working_dir,
+            inner: Mutex::new(Inner {
+                state: SessionState::New,
+                generation: 0,
+                queue: VecDeque::new(),
+                running: None,
+                last_reset: None,
+                worker_dir: None,
+                unreported_reset: None,
+                fresh: false,
+                pid: None,
+                canceller: None,
+                interrupter: None,
+                reset_requested: false,
+                closed: false,
+            }),
+            cv: Condvar::new(),
+        })
+    }
+
     fn status(&self) -> SessionStatus {
         let i = lock(&self.inner);
         SessionStatus {
@@ -395,162 +584,90 @@ impl Shared {
         }
     }
 
-    /// Resolves every queued call with `outcome` and `message`.
-    fn drop_queue(inner: &mut Inner, outcome: Outcome, message: &str) {
-        for p in inner.queue.drain(..) {
-            p.slot.resolve(RunResult::failed(
-                p.execution_id,
-                p.code,
-                outcome,
-                message.to_string(),
-            ));
+    /// Waits for the next call; handles reset requests meanwhile. `None`:
+    /// the session is closed.
+    fn next_call(
+        &self,
+        worker: &mut Option<Worker>,
+        source: &mut impl WorkerSource,
+    ) -> Option<Pending> {
+        let mut i = lock(&self.inner);
+        loop {
+            if i.closed {
+                return None;
+            }
+            if i.reset_requested {
+                i.reset_requested = false;
+                // The queue was dropped by reset() itself: calls queued
+                // after it belong to the fresh session.
+                i.record_reset("reset");
+                if let Some(w) = worker.take() {
+                    drop(i);
+                    retire(source, w);
+                    i = lock(&self.inner);
+                }
+                continue;
+            }
+            if let Some(p) = i.queue.pop_front() {
+                i.running = Some(p.execution_id.clone());
+                i.state = if worker.is_some() {
+                    SessionState::Running
+                } else {
+                    SessionState::Starting
+                };
+                return Some(p);
+            }
+            if worker.is_some() {
+                i.state = SessionState::Idle;
+            }
+            i = self.cv.wait(i).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// Records that the worker is being replaced, for status and the next
-    /// result.
-    fn record_reset(inner: &mut Inner, reason: &str) {
-        inner.last_reset = Some(ResetInfo {
-            reason: reason.to_string(),
-            at: now_rfc3339(),
-        });
-        inner.unreported_reset = Some(reason.to_string());
-        inner.pid = None;
-        inner.canceller = None;
-        inner.interrupter = None;
-    }
-
-    /// Records a reset: queued calls become `not_executed`.
-    fn note_reset(&self, inner: &mut Inner, reason: &str) {
-        Self::record_reset(inner, reason);
-        Self::drop_queue(
-            inner,
-            Outcome::NotExecuted,
-            &format!(
-                "not executed: the session was reset ({}) before this call ran",
-                reset_words(reason)
-            ),
-        );
-    }
-
-    fn spawn_worker(&self) -> Result<Worker, Error> {
-        let w = self.pool.acquire(&self.worker_cfg)?;
-        lock(&self.registry.workers).insert(w.pid(), w.temp_dir().to_path_buf());
-        Ok(w)
-    }
-
-    /// Ends a worker without holding up the session: the shutdown (and, if
-    /// the worker does not exit, the kill) happens on a thread of its own.
-    fn retire(&self, w: Worker) {
-        lock(&self.registry.workers).remove(&w.pid());
-        let spawned = std::thread::Builder::new()
-            .name("rvisor-retire".into())
-            .spawn(move || w.shutdown(Duration::from_millis(200)));
-        // Without a thread, the worker was moved into the failed closure and
-        // is killed as it is dropped.
-        drop(spawned);
+    /// The result of `call` when no worker could start for it.
+    fn startup_failure(&self, call: Pending, e: Error) {
+        let outcome = match e {
+            Error::StartupTimeout(_) => Outcome::StartupTimedOut,
+            _ => Outcome::StartupFailed,
+        };
+        let mut r = RunResult::failed(call.execution_id, call.code, outcome, e.to_string());
+        r.session.id = self.id.clone();
+        let mut i = lock(&self.inner);
+        r.session.generation = i.generation;
+        i.running = None;
+        i.state = SessionState::New;
+        drop(i);
+        call.slot.resolve(r);
     }
 
     /// The runner thread: owns the worker, runs calls in order.
-    fn runner(self: Arc<Self>) {
+    fn runner(self: Arc<Self>, mut source: impl WorkerSource) {
         let mut worker: Option<Worker> = None;
-        loop {
-            // Take the next call (or a reset request, or the close).
-            let next = {
-                let mut i = lock(&self.inner);
-                loop {
-                    if i.closed {
-                        break None;
-                    }
-                    if i.reset_requested {
-                        i.reset_requested = false;
-                        // The queue was dropped by reset() itself: calls
-                        // queued after it belong to the fresh session.
-                        Self::record_reset(&mut i, "reset");
-                        if let Some(w) = worker.take() {
-                            drop(i);
-                            self.retire(w);
-                            i = lock(&self.inner);
-                        }
-                        continue;
-                    }
-                    if let Some(p) = i.queue.pop_front() {
-                        i.running = Some(p.execution_id.clone());
-                        i.state = if worker.is_some() {
-                            SessionState::Running
-                        } else {
-                            SessionState::Starting
-                        };
-                        break Some(p);
-                    }
-                    if worker.is_some() {
-                        i.state = SessionState::Idle;
-                    }
-                    i = self.cv.wait(i).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            let Some(call) = next else { break };
-
+        while let Some(call) = self.next_call(&mut worker, &mut source) {
             // A worker that died while idle (killed from outside, e.g. by the
             // OOM killer) is replaced before this call runs; without this
             // check the call was sent to the dead worker and failed. Queued
             // calls keep their place: none of them was running.
-            // The link closing is the first sign (the exit status may not be
-            // known yet); then wait briefly for the status to name a reason.
-            let died = worker.as_mut().and_then(|w| {
-                let status = w
-                    .exit_status()
-                    .or_else(|| w.link_closed().then(|| w.wait_exit()));
-                status.map(|st| (w.pid(), st))
-            });
-            if let Some((pid, status)) = died {
-                let reason = match status.signal {
-                    Some(libc::SIGKILL) => "killed",
-                    Some(_) => "crash",
-                    None => "exited",
-                };
-                lock(&self.registry.workers).remove(&pid);
-                worker = None;
+            if let Some(status) = worker.as_mut().and_then(died_idle) {
+                if let Some(w) = worker.take() {
+                    source.forget(&w);
+                }
                 let mut i = lock(&self.inner);
-                i.last_reset = Some(ResetInfo {
-                    reason: reason.to_string(),
-                    at: now_rfc3339(),
-                });
-                i.unreported_reset = Some(reason.to_string());
-                i.pid = None;
-                i.canceller = None;
-                i.interrupter = None;
+                i.record_reset(exit_reason(Some(status)));
                 i.state = SessionState::Starting;
             }
 
             // Start a worker if there is none (lazily, or after a reset).
             if worker.is_none() {
-                match self.spawn_worker() {
+                match source.start() {
                     Ok(w) => {
                         let mut i = lock(&self.inner);
-                        i.generation += 1;
-                        i.fresh = true;
-                        i.pid = Some(w.pid());
-                        i.worker_dir = Some(w.temp_dir().display().to_string());
-                        i.canceller = Some(w.canceller());
-                        i.interrupter = Some(w.interrupter());
+                        i.install(&w);
                         i.state = SessionState::Running;
                         worker = Some(w);
                     }
                     Err(e) => {
-                        let outcome = match e {
-                            Error::StartupTimeout(_) => Outcome::StartupTimedOut,
-                            _ => Outcome::StartupFailed,
-                        };
-                        let mut r =
-                            RunResult::failed(call.execution_id, call.code, outcome, e.to_string());
-                        r.session.id = self.id.clone();
-                        let mut i = lock(&self.inner);
-                        r.session.generation = i.generation;
-                        i.running = None;
-                        i.state = SessionState::New;
-                        drop(i);
-                        call.slot.resolve(r);
+                        self.startup_failure(call, e);
                         continue;
                     }
                 }
@@ -562,73 +679,30 @@ impl Shared {
 
             let mut i = lock(&self.inner);
             i.running = None;
-            if i.closed && res.outcome == Outcome::Cancelled {
-                // Cancelled because the session was closed: say so, rather
-                // than that the session's variables are kept.
-                let msg = "the session was closed during the call";
-                res.outcome = Outcome::Closed;
-                res.push_segment(crate::Segment::Stderr {
-                    text: format!("rvisor: {msg}\n"),
-                });
-                res.error = Some(crate::ErrorInfo::message(msg));
-            }
-            res.session.id = self.id.clone();
-            res.session.generation = i.generation;
-            res.session.fresh = std::mem::take(&mut i.fresh);
-            if let Some(reason) = i.unreported_reset.take() {
-                res.session.reset_reason = Some(reason.clone());
-                res.prepend_notice(&format!(
-                    "rvisor: started a fresh R session (generation {}) because {}; earlier variables are gone.",
-                    i.generation,
-                    reset_words(&reason)
-                ));
-            }
-            if !alive {
-                let reason = match res.outcome {
-                    Outcome::TimedOut => "timeout",
-                    Outcome::Cancelled => "cancel",
-                    Outcome::WorkerExited
-                        if res
-                            .error
-                            .as_ref()
-                            .is_some_and(|e| e.message.starts_with("quit()")) =>
-                    {
-                        "quit"
-                    }
-                    _ => match exit.and_then(|e| e.signal) {
-                        Some(libc::SIGKILL) => "killed",
-                        Some(_) => "crash",
-                        None => "exited",
-                    },
-                };
-                if let Some(w) = worker.take() {
-                    lock(&self.registry.workers).remove(&w.pid());
-                    drop(w);
-                }
-                self.note_reset(&mut i, reason);
-                i.state = SessionState::Starting;
-            } else {
+            i.stamp(&self.id, &mut res);
+            if alive {
                 i.state = if i.queue.is_empty() {
                     SessionState::Idle
                 } else {
                     SessionState::Running
                 };
+            } else {
+                if let Some(w) = worker.take() {
+                    source.forget(&w);
+                }
+                i.note_reset(call_end_reason(&res, exit));
+                i.state = SessionState::Starting;
             }
             let respawn = !alive && !i.closed;
             drop(i);
             call.slot.resolve(res);
 
             // After a reset, start the next worker at once so the next call
-            // does not pay for it.
+            // does not pay for it (if it fails, the next call tries again).
             if respawn {
-                if let Ok(w) = self.spawn_worker() {
+                if let Ok(w) = source.start() {
                     let mut i = lock(&self.inner);
-                    i.generation += 1;
-                    i.fresh = true;
-                    i.pid = Some(w.pid());
-                    i.worker_dir = Some(w.temp_dir().display().to_string());
-                    i.canceller = Some(w.canceller());
-                    i.interrupter = Some(w.interrupter());
+                    i.install(&w);
                     if i.running.is_none() && i.queue.is_empty() {
                         i.state = SessionState::Idle;
                     }
@@ -637,13 +711,12 @@ impl Shared {
             }
         }
         if let Some(w) = worker.take() {
-            self.retire(w);
+            retire(&mut source, w);
         }
         let mut i = lock(&self.inner);
         i.state = SessionState::Closed;
         i.pid = None;
-        Self::drop_queue(
-            &mut i,
+        i.drop_queue(
             Outcome::Closed,
             "the session was closed before this call ran",
         );
@@ -652,6 +725,21 @@ impl Shared {
             let _ = std::fs::remove_dir_all(d);
         }
     }
+}
+
+/// Starts the runner thread of a session with workers from `source`.
+fn start_runner(shared: Arc<Shared>, source: impl WorkerSource) -> Result<Session, Error> {
+    let runner = shared.clone();
+    std::thread::Builder::new()
+        .name(format!("rvisor-session-{}", shared.id))
+        .spawn(move || runner.runner(source))
+        .map_err(|source| Error::Io {
+            what: "start the session thread",
+            source,
+        })?;
+    Ok(Session {
+        handle: Arc::new(CloseOnDrop(shared)),
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -676,8 +764,7 @@ fn close(shared: &Shared) {
     if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
         c.cancel(&id);
     }
-    Shared::drop_queue(
-        &mut i,
+    i.drop_queue(
         Outcome::Closed,
         "the session was closed before this call ran",
     );
@@ -732,7 +819,7 @@ impl Session {
             // A session's worker lives on: no CPU limit that could not be lifted.
             cpu_limit: None,
         };
-        crate::validate_call(code, &opts).map_err(Rejection::Invalid)?;
+        validate_call(code, &opts).map_err(|e| Rejection::Invalid(e.to_string()))?;
         let slot = Arc::new(Slot::default());
         let execution_id = ids::execution_id();
         {
@@ -784,8 +871,7 @@ impl Session {
     pub fn cancel(&self) {
         let s = self.shared();
         let mut i = lock(&s.inner);
-        Shared::drop_queue(
-            &mut i,
+        i.drop_queue(
             Outcome::NotExecuted,
             "not executed: the session's calls were cancelled",
         );
@@ -798,7 +884,7 @@ impl Session {
     /// `interrupted`; state kept). Used by interactive front ends (Ctrl-C).
     pub fn interrupt(&self) {
         let i = lock(&self.shared().inner);
-        if let (Some(_), Some(int)) = (&i.running, i.interrupter) {
+        if let (Some(_), Some(int)) = (&i.running, &i.interrupter) {
             int.interrupt();
         }
     }
@@ -810,8 +896,7 @@ impl Session {
         let s = self.shared();
         let mut i = lock(&s.inner);
         i.reset_requested = true;
-        Shared::drop_queue(
-            &mut i,
+        i.drop_queue(
             Outcome::NotExecuted,
             "not executed: the session was reset before this call ran",
         );
@@ -881,7 +966,10 @@ impl Supervisor {
         }
         let mut sandbox = crate::confine::probe(&cfg.confinement).map_err(Error::Confinement)?;
         if cfg.confinement.enabled {
-            cfg.confinement.limits.check().map_err(Error::Confinement)?;
+            cfg.confinement
+                .limits
+                .check()
+                .map_err(|e| Error::Confinement(e.into()))?;
             for p in &cfg.confinement.read_only {
                 crate::confine::check_read_only(p, &cfg.worker.temp_root)
                     .map_err(Error::Confinement)?;
@@ -898,11 +986,7 @@ impl Supervisor {
                 crate::confine::Uids::reserve(&cfg.confinement).map_err(Error::Confinement)?,
             ));
             if !cfg.pool.zygote {
-                return Err(Error::Confinement(
-                    "confined workers are forked by the zygote: enable PoolConfig.zygote, \
-                     or opt out of confinement with Confinement::unconfined() (trusted code only)"
-                        .into(),
-                ));
+                return Err(Error::Confinement(ConfineError::NeedsZygote));
             }
             cfg.worker.confine = Some(cfg.confinement.clone());
         } else {
@@ -1004,12 +1088,13 @@ impl Supervisor {
             }
         };
         let mut worker_cfg = self.inner.cfg.worker.clone();
-        crate::confine::apply_overrides(&mut worker_cfg, opts.limits.as_ref(), opts.network)
-            .map_err(Error::Invalid)?;
+        worker_cfg
+            .apply_overrides(opts.limits.as_ref(), opts.network)
+            .map_err(Error::Settings)?;
         if let (Some(c), Some(d)) = (worker_cfg.confine.as_mut(), &working_dir) {
             // An explicit working directory is visible, read-only, inside.
-            crate::confine::check_read_only(d, &worker_cfg.temp_root).map_err(Error::Invalid)?;
-            crate::confine::check_enterable(d).map_err(Error::Invalid)?;
+            crate::confine::check_read_only(d, &worker_cfg.temp_root).map_err(Error::Settings)?;
+            crate::confine::check_enterable(d).map_err(Error::Settings)?;
             c.read_only.push(d.clone());
         }
         worker_cfg.startup_timeout = opts.startup_timeout;
@@ -1019,52 +1104,18 @@ impl Supervisor {
             EnvPolicy::Names(n) => worker_cfg.env.extend(n.iter().cloned()),
             EnvPolicy::Minimal => {}
         }
-        let shared = Arc::new(Shared {
-            id: id.clone(),
-            ctx: CallContext {
-                session_id: id.clone(),
-                tools: Arc::new(opts.tools.clone()),
-                variables: Vec::new(),
-                tables: Vec::new(),
-            },
-            opts,
-            worker_cfg,
-            working_dir,
-            owns_working_dir: owns,
-            inner: Mutex::new(Inner {
-                state: SessionState::New,
-                generation: 0,
-                queue: VecDeque::new(),
-                running: None,
-                last_reset: None,
-                worker_dir: None,
-                unreported_reset: None,
-                fresh: false,
-                pid: None,
-                canceller: None,
-                interrupter: None,
-                reset_requested: false,
-                closed: false,
-            }),
-            cv: Condvar::new(),
-            registry: self.inner.registry.clone(),
+        let shared = Shared::new(id.clone(), opts, working_dir, owns);
+        let source = PoolSource {
             pool: self.inner.pool.clone(),
-        });
-        let runner = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("rvisor-session-{id}"))
-            .spawn(move || runner.runner())
-            .map_err(|source| Error::Io {
-                what: "start the session thread",
-                source,
-            })?;
-        let handle = Arc::new(CloseOnDrop(shared));
+            cfg: worker_cfg,
+            registry: self.inner.registry.clone(),
+        };
+        let session = start_runner(shared, source)?;
         let mut sessions = lock(&self.inner.sessions);
         sessions.retain(|_, w| w.strong_count() > 0);
-        sessions.insert(id, Arc::downgrade(&handle));
-        Ok(Session { handle })
+        sessions.insert(id, Arc::downgrade(&session.handle));
+        Ok(session)
     }
-
     /// Looks up a live session by id.
     pub fn get(&self, id: &str) -> Option<Session> {
         lock(&self.inner.sessions)
@@ -1095,9 +1146,10 @@ impl Supervisor {
     /// Runs `f` on the validation worker, starting (or replacing) it first.
     pub(crate) fn with_validator<T>(
         &self,
-        f: impl Fn(&mut Worker) -> Result<T, String>,
-    ) -> Result<T, String> {
+        f: impl Fn(&mut Worker) -> Result<T, ValidateError>,
+    ) -> Result<T, ValidateError> {
         let mut slot = lock(&self.inner.validator);
+        let mut last = String::from("the worker died during validation");
         for _ in 0..2 {
             if slot
                 .as_mut()
@@ -1107,17 +1159,21 @@ impl Supervisor {
                     self.inner
                         .pool
                         .acquire(&self.inner.cfg.worker)
-                        .map_err(|e| e.to_string())?,
+                        .map_err(|e| ValidateError::NoWorker(e.to_string()))?,
                 );
             }
             let Some(w) = slot.as_mut() else { continue };
             match f(w) {
                 Ok(v) => return Ok(v),
                 Err(e) if w.is_alive() && !w.link_closed() => return Err(e),
-                Err(_) => *slot = None, // the worker died: once more with a new one
+                // The worker died: once more with a new one.
+                Err(e) => {
+                    last = e.to_string();
+                    *slot = None;
+                }
             }
         }
-        Err("no validation worker could start".into())
+        Err(ValidateError::NoWorker(last))
     }
 
     /// Where workers come from: zygote mode, spares, preloaded packages.
@@ -1167,12 +1223,12 @@ impl Supervisor {
         limits: Option<&crate::Limits>,
         network: Option<bool>,
     ) -> RunResult {
-        if let Err(message) = crate::validate_call(code, opts) {
-            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
+        if let Err(e) = validate_call(code, opts) {
+            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
         let mut cfg = self.inner.cfg.worker.clone();
-        if let Err(message) = crate::confine::apply_overrides(&mut cfg, limits, network) {
-            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
+        if let Err(e) = cfg.apply_overrides(limits, network) {
+            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
         let mut worker = match self.inner.pool.acquire(&cfg) {
             Ok(w) => w,
@@ -1184,9 +1240,9 @@ impl Supervisor {
                 return RunResult::failed(execution_id, code.into(), outcome, e.to_string());
             }
         };
-        lock(&self.inner.registry.workers).insert(worker.pid(), worker.temp_dir().to_path_buf());
+        self.inner.registry.insert(&worker);
         let mut r = worker.run_call(execution_id, code, opts, ctx);
-        lock(&self.inner.registry.workers).remove(&worker.pid());
+        self.inner.registry.remove(&worker);
         r.session.id = format!("run-{}", worker.pid());
         r.session.generation = 1;
         r.session.fresh = true;
@@ -1254,11 +1310,290 @@ fn sweep_stale_dirs(root: &Path) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::testing::{Fake, Note, Release};
+
     #[test]
     fn rfc3339_shape() {
         let t = super::now_rfc3339();
         assert_eq!(t.len(), 20);
         assert!(t.starts_with("20"));
         assert!(t.ends_with('Z'));
+    }
+
+    /// A session whose workers are fakes (no R, no root).
+    fn session(fake: &Fake, opts: SessionOptions) -> Session {
+        let shared = Shared::new("s-test".into(), opts, None, false);
+        start_runner(shared, fake.source()).unwrap()
+    }
+
+    fn quick() -> SessionOptions {
+        SessionOptions {
+            timeout: Duration::from_secs(60),
+            grace: Duration::from_secs(60),
+            ..SessionOptions::default()
+        }
+    }
+
+    /// Waits until the runner has taken the call and the fake started it.
+    fn started(fake: &Fake, code: &str) {
+        fake.expect(Note::Started(code.into()));
+    }
+
+    #[test]
+    fn calls_run_in_order_and_the_first_says_fresh() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        assert_eq!(s.status().state, SessionState::New);
+        let a = s.run("a").unwrap();
+        let b = s.run("b").unwrap();
+        let (a, b) = (a.wait(), b.wait());
+        assert_eq!(
+            (a.console.as_str(), b.console.as_str()),
+            ("ran a\n", "ran b\n")
+        );
+        assert!(a.session.fresh && !b.session.fresh);
+        assert_eq!(a.session.reset_reason, None);
+        assert_eq!((a.session.generation, b.session.generation), (1, 1));
+        assert_eq!(a.session.id, "s-test");
+        assert_eq!(fake.started(), 1);
+    }
+
+    #[test]
+    fn a_crash_resets_the_session_and_the_next_result_says_why() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        let crashed = s.run("crash").unwrap().wait();
+        assert_eq!(crashed.outcome, Outcome::WorkerFailed);
+        let next = s.run("x").unwrap().wait();
+        assert_eq!(next.outcome, Outcome::Complete);
+        assert!(next.session.fresh);
+        assert_eq!(next.session.reset_reason.as_deref(), Some("crash"));
+        assert_eq!(next.session.generation, 2);
+        assert!(
+            next.console.starts_with(
+                "rvisor: started a fresh R session (generation 2) because the previous worker \
+                 crashed; earlier variables are gone.\nran x\n"
+            ),
+            "{}",
+            next.console
+        );
+        let st = s.status();
+        assert_eq!(st.last_reset.map(|r| r.reason).as_deref(), Some("crash"));
+        assert_eq!(st.generation, 2);
+        // The dead worker was taken out of the registry.
+        assert_eq!(fake.forgotten().len(), 1);
+        let third = s.run("y").unwrap().wait();
+        assert!(!third.session.fresh && third.session.reset_reason.is_none());
+    }
+
+    #[test]
+    fn a_timeout_r_ignores_kills_the_worker_after_the_grace_period() {
+        let fake = Fake::new();
+        let s = session(
+            &fake,
+            SessionOptions {
+                timeout: Duration::from_millis(1),
+                grace: Duration::from_millis(1),
+                ..SessionOptions::default()
+            },
+        );
+        let r = s.run("hang").unwrap().wait();
+        assert_eq!(r.outcome, Outcome::TimedOut);
+        assert!(r.error.unwrap().message.contains("the worker was killed"));
+        let next = s.run("x").unwrap().wait();
+        assert_eq!(next.session.reset_reason.as_deref(), Some("timeout"));
+        assert_eq!(next.session.generation, 2);
+        assert!(next
+            .console
+            .starts_with("rvisor: started a fresh R session"));
+    }
+
+    #[test]
+    fn a_crash_drops_the_queue_as_not_executed() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        let running = s.run("wait").unwrap();
+        started(&fake, "wait");
+        let queued = [s.run("q1").unwrap(), s.run("q2").unwrap()];
+        assert_eq!(s.status().queued, 2);
+        fake.release(1, Release::Crash);
+        assert_eq!(running.wait().outcome, Outcome::WorkerFailed);
+        for q in queued {
+            let r = q.wait();
+            assert_eq!(r.outcome, Outcome::NotExecuted);
+            assert!(
+                r.console
+                    .contains("the session was reset (the previous worker crashed)"),
+                "{}",
+                r.console
+            );
+        }
+        assert!(!fake.notes_now().contains(&Note::Started("q1".into())));
+        // Calls made after the reset run, in the fresh generation.
+        let after = s.run("z").unwrap().wait();
+        assert_eq!(after.session.generation, 2);
+        assert_eq!(after.session.reset_reason.as_deref(), Some("crash"));
+    }
+
+    #[test]
+    fn cancel_while_queued_drops_the_queue_and_stops_the_running_call() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        s.run("keep").unwrap().wait();
+        let running = s.run("wait").unwrap();
+        started(&fake, "wait");
+        let queued = s.run("q").unwrap();
+        s.cancel();
+        // The queue is dropped at once, before the running call ends.
+        let q = queued.try_result().expect("resolved by cancel() itself");
+        assert_eq!(q.outcome, Outcome::NotExecuted);
+        let r = running.wait();
+        assert_eq!(r.outcome, Outcome::Cancelled);
+        assert!(r.error.unwrap().message.contains("variables are kept"));
+        // R answered the interrupt: same worker, same generation.
+        let next = s.run("x").unwrap().wait();
+        assert_eq!(next.session.generation, 1);
+        assert!(!next.session.fresh);
+        assert_eq!(fake.started(), 1);
+    }
+
+    #[test]
+    fn cancel_of_a_call_r_ignores_kills_its_worker() {
+        let fake = Fake::new();
+        let s = session(
+            &fake,
+            SessionOptions {
+                grace: Duration::from_millis(1),
+                ..quick()
+            },
+        );
+        let running = s.run("hang").unwrap();
+        started(&fake, "hang");
+        s.cancel();
+        let r = running.wait();
+        assert_eq!(r.outcome, Outcome::Cancelled);
+        assert!(r.error.unwrap().message.contains("worker was killed"));
+        let next = s.run("x").unwrap().wait();
+        assert_eq!(next.session.reset_reason.as_deref(), Some("cancel"));
+        assert_eq!(next.session.generation, 2);
+    }
+
+    #[test]
+    fn cancel_after_completion_changes_nothing() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        let done = s.run("a").unwrap().wait();
+        assert_eq!(done.outcome, Outcome::Complete);
+        s.cancel();
+        let next = s.run("b").unwrap().wait();
+        assert_eq!(next.outcome, Outcome::Complete);
+        assert_eq!(next.session.generation, 1);
+        assert!(s.status().last_reset.is_none());
+        assert!(!fake.notes_now().contains(&Note::Interrupted));
+    }
+
+    #[test]
+    fn close_while_running_resolves_everything_as_closed() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        let running = s.run("wait").unwrap();
+        started(&fake, "wait");
+        let queued = s.run("q").unwrap();
+        s.close();
+        assert_eq!(s.status().state, SessionState::Closed);
+        assert_eq!(queued.try_result().unwrap().outcome, Outcome::Closed);
+        let r = running.wait();
+        assert_eq!(r.outcome, Outcome::Closed);
+        assert_eq!(
+            r.error.unwrap().message,
+            "the session was closed during the call"
+        );
+        assert_eq!(s.run("x").unwrap_err(), Rejection::Closed);
+        // The runner ends the worker.
+        fake.expect(Note::Shutdown);
+    }
+
+    #[test]
+    fn a_full_queue_is_refused() {
+        let fake = Fake::new();
+        let s = session(
+            &fake,
+            SessionOptions {
+                queue_limit: 1,
+                ..quick()
+            },
+        );
+        let running = s.run("wait").unwrap();
+        started(&fake, "wait");
+        let queued = s.run("q").unwrap();
+        let refused = s.run("r").unwrap_err();
+        assert_eq!(refused, Rejection::QueueFull(1));
+        assert_eq!(refused.code(), "queue_full");
+        fake.release(1, Release::Complete);
+        assert_eq!(running.wait().console, "released\n");
+        assert_eq!(queued.wait().console, "ran q\n");
+    }
+
+    #[test]
+    fn a_worker_that_cannot_start_fails_the_call_not_the_session() {
+        let fake = Fake::new();
+        fake.fail_next_starts(1);
+        let s = session(&fake, quick());
+        let r = s.run("x").unwrap().wait();
+        assert_eq!(r.outcome, Outcome::StartupFailed);
+        assert!(
+            r.console.contains("no R on this fake host"),
+            "{}",
+            r.console
+        );
+        assert_eq!(r.session.generation, 0);
+        assert_eq!(s.status().state, SessionState::New);
+        let ok = s.run("y").unwrap().wait();
+        assert_eq!(ok.outcome, Outcome::Complete);
+        assert_eq!(ok.session.generation, 1);
+        assert!(ok.session.fresh);
+    }
+
+    #[test]
+    fn a_worker_killed_while_idle_is_replaced_before_the_next_call() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        s.run("a").unwrap().wait();
+        fake.kill_from_outside(1);
+        let r = s.run("b").unwrap().wait();
+        assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+        assert_eq!(r.session.reset_reason.as_deref(), Some("killed"));
+        assert_eq!(r.session.generation, 2);
+        assert_eq!(fake.started(), 2);
+    }
+
+    #[test]
+    fn quit_and_reset_start_a_fresh_generation() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        assert_eq!(s.run("quit").unwrap().wait().outcome, Outcome::WorkerExited);
+        let r = s.run("a").unwrap().wait();
+        assert_eq!(r.session.reset_reason.as_deref(), Some("quit"));
+        assert_eq!(r.session.generation, 2);
+        s.reset();
+        let r = s.run("b").unwrap().wait();
+        assert_eq!(r.session.reset_reason.as_deref(), Some("reset"));
+        assert_eq!(r.session.generation, 3);
+        assert!(r.console.starts_with(
+            "rvisor: started a fresh R session (generation 3) because the session was reset on request"
+        ));
+    }
+
+    #[test]
+    fn interrupt_stops_the_call_but_keeps_the_queue() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        let running = s.run("wait").unwrap();
+        started(&fake, "wait");
+        let queued = s.run("q").unwrap();
+        s.interrupt();
+        assert_eq!(running.wait().outcome, Outcome::Interrupted);
+        assert_eq!(queued.wait().console, "ran q\n");
     }
 }

@@ -1,6 +1,6 @@
 //! Host tools that R code calls as `tools$name(...)` during a call.
 
-use crate::Error;
+use crate::error::{Error, WorkerFileError};
 use serde_json::Value;
 use std::fmt;
 use std::sync::Arc;
@@ -31,7 +31,15 @@ pub struct ToolCall {
 /// made on the opened file (no symlink as the last component, and the real
 /// path of the descriptor), so swapping the path after the check does not
 /// help.
+///
+/// For tool handlers, whose errors go to R as text; [`worker_file`] is the
+/// same with a typed error.
 pub fn read_worker_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, String> {
+    worker_file(call, path).map_err(String::from)
+}
+
+/// [`read_worker_file`] with an error that says which check failed.
+pub fn worker_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, WorkerFileError> {
     match &call.worker_root {
         Some(root) => read_confined_file(call, root, path),
         None => read_host_file(call, path),
@@ -48,7 +56,7 @@ fn read_confined_file(
     call: &ToolCall,
     root: &std::path::Path,
     path: &str,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, WorkerFileError> {
     use std::os::fd::FromRawFd;
     use std::path::Component;
     let p = std::path::Path::new(path);
@@ -56,11 +64,11 @@ fn read_confined_file(
         && p.components()
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
     if !clean || !p.starts_with(&call.worker_temp_dir) {
-        return Err("the file must be in the R session's temporary directory (tempdir())".into());
+        return Err(WorkerFileError::OutsideTempDir);
     }
-    let dir = std::fs::File::open(root).map_err(|e| format!("the worker is gone: {e}"))?;
-    let rel = std::ffi::CString::new(path.trim_start_matches('/'))
-        .map_err(|_| "the path contains a NUL byte".to_string())?;
+    let dir = std::fs::File::open(root).map_err(WorkerFileError::WorkerGone)?;
+    let rel =
+        std::ffi::CString::new(path.trim_start_matches('/')).map_err(|_| WorkerFileError::Nul)?;
     /// `struct open_how` of openat2(2).
     #[repr(C)]
     struct OpenHow {
@@ -87,10 +95,10 @@ fn read_confined_file(
             std::mem::size_of::<OpenHow>(),
         );
         if fd < 0 {
-            return Err(format!(
-                "cannot open {path}: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(WorkerFileError::Open {
+                path: path.to_string(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         std::fs::File::from_raw_fd(fd as i32)
     };
@@ -99,37 +107,47 @@ fn read_confined_file(
 
 /// Reads an opened file if it is a regular one of a sane size (a FIFO or a
 /// device the code made must not block or flood the host).
-fn read_regular(mut f: std::fs::File, path: &str) -> Result<Vec<u8>, String> {
+fn read_regular(mut f: std::fs::File, path: &str) -> Result<Vec<u8>, WorkerFileError> {
     use std::io::Read;
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("cannot check {path}: {e}"))?;
+    let meta = f.metadata().map_err(|source| WorkerFileError::Check {
+        path: path.to_string(),
+        source,
+    })?;
     if !meta.is_file() || meta.len() > MAX_WORKER_FILE_BYTES {
-        return Err(format!(
-            "{path} must be a regular file of at most {} MiB",
-            MAX_WORKER_FILE_BYTES >> 20
-        ));
+        return Err(WorkerFileError::NotRegular {
+            path: path.to_string(),
+            max_mib: MAX_WORKER_FILE_BYTES >> 20,
+        });
     }
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {path}: {e}"))?;
+        .map_err(|source| WorkerFileError::Read {
+            path: path.to_string(),
+            source,
+        })?;
     Ok(bytes)
 }
 
-fn read_host_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, String> {
+fn read_host_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, WorkerFileError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let root = std::fs::canonicalize(&call.worker_temp_dir)
-        .map_err(|e| format!("the worker's directory is gone: {e}"))?;
+    let root = std::fs::canonicalize(&call.worker_temp_dir).map_err(WorkerFileError::WorkerGone)?;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("cannot open {path}: {e}"))?;
+        .map_err(|source| WorkerFileError::Open {
+            path: path.to_string(),
+            source,
+        })?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    let real = std::fs::read_link(format!("/proc/self/fd/{fd}"))
-        .map_err(|e| format!("cannot check {path}: {e}"))?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|source| {
+        WorkerFileError::Check {
+            path: path.to_string(),
+            source,
+        }
+    })?;
     if !real.starts_with(&root) {
-        return Err("the file must be in the R session's temporary directory (tempdir())".into());
+        return Err(WorkerFileError::OutsideTempDir);
     }
     read_regular(f, path)
 }

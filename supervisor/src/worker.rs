@@ -1,194 +1,46 @@
 //! One worker process: spawn, hello, run calls with a deadline, interrupt,
 //! kill. A worker is disposable; whoever owns it keeps anything that must
 //! survive the worker (results, queue, metadata).
+//!
+//! The worker talks to its process through a [`Transport`] and hears from
+//! it through a channel of [`LinkEvent`]s (fed by the I/O thread of a real
+//! process), so a call's state machine (result, tool calls, cancel,
+//! deadline, kill) runs the same against a fake worker in unit tests.
 
+use crate::call::{cpu_limit_result, mark_stopped, push_raw, validate_call, Stop};
+use crate::error::{Error, ValidateError};
+use crate::ids;
+use crate::process::{launch, OsTransport, Proc, TempDir, Transport};
 use crate::tools::{CallContext, ToolCall};
-use crate::{ids, Error};
 use rvisor_protocol::{
-    read_frame, write_frame, ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment,
-    ToWorker, WorkerHello, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH,
-    ENV_WORKER_FD, PROTOCOL_VERSION,
+    read_frame, ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment, ToWorker,
+    WorkerHello, ENV_WORKER_FD, PROTOCOL_VERSION,
 };
 use rvisor_protocol::{ToolOutcome, MAX_TOOL_RESULT_BYTES};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Environment variables a worker inherits from the host: those that locate
-/// programs, libraries, locales and time zones. Everything else (secrets!)
-/// stays in the host.
-const INHERITED_ENV: &[&str] = &[
-    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "R_HOME", "USER", "LOGNAME",
-];
-const INHERITED_ENV_PREFIXES: &[&str] = &["LC_", "R_LIBS"];
-
-/// Stack limit set for the worker before exec (see the worker's main.rs).
-const WORKER_STACK_BYTES: u64 = 64 * 1024 * 1024;
-
-/// How to start workers.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    /// The `rvisor-worker` binary.
-    pub worker_bin: Option<PathBuf>,
-    /// How long R may take to start.
-    pub startup_timeout: Duration,
-    /// Extra environment variable names R code may read.
-    pub env: Vec<String>,
-    /// Pass the host's whole environment (explicit opt-in; secrets included).
-    pub inherit_env: bool,
-    /// R library directories, in order (set as `R_LIBS`).
-    pub libpath: Vec<PathBuf>,
-    /// Parent of the per-worker temporary directories.
-    pub temp_root: PathBuf,
-    /// Confine workers with the OS (set by the supervisor from its
-    /// configuration; only the zygote forks confined workers).
-    pub confine: Option<crate::Confinement>,
-    /// Per-worker cgroups of confined workers, when the host offers them.
-    pub cgroups: Option<std::sync::Arc<crate::confine::Cgroups>>,
-    /// The uids confined workers get (this supervisor's host-wide block).
-    pub uids: Option<std::sync::Arc<crate::confine::Uids>>,
-}
-
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        Self {
-            worker_bin: None,
-            startup_timeout: Duration::from_secs(60),
-            env: Vec::new(),
-            inherit_env: false,
-            libpath: Vec::new(),
-            temp_root: std::env::temp_dir(),
-            confine: None,
-            cgroups: None,
-            uids: None,
-        }
-    }
-}
-
-/// Per-call settings.
-#[derive(Debug, Clone)]
-pub struct CallOptions {
-    /// Deadline of the call; `None` for no limit.
-    pub timeout: Option<Duration>,
-    /// How long R gets to answer an interrupt before the worker is killed.
-    pub grace: Duration,
-    /// Plot size in pixels.
-    pub plot_width: u32,
-    /// Plot size in pixels.
-    pub plot_height: u32,
-    /// Cap on console text plus plot bytes.
-    pub max_output_bytes: u64,
-    /// Directory to run in.
-    pub working_dir: Option<PathBuf>,
-    /// CPU time the call may use (enforced by the kernel, RLIMIT_CPU). Only
-    /// for workers used once: the limit cannot be raised again.
-    pub cpu_limit: Option<Duration>,
-}
-
-impl Default for CallOptions {
-    fn default() -> Self {
-        Self {
-            timeout: Some(Duration::from_secs(30)),
-            grace: Duration::from_secs(2),
-            plot_width: DEFAULT_PLOT_WIDTH,
-            plot_height: DEFAULT_PLOT_HEIGHT,
-            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
-            working_dir: None,
-            cpu_limit: None,
-        }
-    }
-}
-
-/// Finds the worker binary: `RVISOR_WORKER`, else next to the current
-/// executable (or one level up, for test binaries in `target/*/deps`), else
-/// on `PATH`.
-pub fn locate_worker() -> Result<PathBuf, Error> {
-    if let Some(p) = std::env::var_os("RVISOR_WORKER") {
-        return Ok(PathBuf::from(p));
-    }
-    let mut looked = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        let mut dir = exe.parent().map(Path::to_path_buf);
-        for _ in 0..2 {
-            let Some(d) = dir else { break };
-            let cand = d.join("rvisor-worker");
-            if cand.is_file() {
-                return Ok(cand);
-            }
-            looked.push(d.display().to_string());
-            dir = d.parent().map(Path::to_path_buf);
-        }
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for d in std::env::split_paths(&path) {
-            let cand = d.join("rvisor-worker");
-            if cand.is_file() {
-                return Ok(cand);
-            }
-        }
-        looked.push("PATH".into());
-    }
-    Err(Error::WorkerNotFound(looked.join(", ")))
-}
-
-/// A private directory removed when dropped.
-#[derive(Debug)]
-pub(crate) struct TempDir(PathBuf);
-
-impl TempDir {
-    /// The directory.
-    pub(crate) fn path(&self) -> &Path {
-        &self.0
-    }
-
-    pub(crate) fn new(root: &Path) -> Result<Self, Error> {
-        use std::os::unix::fs::DirBuilderExt;
-        let p = root.join(format!(
-            "rvisor-{}-{}",
-            std::process::id(),
-            ids::random_hex(6)
-        ));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&p)
-            .map_err(|source| Error::Io {
-                what: "create the worker's temporary directory",
-                source,
-            })?;
-        Ok(Self(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use crate::call::CallOptions;
+pub use crate::process::{locate_worker, ExitInfo, WorkerConfig};
 
 /// What reaches a worker's call loop: frames from the worker, tool results
 /// from handler threads, cancellation from other threads.
 #[derive(Debug)]
-enum LinkEvent {
+pub(crate) enum LinkEvent {
     /// Raw output read from the worker's fds 1 and 2; always sent before
     /// the frame it precedes, so it is attached to the right result.
     Raw([Vec<u8>; 2]),
+    /// A frame, or the end of the link (`Err`).
     Frame(Result<FromWorker, String>),
-    ToolDone {
-        call_id: u64,
-        outcome: ToolOutcome,
-    },
+    /// A tool handler's answer.
+    ToolDone { call_id: u64, outcome: ToolOutcome },
+    /// Cancel the call with this execution id.
     Cancel(String),
-}
-
-/// Why the supervisor interrupted a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    Timeout,
-    Cancel,
 }
 
 /// Cancels a running call from another thread.
@@ -207,232 +59,39 @@ impl Canceller {
 }
 
 /// Sends SIGINT to a worker from any thread (see [`Worker::interrupter`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct Interrupter {
-    pid: libc::pid_t,
+    signal: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl std::fmt::Debug for Interrupter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interrupter").finish_non_exhaustive()
+    }
 }
 
 impl Interrupter {
     /// Interrupts the running evaluation; R answers with outcome
     /// `interrupted` and keeps the session's state.
     pub fn interrupt(&self) {
-        // SAFETY: kill(2) with a pid we spawned; see `Worker::interrupter`.
-        unsafe { libc::kill(self.pid, libc::SIGINT) };
+        (self.signal)();
     }
 }
 
-/// How a worker process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExitInfo {
-    /// Exit status, if it exited.
-    pub code: Option<i32>,
-    /// Signal, if one killed it.
-    pub signal: Option<i32>,
-}
-
-impl ExitInfo {
-    fn from_status(s: std::process::ExitStatus) -> Self {
-        Self {
-            code: s.code(),
-            signal: s.signal(),
-        }
-    }
-
-    /// "exit status 3", "killed by signal 9 (SIGKILL)".
-    pub fn describe(&self) -> String {
-        match (self.code, self.signal) {
-            (_, Some(sig)) => {
-                let name = match sig {
-                    libc::SIGSEGV => " (SIGSEGV)",
-                    libc::SIGKILL => " (SIGKILL)",
-                    libc::SIGABRT => " (SIGABRT)",
-                    libc::SIGBUS => " (SIGBUS)",
-                    libc::SIGTERM => " (SIGTERM)",
-                    libc::SIGXCPU => " (SIGXCPU)",
-                    _ => "",
-                };
-                format!("killed by signal {sig}{name}")
-            }
-            (Some(code), None) => format!("exit status {code}"),
-            (None, None) => "status unknown".into(),
-        }
-    }
-}
-
-/// The worker's process: a child we spawned, or one the zygote forked (the
-/// zygote reaps it and tells us how it ended).
-#[derive(Debug)]
-pub(crate) enum Proc {
-    Spawned(Child),
-    Forked {
-        pid: u32,
-        zygote: std::sync::Arc<crate::zygote::ZygoteShared>,
-        reaped: Option<ExitInfo>,
-    },
-}
-
-impl Proc {
-    fn id(&self) -> u32 {
-        match self {
-            Proc::Spawned(c) => c.id(),
-            Proc::Forked { pid, .. } => *pid,
-        }
-    }
-
-    fn try_wait(&mut self) -> Option<ExitInfo> {
-        match self {
-            Proc::Spawned(c) => c.try_wait().ok().flatten().map(ExitInfo::from_status),
-            Proc::Forked {
-                pid,
-                zygote,
-                reaped,
-            } => {
-                if reaped.is_none() {
-                    *reaped = zygote.peek_exit(*pid);
-                }
-                *reaped
-            }
-        }
-    }
-
-    /// Waits for the end of a process that is dying or dead.
-    fn wait(&mut self) -> Option<ExitInfo> {
-        match self {
-            Proc::Spawned(c) => c.wait().ok().map(ExitInfo::from_status),
-            Proc::Forked {
-                pid,
-                zygote,
-                reaped,
-            } => {
-                if reaped.is_none() {
-                    *reaped = zygote.exit_of(*pid, Duration::from_secs(5));
-                }
-                *reaped
-            }
-        }
-    }
-
-    fn kill(&mut self) {
-        let pid = self.id() as libc::pid_t;
-        // SAFETY: kill(2) on the process group the worker leads (setpgid at
-        // start) and on the worker itself, before we have seen it end, so
-        // the ids are still its own.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-            libc::kill(pid, libc::SIGKILL);
-        }
-    }
-}
-
-/// The environment a worker gets: the variables that locate programs,
-/// libraries, locales and time zones, the names the config lists (or all,
-/// with `inherit_env`), and `R_LIBS` from `libpath`.
-pub(crate) fn worker_env(cfg: &WorkerConfig) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-    let mut out = Vec::new();
-    for (k, v) in std::env::vars_os() {
-        let Some(name) = k.to_str() else { continue };
-        if name == "R_LIBS" && !cfg.libpath.is_empty() {
-            continue;
-        }
-        let keep = cfg.inherit_env
-            || INHERITED_ENV.contains(&name)
-            || INHERITED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
-            || cfg.env.iter().any(|e| e == name);
-        if keep {
-            out.push((k, v));
-        }
-    }
-    if !cfg.libpath.is_empty() {
-        if let Ok(joined) = std::env::join_paths(&cfg.libpath) {
-            out.push(("R_LIBS".into(), joined));
-        }
-    }
-    out
-}
-
-/// Sets what every exec'd worker (and the zygote) needs between fork and
-/// exec: own process group, death with the spawning thread, the stack R
-/// needs, and `fd` moved to fd 3.
-pub(crate) fn prepare_child(cmd: &mut Command, fd: std::os::fd::RawFd) {
-    let parent_pid = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe system calls (setpgid, prctl, getrlimit, setrlimit,
-    // dup2, fcntl, getppid, kill); it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Own process group: a terminal's Ctrl-C does not reach R.
-            libc::setpgid(0, 0);
-            // Die with the supervisor.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent_pid {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-            let mut cur: libc::rlimit = std::mem::zeroed();
-            libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
-            let rl = libc::rlimit {
-                rlim_cur: if cur.rlim_max == libc::RLIM_INFINITY {
-                    WORKER_STACK_BYTES
-                } else {
-                    WORKER_STACK_BYTES.min(cur.rlim_max)
-                },
-                rlim_max: cur.rlim_max,
-            };
-            libc::setrlimit(libc::RLIMIT_STACK, &rl);
-            if fd == 3 {
-                libc::fcntl(3, libc::F_SETFD, 0);
-            } else if libc::dup2(fd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Starts the worker binary (as a worker or, with `fd_var` =
-/// `RVISOR_ZYGOTE_FD`, as a zygote) with a clean environment, a private
-/// temporary directory, and one end of a new socketpair as fd 3. Returns
-/// the child, the supervisor's end of the socket, and the directory.
-pub(crate) fn launch(
-    cfg: &WorkerConfig,
-    fd_var: &str,
-    extra_env: &[(&str, String)],
-    stdout: Stdio,
-) -> Result<(Child, UnixStream, TempDir), Error> {
-    let bin = match &cfg.worker_bin {
-        Some(p) => p.clone(),
-        None => locate_worker()?,
-    };
-    let tmp = TempDir::new(&cfg.temp_root)?;
-    let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
-        what: "create a socketpair for the worker",
-        source,
-    })?;
-    let child_fd: OwnedFd = child_end.into();
-    let mut cmd = Command::new(&bin);
-    cmd.env_clear();
-    for (k, v) in worker_env(cfg) {
-        cmd.env(k, v);
-    }
-    cmd.envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
-    cmd.env("TMPDIR", tmp.path())
-        .env(fd_var, "3")
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(Stdio::piped());
-    prepare_child(&mut cmd, child_fd.as_raw_fd());
-    let child = cmd.spawn().map_err(|source| Error::Spawn {
-        path: bin.clone(),
-        source,
-    })?;
-    drop(child_fd);
-    Ok((child, parent, tmp))
+/// Where a session's workers come from: the runner asks for one lazily,
+/// and again after each reset. The supervisor's source takes them from the
+/// pool; unit tests give workers over a fake transport.
+pub(crate) trait WorkerSource: Send + 'static {
+    /// A ready worker for the session's next generation.
+    fn start(&mut self) -> Result<Worker, Error>;
+    /// Forgets a worker that has ended or is being ended.
+    fn forget(&mut self, w: &Worker);
 }
 
 /// A running worker.
 #[derive(Debug)]
 pub struct Worker {
-    proc: Proc,
-    stream: UnixStream,
+    transport: Box<dyn Transport>,
     events: Receiver<LinkEvent>,
     events_tx: Sender<LinkEvent>,
     /// Raw output that arrived and has not been attached to a result yet.
@@ -474,7 +133,8 @@ impl Worker {
         Self::connect(Proc::Spawned(child), parent, pipes, tmp, remaining, t0)
     }
 
-    /// Says hello to a started worker process and waits for R to be ready.
+    /// Starts the I/O thread of a started worker process, then says hello
+    /// and waits for R to be ready.
     pub(crate) fn connect(
         proc: Proc,
         parent: UnixStream,
@@ -496,10 +156,30 @@ impl Worker {
                 what: "start the worker I/O thread",
                 source,
             })?;
-
-        let mut w = Worker {
+        let transport = OsTransport {
             proc,
             stream: parent,
+        };
+        Self::handshake(
+            Box::new(transport),
+            (events_tx, events),
+            tmp,
+            startup_timeout,
+            t0,
+        )
+    }
+
+    /// Says hello over `transport` and waits (up to `startup_timeout`) for
+    /// the worker's answer on `events`.
+    pub(crate) fn handshake(
+        transport: Box<dyn Transport>,
+        (events_tx, events): (Sender<LinkEvent>, Receiver<LinkEvent>),
+        tmp: TempDir,
+        startup_timeout: Duration,
+        t0: Instant,
+    ) -> Result<Self, Error> {
+        let mut w = Worker {
+            transport,
             events,
             events_tx,
             raw: [Vec::new(), Vec::new()],
@@ -518,13 +198,14 @@ impl Worker {
             cpu_usage: None,
             _tmp: tmp,
         };
-        write_frame(
-            &mut w.stream,
-            &ToWorker::Hello {
-                protocol_version: PROTOCOL_VERSION,
-            },
-        )
-        .map_err(|e| Error::Startup(format!("the worker closed its link at once ({e})")))?;
+        w.transport
+            .send(
+                &ToWorker::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                },
+                &[],
+            )
+            .map_err(|e| Error::Startup(format!("the worker closed its link at once ({e})")))?;
         let first = loop {
             match w.events.recv_timeout(startup_timeout) {
                 Ok(LinkEvent::Raw(raw)) => w.keep_raw(raw),
@@ -555,7 +236,7 @@ impl Worker {
                 )));
             }
             Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
-                let status = w.proc.wait();
+                let status = w.transport.wait();
                 w.exited = true;
                 let [o, e] = std::mem::take(&mut w.raw);
                 return Err(Error::Startup(format!(
@@ -592,12 +273,12 @@ impl Worker {
 
     /// The worker's process id.
     pub fn pid(&self) -> u32 {
-        self.proc.id()
+        self.transport.pid()
     }
 
     /// Whether the worker was forked from the zygote.
     pub fn is_forked(&self) -> bool {
-        matches!(self.proc, Proc::Forked { .. })
+        self.transport.is_forked()
     }
 
     /// Whether the worker process has ended.
@@ -607,7 +288,7 @@ impl Worker {
 
     /// How the worker process ended, or `None` while it runs.
     pub fn exit_status(&mut self) -> Option<ExitInfo> {
-        let status = self.proc.try_wait();
+        let status = self.transport.try_wait();
         if status.is_some() {
             // Reaped: its pid may be reused, so never signal it again.
             self.exited = true;
@@ -620,30 +301,24 @@ impl Worker {
     /// reused once the worker has been reaped).
     pub fn interrupter(&self) -> Interrupter {
         Interrupter {
-            pid: self.proc.id() as libc::pid_t,
+            signal: self.transport.interrupt_handle(),
         }
     }
 
     /// Sends SIGINT: R ends the running evaluation, keeping its state.
     pub fn interrupt(&self) {
+        // Never signal a reaped process: its pid may be reused.
         if !self.exited {
-            // SAFETY: kill(2) on our own child's pid; it is not reaped yet
-            // (`exited` is false), so the pid cannot have been reused.
-            unsafe { libc::kill(self.proc.id() as libc::pid_t, libc::SIGINT) };
+            self.transport.interrupt(None);
         }
     }
 
     /// Interrupts call `seq` only (see the worker's interrupt.rs): a signal
     /// that overtakes its call waits for it, a late one is dropped.
     fn interrupt_call(&self, seq: u64) {
-        if self.exited {
-            return;
+        if !self.exited {
+            self.transport.interrupt(Some(seq));
         }
-        let value = libc::sigval {
-            sival_ptr: seq as usize as *mut libc::c_void,
-        };
-        // SAFETY: sigqueue(2) to our own unreaped child (pid not reused).
-        unsafe { libc::sigqueue(self.proc.id() as libc::pid_t, libc::SIGINT, value) };
     }
 
     /// Ends a worker that will not be used again: SIGKILL and removal of its
@@ -652,7 +327,7 @@ impl Worker {
     /// the zygote a little later).
     pub fn discard(mut self) {
         if !self.exited {
-            self.proc.kill();
+            self.transport.kill();
         }
         let _ = std::fs::remove_dir_all(self._tmp.path());
         let spawned = std::thread::Builder::new()
@@ -666,8 +341,8 @@ impl Worker {
         if self.exited {
             return;
         }
-        self.proc.kill();
-        let _ = self.proc.wait();
+        self.transport.kill();
+        let _ = self.transport.wait();
         self.exited = true;
     }
 
@@ -703,8 +378,8 @@ impl Worker {
         opts: &CallOptions,
         ctx: &CallContext,
     ) -> RunResult {
-        if let Err(message) = crate::validate_call(code, opts) {
-            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, message);
+        if let Err(e) = validate_call(code, opts) {
+            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
         if self.exited {
             return RunResult::failed(
@@ -716,9 +391,55 @@ impl Worker {
         }
         self.call_seq += 1;
         let seq = self.call_seq;
+        if let Err(failed) = self.send_call(seq, &execution_id, code, opts, ctx) {
+            return *failed;
+        }
+        self.call_loop(seq, execution_id, code, opts, ctx)
+    }
+
+    /// Sends call `seq`, with its tables as open files (a confined worker
+    /// cannot see the store). `Err`: the call's result, nothing ran.
+    fn send_call(
+        &mut self,
+        seq: u64,
+        execution_id: &str,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+    ) -> Result<(), Box<RunResult>> {
+        let refuse = |outcome, message| {
+            Box::new(RunResult::failed(
+                execution_id.to_string(),
+                code.into(),
+                outcome,
+                message,
+            ))
+        };
+        if ctx.tables.len() > rvisor_protocol::fdpass::MAX_FDS {
+            return Err(refuse(
+                Outcome::Rejected,
+                format!(
+                    "{} tables given; at most {} can be passed to one call",
+                    ctx.tables.len(),
+                    rvisor_protocol::fdpass::MAX_FDS
+                ),
+            ));
+        }
+        let mut files = Vec::with_capacity(ctx.tables.len());
+        for (name, path) in &ctx.tables {
+            match std::fs::File::open(path) {
+                Ok(f) => files.push(f),
+                Err(e) => {
+                    return Err(refuse(
+                        Outcome::Error,
+                        format!("the data for '{name}' could not be opened ({e}); nothing ran"),
+                    ))
+                }
+            }
+        }
         let req = RunRequest {
             seq,
-            execution_id: execution_id.clone(),
+            execution_id: execution_id.to_string(),
             code: code.to_string(),
             plot_width: opts.plot_width,
             plot_height: opts.plot_height,
@@ -729,43 +450,29 @@ impl Worker {
             variables: ctx.variables.clone(),
             tables: ctx.tables.iter().map(|(n, _)| n.clone()).collect(),
         };
-        // Tables travel as open files: a confined worker cannot see the store.
-        if ctx.tables.len() > rvisor_protocol::fdpass::MAX_FDS {
-            return RunResult::failed(
-                execution_id,
-                code.into(),
-                Outcome::Rejected,
-                format!(
-                    "{} tables given; at most {} can be passed to one call",
-                    ctx.tables.len(),
-                    rvisor_protocol::fdpass::MAX_FDS
-                ),
-            );
-        }
-        let mut files = Vec::with_capacity(ctx.tables.len());
-        for (name, path) in &ctx.tables {
-            match std::fs::File::open(path) {
-                Ok(f) => files.push(f),
-                Err(e) => {
-                    return RunResult::failed(
-                        execution_id,
-                        code.into(),
-                        Outcome::Error,
-                        format!("the data for '{name}' could not be opened ({e}); nothing ran"),
-                    )
-                }
-            }
-        }
         let fds: Vec<std::os::fd::RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
-        let sent = if fds.is_empty() {
-            write_frame(&mut self.stream, &ToWorker::Run(req))
-        } else {
-            rvisor_protocol::fdpass::send_frame_with_fds(&self.stream, &ToWorker::Run(req), &fds)
-        };
+        let sent = self.transport.send(&ToWorker::Run(req), &fds);
         drop(files);
-        if let Err(e) = sent {
-            return self.dead_result(execution_id, code, format!("failed to send the call ({e})"));
-        }
+        sent.map_err(|e| {
+            Box::new(self.dead_result(
+                execution_id.to_string(),
+                code,
+                format!("failed to send the call ({e})"),
+            ))
+        })
+    }
+
+    /// A sent call's state machine: waits for its result while answering
+    /// tool calls, and turns a deadline or a cancel into a tagged interrupt,
+    /// then (after the grace period) into a kill.
+    fn call_loop(
+        &mut self,
+        seq: u64,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+    ) -> RunResult {
         let started = Instant::now();
         let deadline = opts.timeout.map(|t| started + t);
         // A CPU limit counts the processes the call starts too, when the
@@ -801,17 +508,11 @@ impl Worker {
                     let mut res = *res;
                     let [o, e] = std::mem::take(&mut self.raw);
                     push_raw(&mut res, o, e);
-                    if res.outcome == Outcome::Interrupted {
-                        match stopping {
-                            Some((Stop::Timeout, _)) => {
-                                mark_timed_out(&mut res, opts.timeout, false)
-                            }
-                            Some((Stop::Cancel, _)) => mark_cancelled(&mut res, false),
-                            None => {}
-                        }
+                    if let (Outcome::Interrupted, Some((why, _))) = (res.outcome, stopping) {
+                        mark_stopped(&mut res, why, opts.timeout, false);
                     }
                     if res.outcome == Outcome::WorkerExited {
-                        let _ = self.proc.wait();
+                        let _ = self.transport.wait();
                         self.exited = true;
                     }
                     return res;
@@ -832,7 +533,7 @@ impl Worker {
                     // interrupt that came before it started waiting); a
                     // result it no longer waits for is skipped.
                     let msg = ToWorker::ToolResult { call_id, outcome };
-                    if let Err(e) = write_frame(&mut self.stream, &msg) {
+                    if let Err(e) = self.transport.send(&msg, &[]) {
                         if stopping.is_none() {
                             return self.dead_result(
                                 execution_id,
@@ -861,10 +562,7 @@ impl Worker {
                     let mut res = self.dead_result(execution_id, code, String::new());
                     if let Some((why, _)) = stopping {
                         // We were stopping it anyway: report why, not the crash.
-                        match why {
-                            Stop::Timeout => mark_timed_out(&mut res, opts.timeout, true),
-                            Stop::Cancel => mark_cancelled(&mut res, true),
-                        }
+                        mark_stopped(&mut res, why, opts.timeout, true);
                     }
                     return res;
                 }
@@ -875,11 +573,7 @@ impl Worker {
                             .saturating_sub(*at_start);
                         if stopping.is_none() && u128::from(used) > limit.as_nanos() {
                             // Over the limit across its processes: no grace.
-                            self.kill();
-                            self.collect_until_closed(Duration::from_secs(1));
-                            let _ = self.proc.wait();
-                            self.exited = true;
-                            let raw = std::mem::take(&mut self.raw);
+                            let raw = self.kill_and_collect();
                             let mut res =
                                 cpu_limit_result(execution_id, code, &self.hello.r_version, raw);
                             res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -889,28 +583,29 @@ impl Worker {
                             continue; // only the CPU poll
                         }
                     }
-                    if stopping.is_none() {
+                    let Some((why, _)) = stopping else {
                         self.interrupt_call(seq);
                         stopping = Some((Stop::Timeout, Instant::now() + opts.grace));
                         continue;
-                    }
+                    };
                     // R did not answer the interrupt (tight C code): kill.
-                    let why = stopping.map(|s| s.0).unwrap_or(Stop::Timeout);
-                    self.kill();
-                    self.collect_until_closed(Duration::from_secs(1));
+                    let [o, e] = self.kill_and_collect();
                     let mut res = RunResult::empty(execution_id, code.into());
                     res.r_version = self.hello.r_version.clone();
-                    let [o, e] = std::mem::take(&mut self.raw);
                     push_raw(&mut res, o, e);
-                    match why {
-                        Stop::Timeout => mark_timed_out(&mut res, opts.timeout, true),
-                        Stop::Cancel => mark_cancelled(&mut res, true),
-                    }
+                    mark_stopped(&mut res, why, opts.timeout, true);
                     res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
                     return res;
                 }
             }
         }
+    }
+
+    /// Kills the worker and returns the raw output it wrote on its way out.
+    fn kill_and_collect(&mut self) -> [Vec<u8>; 2] {
+        self.kill();
+        self.collect_until_closed(Duration::from_secs(1));
+        std::mem::take(&mut self.raw)
     }
 
     /// Runs a tool handler on its own thread; its answer comes back as a
@@ -997,9 +692,9 @@ impl Worker {
         max_nesting_depth: u32,
         style: &str,
         timeout: Duration,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, ValidateError> {
         if self.exited || self.link_closed() {
-            return Err("the worker is no longer running".into());
+            return Err(ValidateError::NotRunning);
         }
         let msg = ToWorker::Validate {
             script: script.to_string(),
@@ -1007,7 +702,9 @@ impl Worker {
             max_nesting_depth,
             style: style.to_string(),
         };
-        write_frame(&mut self.stream, &msg).map_err(|e| format!("failed to send: {e}"))?;
+        self.transport
+            .send(&msg, &[])
+            .map_err(ValidateError::Send)?;
         let end = Instant::now() + timeout;
         loop {
             match self
@@ -1017,16 +714,17 @@ impl Worker {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
                 Ok(LinkEvent::Frame(Ok(FromWorker::Validation { json }))) => {
                     self.raw = [Vec::new(), Vec::new()];
-                    return serde_json::from_str(&json).map_err(|e| format!("bad findings: {e}"));
+                    return serde_json::from_str(&json)
+                        .map_err(|e| ValidateError::BadFindings(e.to_string()));
                 }
                 Ok(LinkEvent::Frame(Err(e))) => {
                     self.link_closed = true;
-                    return Err(format!("the worker ended: {e}"));
+                    return Err(ValidateError::Ended(e));
                 }
                 Ok(_) => {}
                 Err(_) => {
                     self.kill();
-                    return Err("validation did not finish in time".into());
+                    return Err(ValidateError::Timeout);
                 }
             }
         }
@@ -1034,10 +732,10 @@ impl Worker {
 
     /// Asks the worker to exit and waits for it (kills it after `wait`).
     pub fn shutdown(mut self, wait: Duration) {
-        let _ = write_frame(&mut self.stream, &ToWorker::Shutdown);
+        let _ = self.transport.send(&ToWorker::Shutdown, &[]);
         let end = Instant::now() + wait;
         while Instant::now() < end {
-            if self.proc.try_wait().is_some() {
+            if self.transport.try_wait().is_some() {
                 self.exited = true;
                 return;
             }
@@ -1073,26 +771,9 @@ impl Worker {
 
     /// Waits (bounded) for a dying worker's exit status.
     pub fn wait_exit(&mut self) -> ExitInfo {
-        let st = self.proc.wait().unwrap_or(ExitInfo {
-            code: None,
-            signal: None,
-        });
+        let st = self.transport.wait().unwrap_or(ExitInfo::UNKNOWN);
         self.exited = true;
         st
-    }
-
-    /// Whether the worker's end of the socket has closed (it died), asked
-    /// of the kernel directly.
-    fn peer_gone(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.stream.as_raw_fd(),
-            events: libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: poll with a zero timeout on one pollfd we own; the
-        // descriptor stays open (owned by `self.stream`).
-        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-        n > 0 && pfd.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
     }
 
     /// Whether the worker's link has closed while no call was running (the
@@ -1105,14 +786,14 @@ impl Worker {
                 _ => {}
             }
         }
-        // The I/O thread may not have seen the hang-up yet: ask the socket.
-        self.link_closed || self.peer_gone()
+        // The I/O thread may not have seen the hang-up yet: ask the link.
+        self.link_closed || self.transport.peer_gone()
     }
 
     /// The result of a call whose worker went away.
     fn dead_result(&mut self, execution_id: String, code: &str, why: String) -> RunResult {
         self.collect_until_closed(Duration::from_secs(1));
-        let status = self.proc.wait();
+        let status = self.transport.wait();
         self.exited = true;
         let [o, e] = std::mem::take(&mut self.raw);
         if status.is_some_and(|s| s.signal == Some(libc::SIGXCPU)) {
@@ -1152,72 +833,6 @@ const CPU_POLL: Duration = Duration::from_millis(100);
 /// CPU time (ns) in a cgroup's `cpuacct.usage`.
 fn read_cpu_ns(f: &Path) -> Option<u64> {
     std::fs::read_to_string(f).ok()?.trim().parse().ok()
-}
-
-/// The result of a call stopped at its CPU time limit: the raw output it
-/// wrote, then the notice.
-fn cpu_limit_result(
-    execution_id: String,
-    code: &str,
-    r_version: &str,
-    [out, err]: [Vec<u8>; 2],
-) -> RunResult {
-    let mut res = RunResult::empty(execution_id, code.into());
-    res.r_version = r_version.to_string();
-    push_raw(&mut res, out, err);
-    let message =
-        "the call used up its CPU time limit (counting the processes it started) and was stopped";
-    res.push_segment(Segment::Stderr {
-        text: format!("rvisor: {message}\n"),
-    });
-    res.outcome = Outcome::TimedOut;
-    res.success = false;
-    res.error = Some(ErrorInfo {
-        timed_out: true,
-        ..ErrorInfo::message(message)
-    });
-    res
-}
-
-fn mark_timed_out(res: &mut RunResult, timeout: Option<Duration>, killed: bool) {
-    let secs = timeout.map(|t| t.as_secs_f64()).unwrap_or(0.0);
-    let message = if killed {
-        format!(
-            "the call exceeded its timeout of {secs} s and R did not answer the interrupt, so \
-             the worker was killed; the session's state is lost"
-        )
-    } else {
-        format!(
-            "the call exceeded its timeout of {secs} s and was interrupted; the session's \
-             variables are kept"
-        )
-    };
-    res.push_segment(Segment::Stderr {
-        text: format!("rvisor: {message}\n"),
-    });
-    res.outcome = Outcome::TimedOut;
-    res.success = false;
-    let mut err = res.error.take().unwrap_or_default();
-    err.message = message;
-    err.timed_out = true;
-    res.error = Some(err);
-}
-
-fn mark_cancelled(res: &mut RunResult, killed: bool) {
-    let message = if killed {
-        "the call was cancelled; R did not answer the interrupt, so the worker was killed and \
-         the session's state is lost"
-    } else {
-        "the call was cancelled; the session's variables are kept"
-    };
-    res.push_segment(Segment::Stderr {
-        text: format!("rvisor: {message}\n"),
-    });
-    res.outcome = Outcome::Cancelled;
-    res.success = false;
-    let mut err = res.error.take().unwrap_or_default();
-    err.message = message.to_string();
-    res.error = Some(err);
 }
 
 /// Most raw output kept per stream and call.
@@ -1344,19 +959,6 @@ fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
                 return;
             }
         }
-    }
-}
-
-fn push_raw(res: &mut RunResult, out: Vec<u8>, err: Vec<u8>) {
-    if !out.is_empty() {
-        res.push_segment(Segment::Stdout {
-            text: String::from_utf8_lossy(&out).into_owned(),
-        });
-    }
-    if !err.is_empty() {
-        res.push_segment(Segment::Stderr {
-            text: String::from_utf8_lossy(&err).into_owned(),
-        });
     }
 }
 

@@ -1,15 +1,18 @@
 //! The supervisor's side of the zygote: start it, ask it to fork workers,
 //! learn how its children ended.
 
+use crate::error::Error;
+use crate::process::{
+    launch, pipe, worker_env, ExitInfo, ExitReports, Proc, TempDir, WorkerConfig,
+};
 use crate::raw::RawOutput;
-use crate::worker::{worker_env, ExitInfo, Proc, TempDir};
-use crate::{Error, Worker, WorkerConfig};
+use crate::worker::Worker;
 use rvisor_protocol::{
     fdpass, read_frame, write_frame, ForkRequest, FromZygote, ToZygote, ZygoteHello, ENV_PRELOAD,
     ENV_ZYGOTE_FD, PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Stdio};
 use std::sync::mpsc::{self, Sender};
@@ -58,9 +61,8 @@ impl ZygoteShared {
     }
 }
 
-impl ZygoteShared {
-    /// How forked worker `pid` ended, waiting up to `wait` for the news.
-    pub(crate) fn exit_of(&self, pid: u32, wait: Duration) -> Option<ExitInfo> {
+impl ExitReports for ZygoteShared {
+    fn exit_of(&self, pid: u32, wait: Duration) -> Option<ExitInfo> {
         let end = Instant::now() + wait;
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -81,7 +83,7 @@ impl ZygoteShared {
 
     /// Whether forked worker `pid` has ended, or is doomed because its
     /// zygote is gone (non-blocking; keeps the news).
-    pub(crate) fn peek_exit(&self, pid: u32) -> Option<ExitInfo> {
+    fn peek_exit(&self, pid: u32) -> Option<ExitInfo> {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = s.exits.get(&pid) {
             return Some(*e);
@@ -130,8 +132,7 @@ impl Zygote {
             .map(|p| (ENV_PRELOAD, p.join(",")))
             .into_iter()
             .collect();
-        let (mut child, mut parent, tmp) =
-            crate::worker::launch(cfg, ENV_ZYGOTE_FD, &extra, Stdio::null())?;
+        let (mut child, mut parent, tmp) = launch(cfg, ENV_ZYGOTE_FD, &extra, Stdio::null())?;
         let stderr = RawOutput::default();
         if let Some(e) = child.stderr.take() {
             stderr.attach(1, e);
@@ -361,7 +362,7 @@ impl Zygote {
         }
         let proc = Proc::Forked {
             pid,
-            zygote: self.shared.clone(),
+            reports: self.shared.clone(),
             reaped: None,
         };
         let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
@@ -392,20 +393,5 @@ impl Zygote {
 impl Drop for Zygote {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills the array we own; both descriptors become owned.
-    unsafe {
-        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(Error::Io {
-                what: "create a pipe",
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        use std::os::fd::FromRawFd;
-        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
     }
 }

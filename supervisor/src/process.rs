@@ -1,0 +1,509 @@
+//! Worker processes as the operating system sees them: how they are started
+//! (clean environment, own process group, parent-death signal, private
+//! temporary directory), how they end ([`ExitInfo`]), and the [`Transport`]
+//! a [`crate::Worker`] drives them through.
+//!
+//! This module sits below both `worker` (which talks to one process) and
+//! `zygote` (which starts the zygote and forks workers): neither imports the
+//! other through it.
+
+use crate::confine::{Cgroups, Confinement, Limits, Uids};
+use crate::error::{ConfineError, Error};
+use crate::ids;
+use rvisor_protocol::{write_frame, FrameError, ToWorker};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Environment variables a worker inherits from the host: those that locate
+/// programs, libraries, locales and time zones. Everything else (secrets!)
+/// stays in the host.
+const INHERITED_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "R_HOME", "USER", "LOGNAME",
+];
+const INHERITED_ENV_PREFIXES: &[&str] = &["LC_", "R_LIBS"];
+
+/// Stack limit set for the worker before exec (see the worker's main.rs).
+const WORKER_STACK_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How to start workers.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The `rvisor-worker` binary.
+    pub worker_bin: Option<PathBuf>,
+    /// How long R may take to start.
+    pub startup_timeout: Duration,
+    /// Extra environment variable names R code may read.
+    pub env: Vec<String>,
+    /// Pass the host's whole environment (explicit opt-in; secrets included).
+    pub inherit_env: bool,
+    /// R library directories, in order (set as `R_LIBS`).
+    pub libpath: Vec<PathBuf>,
+    /// Parent of the per-worker temporary directories.
+    pub temp_root: PathBuf,
+    /// Confine workers with the OS (set by the supervisor from its
+    /// configuration; only the zygote forks confined workers).
+    pub confine: Option<Confinement>,
+    /// Per-worker cgroups of confined workers, when the host offers them.
+    pub cgroups: Option<Arc<Cgroups>>,
+    /// The uids confined workers get (this supervisor's host-wide block).
+    pub uids: Option<Arc<Uids>>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            worker_bin: None,
+            startup_timeout: Duration::from_secs(60),
+            env: Vec::new(),
+            inherit_env: false,
+            libpath: Vec::new(),
+            temp_root: std::env::temp_dir(),
+            confine: None,
+            cgroups: None,
+            uids: None,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Gives this configuration its own limits and network access.
+    /// Refused for unconfined workers, which have no limits to set.
+    pub(crate) fn apply_overrides(
+        &mut self,
+        limits: Option<&Limits>,
+        network: Option<bool>,
+    ) -> Result<(), ConfineError> {
+        if limits.is_none() && network.is_none() {
+            return Ok(());
+        }
+        let Some(c) = self.confine.as_mut() else {
+            return Err(ConfineError::OverridesNeedConfinement);
+        };
+        if let Some(l) = limits {
+            l.check()?;
+            c.limits = l.clone();
+        }
+        if let Some(n) = network {
+            c.network = n;
+        }
+        Ok(())
+    }
+}
+
+/// Finds the worker binary: `RVISOR_WORKER`, else next to the current
+/// executable (or one level up, for test binaries in `target/*/deps`), else
+/// on `PATH`.
+pub fn locate_worker() -> Result<PathBuf, Error> {
+    if let Some(p) = std::env::var_os("RVISOR_WORKER") {
+        return Ok(PathBuf::from(p));
+    }
+    let mut looked = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent().map(Path::to_path_buf);
+        for _ in 0..2 {
+            let Some(d) = dir else { break };
+            let cand = d.join("rvisor-worker");
+            if cand.is_file() {
+                return Ok(cand);
+            }
+            looked.push(d.display().to_string());
+            dir = d.parent().map(Path::to_path_buf);
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            let cand = d.join("rvisor-worker");
+            if cand.is_file() {
+                return Ok(cand);
+            }
+        }
+        looked.push("PATH".into());
+    }
+    Err(Error::WorkerNotFound(looked.join(", ")))
+}
+
+/// A private directory removed when dropped.
+#[derive(Debug)]
+pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    /// The directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// A new `rvisor-<pid>-<random>` directory (mode 0700) under `root`.
+    pub(crate) fn new(root: &Path) -> Result<Self, Error> {
+        use std::os::unix::fs::DirBuilderExt;
+        let p = root.join(format!(
+            "rvisor-{}-{}",
+            std::process::id(),
+            ids::random_hex(6)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&p)
+            .map_err(|source| Error::Io {
+                what: "create the worker's temporary directory",
+                source,
+            })?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How a worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Exit status, if it exited.
+    pub code: Option<i32>,
+    /// Signal, if one killed it.
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    /// An end we know nothing about.
+    pub(crate) const UNKNOWN: ExitInfo = ExitInfo {
+        code: None,
+        signal: None,
+    };
+
+    fn from_status(s: std::process::ExitStatus) -> Self {
+        Self {
+            code: s.code(),
+            signal: s.signal(),
+        }
+    }
+
+    /// "exit status 3", "killed by signal 9 (SIGKILL)".
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (_, Some(sig)) => {
+                let name = match sig {
+                    libc::SIGSEGV => " (SIGSEGV)",
+                    libc::SIGKILL => " (SIGKILL)",
+                    libc::SIGABRT => " (SIGABRT)",
+                    libc::SIGBUS => " (SIGBUS)",
+                    libc::SIGTERM => " (SIGTERM)",
+                    libc::SIGXCPU => " (SIGXCPU)",
+                    _ => "",
+                };
+                format!("killed by signal {sig}{name}")
+            }
+            (Some(code), None) => format!("exit status {code}"),
+            (None, None) => "status unknown".into(),
+        }
+    }
+}
+
+/// Who reaps forked workers and reports how they ended (the zygote's
+/// reader), so that a forked worker's process does not depend on the zygote
+/// module.
+pub(crate) trait ExitReports: Send + Sync + std::fmt::Debug {
+    /// How worker `pid` ended, waiting up to `wait` for the news.
+    fn exit_of(&self, pid: u32, wait: Duration) -> Option<ExitInfo>;
+    /// Whether worker `pid` has ended or is doomed (non-blocking).
+    fn peek_exit(&self, pid: u32) -> Option<ExitInfo>;
+}
+
+/// The worker's process: a child we spawned, or one the zygote forked (the
+/// zygote reaps it and tells us how it ended).
+#[derive(Debug)]
+pub(crate) enum Proc {
+    Spawned(Child),
+    Forked {
+        pid: u32,
+        reports: Arc<dyn ExitReports>,
+        reaped: Option<ExitInfo>,
+    },
+}
+
+impl Proc {
+    fn id(&self) -> u32 {
+        match self {
+            Proc::Spawned(c) => c.id(),
+            Proc::Forked { pid, .. } => *pid,
+        }
+    }
+
+    fn try_wait(&mut self) -> Option<ExitInfo> {
+        match self {
+            Proc::Spawned(c) => c.try_wait().ok().flatten().map(ExitInfo::from_status),
+            Proc::Forked {
+                pid,
+                reports,
+                reaped,
+            } => {
+                if reaped.is_none() {
+                    *reaped = reports.peek_exit(*pid);
+                }
+                *reaped
+            }
+        }
+    }
+
+    /// Waits for the end of a process that is dying or dead.
+    fn wait(&mut self) -> Option<ExitInfo> {
+        match self {
+            Proc::Spawned(c) => c.wait().ok().map(ExitInfo::from_status),
+            Proc::Forked {
+                pid,
+                reports,
+                reaped,
+            } => {
+                if reaped.is_none() {
+                    *reaped = reports.exit_of(*pid, Duration::from_secs(5));
+                }
+                *reaped
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        let pid = self.id() as libc::pid_t;
+        // SAFETY: kill(2) on the process group the worker leads (setpgid at
+        // start) and on the worker itself; callers only kill a worker they
+        // have not seen end (`Worker::exited`), so the ids are still its own.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// What a [`crate::Worker`] does to its process and link, apart from
+/// reading: the link's incoming side is a channel of events fed by an I/O
+/// thread (or, in tests, by a fake worker), so the whole call state machine
+/// runs against this trait. The caller never signals a process it has seen
+/// end.
+pub(crate) trait Transport: Send + std::fmt::Debug {
+    /// The worker's process id.
+    fn pid(&self) -> u32;
+    /// Whether the worker was forked from the zygote.
+    fn is_forked(&self) -> bool;
+    /// Sends one frame, with file descriptors when `fds` is not empty.
+    fn send(&mut self, msg: &ToWorker, fds: &[RawFd]) -> Result<(), FrameError>;
+    /// Whether the worker's end of the link has closed (asked directly,
+    /// not through the event channel).
+    fn peer_gone(&self) -> bool;
+    /// SIGINT; tagged with the call's sequence number when `seq` is given
+    /// (see the worker's interrupt.rs).
+    fn interrupt(&self, seq: Option<u64>);
+    /// An untagged SIGINT usable from any thread while the worker lives.
+    fn interrupt_handle(&self) -> Arc<dyn Fn() + Send + Sync>;
+    /// SIGKILL to the worker's process group.
+    fn kill(&mut self);
+    /// How the process ended, or `None` while it runs.
+    fn try_wait(&mut self) -> Option<ExitInfo>;
+    /// Waits (bounded) for a dying process to end.
+    fn wait(&mut self) -> Option<ExitInfo>;
+}
+
+/// A real worker process and its socket.
+#[derive(Debug)]
+pub(crate) struct OsTransport {
+    pub(crate) proc: Proc,
+    pub(crate) stream: UnixStream,
+}
+
+impl Transport for OsTransport {
+    fn pid(&self) -> u32 {
+        self.proc.id()
+    }
+
+    fn is_forked(&self) -> bool {
+        matches!(self.proc, Proc::Forked { .. })
+    }
+
+    fn send(&mut self, msg: &ToWorker, fds: &[RawFd]) -> Result<(), FrameError> {
+        if fds.is_empty() {
+            write_frame(&mut self.stream, msg)
+        } else {
+            rvisor_protocol::fdpass::send_frame_with_fds(&self.stream, msg, fds)
+        }
+    }
+
+    fn peer_gone(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: poll with a zero timeout on one pollfd we own; the
+        // descriptor stays open (owned by `self.stream`).
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n > 0 && pfd.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+    }
+
+    fn interrupt(&self, seq: Option<u64>) {
+        let pid = self.proc.id() as libc::pid_t;
+        match seq {
+            // SAFETY: kill(2) on our own child's pid; the caller has not
+            // seen it end (not reaped), so the pid cannot have been reused.
+            None => unsafe {
+                libc::kill(pid, libc::SIGINT);
+            },
+            Some(seq) => {
+                let value = libc::sigval {
+                    sival_ptr: seq as usize as *mut libc::c_void,
+                };
+                // SAFETY: sigqueue(2) to our own unreaped child (pid not
+                // reused); the value is an integer, not a pointer R reads.
+                unsafe { libc::sigqueue(pid, libc::SIGINT, value) };
+            }
+        }
+    }
+
+    fn interrupt_handle(&self) -> Arc<dyn Fn() + Send + Sync> {
+        let pid = self.proc.id() as libc::pid_t;
+        Arc::new(move || {
+            // SAFETY: kill(2) with a pid we spawned or forked; the handle is
+            // documented as valid only while the worker is alive (not
+            // reaped), so the pid is still the worker's.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+        })
+    }
+
+    fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    fn try_wait(&mut self) -> Option<ExitInfo> {
+        self.proc.try_wait()
+    }
+
+    fn wait(&mut self) -> Option<ExitInfo> {
+        self.proc.wait()
+    }
+}
+
+/// The environment a worker gets: the variables that locate programs,
+/// libraries, locales and time zones, the names the config lists (or all,
+/// with `inherit_env`), and `R_LIBS` from `libpath`.
+pub(crate) fn worker_env(cfg: &WorkerConfig) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut out = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let Some(name) = k.to_str() else { continue };
+        if name == "R_LIBS" && !cfg.libpath.is_empty() {
+            continue;
+        }
+        let keep = cfg.inherit_env
+            || INHERITED_ENV.contains(&name)
+            || INHERITED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
+            || cfg.env.iter().any(|e| e == name);
+        if keep {
+            out.push((k, v));
+        }
+    }
+    if !cfg.libpath.is_empty() {
+        if let Ok(joined) = std::env::join_paths(&cfg.libpath) {
+            out.push(("R_LIBS".into(), joined));
+        }
+    }
+    out
+}
+
+/// Sets what every exec'd worker (and the zygote) needs between fork and
+/// exec: own process group, death with the spawning thread, the stack R
+/// needs, and `fd` moved to fd 3.
+fn prepare_child(cmd: &mut Command, fd: RawFd) {
+    let parent_pid = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe system calls (setpgid, prctl, getrlimit, setrlimit,
+    // dup2, fcntl, getppid, kill); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Own process group: a terminal's Ctrl-C does not reach R.
+            libc::setpgid(0, 0);
+            // Die with the supervisor.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent_pid {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            let mut cur: libc::rlimit = std::mem::zeroed();
+            libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
+            let rl = libc::rlimit {
+                rlim_cur: if cur.rlim_max == libc::RLIM_INFINITY {
+                    WORKER_STACK_BYTES
+                } else {
+                    WORKER_STACK_BYTES.min(cur.rlim_max)
+                },
+                rlim_max: cur.rlim_max,
+            };
+            libc::setrlimit(libc::RLIMIT_STACK, &rl);
+            if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0);
+            } else if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Starts the worker binary (as a worker or, with `fd_var` =
+/// `RVISOR_ZYGOTE_FD`, as a zygote) with a clean environment, a private
+/// temporary directory, and one end of a new socketpair as fd 3. Returns
+/// the child, the supervisor's end of the socket, and the directory.
+pub(crate) fn launch(
+    cfg: &WorkerConfig,
+    fd_var: &str,
+    extra_env: &[(&str, String)],
+    stdout: Stdio,
+) -> Result<(Child, UnixStream, TempDir), Error> {
+    let bin = match &cfg.worker_bin {
+        Some(p) => p.clone(),
+        None => locate_worker()?,
+    };
+    let tmp = TempDir::new(&cfg.temp_root)?;
+    let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
+        what: "create a socketpair for the worker",
+        source,
+    })?;
+    let child_fd: OwnedFd = child_end.into();
+    let mut cmd = Command::new(&bin);
+    cmd.env_clear();
+    for (k, v) in worker_env(cfg) {
+        cmd.env(k, v);
+    }
+    cmd.envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
+    cmd.env("TMPDIR", tmp.path())
+        .env(fd_var, "3")
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped());
+    prepare_child(&mut cmd, child_fd.as_raw_fd());
+    let child = cmd.spawn().map_err(|source| Error::Spawn {
+        path: bin.clone(),
+        source,
+    })?;
+    drop(child_fd);
+    Ok((child, parent, tmp))
+}
+
+/// A pipe, both ends close-on-exec.
+pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the array we own; on success both descriptors are
+    // new and become owned here, exactly once.
+    unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(Error::Io {
+                what: "create a pipe",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        use std::os::fd::FromRawFd;
+        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
+}
