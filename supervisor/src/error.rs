@@ -249,7 +249,7 @@ pub enum CallError {
     /// No code.
     #[error("the code is empty; send at least one R expression")]
     Empty,
-    /// Code over [`crate::MAX_CODE_BYTES`].
+    /// Code over `MAX_CODE_BYTES` (256 KiB).
     #[error(
         "the code is {bytes} bytes, over the limit of {limit} bytes; split it into several \
          calls or load data from files"

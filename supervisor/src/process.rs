@@ -1,7 +1,7 @@
 //! Worker processes as the operating system sees them: how they are started
 //! (clean environment, own process group, parent-death signal, private
 //! temporary directory), how they end ([`ExitInfo`]), and the [`Transport`]
-//! a [`crate::Worker`] drives them through.
+//! a `Worker` drives them through.
 //!
 //! This module sits below both `worker` (which talks to one process) and
 //! `zygote` (which starts the zygote and forks workers): neither imports the
@@ -281,7 +281,7 @@ impl Proc {
     }
 }
 
-/// What a [`crate::Worker`] does to its process and link, apart from
+/// What a `Worker` does to its process and link, apart from
 /// reading: the link's incoming side is a channel of events fed by an I/O
 /// thread (or, in tests, by a fake worker), so the whole call state machine
 /// runs against this trait. The caller never signals a process it has seen

@@ -226,7 +226,7 @@ pub struct CallContext {
     /// Tools R code may call.
     pub tools: Arc<Vec<Tool>>,
     /// Variables bound before the code runs (checked with
-    /// [`crate::ops::check_variables`]).
+    /// `ops::check_variables`).
     pub variables: Vec<(String, serde_json::Value)>,
     /// Tables bound as data frames: (name, stored Arrow IPC file).
     pub tables: Vec<(String, std::path::PathBuf)>,
