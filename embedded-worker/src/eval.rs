@@ -2,7 +2,8 @@
 //! a RunResult.
 
 use crate::console::{self, Capture};
-use crate::{interrupt, r::R, result_block};
+use crate::r::{self, R};
+use crate::{hydrate, interrupt, link, result_block, tools, values};
 use base64::Engine;
 use libR_sys::*;
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
@@ -20,8 +21,7 @@ struct CallState {
     plot_files: Vec<String>,
 }
 
-/// What the `quit()` hook and tool calls need to know about the call that is
-/// running.
+/// What the `quit()` hook needs to know about the call that is running.
 struct Running {
     request: RunRequest,
     r_version: String,
@@ -32,20 +32,6 @@ struct Running {
 thread_local! {
     static CALL: RefCell<CallState> = RefCell::new(CallState::default());
     static RUNNING: RefCell<Option<Running>> = const { RefCell::new(None) };
-    static TOOL_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// The execution id of the call in progress, if any.
-pub fn current_execution_id() -> Option<String> {
-    RUNNING.with(|x| x.borrow().as_ref().map(|r| r.request.execution_id.clone()))
-}
-
-/// A new tool call id, unique within this worker.
-pub fn next_tool_call_id() -> u64 {
-    TOOL_CALLS.with(|c| {
-        c.set(c.get() + 1);
-        c.get()
-    })
 }
 
 /// Called by the driver through `.Call(emit, kind, a, b, c)`.
@@ -223,7 +209,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     }
     for (name, file) in req.tables.iter().zip(files) {
         // SAFETY: on the R thread; names were checked by the supervisor.
-        if let Err(e) = unsafe { crate::hydrate::bind(&name.replace('\0', ""), file) } {
+        if let Err(e) = unsafe { hydrate::bind(&name.replace('\0', ""), file) } {
             let mut res = RunResult::failed(
                 req.execution_id.clone(),
                 req.code.clone(),
@@ -284,6 +270,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
             rusage: before,
         })
     });
+    tools::begin_call(req.execution_id.clone());
     let mut err: c_int = 0;
     // SAFETY: on the R thread. Every object is protected from its creation
     // until the call has run (R may collect garbage at any allocation), and
@@ -292,12 +279,12 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     unsafe {
         for (name, value) in &req.variables {
             if let Ok(cname) = std::ffi::CString::new(name.as_str()) {
-                let v = Rf_protect(crate::tools::json_to_r(value));
+                let v = Rf_protect(values::json_to_r(value));
                 Rf_defineVar(Rf_install(cname.as_ptr()), v, R_GlobalEnv);
                 Rf_unprotect(1);
             }
         }
-        let code = Rf_protect(crate::r::mk_string(&req.code));
+        let code = Rf_protect(r::mk_string(&req.code));
         let exprs = Rf_protect(parse(code));
         let width = Rf_protect(Rf_ScalarInteger(req.plot_width as c_int));
         let height = Rf_protect(Rf_ScalarInteger(req.plot_height as c_int));
@@ -306,7 +293,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
             req.tools.len() as R_xlen_t,
         ));
         for (i, name) in req.tools.iter().enumerate() {
-            let el = crate::r::mk_char(&name.replace('\0', ""));
+            let el = r::mk_char(&name.replace('\0', ""));
             SET_STRING_ELT(tools, i as R_xlen_t, el);
         }
         let call = Rf_protect(Rf_lang6(r.run_fn, exprs, code, width, height, tools));
@@ -314,6 +301,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
         Rf_unprotect(6);
     }
     RUNNING.with(|x| x.borrow_mut().take());
+    tools::end_call();
     interrupt::end_call();
     let call = CALL.with(|s| std::mem::take(&mut *s.borrow_mut()));
     finish(req, &r.version, started, before, call, err != 0, None)
@@ -322,6 +310,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
 /// Called from R's clean-up hook when the code calls `quit()`: reports the
 /// call as `worker_exited` (with the output so far) before the process ends.
 pub fn on_quit(status: c_int) {
+    tools::end_call();
     let Some(running) = RUNNING.with(|x| x.borrow_mut().take()) else {
         return;
     };
@@ -335,8 +324,8 @@ pub fn on_quit(status: c_int) {
         false,
         Some(status),
     );
-    crate::link::flush_stdio();
-    let _ = crate::link::send(&rvisor_protocol::FromWorker::Result(Box::new(res)));
+    link::flush_stdio();
+    let _ = link::send(&rvisor_protocol::FromWorker::Result(Box::new(res)));
 }
 
 fn finish(
@@ -478,25 +467,21 @@ pub fn validate(r: &R, script: &str, forbidden: &[String], max_depth: u32, style
     // SAFETY: on the R thread; every argument is protected from creation
     // until the call has run, and R_tryEval catches R errors.
     let out = unsafe {
-        let script = Rf_protect(crate::r::mk_string(script));
+        let script = Rf_protect(r::mk_string(script));
         let names = Rf_protect(Rf_allocVector(
             SEXPTYPE::STRSXP,
             forbidden.len() as R_xlen_t,
         ));
         for (i, n) in forbidden.iter().enumerate() {
-            SET_STRING_ELT(
-                names,
-                i as R_xlen_t,
-                crate::r::mk_char(&n.replace('\0', "")),
-            );
+            SET_STRING_ELT(names, i as R_xlen_t, r::mk_char(&n.replace('\0', "")));
         }
         let depth = Rf_protect(Rf_ScalarInteger(max_depth.min(i32::MAX as u32) as c_int));
-        let style = Rf_protect(crate::r::mk_string(&style.replace('\0', "")));
+        let style = Rf_protect(r::mk_string(&style.replace('\0', "")));
         let fun = Rf_findVarInFrame(r.driver, Rf_install(c"validate".as_ptr()));
         let call = Rf_protect(Rf_lang5(fun, script, names, depth, style));
         let value = R_tryEval(call, r.driver, &mut err);
         let out = if err == 0 {
-            crate::r::strings(value).pop()
+            r::strings(value).pop()
         } else {
             None
         };

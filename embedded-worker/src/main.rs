@@ -14,12 +14,12 @@ mod interrupt;
 mod link;
 mod r;
 mod result_block;
+mod serve;
 mod tools;
+mod values;
 mod zygote;
 
-use rvisor_protocol::{
-    FrameError, FromWorker, ToWorker, WorkerHello, ENV_WORKER_FD, PROTOCOL_VERSION,
-};
+use rvisor_protocol::ENV_WORKER_FD;
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
         UnixStream::from_raw_fd(fd)
     };
     std::env::remove_var(ENV_WORKER_FD);
-    match serve(stream) {
+    match run_worker(stream) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rvisor-worker: {e}");
@@ -117,103 +117,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads the supervisor's hello. `Ok(false)`: the supervisor went away.
-fn check_hello() -> Result<bool, String> {
-    match link::recv() {
-        Ok(ToWorker::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {
-            Ok(true)
-        }
-        Ok(ToWorker::Hello { protocol_version }) => {
-            let message = format!(
-                "protocol mismatch: the supervisor speaks version {protocol_version}, this \
-                 worker {PROTOCOL_VERSION}; install matching rvisor and rvisor-worker binaries"
-            );
-            let _ = link::send(&FromWorker::Fatal {
-                message: message.clone(),
-            });
-            Err(message)
-        }
-        Ok(other) => Err(format!("expected hello, got {other:?}")),
-        Err(FrameError::Closed) => Ok(false),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// A worker started by exec: hello, start R, serve calls.
-fn serve(stream: UnixStream) -> Result<(), String> {
+fn run_worker(stream: UnixStream) -> Result<(), String> {
     let t0 = Instant::now();
     link::install(stream);
-    if !check_hello()? {
+    if !serve::check_hello()? {
         return Ok(());
     }
-    let r = r::start().map_err(|e| format!("failed to start R: {e}"))?;
+    let r = serve::start_r().map_err(|e| format!("failed to start R: {e}"))?;
     interrupt::install();
-    warm_up(&r);
-    serve_calls(&r, t0.elapsed().as_secs_f64() * 1000.0)
-}
-
-/// Says hello with R ready, then evaluates calls until the supervisor
-/// closes the link or says shutdown. Used by exec'd and forked workers.
-fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
-    let hello = WorkerHello {
-        protocol_version: PROTOCOL_VERSION,
-        r_version: r.version.clone(),
-        pid: std::process::id(),
-        r_tempdir: r.tempdir.clone(),
-        startup_ms,
-    };
-    link::send(&FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
-    loop {
-        match link::recv_with_fds() {
-            Ok((ToWorker::Run(req), fds)) => {
-                let files = fds.into_iter().map(std::fs::File::from).collect();
-                let res = eval::run(r, req, files);
-                link::flush_stdio();
-                link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
-            }
-            Ok((
-                ToWorker::Validate {
-                    script,
-                    forbidden,
-                    max_nesting_depth,
-                    style,
-                },
-                _,
-            )) => {
-                let json = eval::validate(r, &script, &forbidden, max_nesting_depth, &style);
-                link::send(&FromWorker::Validation { json }).map_err(|e| e.to_string())?;
-            }
-            // An answer to a tool call that was given up (interrupted).
-            Ok((ToWorker::ToolResult { .. }, _)) => {}
-            Ok((ToWorker::Shutdown, _)) | Err(FrameError::Closed) => return Ok(()),
-            Ok((ToWorker::Hello { .. }, _)) => return Err("unexpected second hello".into()),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
-
-/// Runs the driver a few times so R's JIT has compiled it before the first
-/// real call (a new closure's second call otherwise costs ~100 ms).
-fn warm_up(r: &r::R) {
-    warm_up_with(r, &["invisible(NULL)", "1", "invisible(NULL)"]);
-}
-
-/// Runs `codes` through the driver, discarding the results.
-fn warm_up_with(r: &r::R, codes: &[&str]) {
-    for code in codes {
-        let req = rvisor_protocol::RunRequest {
-            execution_id: "warm-up".into(),
-            seq: 0,
-            code: (*code).into(),
-            plot_width: 100,
-            plot_height: 100,
-            max_output_bytes: 1 << 20,
-            working_dir: None,
-            cpu_limit_seconds: None,
-            tools: Vec::new(),
-            variables: Vec::new(),
-            tables: Vec::new(),
-        };
-        let _ = eval::run(r, req, Vec::new());
-    }
+    serve::warm_up(&r);
+    serve::serve_calls(&r, t0.elapsed().as_secs_f64() * 1000.0)
 }

@@ -3,12 +3,17 @@
 //! Everything here must run on the R thread: the process's main thread, which
 //! called [`start`]. `main` never spawns threads that touch R, and R's hooks
 //! call back on that same thread.
+//!
+//! This is the bottom layer of the worker: it imports only `ffi`. What R's
+//! hooks do with what they receive (capture, outcome, tool calls) is the
+//! business of the modules above, which hand it in as [`Hooks`].
 
 use crate::ffi;
 use libR_sys::*;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_uchar};
 use std::ptr;
+use std::sync::OnceLock;
 
 /// Handles kept alive for the life of the process.
 #[derive(Debug, Clone)]
@@ -25,6 +30,25 @@ pub struct R {
 
 const DRIVER_SOURCE: &str = include_str!("driver.R");
 
+/// Where R's hooks and the driver's native routines deliver what they get.
+/// Set once by [`start`]; plain function pointers, so the callbacks below
+/// can reach them from `extern "C"` frames without knowing their modules.
+#[derive(Debug, Clone, Copy)]
+pub struct Hooks {
+    /// Console output (`stderr` false: standard output), as R wrote it.
+    pub console: fn(bytes: &[u8], stderr: bool),
+    /// `quit()` was called with this status; R cleans up and the process
+    /// exits right after this returns.
+    pub quit: fn(status: c_int),
+    /// The driver's `.Call(emit, kind, a, b, c)`, arguments as strings.
+    pub emit: fn(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>),
+    /// Registered as the native routine `rvisor_tool` (2 arguments), which
+    /// the driver calls for `tools$name(...)`. Must not unwind.
+    pub tool: unsafe extern "C" fn(name: SEXP, args: SEXP) -> SEXP,
+}
+
+static HOOKS: OnceLock<Hooks> = OnceLock::new();
+
 /// Console output hook: R calls it for everything it prints.
 unsafe extern "C" fn write_console_ex(buf: *const c_char, len: c_int, otype: c_int) {
     if buf.is_null() || len <= 0 {
@@ -32,12 +56,9 @@ unsafe extern "C" fn write_console_ex(buf: *const c_char, len: c_int, otype: c_i
     }
     // SAFETY: R passes a buffer of `len` bytes that stays valid for the call.
     let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len as usize) };
-    let stream = if otype == 0 {
-        crate::console::Stream::Stdout
-    } else {
-        crate::console::Stream::Stderr
-    };
-    crate::console::write_text(stream, bytes);
+    if let Some(h) = HOOKS.get() {
+        (h.console)(bytes, otype != 0);
+    }
 }
 
 /// Console input hook: a worker has no console, so every read is EOF.
@@ -52,7 +73,9 @@ unsafe extern "C" fn read_console(
 
 /// `quit()` hook: report the call's result, then end the process.
 unsafe extern "C" fn clean_up(_save: c_int, status: c_int, _run_last: c_int) {
-    crate::eval::on_quit(status);
+    if let Some(h) = HOOKS.get() {
+        (h.quit)(status);
+    }
     // SAFETY: on the R thread; removes R's own temporary directory.
     unsafe { R_CleanTempDir() };
     // SAFETY: _exit ends the process at once; nothing after it runs.
@@ -63,7 +86,9 @@ unsafe extern "C" fn clean_up(_save: c_int, status: c_int, _run_last: c_int) {
 unsafe extern "C" fn rvisor_emit(kind: SEXP, a: SEXP, b: SEXP, c: SEXP) -> SEXP {
     // SAFETY: on the R thread, called by .Call with four live arguments.
     let (kind, a, b, c) = unsafe { (strings(kind), strings(a), strings(b), strings(c)) };
-    crate::eval::on_emit(kind.first().map(String::as_str).unwrap_or(""), a, b, c);
+    if let Some(h) = HOOKS.get() {
+        (h.emit)(kind.first().map(String::as_str).unwrap_or(""), a, b, c);
+    }
     // SAFETY: R_NilValue is a constant of an initialised R.
     unsafe { R_NilValue }
 }
@@ -158,9 +183,11 @@ pub unsafe fn eval_string(code: &str, env: SEXP) -> Result<SEXP, String> {
     }
 }
 
-/// Starts R. Must be called once, on the main thread, before anything else
-/// touches R.
-pub fn start() -> Result<R, String> {
+/// Starts R with `hooks` receiving what it reports. Must be called once, on
+/// the main thread, before anything else touches R.
+pub fn start(hooks: Hooks) -> Result<R, String> {
+    // Only the first call's hooks count; there is no second start.
+    let _ = HOOKS.set(hooks);
     if std::env::var_os("R_HOME").is_none() {
         std::env::set_var("R_HOME", env!("RVISOR_BUILD_R_HOME"));
     }
@@ -220,7 +247,7 @@ pub fn start() -> Result<R, String> {
             unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP,
             unsafe extern "C" fn() -> *mut std::os::raw::c_void,
         >(emit));
-        let tool: unsafe extern "C" fn(SEXP, SEXP) -> SEXP = crate::tools::rvisor_tool;
+        let tool: unsafe extern "C" fn(SEXP, SEXP) -> SEXP = hooks.tool;
         CALL_METHODS[1].fun = Some(std::mem::transmute::<
             unsafe extern "C" fn(SEXP, SEXP) -> SEXP,
             unsafe extern "C" fn() -> *mut std::os::raw::c_void,

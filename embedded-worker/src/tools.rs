@@ -1,10 +1,43 @@
 //! Tools from R: `tools$name(...)` sends a request to the supervisor and
 //! turns the JSON answer into an R value.
+//!
+//! `eval` opens the tools for a call ([`begin_call`]) and closes them
+//! ([`end_call`]), as it does for interrupts; this module does not need to
+//! know anything else about the call.
 
-use crate::{eval, link};
+use crate::{interrupt, link, r, values::json_to_r};
 use libR_sys::*;
 use rvisor_protocol::{FromWorker, ToolOutcome, MAX_TOOL_REQUEST_BYTES};
-use std::os::raw::c_int;
+use std::cell::{Cell, RefCell};
+
+thread_local! {
+    // Only the R thread: eval sets it, R's `.Call` reads it.
+    /// The execution id of the call tools may be called for, if any.
+    static CALL: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The last tool call id handed out; ids are unique within this worker.
+    static TOOL_CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Tools may be called from now on, for call `execution_id`.
+pub fn begin_call(execution_id: String) {
+    CALL.with(|c| *c.borrow_mut() = Some(execution_id));
+}
+
+/// The call has ended (or the process is ending): tools are refused.
+pub fn end_call() {
+    CALL.with(|c| c.borrow_mut().take());
+}
+
+fn current_execution_id() -> Option<String> {
+    CALL.with(|c| c.borrow().clone())
+}
+
+fn next_tool_call_id() -> u64 {
+    TOOL_CALLS.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    })
+}
 
 /// `.Call("rvisor_tool", name, args_json)`: returns `list(ok, value)`, where
 /// `value` is the result or, when `ok` is FALSE, the error message (the R
@@ -14,7 +47,7 @@ use std::os::raw::c_int;
 /// Called by R's `.Call` on the R thread with two live arguments.
 pub unsafe extern "C" fn rvisor_tool(name: SEXP, args: SEXP) -> SEXP {
     // SAFETY: per the function's contract.
-    let (name, args) = unsafe { (crate::r::strings(name), crate::r::strings(args)) };
+    let (name, args) = unsafe { (r::strings(name), r::strings(args)) };
     let name = name.into_iter().next().unwrap_or_default();
     let args = args.into_iter().next().unwrap_or_default();
     let outcome = call(&name, &args);
@@ -35,10 +68,10 @@ fn call(name: &str, args: &str) -> ToolOutcome {
         Ok(v) => v,
         Err(e) => return ToolOutcome::Error(format!("failed to encode the tool arguments: {e}")),
     };
-    let Some(execution_id) = eval::current_execution_id() else {
+    let Some(execution_id) = current_execution_id() else {
         return ToolOutcome::Error("tools can only be called during a call".into());
     };
-    let call_id = eval::next_tool_call_id();
+    let call_id = next_tool_call_id();
     let msg = FromWorker::ToolCall {
         execution_id,
         call_id,
@@ -65,149 +98,16 @@ unsafe fn to_answer(outcome: ToolOutcome) -> SEXP {
             }
             // Interrupted while waiting (timeout, cancel): NA tells the
             // driver to end the call as an interrupt, not as an R error.
-            ToolOutcome::Error(msg) if crate::interrupt::seen() => {
+            ToolOutcome::Error(msg) if interrupt::seen() => {
                 SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(R_NaInt));
-                SET_VECTOR_ELT(out, 1, crate::r::mk_string(&msg.replace('\0', "")));
+                SET_VECTOR_ELT(out, 1, r::mk_string(&msg.replace('\0', "")));
             }
             ToolOutcome::Error(msg) => {
                 SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(0));
-                SET_VECTOR_ELT(out, 1, crate::r::mk_string(&msg.replace('\0', "")));
+                SET_VECTOR_ELT(out, 1, r::mk_string(&msg.replace('\0', "")));
             }
         }
         Rf_unprotect(1);
         out
     }
-}
-
-#[derive(PartialEq, Clone, Copy)]
-enum Kind {
-    Bool,
-    Int,
-    Num,
-    Str,
-}
-
-fn scalar_kind(v: &serde_json::Value) -> Option<Option<Kind>> {
-    use serde_json::Value as V;
-    match v {
-        V::Null => Some(None),
-        V::Bool(_) => Some(Some(Kind::Bool)),
-        V::Number(n) => Some(Some(match n.as_i64() {
-            Some(i) if i > i32::MIN as i64 && i <= i32::MAX as i64 => Kind::Int,
-            _ => Kind::Num,
-        })),
-        V::String(_) => Some(Some(Kind::Str)),
-        _ => None,
-    }
-}
-
-/// The kind of an array that can become an atomic vector: all scalars of
-/// one kind (integers widen to doubles), nulls allowed as NA.
-fn atomic_kind(items: &[serde_json::Value]) -> Option<Kind> {
-    let mut kind: Option<Kind> = None;
-    for it in items {
-        match scalar_kind(it)? {
-            None => {}
-            Some(k) => {
-                kind = Some(match (kind, k) {
-                    (None, k) => k,
-                    (Some(a), b) if a == b => a,
-                    (Some(Kind::Int), Kind::Num) | (Some(Kind::Num), Kind::Int) => Kind::Num,
-                    _ => return None,
-                });
-            }
-        }
-    }
-    kind
-}
-
-/// JSON to R, as jsonlite's `fromJSON(simplifyVector = TRUE)` would for
-/// scalars and arrays of scalars: objects become named lists.
-///
-/// # Safety
-/// On the R thread. The result is unprotected.
-pub unsafe fn json_to_r(v: &serde_json::Value) -> SEXP {
-    use serde_json::Value as V;
-    // SAFETY: on the R thread; every allocation happens while the objects
-    // being filled are protected.
-    unsafe {
-        match v {
-            V::Null => R_NilValue,
-            V::Bool(b) => Rf_ScalarLogical(*b as c_int),
-            V::Number(n) => match scalar_kind(v) {
-                Some(Some(Kind::Int)) => Rf_ScalarInteger(n.as_i64().unwrap_or(0) as c_int),
-                _ => Rf_ScalarReal(n.as_f64().unwrap_or(f64::NAN)),
-            },
-            V::String(s) => crate::r::mk_string(&s.replace('\0', "")),
-            V::Array(items) if !items.is_empty() && atomic_kind(items).is_some() => {
-                let kind = atomic_kind(items).unwrap_or(Kind::Str);
-                let n = items.len() as R_xlen_t;
-                match kind {
-                    Kind::Bool => {
-                        let x = Rf_protect(Rf_allocVector(SEXPTYPE::LGLSXP, n));
-                        for (i, it) in items.iter().enumerate() {
-                            *LOGICAL(x).add(i) = it.as_bool().map_or(R_NaInt, |b| b as c_int);
-                        }
-                        Rf_unprotect(1);
-                        x
-                    }
-                    Kind::Int => {
-                        let x = Rf_protect(Rf_allocVector(SEXPTYPE::INTSXP, n));
-                        for (i, it) in items.iter().enumerate() {
-                            *INTEGER(x).add(i) = it.as_i64().map_or(R_NaInt, |v| v as c_int);
-                        }
-                        Rf_unprotect(1);
-                        x
-                    }
-                    Kind::Num => {
-                        let x = Rf_protect(Rf_allocVector(SEXPTYPE::REALSXP, n));
-                        for (i, it) in items.iter().enumerate() {
-                            *REAL(x).add(i) = it.as_f64().unwrap_or(R_NaReal);
-                        }
-                        Rf_unprotect(1);
-                        x
-                    }
-                    Kind::Str => {
-                        let x = Rf_protect(Rf_allocVector(SEXPTYPE::STRSXP, n));
-                        for (i, it) in items.iter().enumerate() {
-                            let el = match it.as_str() {
-                                Some(s) => mk_char(s),
-                                None => R_NaString,
-                            };
-                            SET_STRING_ELT(x, i as R_xlen_t, el);
-                        }
-                        Rf_unprotect(1);
-                        x
-                    }
-                }
-            }
-            V::Array(items) => {
-                let x = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, items.len() as R_xlen_t));
-                for (i, it) in items.iter().enumerate() {
-                    SET_VECTOR_ELT(x, i as R_xlen_t, json_to_r(it));
-                }
-                Rf_unprotect(1);
-                x
-            }
-            V::Object(map) => {
-                let n = map.len() as R_xlen_t;
-                let x = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, n));
-                let names = Rf_protect(Rf_allocVector(SEXPTYPE::STRSXP, n));
-                for (i, (k, it)) in map.iter().enumerate() {
-                    SET_STRING_ELT(names, i as R_xlen_t, mk_char(k));
-                    SET_VECTOR_ELT(x, i as R_xlen_t, json_to_r(it));
-                }
-                Rf_setAttrib(x, R_NamesSymbol, names);
-                Rf_unprotect(2);
-                x
-            }
-        }
-    }
-}
-
-/// # Safety
-/// On the R thread; result unprotected.
-unsafe fn mk_char(s: &str) -> SEXP {
-    // SAFETY: per the function's contract; NULs removed as mk_char requires.
-    unsafe { crate::r::mk_char(&s.replace('\0', "")) }
 }

@@ -8,7 +8,7 @@
 //! forked child takes its descriptors, environment and temporary directory
 //! from the request and then runs the ordinary worker loop.
 
-use crate::{eval, interrupt, link, r};
+use crate::{confine, eval, ffi, interrupt, link, r, serve};
 use rvisor_protocol::{
     fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, ZygoteHello, ENV_PRELOAD,
     PROTOCOL_VERSION,
@@ -139,11 +139,11 @@ pub fn run(fd: RawFd) -> Result<(), String> {
             std::env::set_var(var, "1");
         }
     }
-    let r = r::start().map_err(|e| format!("failed to start R: {e}"))?;
-    crate::warm_up(&r);
+    let r = serve::start_r().map_err(|e| format!("failed to start R: {e}"))?;
+    serve::warm_up(&r);
     let (preloaded, failed) = preload(&r);
-    crate::warm_up(&r);
-    crate::confine::prepare();
+    serve::warm_up(&r);
+    confine::prepare();
     if let Ok(f) = std::fs::File::open("/proc/self/ns/pid") {
         OWN_PIDNS.store(f.into_raw_fd(), Ordering::SeqCst);
     }
@@ -233,7 +233,7 @@ fn reap(ctl: &mut UnixStream, confined: &mut HashSet<libc::pid_t>) -> Result<(),
             (None, None)
         };
         let (code, signal) = match (confined.remove(&pid), code) {
-            (true, Some(crate::confine::EXIT_CPU_LIMIT)) => (None, Some(libc::SIGXCPU)),
+            (true, Some(confine::EXIT_CPU_LIMIT)) => (None, Some(libc::SIGXCPU)),
             _ => (code, signal),
         };
         let pid = pid as u32;
@@ -418,7 +418,7 @@ fn become_worker(
         }
     }
     if let Some(c) = &req.confine {
-        if let Err(e) = crate::confine::apply(c, &req.temp_dir) {
+        if let Err(e) = confine::apply(c, &req.temp_dir) {
             eprintln!("rvisor-worker: confinement failed, the worker does not start: {e}");
             // SAFETY: end the child at once.
             unsafe { libc::_exit(72) }
@@ -438,7 +438,7 @@ fn become_worker(
     if let Ok(c) = CString::new(rtmp.clone()) {
         // SAFETY: on the R thread (the only thread); R reads R_TempDir as a
         // C string that must live for the process: the CString is leaked.
-        unsafe { crate::ffi::R_TempDir = c.into_raw() };
+        unsafe { ffi::R_TempDir = c.into_raw() };
     }
     let plot_dir = format!("{rtmp}/rvisor-plots");
     // SAFETY: on the R thread; the driver environment is preserved.
@@ -452,8 +452,8 @@ fn become_worker(
     // SAFETY: `sock` is an owned descriptor; ownership moves to the stream.
     let stream = unsafe { UnixStream::from_raw_fd(sock.into_raw_fd()) };
     link::install(stream);
-    let code = match crate::check_hello() {
-        Ok(true) => match crate::serve_calls(&r, 0.0) {
+    let code = match serve::check_hello() {
+        Ok(true) => match serve::serve_calls(&r, 0.0) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("rvisor-worker: {e}");

@@ -1,0 +1,119 @@
+//! The loop every worker runs, exec'd or forked from the zygote: R started
+//! with its hooks wired to the capture, the call and the tools; the
+//! supervisor's hello; calls until shutdown; and the warm-up that runs the
+//! driver before the first real call.
+//!
+//! Sits above `eval` and `tools` (it connects R's hooks to them) and below
+//! `main` and `zygote`, which both use it.
+
+use crate::{console, eval, link, r, tools};
+use rvisor_protocol::{FrameError, FromWorker, ToWorker, WorkerHello, PROTOCOL_VERSION};
+
+/// Starts R with its hooks delivering to this worker's modules: console
+/// text to the capture, `quit()` and the driver's reports to the call, and
+/// `tools$name()` to the tools.
+pub fn start_r() -> Result<r::R, String> {
+    r::start(r::Hooks {
+        console: console_text,
+        quit: eval::on_quit,
+        emit: eval::on_emit,
+        tool: tools::rvisor_tool,
+    })
+}
+
+fn console_text(bytes: &[u8], stderr: bool) {
+    let stream = if stderr {
+        console::Stream::Stderr
+    } else {
+        console::Stream::Stdout
+    };
+    console::write_text(stream, bytes);
+}
+
+/// Reads the supervisor's hello. `Ok(false)`: the supervisor went away.
+pub fn check_hello() -> Result<bool, String> {
+    match link::recv() {
+        Ok(ToWorker::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {
+            Ok(true)
+        }
+        Ok(ToWorker::Hello { protocol_version }) => {
+            let message = format!(
+                "protocol mismatch: the supervisor speaks version {protocol_version}, this \
+                 worker {PROTOCOL_VERSION}; install matching rvisor and rvisor-worker binaries"
+            );
+            let _ = link::send(&FromWorker::Fatal {
+                message: message.clone(),
+            });
+            Err(message)
+        }
+        Ok(other) => Err(format!("expected hello, got {other:?}")),
+        Err(FrameError::Closed) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Says hello with R ready, then evaluates calls until the supervisor
+/// closes the link or says shutdown. Used by exec'd and forked workers.
+pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
+    let hello = WorkerHello {
+        protocol_version: PROTOCOL_VERSION,
+        r_version: r.version.clone(),
+        pid: std::process::id(),
+        r_tempdir: r.tempdir.clone(),
+        startup_ms,
+    };
+    link::send(&FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
+    loop {
+        match link::recv_with_fds() {
+            Ok((ToWorker::Run(req), fds)) => {
+                let files = fds.into_iter().map(std::fs::File::from).collect();
+                let res = eval::run(r, req, files);
+                link::flush_stdio();
+                link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
+            }
+            Ok((
+                ToWorker::Validate {
+                    script,
+                    forbidden,
+                    max_nesting_depth,
+                    style,
+                },
+                _,
+            )) => {
+                let json = eval::validate(r, &script, &forbidden, max_nesting_depth, &style);
+                link::send(&FromWorker::Validation { json }).map_err(|e| e.to_string())?;
+            }
+            // An answer to a tool call that was given up (interrupted).
+            Ok((ToWorker::ToolResult { .. }, _)) => {}
+            Ok((ToWorker::Shutdown, _)) | Err(FrameError::Closed) => return Ok(()),
+            Ok((ToWorker::Hello { .. }, _)) => return Err("unexpected second hello".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Runs the driver a few times so R's JIT has compiled it before the first
+/// real call (a new closure's second call otherwise costs ~100 ms).
+pub fn warm_up(r: &r::R) {
+    warm_up_with(r, &["invisible(NULL)", "1", "invisible(NULL)"]);
+}
+
+/// Runs `codes` through the driver, discarding the results.
+fn warm_up_with(r: &r::R, codes: &[&str]) {
+    for code in codes {
+        let req = rvisor_protocol::RunRequest {
+            execution_id: "warm-up".into(),
+            seq: 0,
+            code: (*code).into(),
+            plot_width: 100,
+            plot_height: 100,
+            max_output_bytes: 1 << 20,
+            working_dir: None,
+            cpu_limit_seconds: None,
+            tools: Vec::new(),
+            variables: Vec::new(),
+            tables: Vec::new(),
+        };
+        let _ = eval::run(r, req, Vec::new());
+    }
+}
