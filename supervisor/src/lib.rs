@@ -38,6 +38,7 @@ pub mod ops;
 pub mod pool;
 mod process;
 mod raw;
+pub mod rules;
 pub mod session;
 #[cfg(test)]
 mod testing;

@@ -927,9 +927,9 @@ pub struct SupervisorConfig {
     /// Zygote and spares.
     pub pool: crate::PoolConfig,
     /// Safety rules for scripts from agents (health reports them).
-    pub rules: crate::SafetyRules,
+    pub rules: crate::rules::SafetyRules,
     /// Style checks of validation (`auto`: lintr when installed).
-    pub style: crate::ops::StyleEngine,
+    pub style: crate::rules::StyleEngine,
     /// OS confinement of workers (default: every layer; see
     /// docs/confinement.md). The supervisor refuses to start when the host
     /// cannot provide it.

@@ -1,0 +1,197 @@
+//! The rules requests are checked against: script size, nesting, forbidden
+//! functions, timeouts, counts of variables and tables, R names and
+//! variable values, and which style checker validation uses. Plain data
+//! and pure checks: the supervisor's configuration holds them, health
+//! reports them, every surface checks against them.
+
+use crate::error::VariableError;
+use serde::{Deserialize, Serialize};
+
+/// Which style checker validation uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StyleEngine {
+    /// lintr's default linters when lintr is installed, else the built-in set.
+    #[default]
+    Auto,
+    /// The built-in set (line length, `=` assignment, T/F, trailing
+    /// whitespace): fast, for validate-fix loops.
+    Builtin,
+    /// No style notes.
+    None,
+}
+
+impl StyleEngine {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StyleEngine::Auto => "auto",
+            StyleEngine::Builtin => "builtin",
+            StyleEngine::None => "none",
+        }
+    }
+}
+
+/// Limits an agent must respect; reported by health from the running
+/// configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SafetyRules {
+    /// Largest script, in bytes.
+    pub max_script_bytes: usize,
+    /// Deepest nesting of expressions.
+    pub max_nesting_depth: u32,
+    /// Functions a script may not call or refer to (a first line of
+    /// defence with early, explainable feedback; the OS confines).
+    pub forbidden_functions: Vec<String>,
+    /// Run timeouts.
+    pub timeout_seconds: TimeoutRules,
+    /// Most data frames one run may hydrate.
+    pub max_dataframes: usize,
+    /// Most variables one run may bind.
+    pub max_variables: usize,
+}
+
+/// Timeout default and bounds, in seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TimeoutRules {
+    /// Used when a run gives none.
+    pub default: u64,
+    /// Smallest accepted.
+    pub min: u64,
+    /// Largest accepted.
+    pub max: u64,
+}
+
+impl Default for SafetyRules {
+    fn default() -> Self {
+        Self {
+            max_script_bytes: crate::MAX_CODE_BYTES,
+            max_nesting_depth: 64,
+            forbidden_functions: [
+                "system",
+                "system2",
+                "shell",
+                "shell.exec",
+                "pipe",
+                "dyn.load",
+                "dyn.unload",
+                "library.dynam",
+                ".Internal",
+                ".Primitive",
+                ".C",
+                ".Call",
+                ".External",
+                ".Fortran",
+                "socketConnection",
+                "socketAccept",
+                "url",
+                "download.file",
+                "Sys.setenv",
+                "Sys.unsetenv",
+                "quit",
+                "q",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            timeout_seconds: TimeoutRules {
+                default: 30,
+                min: 1,
+                max: 300,
+            },
+            max_dataframes: 10,
+            max_variables: 50,
+        }
+    }
+}
+
+/// R's reserved words, which are not valid variable names.
+const RESERVED: &[&str] = &[
+    "if",
+    "else",
+    "repeat",
+    "while",
+    "function",
+    "for",
+    "next",
+    "break",
+    "TRUE",
+    "FALSE",
+    "NULL",
+    "Inf",
+    "NaN",
+    "NA",
+    "NA_integer_",
+    "NA_real_",
+    "NA_character_",
+    "NA_complex_",
+    "in",
+];
+
+/// Whether `name` is a syntactic R name (usable as a variable without
+/// backquotes).
+pub fn syntactic_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let ok_start = match b.first() {
+        Some(c) if c.is_ascii_alphabetic() => true,
+        Some(b'.') => !matches!(b.get(1), Some(c) if c.is_ascii_digit()),
+        _ => false,
+    };
+    ok_start
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'_')
+        && !RESERVED.contains(&name)
+        && !(name.starts_with("..") && name[2..].chars().all(|c| c.is_ascii_digit()))
+        && name != "..."
+}
+
+/// Checks variables for a run: at most `rules.max_variables`, syntactic
+/// names without duplicates, values that are numbers, strings, booleans or
+/// flat arrays of one of those (no null anywhere). The error says which
+/// variable and why.
+pub fn check_variables(
+    vars: &[(String, serde_json::Value)],
+    rules: &SafetyRules,
+) -> Result<(), VariableError> {
+    use serde_json::Value as V;
+    if vars.len() > rules.max_variables {
+        return Err(VariableError::TooMany {
+            given: vars.len(),
+            max: rules.max_variables,
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (name, value) in vars {
+        if !syntactic_name(name) {
+            return Err(VariableError::BadName(name.clone()));
+        }
+        if !seen.insert(name) {
+            return Err(VariableError::Duplicate(name.clone()));
+        }
+        let kind = |v: &V| match v {
+            V::Bool(_) => Some(0),
+            V::Number(_) => Some(1),
+            V::String(_) => Some(2),
+            _ => None,
+        };
+        match value {
+            V::Null => return Err(VariableError::Null(name.clone())),
+            V::Object(_) => return Err(VariableError::Object(name.clone())),
+            V::Array(items) => {
+                if items.iter().any(V::is_null) {
+                    return Err(VariableError::NullElement(name.clone()));
+                }
+                let kinds: std::collections::HashSet<_> = items.iter().map(kind).collect();
+                if kinds.contains(&None) {
+                    return Err(VariableError::Nested(name.clone()));
+                }
+                if kinds.len() > 1 {
+                    return Err(VariableError::Mixed(name.clone()));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
