@@ -636,11 +636,15 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!("--var/--table: {e}"))?;
     let mut tables = Vec::new();
     for (name, path) in table_files {
-        let bytes = std::fs::read(path).with_context(|| format!("failed to read {path}"))?;
+        std::fs::metadata(path).with_context(|| format!("failed to read {path}"))?;
         std::fs::create_dir_all(&table_dir)?;
         let out = table_dir.join(format!("{name}.arrow"));
-        rvisor_server::tables::convert_file(rvisor_server::tables::TableFormat::Csv, &bytes, &out)
-            .map_err(|e| anyhow::anyhow!("--table {name}: {e}"))?;
+        rvisor_server::tables::convert_file(
+            rvisor_server::tables::TableFormat::Csv,
+            std::path::Path::new(path),
+            &out,
+        )
+        .map_err(|e| anyhow::anyhow!("--table {name}: {e}"))?;
         tables.push((name.to_string(), out));
     }
     let ctx = rvisor::CallContext {

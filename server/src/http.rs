@@ -104,6 +104,10 @@ impl IntoResponse for ApiError {
         let status = StatusCode::from_u16(self.0.code.http_status())
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut res = (status, Json(json!({ "error": self.0.to_json() }))).into_response();
+        if self.0.code == ErrorCode::Busy {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
         // 401 and 413 are answered before the body is read; say that the
         // connection closes, or a keep-alive client sees a silent EOF.
         if matches!(
@@ -212,6 +216,8 @@ where
 #[derive(Clone)]
 struct Handlers {
     service: Service,
+    /// Largest table upload, in bytes.
+    max_table_bytes: usize,
 }
 
 /// The tenant of the request (set by the auth layer).
@@ -430,17 +436,87 @@ async fn table_create(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(body_error)?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let format = table_format(ct)?;
+    // The body goes to a file as it arrives (never whole in memory), and
+    // the conversion reads it from there in batches.
+    let spool = Spool(st.service.spool_path());
+    receive(body, &spool.0, st.max_table_bytes).await?;
     let svc = st.service.clone();
-    let meta = blocking(move || svc.put_table(&tenant, format, &body)).await??;
+    let path = spool.0.clone();
+    let meta = blocking(move || svc.put_table_file(&tenant, format, &path)).await??;
     Ok((StatusCode::CREATED, Json(meta)).into_response())
+}
+
+/// An upload's spool file, removed when the request ends.
+struct Spool(std::path::PathBuf);
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// How long an upload may send nothing before it is dropped.
+const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Writes `body` to `path`, refusing it (413) as soon as it passes `max`
+/// bytes and (408-like 400) when it stalls for [`BODY_IDLE`].
+async fn receive(
+    body: axum::body::Body,
+    path: &std::path::Path,
+    max: usize,
+) -> Result<(), ApiError> {
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncWriteExt;
+    let storage = |e: std::io::Error| {
+        ApiError::new(
+            ErrorCode::Storage,
+            format!("failed to store the upload: {e}"),
+        )
+    };
+    let mut file = tokio::fs::File::create(path).await.map_err(storage)?;
+    let mut body = body;
+    let mut got = 0usize;
+    loop {
+        let frame = match tokio::time::timeout(BODY_IDLE, body.frame()).await {
+            Err(_) => {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the upload sent nothing for {} s; send the body without pauses",
+                        BODY_IDLE.as_secs()
+                    ),
+                ))
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("the upload could not be read: {e}"),
+                ))
+            }
+            Ok(Some(Ok(f))) => f,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        got += data.len();
+        if got > max {
+            return Err(ApiError::new(
+                ErrorCode::TooLarge,
+                format!("the upload is over the limit of {max} bytes; send a smaller table"),
+            ));
+        }
+        file.write_all(&data).await.map_err(storage)?;
+    }
+    file.flush().await.map_err(storage)?;
+    Ok(())
 }
 
 #[utoipa::path(get, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 200, body = crate::tables::TableMeta), (status = 404, body = ErrorBody)))]
@@ -499,7 +575,10 @@ pub fn router(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<Router> {
 
 /// The HTTP routes over `service`, with `cfg`'s body limits.
 pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
-    let st = Handlers { service };
+    let st = Handlers {
+        service,
+        max_table_bytes: cfg.max_table_bytes,
+    };
     // Table uploads get their own (larger) body limit.
     let uploads = Router::new()
         .route("/v1/tables", post(table_create))

@@ -52,6 +52,8 @@ pub enum ErrorCode {
     Closed,
     /// A tenant quota is used up.
     Quota,
+    /// The server is at a concurrency limit; retry shortly.
+    Busy,
     /// No worker could be started.
     NoWorker,
     /// The table store failed.
@@ -62,7 +64,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
@@ -74,6 +76,7 @@ impl ErrorCode {
         ErrorCode::QueueFull,
         ErrorCode::Closed,
         ErrorCode::Quota,
+        ErrorCode::Busy,
         ErrorCode::NoWorker,
         ErrorCode::Storage,
         ErrorCode::Internal,
@@ -93,6 +96,7 @@ impl ErrorCode {
             ErrorCode::QueueFull => "queue_full",
             ErrorCode::Closed => "closed",
             ErrorCode::Quota => "quota",
+            ErrorCode::Busy => "busy",
             ErrorCode::NoWorker => "no_worker",
             ErrorCode::Storage => "storage",
             ErrorCode::Internal => "internal",
@@ -111,7 +115,7 @@ impl ErrorCode {
             ErrorCode::Invalid | ErrorCode::DataPointerUnresolved => 422,
             ErrorCode::QueueFull | ErrorCode::Quota => 429,
             ErrorCode::Internal | ErrorCode::Storage => 500,
-            ErrorCode::NoWorker => 503,
+            ErrorCode::NoWorker | ErrorCode::Busy => 503,
         }
     }
 }
@@ -179,6 +183,8 @@ impl From<TableError> for ServiceError {
         match e {
             TableError::Invalid(m) => Self::invalid(m),
             TableError::Quota(m) => Self::new(ErrorCode::Quota, m),
+            TableError::TooLarge(m) => Self::new(ErrorCode::TooLarge, m),
+            TableError::Busy(m) => Self::new(ErrorCode::Busy, m),
             e @ TableError::Io(_) => Self::new(ErrorCode::Storage, e.to_string()),
         }
     }
@@ -189,6 +195,7 @@ impl From<TableError> for ServiceError {
 fn session_error(e: rvisor::Error) -> ServiceError {
     match e {
         rvisor::Error::Invalid(m) => ServiceError::invalid(m),
+        e @ rvisor::Error::Settings(_) => ServiceError::invalid(e.to_string()),
         e @ (rvisor::Error::WorkerNotFound(_)
         | rvisor::Error::Spawn { .. }
         | rvisor::Error::Startup(_)
@@ -226,16 +233,16 @@ pub struct DataframeRef {
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Address space, MiB.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     pub memory_mb: Option<u64>,
     /// Private disk (tmpfs), MiB.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     pub disk_mb: Option<u64>,
     /// Processes and threads.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     pub processes: Option<u64>,
     /// CPU seconds over the worker's life.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     pub cpu_seconds: Option<u64>,
 }
 
@@ -273,10 +280,10 @@ pub struct NewSession {
     #[serde(default)]
     pub limits: Option<LimitsRequest>,
     /// Plot width in pixels.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u32")]
     pub plot_width: Option<u32>,
     /// Plot height in pixels.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u32")]
     pub plot_height: Option<u32>,
 }
 
@@ -284,17 +291,80 @@ pub struct NewSession {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRun {
-    /// The R code.
+    /// The R code: not blank, at most 256 KiB.
     pub code: String,
     /// Time limit for this call, seconds (the session's otherwise).
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
     /// Plot width in pixels for this call (the session's otherwise).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u32")]
     pub plot_width: Option<u32>,
     /// Plot height in pixels for this call (the session's otherwise).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u32")]
     pub plot_height: Option<u32>,
+}
+
+/// Serde helpers for whole numbers: JSON may spell one `3` or `3.0`, and
+/// JSON Schema (so the OpenAPI document's `integer`) calls both integers.
+mod whole {
+    use serde::de::{self, Deserializer, Visitor};
+    use std::fmt;
+
+    struct Whole(u64);
+
+    impl<'de> Visitor<'de> for Whole {
+        type Value = Option<u64>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a whole number from 0 to {} (or null)", self.0)
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            if v <= self.0 {
+                Ok(Some(v))
+            } else {
+                Err(E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            match u64::try_from(v) {
+                Ok(v) => self.visit_u64(v),
+                Err(_) => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
+            }
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            // `u64::MAX as f64` is 2^64, itself out of range.
+            if v.fract() == 0.0 && v >= 0.0 && v < u64::MAX as f64 {
+                self.visit_u64(v as u64)
+            } else {
+                Err(E::invalid_value(de::Unexpected::Float(v), &self))
+            }
+        }
+    }
+
+    pub(super) fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        d.deserialize_option(Whole(u64::MAX))
+    }
+
+    pub(super) fn opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+        let v = d.deserialize_option(Whole(u32::MAX.into()))?;
+        // In range by the visitor's bound.
+        Ok(v.map(|v| u32::try_from(v).unwrap_or(u32::MAX)))
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -923,6 +993,23 @@ impl Service {
         bytes: &[u8],
     ) -> Result<TableMeta, ServiceError> {
         Ok(self.inner.tables.put(tenant, format, bytes)?)
+    }
+
+    /// Stores the upload spooled in file `src` for `tenant` (bounded
+    /// memory; see `TableStore::put_file`).
+    pub fn put_table_file(
+        &self,
+        tenant: &str,
+        format: TableFormat,
+        src: &std::path::Path,
+    ) -> Result<TableMeta, ServiceError> {
+        Ok(self.inner.tables.put_file(tenant, format, src)?)
+    }
+
+    /// A fresh spool path for an upload on its way in (the caller removes
+    /// it).
+    pub fn spool_path(&self) -> PathBuf {
+        self.inner.tables.spool_path()
     }
 
     /// A table's metadata.

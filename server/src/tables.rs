@@ -10,7 +10,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use rvisor::clock::{rfc3339, unix_now};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::io::Cursor;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,6 +26,10 @@ pub struct TableConfig {
     pub max_bytes_per_tenant: u64,
     /// Tables a tenant may keep.
     pub max_tables_per_tenant: usize,
+    /// Bytes one stored table may take (its Arrow file).
+    pub max_stored_bytes_per_table: u64,
+    /// Uploads converted at once; more are refused as busy (retry).
+    pub max_conversions: usize,
 }
 
 impl Default for TableConfig {
@@ -35,6 +39,8 @@ impl Default for TableConfig {
             ttl: Duration::from_secs(24 * 3600),
             max_bytes_per_tenant: 1 << 30,
             max_tables_per_tenant: 100,
+            max_stored_bytes_per_table: 1 << 30,
+            max_conversions: 2,
         }
     }
 }
@@ -94,6 +100,12 @@ pub enum TableError {
     /// The tenant's quota would be exceeded.
     #[error("{0}")]
     Quota(String),
+    /// The table is over the per-table size limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Too many tables are being converted at once; try again shortly.
+    #[error("{0}")]
+    Busy(String),
     /// Storage failed.
     #[error("failed to store the table: {0}")]
     Io(#[from] std::io::Error),
@@ -181,10 +193,66 @@ fn coerce_dates(col: ArrayRef) -> ArrayRef {
     col
 }
 
-fn read_upload(
-    format: TableFormat,
-    bytes: &[u8],
-) -> Result<(SchemaRef, Vec<RecordBatch>), TableError> {
+/// A batch source: the schema and the batches, read in bounded memory.
+type Batches = (
+    SchemaRef,
+    Box<dyn Iterator<Item = Result<RecordBatch, arrow_schema::ArrowError>>>,
+);
+
+/// Rows per batch while converting: bounds the memory one conversion holds.
+const BATCH_ROWS: usize = 16 * 1024;
+/// Rows read to infer column types.
+const INFER_ROWS: usize = 100_000;
+
+/// Rewrites a JSON array of records as one record per line (NDJSON) in
+/// `out`, one record in memory at a time.
+fn json_array_to_ndjson(src: &Path, out: &Path) -> Result<(), TableError> {
+    struct Records<'a, W: Write>(&'a mut W);
+    impl<'de, W: Write> serde::de::Visitor<'de> for Records<'_, W> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON array of records")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            use serde::de::Error;
+            while let Some(raw) = seq.next_element::<Box<serde_json::value::RawValue>>()? {
+                let text = raw.get();
+                if !text.starts_with('{') {
+                    return Err(A::Error::custom(
+                        "every element of the JSON array must be an object (a record)",
+                    ));
+                }
+                self.0
+                    .write_all(text.as_bytes())
+                    .and_then(|()| self.0.write_all(b"\n"))
+                    .map_err(A::Error::custom)?;
+            }
+            Ok(())
+        }
+    }
+    let input = std::io::BufReader::new(std::fs::File::open(src)?);
+    let mut w = std::io::BufWriter::new(std::fs::File::create(out)?);
+    let mut de = serde_json::Deserializer::from_reader(input);
+    serde::Deserializer::deserialize_seq(&mut de, Records(&mut w)).map_err(|e| {
+        if e.to_string().contains("must be an object") {
+            TableError::Invalid(
+                "every element of the JSON array must be an object (a record)".into(),
+            )
+        } else {
+            TableError::Invalid(format!("the body is not a JSON array of records: {e}"))
+        }
+    })?;
+    de.end().map_err(|e| {
+        TableError::Invalid(format!("the body is not a JSON array of records: {e}"))
+    })?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Opens the upload at `src` as batches. A JSON upload is first rewritten
+/// as NDJSON into `scratch`.
+fn read_upload(format: TableFormat, src: &Path, scratch: &Path) -> Result<Batches, TableError> {
+    use std::io::{BufReader, Seek};
     let bad = |what: &str, e: &dyn std::fmt::Display| TableError::Invalid(format!("{what}: {e}"));
     match format {
         TableFormat::Csv => {
@@ -192,72 +260,131 @@ fn read_upload(
             let fmt = arrow_csv::reader::Format::default()
                 .with_header(true)
                 .with_null_regex(null);
+            let mut file = std::fs::File::open(src)?;
             let (schema, _) = fmt
-                .infer_schema(Cursor::new(bytes), Some(100_000))
+                .infer_schema(BufReader::new(&mut file), Some(INFER_ROWS))
                 .map_err(|e| bad("the CSV could not be read", &e))?;
+            file.rewind()?;
             let schema = Arc::new(schema);
             let reader = arrow_csv::ReaderBuilder::new(schema.clone())
                 .with_format(fmt)
-                .with_batch_size(64 * 1024)
-                .build(Cursor::new(bytes))
+                .with_batch_size(BATCH_ROWS)
+                .build(BufReader::new(file))
                 .map_err(|e| bad("the CSV could not be read", &e))?;
-            let batches = reader
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| bad("the CSV could not be read", &e))?;
-            Ok((schema, batches))
+            Ok((schema, Box::new(reader)))
         }
         TableFormat::Json => {
-            let records: Vec<serde_json::Value> = serde_json::from_slice(bytes)
-                .map_err(|e| bad("the body is not a JSON array of records", &e))?;
-            if records.iter().any(|r| !r.is_object()) {
-                return Err(TableError::Invalid(
-                    "every element of the JSON array must be an object (a record)".into(),
-                ));
-            }
-            let schema =
-                arrow_json::reader::infer_json_schema_from_iterator(records.iter().map(Ok))
-                    .map_err(|e| bad("the records could not be typed", &e))?;
+            json_array_to_ndjson(src, scratch)?;
+            let (schema, _) = arrow_json::reader::infer_json_schema(
+                BufReader::new(std::fs::File::open(scratch)?),
+                Some(INFER_ROWS),
+            )
+            .map_err(|e| bad("the records could not be typed", &e))?;
             let schema = Arc::new(schema);
-            let mut ndjson = Vec::with_capacity(bytes.len());
-            for r in &records {
-                serde_json::to_writer(&mut ndjson, r).map_err(|e| bad("internal", &e))?;
-                ndjson.push(b'\n');
-            }
             let reader = arrow_json::ReaderBuilder::new(schema.clone())
-                .with_batch_size(64 * 1024)
-                .build(Cursor::new(ndjson))
+                .with_batch_size(BATCH_ROWS)
+                .build(BufReader::new(std::fs::File::open(scratch)?))
                 .map_err(|e| bad("the records could not be read", &e))?;
-            let batches = reader
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| bad("the records could not be read", &e))?;
-            Ok((schema, batches))
+            Ok((schema, Box::new(reader)))
         }
         TableFormat::ArrowStream => {
-            let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(bytes), None)
-                .map_err(|e| bad("the body is not an Arrow IPC stream", &e))?;
+            let reader = arrow_ipc::reader::StreamReader::try_new(
+                BufReader::new(std::fs::File::open(src)?),
+                None,
+            )
+            .map_err(|e| bad("the body is not an Arrow IPC stream", &e))?;
             let schema = reader.schema();
-            let batches = reader
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| bad("the Arrow stream could not be read", &e))?;
-            Ok((schema, batches))
+            Ok((schema, Box::new(reader)))
         }
     }
 }
 
-/// Reads an upload, normalises its columns and writes it as an Arrow IPC
-/// file at `path`. Returns rows and column metadata.
+/// A writer that counts what goes through it, so a conversion can stop as
+/// soon as its output passes its budget.
+struct Counting<W> {
+    inner: W,
+    written: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// How much a conversion may write, and what to say when it passes that.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    /// Bytes the stored file may take.
+    bytes: u64,
+    /// Whether the tenant's quota (rather than the per-table limit) is the
+    /// smaller bound.
+    quota: bool,
+}
+
+/// Reads the upload at `src` batch by batch, normalises its columns and
+/// writes it as an Arrow IPC file at `path`, stopping as soon as the output
+/// passes `budget`. Returns rows and column metadata.
 fn convert(
     format: TableFormat,
-    bytes: &[u8],
+    src: &Path,
     path: &Path,
+    budget: Option<Budget>,
 ) -> Result<(u64, Vec<ColumnMeta>), TableError> {
-    let (schema, batches) = read_upload(format, bytes)?;
+    let scratch = path.with_extension("ndjson");
+    let converted = convert_with(format, src, path, &scratch, budget);
+    let _ = std::fs::remove_file(&scratch);
+    if converted.is_err() {
+        let _ = std::fs::remove_file(path.with_extension("tmp"));
+    }
+    trim_heap();
+    converted
+}
+
+fn convert_with(
+    format: TableFormat,
+    src: &Path,
+    path: &Path,
+    scratch: &Path,
+    budget: Option<Budget>,
+) -> Result<(u64, Vec<ColumnMeta>), TableError> {
+    let (schema, batches) = read_upload(format, src, scratch)?;
     if schema.fields().is_empty() {
         return Err(TableError::Invalid("the table has no columns".into()));
     }
-    let mut out_batches = Vec::with_capacity(batches.len());
+    let tmp = path.with_extension("tmp");
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let over = |written: u64| -> Result<(), TableError> {
+        match budget {
+            Some(b) if written > b.bytes => Err(if b.quota {
+                TableError::Quota(format!(
+                    "the table passed your remaining quota of {} bytes while it was converted; \
+                     delete some tables first",
+                    b.bytes
+                ))
+            } else {
+                TableError::TooLarge(format!(
+                    "the table passed the limit of {} bytes per stored table while it was \
+                     converted; upload less (fewer rows or columns)",
+                    b.bytes
+                ))
+            }),
+            _ => Ok(()),
+        }
+    };
+    let mut writer: Option<
+        arrow_ipc::writer::FileWriter<Counting<std::io::BufWriter<std::fs::File>>>,
+    > = None;
     let mut out_schema: Option<SchemaRef> = None;
-    for b in &batches {
+    let mut rows = 0u64;
+    for b in batches {
+        let b = b.map_err(|e| TableError::Invalid(format!("the table could not be read: {e}")))?;
         let mut cols = Vec::with_capacity(b.num_columns());
         for (i, f) in schema.fields().iter().enumerate() {
             let mut c = normalise(f.name(), b.column(i))?;
@@ -289,10 +416,24 @@ fn convert(
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| TableError::Invalid(format!("columns changed type between rows: {e}")))?;
-        out_batches.push(
-            RecordBatch::try_new(s.clone(), cols)
-                .map_err(|e| TableError::Invalid(e.to_string()))?,
-        );
+        let batch = RecordBatch::try_new(s.clone(), cols)
+            .map_err(|e| TableError::Invalid(e.to_string()))?;
+        if writer.is_none() {
+            let file = Counting {
+                inner: std::io::BufWriter::new(std::fs::File::create(&tmp)?),
+                written: written.clone(),
+            };
+            writer = Some(
+                arrow_ipc::writer::FileWriter::try_new(file, s)
+                    .map_err(|e| TableError::Invalid(e.to_string()))?,
+            );
+        }
+        if let Some(w) = writer.as_mut() {
+            rows += batch.num_rows() as u64;
+            w.write(&batch)
+                .map_err(|e| TableError::Invalid(e.to_string()))?;
+        }
+        over(written.load(std::sync::atomic::Ordering::Relaxed))?;
     }
     let schema = out_schema.unwrap_or_else(|| {
         Arc::new(Schema::new(
@@ -313,18 +454,38 @@ fn convert(
             kind: kind.into(),
         });
     }
-    let tmp = path.with_extension("tmp");
-    let file = std::fs::File::create(&tmp)?;
-    let mut w = arrow_ipc::writer::FileWriter::try_new(file, &schema)
-        .map_err(|e| TableError::Invalid(e.to_string()))?;
-    let mut rows = 0u64;
-    for b in &out_batches {
-        rows += b.num_rows() as u64;
-        w.write(b).map_err(|e| TableError::Invalid(e.to_string()))?;
-    }
+    let mut w = match writer {
+        Some(w) => w,
+        None => {
+            let file = Counting {
+                inner: std::io::BufWriter::new(std::fs::File::create(&tmp)?),
+                written: written.clone(),
+            };
+            arrow_ipc::writer::FileWriter::try_new(file, &schema)
+                .map_err(|e| TableError::Invalid(e.to_string()))?
+        }
+    };
     w.finish().map_err(|e| TableError::Invalid(e.to_string()))?;
+    let mut file = w
+        .into_inner()
+        .map_err(|e| TableError::Invalid(e.to_string()))?;
+    file.flush()?;
+    drop(file);
+    over(written.load(std::sync::atomic::Ordering::Relaxed))?;
     std::fs::rename(&tmp, path)?;
     Ok((rows, columns))
+}
+
+/// Gives the heap a conversion freed back to the system: without it the
+/// allocator keeps the peak for the process's life.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists under
+    // its lock; it takes no pointer from us and is safe to call from any
+    // thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn normalise_type(t: &DataType) -> DataType {
@@ -345,6 +506,17 @@ fn normalise_type(t: &DataType) -> DataType {
 pub struct TableStore {
     cfg: TableConfig,
     index: Mutex<HashMap<String, TableMeta>>,
+    /// Conversions running now (at most `max_conversions`).
+    converting: Mutex<usize>,
+}
+
+/// A conversion slot, given back on drop.
+struct Slot<'a>(&'a Mutex<usize>);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+    }
 }
 
 impl TableStore {
@@ -359,6 +531,7 @@ impl TableStore {
         let store = Self {
             cfg,
             index: Mutex::new(index),
+            converting: Mutex::new(0),
         };
         store.sweep();
         Ok(store)
@@ -407,21 +580,55 @@ impl TableStore {
                     if !index.contains_key(p) && old {
                         let _ = std::fs::remove_file(e.path());
                     }
+                } else if (name.ends_with(".part")
+                    || name.ends_with(".tmp")
+                    || name.ends_with(".ndjson"))
+                    && old
+                {
+                    let _ = std::fs::remove_file(e.path());
                 }
             }
         }
         let _ = self.save(&index);
     }
 
-    /// Stores a table for `tenant`.
+    /// Stores a table for `tenant` from bytes in memory (small uploads:
+    /// nng messages, tests). The bytes are spooled to a file first, so the
+    /// conversion is the same bounded one as [`TableStore::put_file`].
     pub fn put(
         &self,
         tenant: &str,
         format: TableFormat,
         bytes: &[u8],
     ) -> Result<TableMeta, TableError> {
+        let spool = self.spool_path();
+        std::fs::write(&spool, bytes)?;
+        let r = self.put_file(tenant, format, &spool);
+        let _ = std::fs::remove_file(&spool);
+        r
+    }
+
+    /// A fresh path in the data directory for an upload on its way in
+    /// (removed by the caller; stray ones by [`TableStore::sweep`]).
+    pub fn spool_path(&self) -> PathBuf {
+        self.cfg
+            .dir
+            .join(format!("upload-{}.part", rvisor::ids::random_hex(8)))
+    }
+
+    /// Stores the upload in file `src` as a table of `tenant`, converting
+    /// it batch by batch in bounded memory. The tenant's table count and
+    /// quota are checked before, and the quota and the per-table limit
+    /// while the output grows: a conversion stops as soon as it passes
+    /// either. At most `max_conversions` run at once; more are `Busy`.
+    pub fn put_file(
+        &self,
+        tenant: &str,
+        format: TableFormat,
+        src: &Path,
+    ) -> Result<TableMeta, TableError> {
         self.sweep();
-        {
+        let used = {
             let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
             let mine: Vec<&TableMeta> = index.values().filter(|m| m.tenant == tenant).collect();
             if mine.len() >= self.cfg.max_tables_per_tenant {
@@ -431,22 +638,40 @@ impl TableStore {
                 )));
             }
             let used: u64 = mine.iter().map(|m| m.bytes).sum();
-            if used + bytes.len() as u64 > self.cfg.max_bytes_per_tenant.saturating_mul(2) {
+            if used >= self.cfg.max_bytes_per_tenant {
                 return Err(TableError::Quota(format!(
                     "your tables use {used} bytes of {}; delete some first",
                     self.cfg.max_bytes_per_tenant
                 )));
             }
-        }
-        let pointer = format!("dp_{}", rvisor::ids::random_hex(24));
-        let path = self.file(&pointer);
-        let (rows, columns) = match convert(format, bytes, &path) {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = std::fs::remove_file(path.with_extension("tmp"));
-                return Err(e);
+            used
+        };
+        let _slot = {
+            let mut n = self.converting.lock().unwrap_or_else(|e| e.into_inner());
+            if *n >= self.cfg.max_conversions.max(1) {
+                return Err(TableError::Busy(format!(
+                    "{} tables are being converted now, the most at once; retry in a moment",
+                    *n
+                )));
+            }
+            *n += 1;
+            Slot(&self.converting)
+        };
+        let remaining = self.cfg.max_bytes_per_tenant.saturating_sub(used);
+        let budget = if remaining < self.cfg.max_stored_bytes_per_table {
+            Budget {
+                bytes: remaining,
+                quota: true,
+            }
+        } else {
+            Budget {
+                bytes: self.cfg.max_stored_bytes_per_table,
+                quota: false,
             }
         };
+        let pointer = format!("dp_{}", rvisor::ids::random_hex(24));
+        let path = self.file(&pointer);
+        let (rows, columns) = convert(format, src, &path, Some(budget))?;
         let stored = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let expires = unix_now() + self.cfg.ttl.as_secs();
         let meta = TableMeta {
@@ -459,6 +684,7 @@ impl TableStore {
             expires_unix: expires,
         };
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        // Another upload of the tenant may have finished meanwhile.
         let used: u64 = index
             .values()
             .filter(|m| m.tenant == tenant)
@@ -519,14 +745,14 @@ fn public(mut m: TableMeta) -> TableMeta {
     m
 }
 
-/// Stores `bytes` in a throwaway store and returns the file, for the CLI's
-/// `--table NAME=FILE.csv`.
+/// Converts the upload in file `src` to the Arrow IPC file `path` (bounded
+/// memory, no quota), for the CLI's `--table NAME=FILE.csv`.
 pub fn convert_file(
     format: TableFormat,
-    bytes: &[u8],
+    src: &Path,
     path: &Path,
 ) -> Result<(u64, Vec<ColumnMeta>), TableError> {
-    convert(format, bytes, path)
+    convert(format, src, path, None)
 }
 
 #[cfg(test)]
