@@ -29,6 +29,7 @@
 //! ```
 
 mod call;
+mod cancel;
 pub mod clock;
 pub mod confine;
 mod error;
@@ -47,6 +48,7 @@ pub mod worker;
 pub mod zygote;
 
 pub use call::CallOptions;
+pub use cancel::{CancelOnDrop, CancelToken};
 pub use call::{validate_call, MAX_CODE_BYTES};
 pub use confine::{CgroupMode, Confinement, Limits};
 pub use error::{

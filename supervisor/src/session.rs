@@ -11,6 +11,7 @@
 //! a reset (timeout kill, cancel kill, crash, `quit()`, [`Session::reset`])
 //! goes back to `starting` with the next generation; `close()` --> `closed`.
 
+use crate::cancel::CancelToken;
 use crate::call::{validate_call, CallOptions};
 use crate::error::{ConfineError, Error, ValidateError};
 use crate::ids;
@@ -537,6 +538,7 @@ impl Shared {
                 tools: Arc::new(opts.tools.clone()),
                 variables: Vec::new(),
                 tables: Vec::new(),
+                cancel: None,
             },
             id,
             opts,
@@ -878,6 +880,33 @@ impl Session {
         if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
             c.cancel(&id);
         }
+    }
+
+    /// Cancels one call, leaving the others alone: a queued call leaves the
+    /// queue (outcome `cancelled`); the running one is cancelled as by
+    /// [`Session::cancel`] (interrupt, kill after the grace period). False
+    /// when the session has no such call (it ended already).
+    pub fn cancel_call(&self, execution_id: &str) -> bool {
+        let s = self.shared();
+        let mut i = lock(&s.inner);
+        if let Some(pos) = i.queue.iter().position(|p| p.execution_id == execution_id) {
+            if let Some(p) = i.queue.remove(pos) {
+                p.slot.resolve(RunResult::failed(
+                    p.execution_id,
+                    p.code,
+                    Outcome::Cancelled,
+                    "cancelled before it ran".to_string(),
+                ));
+            }
+            return true;
+        }
+        if i.running.as_deref() == Some(execution_id) {
+            if let Some(c) = i.canceller.clone() {
+                c.cancel(execution_id);
+                return true;
+            }
+        }
+        false
     }
 
     /// Interrupts the running call without dropping the queue (outcome
@@ -1226,6 +1255,17 @@ impl Supervisor {
         if let Err(e) = validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
+        let cancelled = |id: String| {
+            RunResult::failed(
+                id,
+                code.into(),
+                Outcome::Cancelled,
+                "cancelled before it started".to_string(),
+            )
+        };
+        if ctx.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
+            return cancelled(execution_id);
+        }
         let mut cfg = self.inner.cfg.worker.clone();
         if let Err(e) = cfg.apply_overrides(limits, network) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
@@ -1241,7 +1281,18 @@ impl Supervisor {
             }
         };
         self.inner.registry.insert(&worker);
+        if let Some(t) = &ctx.cancel {
+            // A cancel from now on reaches the call (one that came while the
+            // worker started is delivered at once and ends the call as soon
+            // as it begins).
+            let c = worker.canceller();
+            let id = execution_id.clone();
+            t.on_cancel(move || c.cancel(&id));
+        }
         let mut r = worker.run_call(execution_id, code, opts, ctx);
+        if let Some(t) = &ctx.cancel {
+            t.clear();
+        }
         self.inner.registry.remove(&worker);
         r.session.id = format!("run-{}", worker.pid());
         r.session.generation = 1;
@@ -1456,6 +1507,29 @@ mod tests {
         assert_eq!(next.session.generation, 1);
         assert!(!next.session.fresh);
         assert_eq!(fake.started(), 1);
+    }
+
+    #[test]
+    fn cancel_call_stops_one_call_and_leaves_the_others() {
+        let fake = Fake::new();
+        let s = session(&fake, quick());
+        let running = s.run("wait").unwrap();
+        started(&fake, "wait");
+        let first = s.run("q1").unwrap();
+        let second = s.run("q2").unwrap();
+        // A queued call leaves the queue at once; the others stay.
+        assert!(s.cancel_call(first.execution_id()));
+        let q = first.try_result().expect("resolved by cancel_call itself");
+        assert_eq!(q.outcome, Outcome::Cancelled);
+        assert_eq!(s.status().queued, 1);
+        // The running call is cancelled; the next queued one then runs.
+        assert!(s.cancel_call(running.execution_id()));
+        assert_eq!(running.wait().outcome, Outcome::Cancelled);
+        let id = second.execution_id().to_string();
+        assert_eq!(second.wait().outcome, Outcome::Complete);
+        // A call that ended is not found.
+        assert!(!s.cancel_call(&id));
+        assert_eq!(fake.started(), 1, "R answered: same worker");
     }
 
     #[test]

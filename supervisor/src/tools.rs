@@ -230,6 +230,10 @@ pub struct CallContext {
     pub variables: Vec<(String, serde_json::Value)>,
     /// Tables bound as data frames: (name, stored Arrow IPC file).
     pub tables: Vec<(String, std::path::PathBuf)>,
+    /// Stops a one-shot run from another thread (see
+    /// `Supervisor::run_once_limited`); sessions cancel calls with
+    /// `Session::cancel_call`.
+    pub cancel: Option<crate::CancelToken>,
 }
 
 #[cfg(test)]
