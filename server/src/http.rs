@@ -143,44 +143,435 @@ pub struct PackagesBody {
     packages: Vec<rvisor::ops::Package>,
 }
 
-/// The OpenAPI 3 document, generated from the types the handlers use.
+/// The OpenAPI 3 document, generated from the types the handlers use. The
+/// annotations give only the success answers: the error answers of every
+/// operation are written by [`document`] from [`OPERATION_ERRORS`] and
+/// `ErrorCode::http_status`, the one mapping.
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    info(title = "rvisor", description = "Run R code fast, safely and with state: the HTTP surface (see CONTRACT.md)."),
-    paths(health, packages, validate, run, create_session, session_run, session_status, session_cancel, session_reset, session_delete, table_create, table_get, table_delete),
-    modifiers(&BearerAuth)
+    info(
+        title = "rvisor",
+        description = "Run R code fast, safely and with state: the HTTP surface (see CONTRACT.md)."
+    ),
+    paths(
+        health,
+        packages,
+        validate,
+        run,
+        create_session,
+        session_run,
+        session_status,
+        session_cancel,
+        session_reset,
+        session_delete,
+        table_create,
+        table_get,
+        table_delete,
+        openapi,
+        metrics
+    ),
+    components(schemas(ErrorBody, ErrorDetail))
 )]
 struct ApiDoc;
 
-struct BearerAuth;
+/// The error codes each operation (method, path as the document writes it)
+/// can answer, besides `unauthorized`, which every route answers without a
+/// valid token when the server has tokens. The document's error responses
+/// are written from this table with `ErrorCode::http_status`, so a status
+/// is documented exactly when one of the operation's codes maps to it.
+/// Where the codes come from: a JSON body (`ApiJson`): `bad_request`,
+/// `too_large`, `invalid`; a path parameter (`ApiPath`): `bad_request`;
+/// `blocking`: `internal`; the rest from the [`Service`] call.
+pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
+    use ErrorCode as E;
+    &[
+        ("get", "/v1/health", &[E::Internal]),
+        ("get", "/v1/packages", &[E::NoWorker, E::Internal]),
+        (
+            "post",
+            "/v1/validate",
+            &[E::BadRequest, E::TooLarge, E::Invalid, E::Internal],
+        ),
+        (
+            "post",
+            "/v1/run",
+            &[
+                E::BadRequest,
+                E::TooLarge,
+                E::Invalid,
+                E::DataPointerUnresolved,
+                E::NoWorker,
+                E::Internal,
+            ],
+        ),
+        (
+            "post",
+            "/v1/sessions",
+            &[
+                E::BadRequest,
+                E::TooLarge,
+                E::Invalid,
+                E::NoWorker,
+                E::Internal,
+            ],
+        ),
+        (
+            "post",
+            "/v1/sessions/{id}/run",
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::TooLarge,
+                E::Invalid,
+                E::QueueFull,
+            ],
+        ),
+        ("get", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
+        (
+            "post",
+            "/v1/sessions/{id}/cancel",
+            &[E::BadRequest, E::NotFound],
+        ),
+        (
+            "post",
+            "/v1/sessions/{id}/reset",
+            &[E::BadRequest, E::NotFound],
+        ),
+        ("delete", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
+        (
+            "post",
+            "/v1/tables",
+            &[
+                E::BadRequest,
+                E::TooLarge,
+                E::Invalid,
+                E::Quota,
+                E::Busy,
+                E::Storage,
+                E::Internal,
+            ],
+        ),
+        ("get", "/v1/tables/{pointer}", &[E::BadRequest, E::NotFound]),
+        (
+            "delete",
+            "/v1/tables/{pointer}",
+            &[E::BadRequest, E::NotFound],
+        ),
+        ("get", "/v1/openapi.json", &[]),
+        ("get", "/metrics", &[]),
+    ]
+};
 
-impl utoipa::Modify for BearerAuth {
-    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        let c = api.components.get_or_insert_with(Default::default);
-        c.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+/// The OpenAPI document of a server: the generated one, with each
+/// operation's error responses (from [`OPERATION_ERRORS`]; 401 and the
+/// bearer requirement when `auth`), and the bounds the server checks
+/// requests against (its `rules` and confinement `limits`, `None` when
+/// unconfined) written into the request schemas, so that the schema
+/// accepts what the decoder and the checks accept.
+pub fn document(
+    auth: bool,
+    rules: &rvisor::SafetyRules,
+    limits: Option<&rvisor::Limits>,
+) -> serde_json::Value {
+    use utoipa::OpenApi;
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    error_responses(&mut doc, auth);
+    request_bounds(&mut doc, rules, limits);
+    media_types(&mut doc);
+    links(&mut doc);
+    doc
+}
+
+/// The document of the server `service` is (its auth, rules and limits).
+pub fn service_document(service: &Service) -> serde_json::Value {
+    let sup = service.supervisor();
+    let limits = sup.config().worker.confine.as_ref().map(|c| &c.limits);
+    document(service.requires_auth(), service.rules(), limits)
+}
+
+/// The document of a server with tokens and the default rules and limits.
+pub fn openapi_json() -> String {
+    let doc = document(
+        true,
+        &rvisor::SafetyRules::default(),
+        Some(&rvisor::Limits::default()),
+    );
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// The operation object at `path`, `method` of `doc`.
+fn operation<'a>(
+    doc: &'a mut serde_json::Value,
+    method: &str,
+    path: &str,
+) -> Option<&'a mut serde_json::Map<String, serde_json::Value>> {
+    doc.get_mut("paths")?
+        .get_mut(path)?
+        .get_mut(method)?
+        .as_object_mut()
+}
+
+fn error_responses(doc: &mut serde_json::Value, auth: bool) {
+    for (method, path, codes) in OPERATION_ERRORS {
+        let Some(responses) = operation(doc, method, path)
+            .and_then(|op| op.get_mut("responses"))
+            .and_then(serde_json::Value::as_object_mut)
+        else {
+            continue;
+        };
+        let mut by_status: std::collections::BTreeMap<u16, Vec<String>> = Default::default();
+        let auth_code = auth.then_some(ErrorCode::Unauthorized);
+        for c in codes.iter().copied().chain(auth_code) {
+            by_status
+                .entry(c.http_status())
+                .or_default()
+                .push(format!("`{c}`"));
+        }
+        for (status, names) in by_status {
+            responses.insert(
+                status.to_string(),
+                json!({
+                    "description": format!("Error {}: `{{\"error\": {{\"code\", \"message\"}}}}`", names.join(", ")),
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+                }),
+            );
+        }
+    }
+    let codes: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    if let Some(code) = doc.pointer_mut("/components/schemas/ErrorDetail/properties/code") {
+        code["enum"] = json!(codes);
+    }
+    let schemes = doc
+        .pointer_mut("/components")
+        .and_then(serde_json::Value::as_object_mut);
+    if let Some(c) = schemes {
+        c.insert(
+            "securitySchemes".into(),
+            json!({"bearer": {"type": "http", "scheme": "bearer", "description": "A token of the server's token file (`rvisor serve --tokens FILE`)."}}),
         );
-        api.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
-            "bearer",
-            Vec::<String>::new(),
-        )]);
+    }
+    if let Some(d) = doc.as_object_mut() {
+        if auth {
+            d.insert("security".into(), json!([{"bearer": []}]));
+        } else {
+            d.remove("security");
+        }
     }
 }
 
-/// The OpenAPI document as JSON.
-pub fn openapi_json() -> String {
-    use utoipa::OpenApi;
-    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+/// Merges `extra` into the schema of property `prop` of component `schema`.
+fn narrow(doc: &mut serde_json::Value, schema: &str, prop: &str, extra: serde_json::Value) {
+    let target = doc
+        .get_mut("components")
+        .and_then(|c| c.get_mut("schemas"))
+        .and_then(|s| s.get_mut(schema))
+        .and_then(|s| s.get_mut("properties"))
+        .and_then(|p| p.get_mut(prop))
+        .and_then(serde_json::Value::as_object_mut);
+    if let (Some(t), serde_json::Value::Object(extra)) = (target, extra) {
+        t.extend(extra);
+    }
 }
 
-async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
+/// A syntactic R name, as `rvisor::ops::syntactic_name` checks it.
+fn r_name_schema() -> serde_json::Value {
+    json!({
+        "type": "string",
+        "description": "A syntactic R name (letters, digits, `.` and `_`; starts with a letter or a `.` not followed by a digit; not a reserved word)",
+        "pattern": r"^([A-Za-z][A-Za-z0-9._]*|\.([A-Za-z._][A-Za-z0-9._]*)?)$",
+        "not": {"anyOf": [
+            {"enum": ["if", "else", "repeat", "while", "function", "for", "next", "break", "TRUE", "FALSE", "NULL", "Inf", "NaN", "NA", "NA_integer_", "NA_real_", "NA_character_", "NA_complex_", "in", "..."]},
+            {"pattern": r"^\.\.[0-9]*$"}
+        ]}
+    })
 }
 
-/// A JSON body whose rejections are `ApiError`s: malformed JSON is 400,
-/// wrong types 422 (naming the field), an oversize body 413.
+fn request_bounds(
+    doc: &mut serde_json::Value,
+    rules: &rvisor::SafetyRules,
+    limits: Option<&rvisor::Limits>,
+) {
+    let t = &rules.timeout_seconds;
+    for s in ["RunScript", "NewSession", "SessionRun"] {
+        narrow(
+            doc,
+            s,
+            "timeout_seconds",
+            json!({"minimum": t.min, "maximum": t.max}),
+        );
+    }
+    for s in ["NewSession", "SessionRun"] {
+        for p in ["plot_width", "plot_height"] {
+            narrow(
+                doc,
+                s,
+                p,
+                json!({"minimum": 1, "maximum": rvisor::MAX_PLOT_SIDE}),
+            );
+        }
+    }
+    // `Session::run` refuses blank code and code over the size limit.
+    narrow(
+        doc,
+        "SessionRun",
+        "code",
+        json!({"minLength": 1, "maxLength": rvisor::MAX_CODE_BYTES, "pattern": r"\S"}),
+    );
+    narrow(
+        doc,
+        "RunScript",
+        "variables",
+        json!({"maxItems": rules.max_variables}),
+    );
+    narrow(
+        doc,
+        "RunScript",
+        "dataframes",
+        json!({"maxItems": rules.max_dataframes}),
+    );
+    narrow(doc, "Variable", "name", r_name_schema());
+    narrow(doc, "DataframeRef", "name", r_name_schema());
+    let scalar = [
+        json!({"type": "number"}),
+        json!({"type": "string"}),
+        json!({"type": "boolean"}),
+    ];
+    let arrays = scalar.iter().map(|s| json!({"type": "array", "items": s}));
+    let any: Vec<serde_json::Value> = scalar.iter().cloned().chain(arrays).collect();
+    narrow(doc, "Variable", "value", json!({"anyOf": any}));
+    match limits {
+        // Limits can only tighten the server's, and R needs 512 MiB.
+        Some(l) => {
+            let mut cpu = json!({"minimum": 1});
+            if let Some(max) = l.cpu_seconds {
+                cpu["maximum"] = json!(max);
+            }
+            for (p, v) in [
+                (
+                    "memory_mb",
+                    json!({"minimum": 512, "maximum": l.memory_bytes >> 20}),
+                ),
+                (
+                    "disk_mb",
+                    json!({"minimum": 1, "maximum": l.disk_bytes >> 20}),
+                ),
+                ("processes", json!({"minimum": 1, "maximum": l.processes})),
+                ("cpu_seconds", cpu),
+            ] {
+                narrow(doc, "LimitsRequest", p, v);
+            }
+        }
+        // An unconfined server refuses every limit.
+        None => {
+            for s in ["RunScript", "NewSession"] {
+                narrow(
+                    doc,
+                    s,
+                    "limits",
+                    json!({"oneOf": [{"type": "null"}], "description": "This server runs unconfined: limits are refused."}),
+                );
+            }
+        }
+    }
+}
+
+/// What the annotations cannot say: a table upload's three formats, the
+/// form of path parameters, the HTML rendering of results.
+fn media_types(doc: &mut serde_json::Value) {
+    if let Some(body) =
+        operation(doc, "post", "/v1/tables").and_then(|op| op.get_mut("requestBody"))
+    {
+        body["content"] = json!({
+            "text/csv": {"schema": {"type": "string"}},
+            "application/json": {"schema": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "minProperties": 1,
+                "additionalProperties": {"type": ["string", "number", "boolean", "null"]}
+            }}},
+            "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}
+        });
+    }
+    for path in ["/v1/run", "/v1/sessions/{id}/run"] {
+        if let Some(ok) = operation(doc, "post", path).and_then(|op| op.get_mut("responses")) {
+            ok["200"]["content"]["text/html"] = json!({"schema": {"type": "string", "description": "A self-contained HTML fragment"}});
+        }
+    }
+    if let Some(paths) = doc
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for item in paths.values_mut() {
+            let Some(item) = item.as_object_mut() else {
+                continue;
+            };
+            for op in item.values_mut() {
+                let Some(params) = op
+                    .get_mut("parameters")
+                    .and_then(serde_json::Value::as_array_mut)
+                else {
+                    continue;
+                };
+                // Ids and pointers the server hands out are of these
+                // characters; `.` or `..` would not even reach the route.
+                for p in params.iter_mut().filter(|p| p["in"] == "path") {
+                    p["schema"]["pattern"] = json!("^[A-Za-z0-9_-]+$");
+                }
+            }
+        }
+    }
+}
+
+/// How ids flow between operations (OpenAPI links): a new session's `id`
+/// addresses the session routes, a stored table's `data_pointer` the table
+/// routes. (A one-shot run's `session.id` addresses nothing.)
+fn links(doc: &mut serde_json::Value) {
+    let session_ops = [
+        ("status", "session_status"),
+        ("run", "session_run"),
+        ("cancel", "session_cancel"),
+        ("reset", "session_reset"),
+        ("close", "session_delete"),
+    ];
+    let table_ops = [("get", "table_get"), ("delete", "table_delete")];
+    for (path, status, param, field, ops) in [
+        ("/v1/sessions", "201", "id", "id", &session_ops[..]),
+        (
+            "/v1/tables",
+            "201",
+            "pointer",
+            "data_pointer",
+            &table_ops[..],
+        ),
+    ] {
+        let mut l = serde_json::Map::new();
+        for (name, op) in ops {
+            l.insert(
+                (*name).to_string(),
+                json!({"operationId": op, "parameters": {param: format!("$response.body#/{field}")}}),
+            );
+        }
+        let created = operation(doc, "post", path)
+            .and_then(|op| op.get_mut("responses"))
+            .and_then(|r| r.get_mut(status))
+            .and_then(serde_json::Value::as_object_mut);
+        if let Some(created) = created {
+            created.insert("links".into(), serde_json::Value::Object(l));
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses((status = 200, description = "This document (OpenAPI 3), as this server answers", content_type = "application/json", body = Object)))]
+async fn openapi(State(st): State<Handlers>) -> Response {
+    let doc = service_document(&st.service);
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string_pretty(&doc).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+/// A JSON object body whose rejections are `ApiError`s: malformed JSON is
+/// 400, wrong types (or not an object) 422 naming the field, an oversize
+/// body 413.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
@@ -192,8 +583,8 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
+        match Json::<crate::service::objects::Object<T>>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v.0)),
             Err(JsonRejection::JsonDataError(e)) => {
                 Err(ApiError::new(ErrorCode::Invalid, e.body_text()))
             }
@@ -208,6 +599,32 @@ where
                 Err(ApiError::new(ErrorCode::TooLarge, e.body_text()))
             }
             Err(e) => Err(ApiError::new(ErrorCode::BadRequest, e.body_text())),
+        }
+    }
+}
+
+/// A path parameter whose rejection (e.g. percent-encoding that is not
+/// UTF-8) is an `ApiError`: 400 in the JSON error shape, where axum's own
+/// answer is plain text.
+#[derive(Debug)]
+pub struct ApiPath(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ApiPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "{}; send the id as it was given (percent-encoded UTF-8)",
+                    e.body_text()
+                ),
+            )),
         }
     }
 }
@@ -290,13 +707,13 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the handler failed: {e}")))
 }
 
-#[utoipa::path(get, path = "/v1/health", tag = "operations", responses((status = 200, description = "Liveness, versions, the live safety rules, workers (a `sessions` count is added)", body = rvisor::ops::Health), (status = 401, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/health", tag = "operations", responses((status = 200, description = "Liveness, versions, the live safety rules, workers (a `sessions` count is added)", body = rvisor::ops::Health)))]
 async fn health(State(st): State<Handlers>) -> Result<Response, ApiError> {
     let svc = st.service.clone();
     Ok(Json(blocking(move || svc.health()).await?).into_response())
 }
 
-#[utoipa::path(get, path = "/v1/packages", tag = "operations", responses((status = 200, description = "`{\"packages\": [Package]}`", body = PackagesBody), (status = 503, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/packages", tag = "operations", responses((status = 200, description = "The installed packages a script can `library()`", body = PackagesBody)))]
 async fn packages(State(st): State<Handlers>) -> Result<Response, ApiError> {
     let svc = st.service.clone();
     let list = blocking(move || svc.packages()).await??;
@@ -309,7 +726,7 @@ struct ValidateBody {
     script: String,
 }
 
-#[utoipa::path(post, path = "/v1/validate", tag = "operations", request_body = ValidateBody, responses((status = 200, body = rvisor::ops::Validation), (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/validate", tag = "operations", request_body = ValidateBody, responses((status = 200, description = "Problems and style notes; nothing runs", body = rvisor::ops::Validation)))]
 async fn validate(
     State(st): State<Handlers>,
     ApiJson(b): ApiJson<ValidateBody>,
@@ -319,7 +736,7 @@ async fn validate(
     Ok(Json(v).into_response())
 }
 
-#[utoipa::path(post, path = "/v1/run", tag = "operations", request_body = RunScript, responses((status = 200, description = "A RunResult (outcome `rejected` with `validation` when the script fails validation); `Accept: text/html` gives an HTML fragment", body = rvisor_protocol::RunResult), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/run", tag = "operations", request_body = RunScript, responses((status = 200, description = "A RunResult (outcome `rejected` with `validation` when the script fails validation); `Accept: text/html` gives an HTML fragment", body = rvisor_protocol::RunResult)))]
 async fn run(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -331,7 +748,7 @@ async fn run(
     Ok(result_response(&headers, r))
 }
 
-#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<NewSession>, description = "optional session options"), responses((status = 201, body = rvisor::SessionStatus), (status = 422, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<NewSession>, description = "Optional session options: no body, an empty one or `null` mean the defaults"), responses((status = 201, description = "The new session", body = rvisor::SessionStatus)))]
 async fn create_session(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -341,27 +758,30 @@ async fn create_session(
     // JSON error like every other endpoint; taking `Bytes` directly let
     // axum answer 413 in plain text.
     let body = body.map_err(body_error)?;
-    // The body is optional: no body means default options.
+    // The body is optional: none, an empty one or `null` mean default
+    // options (the OpenAPI schema is `NewSession` or null).
     let b: NewSession = if body.iter().all(u8::is_ascii_whitespace) {
         NewSession::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            if e.is_data() {
-                ApiError::new(ErrorCode::Invalid, format!("invalid session options: {e}"))
-            } else {
-                ApiError::new(ErrorCode::BadRequest, format!("malformed JSON: {e}"))
-            }
-        })?
+        serde_json::from_slice::<Option<crate::service::objects::Object<NewSession>>>(&body)
+            .map(|b| b.map(|b| b.0).unwrap_or_default())
+            .map_err(|e| {
+                if e.is_data() {
+                    ApiError::new(ErrorCode::Invalid, format!("invalid session options: {e}"))
+                } else {
+                    ApiError::new(ErrorCode::BadRequest, format!("malformed JSON: {e}"))
+                }
+            })?
     };
     let status = st.service.create_session(&tenant, b)?;
     Ok((StatusCode::CREATED, Json(status)).into_response())
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/run", tag = "sessions", params(("id" = String, Path, description = "session id")), request_body = SessionRun, responses((status = 200, body = rvisor_protocol::RunResult), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/run", tag = "sessions", params(("id" = String, Path, description = "session id")), request_body = SessionRun, responses((status = 200, description = "A RunResult; `Accept: text/html` gives an HTML fragment", body = rvisor_protocol::RunResult)))]
 async fn session_run(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath,
     headers: HeaderMap,
     ApiJson(b): ApiJson<SessionRun>,
 ) -> Result<Response, ApiError> {
@@ -369,38 +789,38 @@ async fn session_run(
     Ok(result_response(&headers, call.finish().await))
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "The session's status", body = rvisor::SessionStatus)))]
 async fn session_status(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
     Ok(Json(st.service.session_status(&tenant, &id)?).into_response())
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Cancelled: the running call and the queue; the status after", body = rvisor::SessionStatus)))]
 async fn session_cancel(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
     Ok(Json(st.service.cancel(&tenant, &id)?).into_response())
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, body = rvisor::SessionStatus), (status = 404, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Started over with a fresh worker; the status after", body = rvisor::SessionStatus)))]
 async fn session_reset(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
     Ok(Json(st.service.reset(&tenant, &id)?).into_response())
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 204, description = "closed"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 204, description = "Closed")))]
 async fn session_delete(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
     st.service.close(&tenant, &id)?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -431,7 +851,7 @@ fn table_format(content_type: &str) -> Result<TableFormat, ServiceError> {
     }
 }
 
-#[utoipa::path(post, path = "/v1/tables", tag = "tables", request_body(content = String, description = "CSV (text/csv), a JSON array of records (application/json) or an Arrow IPC stream (application/vnd.apache.arrow.stream)"), responses((status = 201, body = crate::tables::TableMeta), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/tables", tag = "tables", request_body(content = String, description = "CSV (text/csv), a JSON array of records (application/json) or an Arrow IPC stream (application/vnd.apache.arrow.stream)"), responses((status = 201, description = "The stored table", body = crate::tables::TableMeta)))]
 async fn table_create(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
@@ -519,25 +939,26 @@ async fn receive(
     Ok(())
 }
 
-#[utoipa::path(get, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 200, body = crate::tables::TableMeta), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 200, description = "The table's metadata", body = crate::tables::TableMeta)))]
 async fn table_get(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    Path(p): Path<String>,
+    ApiPath(p): ApiPath,
 ) -> Result<Response, ApiError> {
     Ok(Json(st.service.get_table(&tenant, &p)?).into_response())
 }
 
-#[utoipa::path(delete, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 204, description = "deleted"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/tables/{pointer}", tag = "tables", params(("pointer" = String, Path, description = "data pointer")), responses((status = 204, description = "Deleted")))]
 async fn table_delete(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    Path(p): Path<String>,
+    ApiPath(p): ApiPath,
 ) -> Result<Response, ApiError> {
     st.service.delete_table(&tenant, &p)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text", content_type = "text/plain", body = String)))]
 async fn metrics(State(st): State<Handlers>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -664,4 +1085,187 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     let s = sup.clone();
     let _ = tokio::task::spawn_blocking(move || s.shutdown()).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod openapi_tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    const METHODS: [&str; 5] = ["get", "post", "put", "patch", "delete"];
+
+    fn operations(doc: &serde_json::Value) -> BTreeSet<(String, String)> {
+        let mut out = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for m in METHODS {
+                if item.get(m).is_some() {
+                    out.insert((m.to_string(), path.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    fn default_doc(auth: bool) -> serde_json::Value {
+        document(
+            auth,
+            &rvisor::SafetyRules::default(),
+            Some(&rvisor::Limits::default()),
+        )
+    }
+
+    #[test]
+    fn every_operation_has_one_entry_in_the_error_table() {
+        let doc = default_doc(true);
+        let documented = operations(&doc);
+        let table: BTreeSet<(String, String)> = OPERATION_ERRORS
+            .iter()
+            .map(|(m, p, _)| (m.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(table.len(), OPERATION_ERRORS.len(), "an operation twice");
+        assert_eq!(documented, table);
+        // The routes of CONTRACT.md are all there.
+        for p in [
+            "/v1/health",
+            "/v1/packages",
+            "/v1/validate",
+            "/v1/run",
+            "/v1/tables",
+            "/v1/tables/{pointer}",
+            "/v1/sessions",
+            "/v1/sessions/{id}",
+            "/v1/sessions/{id}/run",
+            "/v1/sessions/{id}/cancel",
+            "/v1/openapi.json",
+            "/metrics",
+        ] {
+            assert!(doc["paths"].get(p).is_some(), "{p}");
+        }
+    }
+
+    #[test]
+    fn the_error_statuses_are_exactly_those_of_the_codes() {
+        for auth in [true, false] {
+            let doc = default_doc(auth);
+            for (m, p, codes) in OPERATION_ERRORS {
+                let responses = doc["paths"][p][m]["responses"]
+                    .as_object()
+                    .expect("responses");
+                let errors: BTreeSet<u16> = responses
+                    .keys()
+                    .filter_map(|k| k.parse::<u16>().ok())
+                    .filter(|s| *s >= 400)
+                    .collect();
+                let mut want: BTreeSet<u16> = codes.iter().map(|c| c.http_status()).collect();
+                if auth {
+                    want.insert(401);
+                }
+                assert_eq!(errors, want, "{m} {p} (auth {auth})");
+                for s in errors {
+                    let r = &responses[&s.to_string()];
+                    assert_eq!(
+                        r["content"]["application/json"]["schema"]["$ref"],
+                        "#/components/schemas/ErrorBody",
+                        "{m} {p} {s}"
+                    );
+                    // The description names the codes behind the status.
+                    for c in codes.iter().filter(|c| c.http_status() == s) {
+                        let d = r["description"].as_str().unwrap_or("");
+                        assert!(d.contains(c.as_str()), "{m} {p} {s}: {d}");
+                    }
+                }
+                let ok = responses.keys().any(|k| k.starts_with('2'));
+                assert!(ok, "{m} {p} has no success answer");
+            }
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_declared_and_required_only_with_tokens() {
+        let doc = default_doc(true);
+        assert_eq!(
+            doc["components"]["securitySchemes"]["bearer"]["type"],
+            "http"
+        );
+        assert_eq!(
+            doc["components"]["securitySchemes"]["bearer"]["scheme"],
+            "bearer"
+        );
+        assert_eq!(doc["security"], json!([{"bearer": []}]));
+        let open = default_doc(false);
+        assert!(open.get("security").is_none());
+    }
+
+    #[test]
+    fn error_codes_in_the_schema_are_the_service_codes() {
+        let doc = default_doc(true);
+        let codes = doc["components"]["schemas"]["ErrorDetail"]["properties"]["code"]["enum"]
+            .as_array()
+            .expect("an enum of codes")
+            .len();
+        assert_eq!(codes, ErrorCode::ALL.len());
+    }
+
+    #[test]
+    fn request_bounds_follow_the_rules_and_limits() {
+        let mut rules = rvisor::SafetyRules::default();
+        rules.timeout_seconds.max = 42;
+        let doc = document(true, &rules, Some(&rvisor::Limits::default()));
+        let s = &doc["components"]["schemas"];
+        assert_eq!(
+            s["RunScript"]["properties"]["timeout_seconds"]["maximum"],
+            42
+        );
+        assert_eq!(
+            s["RunScript"]["properties"]["variables"]["maxItems"],
+            rules.max_variables
+        );
+        assert_eq!(
+            s["LimitsRequest"]["properties"]["memory_mb"]["maximum"],
+            rvisor::Limits::default().memory_bytes >> 20
+        );
+        let unconfined = document(true, &rules, None);
+        assert_eq!(
+            unconfined["components"]["schemas"]["NewSession"]["properties"]["limits"]["oneOf"],
+            json!([{"type": "null"}])
+        );
+    }
+
+    #[test]
+    fn the_r_name_pattern_agrees_with_the_check() {
+        let schema = r_name_schema();
+        let pattern = regex::Regex::new(schema["pattern"].as_str().unwrap()).unwrap();
+        let not_pattern =
+            regex::Regex::new(schema["not"]["anyOf"][1]["pattern"].as_str().unwrap()).unwrap();
+        let reserved = schema["not"]["anyOf"][0]["enum"].as_array().unwrap();
+        let accepts = |n: &str| {
+            pattern.is_match(n) && !not_pattern.is_match(n) && !reserved.iter().any(|r| r == n)
+        };
+        for n in [
+            "x", "x1", "x.y", "x_y", ".x", ".", "..x", "._", "if", "TRUE", "in", "...", "..",
+            "..1", ".1", "1x", "_x", "", "x-y", "é", "a b", "NA_real_", "Inf2",
+        ] {
+            assert_eq!(accepts(n), rvisor::ops::syntactic_name(n), "{n:?}");
+        }
+    }
+
+    #[test]
+    fn whole_numbers_may_be_written_with_a_fraction_of_zero() {
+        let s: NewSession =
+            serde_json::from_str(r#"{"plot_width": 640.0, "limits": {"memory_mb": 1024.0}}"#)
+                .unwrap();
+        assert_eq!(s.plot_width, Some(640));
+        assert_eq!(s.limits.and_then(|l| l.memory_mb), Some(1024));
+        for bad in [
+            r#"{"plot_width": 640.5}"#,
+            r#"{"plot_width": -1}"#,
+            r#"{"plot_width": 4294967296}"#,
+            r#"{"plot_width": "640"}"#,
+            r#"{"limits": {"processes": 1e300}}"#,
+        ] {
+            assert!(serde_json::from_str::<NewSession>(bad).is_err(), "{bad}");
+        }
+        let none: NewSession = serde_json::from_str(r#"{"plot_width": null}"#).unwrap();
+        assert_eq!(none.plot_width, None);
+    }
 }

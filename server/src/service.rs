@@ -258,14 +258,14 @@ pub struct RunScript {
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
     /// Variables bound before the script runs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects::vec")]
     pub variables: Vec<Variable>,
     /// Tables loaded as data frames before the script runs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects::vec")]
     pub dataframes: Vec<DataframeRef>,
     /// Tighter confinement limits for this run (never looser than the
     /// server's).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects::opt")]
     pub limits: Option<LimitsRequest>,
 }
 
@@ -277,7 +277,7 @@ pub struct NewSession {
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
     /// Tighter confinement limits for this session's workers.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects::opt")]
     pub limits: Option<LimitsRequest>,
     /// Plot width in pixels.
     #[serde(default, deserialize_with = "whole::opt_u32")]
@@ -356,14 +356,103 @@ mod whole {
         }
     }
 
+    /// Up to `i64::MAX` (the OpenAPI `int64`): no limit needs more.
     pub(super) fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        d.deserialize_option(Whole(u64::MAX))
+        d.deserialize_option(Whole(i64::MAX.unsigned_abs()))
     }
 
     pub(super) fn opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
         let v = d.deserialize_option(Whole(u32::MAX.into()))?;
         // In range by the visitor's bound.
         Ok(v.map(|v| u32::try_from(v).unwrap_or(u32::MAX)))
+    }
+}
+
+/// Serde helpers for objects: a derived struct also decodes from an array
+/// of its fields in order (`[null, null]` as a `LimitsRequest`), which the
+/// OpenAPI document does not allow and no client means. These decode a
+/// request type from a JSON object only.
+pub mod objects {
+    use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    /// A `T` that was written as a JSON object.
+    #[derive(Debug)]
+    pub struct Object<T>(pub T);
+
+    struct ObjectVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+        type Value = Object<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Object)
+        }
+    }
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_map(ObjectVisitor(PhantomData))
+        }
+    }
+
+    struct OptVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for OptVisitor<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object or null")
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            Object::<T>::deserialize(d).map(|o| Some(o.0))
+        }
+    }
+
+    struct VecVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for VecVisitor<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array of JSON objects")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(Object(v)) = seq.next_element::<Object<T>>()? {
+                out.push(v);
+            }
+            Ok(out)
+        }
+    }
+
+    /// An optional object: absent or `null` is `None`.
+    pub(super) fn opt<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<T>, D::Error> {
+        d.deserialize_option(OptVisitor(PhantomData))
+    }
+
+    /// An array of objects.
+    pub(super) fn vec<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(VecVisitor(PhantomData))
     }
 }
 
