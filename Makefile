@@ -16,11 +16,13 @@ demo: build
 	./target/release/rvisor run examples/demo.R --plots-dir demo-plots
 
 # Every test: unit tests, the tests against real R (one process per test
-# under nextest), and the doc examples.
+# under nextest), the doc examples, and the HTTP contract fuzzed against a
+# live server (schemathesis on its own /v1/openapi.json, bounded).
 test: setup
 	$(CARGO) build --workspace
 	RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker $(CARGO) test --workspace --doc
 	$(CARGO) nextest run --workspace --no-fail-fast
+	./scripts/fuzz-openapi.sh
 
 lint:
 	$(CARGO) fmt --all --check

@@ -32,3 +32,11 @@ if command -v python3 >/dev/null 2>&1 && ! python3 -c "import pynng" >/dev/null 
   echo "setup: installing pynng (Python nng client, for the nng tests)" >&2
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "pynng==0.9.0"
 fi
+
+# schemathesis: the OpenAPI fuzzer scripts/fuzz-openapi.sh runs against a
+# live `rvisor serve` in `make test` (the server's own /v1/openapi.json,
+# all checks).
+if command -v python3 >/dev/null 2>&1 && ! python3 -m schemathesis.cli --version 2>/dev/null | grep -q "4.32.5"; then
+  echo "setup: installing schemathesis (OpenAPI fuzzer, for the HTTP contract test)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "schemathesis==4.32.5"
+fi
