@@ -1,0 +1,358 @@
+//! The HTTP contract says what the server does: crafted requests to every
+//! documented operation (no token, bad JSON, wrong types, not an object,
+//! out-of-range values, unknown ids, ids that are not UTF-8, the success
+//! cases) against the real router with real R workers, each answer checked
+//! against the server's own /v1/openapi.json: its status is documented for
+//! the operation, with the media type answered, and an error's code is one
+//! the operation lists (`OPERATION_ERRORS`) and maps to that status.
+
+use rvisor::{PoolConfig, SafetyRules, Supervisor, SupervisorConfig};
+use rvisor_ffi_tests::TestDir;
+use rvisor_server::http::{ServeConfig, OPERATION_ERRORS};
+use rvisor_server::service::ErrorCode;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::time::Duration;
+
+const TOKEN: &str = "openapi-token-0123456789abcdef";
+
+/// The real router on 127.0.0.1:0, with a token, over a light confined
+/// supervisor (no preloads, no spares).
+struct Server {
+    base: String,
+    sup: Supervisor,
+    rt: Option<tokio::runtime::Runtime>,
+    _dir: TestDir,
+}
+
+impl Server {
+    fn start() -> Self {
+        let sup = Supervisor::new(SupervisorConfig {
+            rules: SafetyRules::default(),
+            pool: PoolConfig {
+                zygote: true,
+                spares: 0,
+                preload: Some(Vec::new()),
+            },
+            ..SupervisorConfig::default()
+        })
+        .expect("the supervisor starts");
+        let dir = TestDir::new("openapi");
+        let mut cfg = ServeConfig {
+            tokens: Some(HashMap::from([(TOKEN.to_string(), "t".to_string())])),
+            ..ServeConfig::default()
+        };
+        cfg.tables.dir = dir.path().join("tables");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("the bound address");
+        let app = rvisor_server::http::router(sup.clone(), cfg).expect("the router");
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Self {
+            base: format!("http://{addr}"),
+            sup,
+            rt: Some(rt),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        self.sup.shutdown();
+    }
+}
+
+struct Answer {
+    status: u16,
+    content_type: String,
+    body: String,
+}
+
+fn send(
+    base: &str,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Option<&str>,
+) -> Answer {
+    // A new connection per request: 401 and 413 close it.
+    let agent = ureq::AgentBuilder::new()
+        .max_idle_connections(0)
+        .timeout(Duration::from_secs(120))
+        .build();
+    let mut req = agent.request(method, &format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("Bearer {t}"));
+    }
+    if let Some(ct) = content_type {
+        req = req.set("Content-Type", ct);
+    }
+    let res = match body {
+        Some(b) => req.send_string(b),
+        None => req.call(),
+    };
+    let res = match res {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    Answer {
+        status: res.status(),
+        content_type: res.header("content-type").unwrap_or("").to_string(),
+        body: res.into_string().unwrap_or_default(),
+    }
+}
+
+/// Checks `a`, the answer to operation (`method`, `template`), against the
+/// document; returns the answer's JSON body (or Null).
+fn conforms(doc: &Value, method: &str, template: &str, what: &str, a: &Answer) -> Value {
+    let responses = &doc["paths"][template][method]["responses"];
+    assert!(
+        responses.is_object(),
+        "{method} {template} is not documented"
+    );
+    let documented = &responses[a.status.to_string()];
+    assert!(
+        documented.is_object(),
+        "{method} {template} ({what}) answered {} which the document does not list: {}",
+        a.status,
+        a.body
+    );
+    let media = a.content_type.split(';').next().unwrap_or("").trim();
+    if !a.body.is_empty() {
+        assert!(
+            documented["content"].get(media).is_some(),
+            "{method} {template} ({what}): {} answered as {media:?}, documented {}",
+            a.status,
+            documented["content"]
+        );
+    }
+    if a.status < 400 {
+        return serde_json::from_str(&a.body).unwrap_or(Value::Null);
+    }
+    let v: Value = serde_json::from_str(&a.body)
+        .unwrap_or_else(|e| panic!("{method} {template} ({what}): not JSON ({e}): {}", a.body));
+    let code = v["error"]["code"].as_str().unwrap_or("");
+    assert!(
+        !v["error"]["message"].as_str().unwrap_or("").is_empty(),
+        "{v}"
+    );
+    let c = ErrorCode::ALL
+        .iter()
+        .find(|c| c.as_str() == code)
+        .unwrap_or_else(|| panic!("{method} {template} ({what}): unknown code {code:?}"));
+    assert_eq!(
+        c.http_status(),
+        a.status,
+        "{method} {template} ({what}): {v}"
+    );
+    let listed = OPERATION_ERRORS
+        .iter()
+        .find(|(m, p, _)| *m == method && *p == template)
+        .map(|(_, _, codes)| *codes)
+        .unwrap_or(&[]);
+    assert!(
+        *c == ErrorCode::Unauthorized || listed.contains(c),
+        "{method} {template} ({what}): code {code} is not in OPERATION_ERRORS for it"
+    );
+    v
+}
+
+#[test]
+fn every_answer_of_every_operation_is_documented() {
+    let s = Server::start();
+    let doc: Value = serde_json::from_str(
+        &send(&s.base, Some(TOKEN), "GET", "/v1/openapi.json", None, None).body,
+    )
+    .expect("the document is JSON");
+    assert_eq!(doc["security"], json!([{"bearer": []}]));
+
+    // Without a valid token, every operation answers 401, documented.
+    for (method, template, _) in OPERATION_ERRORS {
+        let path = template
+            .replace("{id}", "s-0000000000000000")
+            .replace("{pointer}", "dp_00");
+        for token in [None, Some("not-the-token-0123456789")] {
+            let a = send(&s.base, token, &method.to_uppercase(), &path, None, None);
+            assert_eq!(a.status, 401, "{method} {path} without a valid token");
+            conforms(&doc, method, template, "no token", &a);
+        }
+    }
+
+    let json_ct = Some("application/json");
+    let check = |method: &str,
+                 template: &str,
+                 path: &str,
+                 ct: Option<&str>,
+                 body: Option<&str>,
+                 want: u16| {
+        let a = send(&s.base, Some(TOKEN), &method.to_uppercase(), path, ct, body);
+        let what = format!("{path} {:?}", body.map(|b| &b[..b.len().min(60)]));
+        assert_eq!(a.status, want, "{method} {what}: {}", a.body);
+        conforms(&doc, method, template, &what, &a)
+    };
+
+    for (template, body, want) in [
+        ("/v1/validate", "{\"script\": \"x <- 1\"}", 200),
+        ("/v1/validate", "{", 400),
+        ("/v1/validate", "[\"x\"]", 422),
+        ("/v1/validate", "{\"script\": 1}", 422),
+        ("/v1/run", "{\"script\": \"1 + 1\"}", 200),
+        ("/v1/run", "{\"script\": \"(\"}", 200),
+        (
+            "/v1/run",
+            "{\"script\": \"1\", \"timeout_seconds\": 0}",
+            422,
+        ),
+        ("/v1/run", "{\"script\": \"1\", \"limits\": [null]}", 422),
+        (
+            "/v1/run",
+            "{\"script\": \"1\", \"variables\": [[\"x\", 1]]}",
+            422,
+        ),
+        (
+            "/v1/run",
+            "{\"script\": \"1\", \"variables\": [{\"name\": \"if\", \"value\": 1}]}",
+            422,
+        ),
+        (
+            "/v1/run",
+            "{\"script\": \"1\", \"dataframes\": [{\"data_pointer\": \"dp_0\", \"name\": \"d\"}]}",
+            422,
+        ),
+        (
+            "/v1/run",
+            "{\"script\": \"1\", \"limits\": {\"processes\": 8.0}}",
+            200,
+        ),
+        ("/v1/sessions", "null", 201),
+        ("/v1/sessions", "", 201),
+        ("/v1/sessions", "{\"plot_width\": 640.0}", 201),
+        ("/v1/sessions", "{\"plot_width\": 0}", 422),
+        ("/v1/sessions", "{\"plot_width\": 6.5}", 422),
+        ("/v1/sessions", "[]", 422),
+        ("/v1/sessions", "\u{0}", 400),
+    ] {
+        check("post", template, template, json_ct, Some(body), want);
+    }
+    // Not JSON at all.
+    check("post", "/v1/validate", "/v1/validate", None, Some("x"), 400);
+    // Over the body limit.
+    let big = format!("{{\"script\": \"{}\"}}", "x".repeat(5 << 20));
+    check("post", "/v1/run", "/v1/run", json_ct, Some(&big), 413);
+
+    // A session: its routes with its id, an unknown id, an id that is not
+    // UTF-8.
+    let made = check(
+        "post",
+        "/v1/sessions",
+        "/v1/sessions",
+        json_ct,
+        Some("{}"),
+        201,
+    );
+    let id = made["id"].as_str().expect("a session id").to_string();
+    let run = "/v1/sessions/{id}/run";
+    let mine = format!("/v1/sessions/{id}/run");
+    check(
+        "post",
+        run,
+        &mine,
+        json_ct,
+        Some("{\"code\": \"x <- 1\"}"),
+        200,
+    );
+    check("post", run, &mine, json_ct, Some("{\"code\": \"  \"}"), 422);
+    check("post", run, &mine, json_ct, Some("0"), 422);
+    check(
+        "post",
+        run,
+        &mine,
+        json_ct,
+        Some("{\"code\": \"1\", \"timeout_seconds\": 1e9}"),
+        422,
+    );
+    check(
+        "post",
+        run,
+        "/v1/sessions/s-nope/run",
+        json_ct,
+        Some("{\"code\": \"1\"}"),
+        404,
+    );
+    check(
+        "post",
+        run,
+        "/v1/sessions/%FF/run",
+        json_ct,
+        Some("{\"code\": \"1\"}"),
+        400,
+    );
+    for (method, template, suffix, ok) in [
+        ("get", "/v1/sessions/{id}", "", 200),
+        ("post", "/v1/sessions/{id}/cancel", "/cancel", 200),
+        ("post", "/v1/sessions/{id}/reset", "/reset", 200),
+        ("delete", "/v1/sessions/{id}", "", 204),
+    ] {
+        check(
+            method,
+            template,
+            &format!("/v1/sessions/s-nope{suffix}"),
+            None,
+            None,
+            404,
+        );
+        check(
+            method,
+            template,
+            &format!("/v1/sessions/%FF{suffix}"),
+            None,
+            None,
+            400,
+        );
+        check(
+            method,
+            template,
+            &format!("/v1/sessions/{id}{suffix}"),
+            None,
+            None,
+            ok,
+        );
+    }
+
+    // A table: stored, read, deleted; formats the server does not take.
+    let t = "/v1/tables";
+    let meta = check("post", t, t, Some("text/csv"), Some("a,b\n1,x\n2,y\n"), 201);
+    let p = meta["data_pointer"]
+        .as_str()
+        .expect("a data pointer")
+        .to_string();
+    check("post", t, t, Some("text/plain"), Some("a\n1\n"), 400);
+    check("post", t, t, json_ct, Some("[]"), 422);
+    check("post", t, t, json_ct, Some("[{\"a\": 1}]"), 201);
+    let one = "/v1/tables/{pointer}";
+    check("get", one, &format!("/v1/tables/{p}"), None, None, 200);
+    check("delete", one, &format!("/v1/tables/{p}"), None, None, 204);
+    check("get", one, &format!("/v1/tables/{p}"), None, None, 404);
+    check("delete", one, &format!("/v1/tables/{p}"), None, None, 404);
+    check("get", one, "/v1/tables/%FF", None, None, 400);
+
+    for (template, want) in [
+        ("/v1/health", 200),
+        ("/v1/packages", 200),
+        ("/v1/openapi.json", 200),
+        ("/metrics", 200),
+    ] {
+        check("get", template, template, None, None, want);
+    }
+}
