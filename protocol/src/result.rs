@@ -254,6 +254,67 @@ pub struct RunResult {
     /// Tables the code published with `rvisor_publish()` (data pointers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub published: Vec<serde_json::Value>,
+    /// Which parts were cut or dropped at a cap (see [`bounds`]), e.g.
+    /// `["error.message", "warnings"]`; empty (and absent) when nothing was.
+    /// `truncated` is true whenever this is not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub truncated_fields: Vec<String>,
+}
+
+/// Caps on what one call sends back, so a result stays small whatever R
+/// produces (docs/output-and-plots.md, "Bounds"). The worker applies them
+/// (in R where it can, before a huge string is copied, and again in Rust);
+/// the supervisor refuses a result frame over [`bounds::result_frame_limit`].
+pub mod bounds {
+    /// Bytes kept of an error message (R itself cuts its own at 8,170).
+    pub const ERROR_MESSAGE_BYTES: usize = 8 * 1024;
+    /// Bytes kept of a deparsed call (an error's or a warning's).
+    pub const CALL_BYTES: usize = 1024;
+    /// Frames kept of a traceback (a line says how many more there were).
+    pub const TRACEBACK_FRAMES: usize = 50;
+    /// Bytes kept of one traceback frame.
+    pub const TRACEBACK_FRAME_BYTES: usize = 1024;
+    /// Bytes kept of a warning message.
+    pub const WARNING_MESSAGE_BYTES: usize = 8 * 1024;
+    /// Warnings kept per call; a notice counts the rest.
+    pub const MAX_WARNINGS: usize = 50;
+    /// Largest structured result block (JSON text), in bytes; a larger one
+    /// gives `result: null` and a warning.
+    pub const RESULT_JSON_BYTES: usize = 1024 * 1024;
+    /// Plot pages kept per call; later pages are dropped.
+    pub const MAX_PLOTS: usize = 64;
+    /// Raw output (fds 1 and 2, bypassing R's console) the supervisor
+    /// buffers per stream between two frames; it also counts against the
+    /// call's output cap.
+    pub const RAW_BYTES: usize = 16 * 1024 * 1024;
+    /// Fixed part of [`result_frame_limit`]: room for the code, the error,
+    /// the warnings and the result block, which have caps of their own.
+    pub const FRAME_OVERHEAD_BYTES: u64 = 8 * 1024 * 1024;
+
+    /// Largest result frame accepted for a call with this output cap: four
+    /// times the cap (console text appears in `console` and `segments`,
+    /// warnings also in `warnings`, plots grow by a third in base64) plus
+    /// [`FRAME_OVERHEAD_BYTES`]. The worker shrinks a result that would not
+    /// fit (text that JSON escaping blew up); a frame over it means a broken
+    /// worker, which the supervisor kills (`worker_failed`).
+    pub fn result_frame_limit(max_output_bytes: u64) -> u64 {
+        max_output_bytes
+            .saturating_mul(4)
+            .saturating_add(FRAME_OVERHEAD_BYTES)
+    }
+
+    /// The longest prefix of `s` of at most `max` bytes that ends on a
+    /// character boundary, and whether anything was cut.
+    pub fn cut(s: &str, max: usize) -> (&str, bool) {
+        if s.len() <= max {
+            return (s, false);
+        }
+        let mut end = max;
+        while end > 0 && !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        (&s[..end], true)
+    }
 }
 
 /// The RunResult fields CONTRACT.md fixes; every surface must carry them.
@@ -311,6 +372,7 @@ impl RunResult {
             truncated: false,
             validation: None,
             published: Vec::new(),
+            truncated_fields: Vec::new(),
         }
     }
 
@@ -324,6 +386,14 @@ impl RunResult {
                 .push(Segment::warning_line(message, call.as_deref()));
         }
         self.segments.push(seg);
+    }
+
+    /// Records that `field` was cut at a cap (once) and sets `truncated`.
+    pub fn mark_truncated(&mut self, field: &str) {
+        self.truncated = true;
+        if !self.truncated_fields.iter().any(|f| f == field) {
+            self.truncated_fields.push(field.to_string());
+        }
     }
 
     /// Puts a line of text (a notice from rvisor, e.g. that the session was
@@ -384,6 +454,25 @@ mod tests {
         }
         let back: RunResult = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn truncated_fields_are_additive_and_cut_keeps_characters_whole() {
+        let mut r = RunResult::empty("e".into(), "x".into());
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v.get("truncated_fields").is_none(), "absent when empty");
+        r.mark_truncated("error.message");
+        r.mark_truncated("error.message");
+        assert!(r.truncated);
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["truncated_fields"], serde_json::json!(["error.message"]));
+        assert_eq!(bounds::cut("abcé", 4), ("abc", true));
+        assert_eq!(bounds::cut("abcé", 5), ("abcé", false));
+        assert_eq!(bounds::cut("é", 1), ("", true));
+        assert_eq!(
+            bounds::result_frame_limit(8 << 20),
+            32 * 1024 * 1024 + bounds::FRAME_OVERHEAD_BYTES
+        );
     }
 
     #[test]
