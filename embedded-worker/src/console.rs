@@ -3,7 +3,9 @@
 //! R reports console output through `ptr_R_WriteConsoleEx`; the R-side driver
 //! reports warnings, messages and errors through `.Call`. Both land here, on
 //! the R thread, in one ordered list of segments, so stdout, stderr and
-//! conditions keep the order in which they happened.
+//! conditions keep the order in which they happened. Everything counts
+//! against the call's byte cap; what was cut is recorded by field name
+//! (`RunResult::truncated_fields`).
 
 use rvisor_protocol::Segment;
 use std::cell::RefCell;
@@ -17,8 +19,13 @@ pub struct Capture {
     pub bytes: u64,
     /// The cap for this call.
     pub cap: u64,
-    /// Set once something was dropped because of the cap.
+    /// Set once something was cut or dropped (the cap, or a field's own cap).
     pub truncated: bool,
+    /// Set once the cap was reached: nothing more is kept.
+    full: bool,
+    /// Fields cut or dropped at a cap (`console`, `error.message`...), in
+    /// the order first seen.
+    pub fields: Vec<&'static str>,
 }
 
 thread_local! {
@@ -62,10 +69,27 @@ pub fn take() -> Capture {
 /// Appends console text. Text past the cap is dropped (cut at a character
 /// boundary) and the capture marked truncated.
 pub fn write_text(stream: Stream, bytes: &[u8]) {
-    let text = String::from_utf8_lossy(bytes);
     CAPTURE.with(|c| {
         let mut c = c.borrow_mut();
-        let Some(text) = c.admit(&text) else { return };
+        // Only what can fit is decoded (R hands over a 250 MB `cat()` in one
+        // piece); a character cut here is cut again by `admit`.
+        let room = if c.full {
+            0
+        } else {
+            c.cap.saturating_sub(c.bytes)
+        };
+        let upto = bytes.len().min(
+            usize::try_from(room)
+                .unwrap_or(usize::MAX)
+                .saturating_add(4),
+        );
+        let text = String::from_utf8_lossy(&bytes[..upto]);
+        let admitted = c.admit(&text);
+        if upto < bytes.len() {
+            c.full = true;
+            c.mark("console");
+        }
+        let Some(text) = admitted else { return };
         match (stream, c.segments.last_mut()) {
             (Stream::Stdout, Some(Segment::Stdout { text: t }))
             | (Stream::Stderr, Some(Segment::Stderr { text: t })) => t.push_str(&text),
@@ -76,13 +100,29 @@ pub fn write_text(stream: Stream, bytes: &[u8]) {
 }
 
 /// Appends a typed segment (warning, message, error), counting its console
-/// text against the cap. A segment that does not fit whole is dropped.
+/// text (and an error's traceback) against the cap. A message that does not
+/// fit is cut like console text; a warning or an error that does not fit
+/// whole is dropped (the call's `error` is reported apart, within its own
+/// caps).
 pub fn push(seg: Segment) {
-    let len = seg.console_text().map_or(0, |t| t.len() as u64);
+    if let Segment::Message { text } = seg {
+        CAPTURE.with(|c| {
+            let mut c = c.borrow_mut();
+            if let Some(text) = c.admit(&text) {
+                c.segments.push(Segment::Message { text });
+            }
+        });
+        return;
+    }
+    let mut len = seg.console_text().map_or(0, |t| t.len() as u64);
+    if let Segment::Error { traceback, .. } = &seg {
+        len += traceback.iter().map(|t| t.len() as u64 + 1).sum::<u64>();
+    }
     CAPTURE.with(|c| {
         let mut c = c.borrow_mut();
-        if c.truncated || c.bytes + len > c.cap {
-            c.truncated = true;
+        if c.full || c.bytes + len > c.cap {
+            c.full = true;
+            c.mark("console");
             return;
         }
         c.bytes += len;
@@ -90,13 +130,20 @@ pub fn push(seg: Segment) {
     });
 }
 
+/// Records that `field` was cut at a cap of its own (or, for `console`
+/// and `plots`, at the call's byte cap).
+pub fn mark(field: &'static str) {
+    CAPTURE.with(|c| c.borrow_mut().mark(field));
+}
+
 /// Counts `n` bytes of non-text output (plots) against the cap; returns false
 /// (and marks the capture truncated) when they do not fit.
 pub fn admit_bytes(n: u64) -> bool {
     CAPTURE.with(|c| {
         let mut c = c.borrow_mut();
-        if c.truncated || c.bytes + n > c.cap {
-            c.truncated = true;
+        if c.full || c.bytes + n > c.cap {
+            c.full = true;
+            c.mark("plots");
             false
         } else {
             c.bytes += n;
@@ -106,9 +153,17 @@ pub fn admit_bytes(n: u64) -> bool {
 }
 
 impl Capture {
+    fn mark(&mut self, field: &'static str) {
+        self.truncated = true;
+        if !self.fields.contains(&field) {
+            self.fields.push(field);
+        }
+    }
+
     /// Returns the part of `text` that fits under the cap and counts it.
     fn admit(&mut self, text: &str) -> Option<String> {
-        if self.truncated {
+        if self.full {
+            self.mark("console");
             return None;
         }
         let room = self.cap.saturating_sub(self.bytes);
@@ -116,13 +171,11 @@ impl Capture {
             self.bytes += text.len() as u64;
             return Some(text.to_string());
         }
-        self.truncated = true;
-        let mut cut = room as usize;
-        while cut > 0 && !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        self.bytes += cut as u64;
-        (cut > 0).then(|| text[..cut].to_string())
+        self.mark("console");
+        self.full = true;
+        let (kept, _) = rvisor_protocol::bounds::cut(text, room as usize);
+        self.bytes += kept.len() as u64;
+        (!kept.is_empty()).then(|| kept.to_string())
     }
 }
 
@@ -159,6 +212,7 @@ mod tests {
         write_text(Stream::Stdout, b"x");
         let c = take();
         assert!(c.truncated);
+        assert_eq!(c.fields, vec!["console"]);
         assert_eq!(
             c.segments,
             vec![Segment::Stdout {
@@ -171,6 +225,32 @@ mod tests {
         let c = take();
         assert_eq!(c.segments, vec![Segment::Stdout { text: "abc".into() }]);
         assert!(c.truncated);
+    }
+
+    #[test]
+    fn messages_are_cut_and_errors_count_their_traceback() {
+        begin(10);
+        push(Segment::Message {
+            text: "0123456789abc\n".into(),
+        });
+        let c = take();
+        assert_eq!(
+            c.segments,
+            vec![Segment::Message {
+                text: "0123456789".into()
+            }]
+        );
+        assert!(c.truncated);
+
+        begin(30);
+        push(Segment::Error {
+            message: "boom".into(),
+            call: None,
+            traceback: vec!["x".repeat(40)],
+        });
+        let c = take();
+        assert!(c.segments.is_empty(), "the traceback does not fit");
+        assert_eq!(c.fields, vec!["console"]);
     }
 
     #[test]

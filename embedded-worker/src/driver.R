@@ -15,11 +15,37 @@ state$width <- 1000L
 state$height <- 650L
 state$base <- 0L           # sys.nframe() where user code starts
 state$warnings <- list()   # warnings of the current top-level expression
+state$warn_n <- 0L         # warnings kept in this call
+state$warn_dropped <- 0    # warnings past caps$warnings in this call
+
+## Caps on what a call reports (rvisor_protocol::bounds); the worker
+## replaces these with its own values when it loads the driver, and sets
+## `max_out` (the call's output cap) before each call.
+caps <- list(message = 8192L, call = 1024L, frames = 50L, warning = 8192L,
+             warnings = 50L, plots = 64L, tool_request = 262144L)
+max_out <- 8388608
 
 html_classes <- c("htmlwidget", "gt_tbl", "flextable", "shiny.tag",
                   "shiny.tag.list", "html", "datatables", "reactable")
 
 first_line <- function(x) if (length(x)) x[[1L]] else ""
+
+## One string: `x` itself when it has at most `n` bytes, else its first
+## n + 1 characters, which the worker cuts to `n` bytes at a character
+## boundary (and so knows it was cut). A condition may carry a 250 MB
+## message or a million-element vector: only this much crosses into Rust.
+clip <- function(x, n) {
+  if (!is.character(x))
+    x <- tryCatch(as.character(x[seq_len(min(length(x), 1L))]), error = function(e) "")
+  if (!length(x)) return("")
+  x <- x[[1L]]
+  if (is.na(x)) return("NA")
+  n <- min(n, .Machine$integer.max - 1)
+  if (nchar(x, type = "bytes") > n)
+    x <- tryCatch(substr(x, 1L, n + 1),
+                  error = function(e) strrep("?", n + 1))  # not valid in its encoding
+  x
+}
 
 driver_call <- quote(eval(expr, globalenv()))
 
@@ -28,7 +54,7 @@ deparse_call <- function(cl) {
   # prompt shows no call there ("Error: object 'y' not found").
   if (is.null(cl) || identical(cl, driver_call)) return(NULL)
   s <- deparse(cl, width.cutoff = 500L, nlines = 2L)
-  if (length(s) > 1L) paste0(s[[1L]], " ...") else s
+  clip(if (length(s) > 1L) paste0(s[[1L]], " ...") else s, caps$call)
 }
 
 ## --- conditions -----------------------------------------------------------
@@ -37,22 +63,28 @@ on_warning <- function(w) {
   level <- getOption("warn", 0)
   if (is.numeric(level) && level >= 2) return(invisible())  # R turns it into an error
   if (!is.numeric(level) || level >= 0) {
-    # Shown after the top-level expression finishes, as at the R prompt.
-    state$warnings[[length(state$warnings) + 1L]] <-
-      list(conditionMessage(w), deparse_call(conditionCall(w)))
+    if (state$warn_n >= caps$warnings) {
+      # Counted, not kept (R keeps 50 too); a notice says how many.
+      state$warn_dropped <- state$warn_dropped + 1
+    } else {
+      state$warn_n <- state$warn_n + 1L
+      # Shown after the top-level expression finishes, as at the R prompt.
+      state$warnings[[length(state$warnings) + 1L]] <-
+        list(clip(conditionMessage(w), caps$warning), deparse_call(conditionCall(w)))
+    }
   }
   tryInvokeRestart("muffleWarning")
 }
 
 on_message <- function(m) {
-  .Call(emit, "message", conditionMessage(m), NULL, NULL)
+  .Call(emit, "message", clip(conditionMessage(m), max_out), NULL, NULL)
   tryInvokeRestart("muffleMessage")
 }
 
 on_error <- function(e) {
   # Runs at the point of the error, possibly thousands of frames deep (stack
   # overflow): do little, and never fail.
-  msg <- tryCatch(conditionMessage(e), error = function(e2) "unknown error")
+  msg <- tryCatch(clip(conditionMessage(e), caps$message), error = function(e2) "unknown error")
   cl <- tryCatch(deparse_call(conditionCall(e)), error = function(e2) NULL)
   tb <- tryCatch({
     calls <- sys.calls()
@@ -61,8 +93,8 @@ on_error <- function(e) {
     from <- state$base + 3L  # skip eval_user(), eval() and eval's own context
     if (n >= from) {
       idx <- rev(from:n)
-      more <- length(idx) - 50L
-      if (more > 0L) idx <- idx[seq_len(50L)]
+      more <- length(idx) - caps$frames
+      if (more > 0L) idx <- idx[seq_len(caps$frames)]
       out <- vapply(calls[idx], function(cl) first_line(deparse_call(cl)), "")
       if (more > 0L) out <- c(out, sprintf("... and %d more frames", more))
       out
@@ -77,7 +109,8 @@ on_error <- function(e) {
 ## unwinding and reports what it can.
 on_error_exit <- function(e) {
   if (!state$error_emitted)
-    .Call(emit, "error", conditionMessage(e), deparse_call(conditionCall(e)), character())
+    .Call(emit, "error", clip(conditionMessage(e), caps$message),
+          tryCatch(deparse_call(conditionCall(e)), error = function(e2) NULL), character())
   "error"
 }
 
@@ -91,7 +124,7 @@ print_value <- function(v) {
     .Call(emit, "unsupported", sprintf(paste0(
       "rvisor: a value of class '%s' renders only as HTML, which rvisor cannot ",
       "show; print the underlying data instead (for example print(head(df)) or str(x))."),
-      class(v)[[1L]]), NULL, NULL)
+      clip(class(v)[[1L]], caps$call)), NULL, NULL)
     return("unsupported")
   }
   # Dispatch from the global environment, as the R prompt does, so methods
@@ -111,6 +144,8 @@ flush_warnings <- function() {
 ## each top-level expression are shown after it, as at the R prompt.
 run_exprs <- function(exprs) {
   state$warnings <- list()
+  state$warn_n <- 0L
+  state$warn_dropped <- 0
   state$error_emitted <- FALSE
   status <- "complete"
   result <- tryCatch(
@@ -209,6 +244,12 @@ finish_plots <- function() {
     files <- files[-1L]
   }
   state$drop_first <- FALSE
+  if (length(files) > caps$plots) {
+    # The device wrote every page; only the first caps$plots are reported.
+    unlink(files[-seq_len(caps$plots)])
+    .Call(emit, "plots_dropped", as.character(length(files) - caps$plots), NULL, NULL)
+    files <- files[seq_len(caps$plots)]
+  }
   if (length(files)) .Call(emit, "plots", files, NULL, NULL)
 }
 
@@ -246,7 +287,9 @@ run <- function(exprs, code, width, height, tools) {
   if (state$dev > 1L)
     tryCatch(finish_plots(), error = function(e)
       .Call(emit, "notice", paste0("rvisor: failed to capture plots: ",
-                                   conditionMessage(e), "\n"), NULL, NULL))
+                                   clip(conditionMessage(e), caps$message), "\n"), NULL, NULL))
+  if (state$warn_dropped > 0)
+    .Call(emit, "warnings_dropped", format(state$warn_dropped, scientific = FALSE), NULL, NULL)
   .Call(emit, "status", status, NULL, NULL)
   invisible()
 }
@@ -306,7 +349,12 @@ helpers$.rvisor_to_json <- to_json
 state$tool_names <- character()
 
 call_tool <- function(name, args) {
-  res <- .Call(tool_sym, name, to_json(args, unbox = TRUE))
+  json <- to_json(args, unbox = TRUE)
+  if (nchar(json, type = "bytes") > caps$tool_request)
+    stop(sprintf(paste0("the request to tool '%s' is %.0f bytes, over the limit of %d bytes; ",
+                        "pass a data pointer or a file name instead of the data"),
+                 name, nchar(json, type = "bytes"), caps$tool_request), call. = FALSE)
+  res <- .Call(tool_sym, name, json)
   if (is.na(res[[1L]]))  # interrupted while waiting: end as an interrupt
     stop(structure(class = c("interrupt", "condition"),
                    list(message = res[[2L]], call = NULL)))

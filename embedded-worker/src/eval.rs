@@ -6,6 +6,7 @@ use crate::r::{self, R};
 use crate::{hydrate, interrupt, link, result_block, tools, values};
 use base64::Engine;
 use libR_sys::*;
+use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
 use std::cell::RefCell;
 use std::os::raw::c_int;
@@ -19,6 +20,10 @@ struct CallState {
     parse_error: bool,
     unsupported: bool,
     plot_files: Vec<String>,
+    /// Warnings past `bounds::MAX_WARNINGS`, counted by the driver.
+    warnings_dropped: u64,
+    /// Plot pages past `bounds::MAX_PLOTS`, deleted by the driver.
+    plots_dropped: u64,
 }
 
 /// What the `quit()` hook needs to know about the call that is running.
@@ -34,20 +39,66 @@ thread_local! {
     static RUNNING: RefCell<Option<Running>> = const { RefCell::new(None) };
 }
 
-/// Called by the driver through `.Call(emit, kind, a, b, c)`.
+/// `s` cut to `max` bytes; a cut is recorded as `field`.
+fn capped(s: String, max: usize, field: &'static str) -> String {
+    match cut(&s, max) {
+        (_, false) => s,
+        (kept, true) => {
+            console::mark(field);
+            kept.to_string()
+        }
+    }
+}
+
+/// An error's traceback within its caps (frames and bytes per frame).
+fn capped_traceback(mut frames: Vec<String>) -> Vec<String> {
+    // The driver adds "... and N more frames" after the frames it keeps.
+    if frames.len() > bounds::TRACEBACK_FRAMES + 1 {
+        frames.truncate(bounds::TRACEBACK_FRAMES + 1);
+        console::mark("error.traceback");
+    }
+    if frames.len() > bounds::TRACEBACK_FRAMES {
+        console::mark("error.traceback");
+    }
+    frames
+        .into_iter()
+        .map(|f| capped(f, bounds::TRACEBACK_FRAME_BYTES, "error.traceback"))
+        .collect()
+}
+
+/// Called by the driver through `.Call(emit, kind, a, b, c)`. The driver
+/// has cut texts by characters already; they are cut here to their byte
+/// caps (at a character boundary) and the cuts recorded.
 pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
     let first = |v: &Vec<String>| v.first().cloned();
     match kind {
         "warning" => console::push(Segment::Warning {
-            message: first(&a).unwrap_or_default(),
-            call: first(&b),
+            message: capped(
+                first(&a).unwrap_or_default(),
+                bounds::WARNING_MESSAGE_BYTES,
+                "warnings",
+            ),
+            call: first(&b).map(|s| capped(s, bounds::CALL_BYTES, "warnings")),
         }),
         "message" => console::push(Segment::Message {
             text: first(&a).unwrap_or_default(),
         }),
+        "warnings_dropped" => {
+            let n: u64 = first(&a).and_then(|s| s.parse().ok()).unwrap_or(0);
+            CALL.with(|s| s.borrow_mut().warnings_dropped = n);
+        }
+        "plots_dropped" => {
+            let n: u64 = first(&a).and_then(|s| s.parse().ok()).unwrap_or(0);
+            CALL.with(|s| s.borrow_mut().plots_dropped = n);
+        }
         "error" => {
-            let message = first(&a).unwrap_or_default();
-            let call = first(&b);
+            let message = capped(
+                first(&a).unwrap_or_default(),
+                bounds::ERROR_MESSAGE_BYTES,
+                "error.message",
+            );
+            let call = first(&b).map(|s| capped(s, bounds::CALL_BYTES, "error.call"));
+            let c = capped_traceback(c);
             console::push(Segment::Error {
                 message: message.clone(),
                 call: call.clone(),
@@ -175,6 +226,15 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     let started = Instant::now();
     let before = rusage();
     console::begin(req.max_output_bytes);
+    // No string the driver reports is copied past what the call may keep.
+    r::set_emit_limit(
+        usize::try_from(req.max_output_bytes)
+            .unwrap_or(usize::MAX)
+            .max(bounds::ERROR_MESSAGE_BYTES)
+            .saturating_add(4),
+    );
+    // SAFETY: on the R thread; the driver environment is preserved.
+    unsafe { r::set_max_out(r.driver, req.max_output_bytes) };
     CALL.with(|s| *s.borrow_mut() = CallState::default());
     interrupt::begin_call(req.seq);
 
@@ -325,7 +385,9 @@ pub fn on_quit(status: c_int) {
         Some(status),
     );
     link::flush_stdio();
-    let _ = link::send(&rvisor_protocol::FromWorker::Result(Box::new(res)));
+    if let Ok(payload) = result_frame(res, running.request.max_output_bytes) {
+        let _ = link::send_payload(&payload);
+    }
 }
 
 fn finish(
@@ -342,6 +404,7 @@ fn finish(
         mut segments,
         bytes,
         truncated,
+        fields,
         ..
     } = console::take();
     let block = result_block::extract(&mut segments);
@@ -361,6 +424,32 @@ fn finish(
     for (i, plot) in plots.into_iter().enumerate() {
         res.plots.push(plot);
         res.segments.push(Segment::Plot { index: i });
+    }
+    for field in fields {
+        res.mark_truncated(field);
+    }
+    if block.too_large {
+        res.mark_truncated("result");
+    }
+    if call.warnings_dropped > 0 {
+        res.push_segment(Segment::Stderr {
+            text: format!(
+                "rvisor: {} more warnings were not kept (at most {} per call)\n",
+                call.warnings_dropped,
+                bounds::MAX_WARNINGS
+            ),
+        });
+        res.mark_truncated("warnings");
+    }
+    if call.plots_dropped > 0 {
+        res.push_segment(Segment::Stderr {
+            text: format!(
+                "rvisor: {} more plot pages were not kept (at most {} per call)\n",
+                call.plots_dropped,
+                bounds::MAX_PLOTS
+            ),
+        });
+        res.mark_truncated("plots");
     }
 
     let interrupted = interrupt::seen();
@@ -411,7 +500,8 @@ fn finish(
             "a value renders only as HTML, which rvisor cannot show; print the data instead",
         ));
     }
-    res.truncated = truncated;
+    res.truncated |= truncated;
+    let truncated = res.truncated;
     let code_ok = outcome == Outcome::Complete;
     res.outcome = if truncated && code_ok {
         Outcome::OutputTruncated
@@ -425,14 +515,98 @@ fn finish(
     res.usage = Usage {
         cpu_ms: (after.cpu_us - before.cpu_us) as f64 / 1000.0,
         peak_rss_bytes: after.peak_rss,
-        output_bytes: bytes
-            + res
-                .plots
-                .iter()
-                .map(|p| p.data_base64.len() as u64 * 3 / 4)
-                .sum::<u64>(),
+        // Console text and plot bytes, as counted against the cap.
+        output_bytes: bytes,
     };
     res
+}
+
+/// Serialises a call's result for its frame, within the frame limit the
+/// supervisor enforces for this output cap (`bounds::result_frame_limit`).
+/// Text that fits the output cap can still outgrow the frame when JSON
+/// escaping blows it up (control characters take 6 bytes): then the text
+/// of the console is kept only in part, halving until the frame fits.
+pub fn result_frame(res: RunResult, max_output_bytes: u64) -> Result<Vec<u8>, String> {
+    let limit = bounds::result_frame_limit(max_output_bytes);
+    let encode = |r: RunResult| -> Result<(Vec<u8>, RunResult), String> {
+        let msg = rvisor_protocol::FromWorker::Result(Box::new(r));
+        let payload = serde_json::to_vec(&msg).map_err(|e| e.to_string())?;
+        let rvisor_protocol::FromWorker::Result(r) = msg else {
+            unreachable!("built above")
+        };
+        Ok((payload, *r))
+    };
+    let (payload, mut res) = encode(res)?;
+    if payload.len() as u64 <= limit {
+        return Ok(payload);
+    }
+    let original = std::mem::take(&mut res.segments);
+    let text: usize = original.iter().map(text_len).sum();
+    let mut keep = text / 2;
+    loop {
+        shrink_text(&mut res, &original, keep);
+        let (payload, back) = encode(res)?;
+        if payload.len() as u64 <= limit {
+            return Ok(payload);
+        }
+        res = back;
+        if keep == 0 {
+            // Only the bounded parts are left: drop plots and the block too.
+            res.plots.clear();
+            res.segments.retain(|s| !matches!(s, Segment::Plot { .. }));
+            res.result = None;
+            res.mark_truncated("plots");
+            res.mark_truncated("result");
+            let (payload, _) = encode(res)?;
+            return Ok(payload);
+        }
+        keep /= 2;
+    }
+}
+
+fn text_len(s: &Segment) -> usize {
+    match s {
+        Segment::Stdout { text } | Segment::Stderr { text } | Segment::Message { text } => {
+            text.len()
+        }
+        _ => 0,
+    }
+}
+
+/// Rebuilds `res`'s console, segments and warnings from `original`,
+/// keeping `keep` bytes of plain text in all (cut at a character boundary).
+fn shrink_text(res: &mut RunResult, original: &[Segment], keep: usize) {
+    res.console.clear();
+    res.segments.clear();
+    res.warnings.clear();
+    let mut left = keep;
+    for seg in original {
+        let seg = match seg {
+            Segment::Stdout { text } | Segment::Stderr { text } | Segment::Message { text } => {
+                let (kept, _) = cut(text, left);
+                left -= kept.len();
+                if kept.is_empty() {
+                    continue;
+                }
+                let text = kept.to_string();
+                match seg {
+                    Segment::Stdout { .. } => Segment::Stdout { text },
+                    Segment::Stderr { .. } => Segment::Stderr { text },
+                    _ => Segment::Message { text },
+                }
+            }
+            other => other.clone(),
+        };
+        if let Segment::Plot { .. } = seg {
+            res.segments.push(seg);
+        } else {
+            res.push_segment(seg);
+        }
+    }
+    res.mark_truncated("console");
+    if res.outcome == Outcome::Complete {
+        res.outcome = Outcome::OutputTruncated;
+    }
 }
 
 /// Reads the PNG files the driver reported, deletes them, and keeps those
@@ -440,10 +614,17 @@ fn finish(
 fn collect_plots(files: &[String], width: u32, height: u32) -> Vec<Plot> {
     let mut out = Vec::new();
     for f in files {
+        // The size decides before the file is read: a page that does not
+        // fit under the cap is never loaded.
+        let size = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+        if size == 0 || !console::admit_bytes(size) {
+            let _ = std::fs::remove_file(f);
+            continue;
+        }
         let data = std::fs::read(f);
         let _ = std::fs::remove_file(f);
         let Ok(data) = data else { continue };
-        if data.is_empty() || !console::admit_bytes(data.len() as u64) {
+        if data.is_empty() {
             continue;
         }
         out.push(Plot {

@@ -25,6 +25,25 @@ pub fn send(msg: &FromWorker) -> Result<(), FrameError> {
     })
 }
 
+/// Sends one frame whose JSON payload is already serialised (a result,
+/// sized by `eval::result_frame`).
+pub fn send_payload(payload: &[u8]) -> Result<(), FrameError> {
+    use std::io::Write;
+    let len = u32::try_from(payload.len()).map_err(|_| FrameError::TooLarge(payload.len()))?;
+    if payload.len() > rvisor_protocol::MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(payload.len()));
+    }
+    LINK.with(|l| match l.borrow_mut().as_mut() {
+        Some(s) => {
+            s.write_all(&len.to_be_bytes())?;
+            s.write_all(payload)?;
+            s.flush()?;
+            Ok(())
+        }
+        None => Err(FrameError::Closed),
+    })
+}
+
 /// Reads the next frame and the descriptors that came with it (a run's
 /// tables), blocking.
 pub fn recv_with_fds() -> Result<(ToWorker, Vec<std::os::fd::OwnedFd>), FrameError> {

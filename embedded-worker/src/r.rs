@@ -4,7 +4,8 @@
 //! called [`start`]. `main` never spawns threads that touch R, and R's hooks
 //! call back on that same thread.
 //!
-//! This is the bottom layer of the worker: it imports only `ffi`. What R's
+//! This is the bottom layer of the worker: it imports only `ffi` (and the
+//! protocol's caps). What R's
 //! hooks do with what they receive (capture, outcome, tool calls) is the
 //! business of the modules above, which hand it in as [`Hooks`].
 
@@ -13,6 +14,7 @@ use libR_sys::*;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_uchar};
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Handles kept alive for the life of the process.
@@ -82,10 +84,32 @@ unsafe extern "C" fn clean_up(_save: c_int, status: c_int, _run_last: c_int) {
     unsafe { libc::_exit(status) };
 }
 
+/// Most bytes copied of one string the driver reports through `emit`
+/// (set per call from its output cap: R code may raise a condition with a
+/// 250 MB message, and the driver's own cut is by characters).
+static EMIT_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Most strings copied of one argument of `emit` (a traceback has 51 at
+/// most, a call's plots 64).
+const EMIT_STRINGS: usize = 128;
+
+/// Sets the most bytes copied of one string the driver reports.
+pub fn set_emit_limit(bytes: usize) {
+    EMIT_BYTES.store(bytes, Ordering::Relaxed);
+}
+
 /// `.Call` entry used by the driver to report conditions, plots and status.
 unsafe extern "C" fn rvisor_emit(kind: SEXP, a: SEXP, b: SEXP, c: SEXP) -> SEXP {
+    let max = EMIT_BYTES.load(Ordering::Relaxed);
     // SAFETY: on the R thread, called by .Call with four live arguments.
-    let (kind, a, b, c) = unsafe { (strings(kind), strings(a), strings(b), strings(c)) };
+    let (kind, a, b, c) = unsafe {
+        (
+            strings_bounded(kind, 1, 64),
+            strings_bounded(a, EMIT_STRINGS, max),
+            strings_bounded(b, EMIT_STRINGS, max),
+            strings_bounded(c, EMIT_STRINGS, max),
+        )
+    };
     if let Some(h) = HOOKS.get() {
         (h.emit)(kind.first().map(String::as_str).unwrap_or(""), a, b, c);
     }
@@ -113,6 +137,36 @@ pub unsafe fn strings(x: SEXP) -> Vec<String> {
                 let p = Rf_translateCharUTF8(el);
                 out.push(CStr::from_ptr(p).to_string_lossy().into_owned());
             }
+        }
+        out
+    }
+}
+
+/// Copies at most `max_n` strings of a character vector (or NULL), each cut
+/// to at most `max_bytes` bytes at a character boundary; NA becomes "NA".
+/// Only the kept bytes are decoded.
+///
+/// # Safety
+/// On the R thread; `x` is a live R object.
+pub unsafe fn strings_bounded(x: SEXP, max_n: usize, max_bytes: usize) -> Vec<String> {
+    // SAFETY: per the function's contract.
+    unsafe {
+        if ffi::TYPEOF(x) != SEXPTYPE::STRSXP as c_int {
+            return Vec::new();
+        }
+        let n = (Rf_xlength(x).max(0) as usize).min(max_n);
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let el = STRING_ELT(x, i as R_xlen_t);
+            if el == R_NaString {
+                out.push("NA".to_string());
+                continue;
+            }
+            let bytes = CStr::from_ptr(Rf_translateCharUTF8(el)).to_bytes();
+            let upto = bytes.len().min(max_bytes.saturating_add(4));
+            let text = String::from_utf8_lossy(&bytes[..upto]);
+            let (kept, _) = rvisor_protocol::bounds::cut(&text, max_bytes);
+            out.push(kept.to_string());
         }
         out
     }
@@ -180,6 +234,32 @@ pub unsafe fn eval_string(code: &str, env: SEXP) -> Result<SEXP, String> {
         }
         Rf_unprotect(2);
         Ok(value)
+    }
+}
+
+/// The driver's `caps` (what a call may report), from the protocol's bounds.
+fn driver_caps() -> String {
+    use rvisor_protocol::bounds::*;
+    format!(
+        "caps <- list(message = {ERROR_MESSAGE_BYTES}L, call = {CALL_BYTES}L, \
+         frames = {TRACEBACK_FRAMES}L, warning = {WARNING_MESSAGE_BYTES}L, \
+         warnings = {MAX_WARNINGS}L, plots = {MAX_PLOTS}L, tool_request = {}L)",
+        rvisor_protocol::MAX_TOOL_REQUEST_BYTES
+    )
+}
+
+/// Sets the driver's `max_out`, the output cap of the call about to run
+/// (messages are cut to it in R).
+///
+/// # Safety
+/// On the R thread; `driver` is the driver's environment.
+pub unsafe fn set_max_out(driver: SEXP, bytes: u64) {
+    // SAFETY: per the function's contract; the new double is protected
+    // until it is bound.
+    unsafe {
+        let v = Rf_protect(Rf_ScalarReal(bytes as f64));
+        Rf_defineVar(Rf_install(c"max_out".as_ptr()), v, driver);
+        Rf_unprotect(1);
     }
 }
 
@@ -273,6 +353,8 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         Rf_defineVar(Rf_install(c"tool_sym".as_ptr()), sym, driver);
         eval_string(DRIVER_SOURCE, driver)
             .map_err(|e| format!("failed to load the driver: {e}"))?;
+        eval_string(&driver_caps(), driver)
+            .map_err(|e| format!("failed to set the driver's caps: {e}"))?;
         let run_fn = Rf_findVarInFrame(driver, Rf_install(c"run".as_ptr()));
         let version = strings(eval_string(
             "paste(R.version$major, R.version$minor, sep = '.')",

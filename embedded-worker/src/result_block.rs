@@ -2,8 +2,11 @@
 //!
 //! A script prints `<<<RVISOR_RESULT_START>>>`, JSON, `<<<RVISOR_RESULT_END>>>`
 //! on lines of their own (or the JUBE markers). The block is removed from the
-//! stdout text and parsed; the last block of a call wins.
+//! stdout text and parsed; the last block of a call wins. A block over
+//! `bounds::RESULT_JSON_BYTES` is removed too, but not parsed: `result` is
+//! null and a warning says why.
 
+use rvisor_protocol::bounds::RESULT_JSON_BYTES;
 use rvisor_protocol::Segment;
 
 const MARKERS: [(&str, &str); 2] = [
@@ -16,8 +19,10 @@ const MARKERS: [(&str, &str); 2] = [
 pub struct Extracted {
     /// The parsed value of the last valid block.
     pub value: Option<serde_json::Value>,
-    /// Why a block was rejected (invalid JSON, no end marker).
+    /// Why a block was rejected (invalid JSON, no end marker, too large).
     pub problems: Vec<String>,
+    /// The last block was over `RESULT_JSON_BYTES`.
+    pub too_large: bool,
 }
 
 /// Removes result blocks from the stdout segments and parses them. A block
@@ -33,7 +38,8 @@ pub fn extract(segments: &mut Vec<Segment>) -> Extracted {
     if !any {
         return out;
     }
-    let mut open: Option<(usize, String)> = None; // (marker pair, block text)
+    // (marker pair, block text, the block's size when over the cap)
+    let mut open: Option<(usize, String, usize)> = None;
     for seg in segments.iter_mut() {
         let Segment::Stdout { text } = seg else {
             continue;
@@ -44,20 +50,36 @@ pub fn extract(segments: &mut Vec<Segment>) -> Extracted {
             match &mut open {
                 None => {
                     if let Some(i) = MARKERS.iter().position(|(s, _)| bare == *s) {
-                        open = Some((i, String::new()));
+                        open = Some((i, String::new(), 0));
                     } else {
                         kept.push_str(line);
                     }
                 }
-                Some((i, block)) => {
+                Some((i, block, over)) => {
                     if bare == MARKERS[*i].1 {
-                        match serde_json::from_str(block.trim()) {
-                            Ok(v) => out.value = Some(v),
-                            Err(e) => out.problems.push(format!(
-                                "the result block is not valid JSON ({e}); `result` is null"
-                            )),
+                        out.too_large = *over > 0;
+                        if *over > 0 {
+                            out.value = None;
+                            out.problems.push(format!(
+                                "the result block is {over} bytes, over the limit of \
+                                 {RESULT_JSON_BYTES} bytes; `result` is null (return a summary, \
+                                 or publish a table)"
+                            ));
+                        } else {
+                            match serde_json::from_str(block.trim()) {
+                                Ok(v) => out.value = Some(v),
+                                Err(e) => out.problems.push(format!(
+                                    "the result block is not valid JSON ({e}); `result` is null"
+                                )),
+                            }
                         }
                         open = None;
+                    } else if *over > 0 {
+                        *over += line.len();
+                    } else if block.len() + line.len() > RESULT_JSON_BYTES {
+                        // Only counted from here on; the text is dropped.
+                        *over = block.len() + line.len();
+                        *block = String::new();
                     } else {
                         block.push_str(line);
                     }
@@ -66,7 +88,7 @@ pub fn extract(segments: &mut Vec<Segment>) -> Extracted {
         }
         *text = kept;
     }
-    if let Some((i, block)) = open {
+    if let Some((i, block, _)) = open {
         out.problems.push(format!(
             "the result block has no end marker {}; `result` is null",
             MARKERS[i].1
@@ -136,6 +158,19 @@ mod tests {
         assert_eq!(x.value, None);
         assert!(x.problems[0].contains("no end marker"));
         assert!(matches!(&segs[0], Segment::Stdout { text } if text.contains("{\"a\":1}")));
+    }
+
+    #[test]
+    fn a_block_over_the_cap_is_dropped_with_a_reason() {
+        let big = format!("\"{}\"\n", "a".repeat(RESULT_JSON_BYTES));
+        let mut segs = vec![stdout(&format!(
+            "<<<RVISOR_RESULT_START>>>\n{big}<<<RVISOR_RESULT_END>>>\nafter\n"
+        ))];
+        let x = extract(&mut segs);
+        assert_eq!(x.value, None);
+        assert!(x.too_large);
+        assert!(x.problems[0].contains("over the limit"), "{:?}", x.problems);
+        assert_eq!(segs, vec![stdout("after\n")]);
     }
 
     #[test]

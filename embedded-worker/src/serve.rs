@@ -67,9 +67,11 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
         match link::recv_with_fds() {
             Ok((ToWorker::Run(req), fds)) => {
                 let files = fds.into_iter().map(std::fs::File::from).collect();
+                let cap = req.max_output_bytes;
                 let res = eval::run(r, req, files);
+                let payload = eval::result_frame(res, cap)?;
                 link::flush_stdio();
-                link::send(&FromWorker::Result(Box::new(res))).map_err(|e| e.to_string())?;
+                link::send_payload(&payload).map_err(|e| e.to_string())?;
             }
             Ok((
                 ToWorker::Validate {

@@ -47,7 +47,14 @@ fn next_tool_call_id() -> u64 {
 /// Called by R's `.Call` on the R thread with two live arguments.
 pub unsafe extern "C" fn rvisor_tool(name: SEXP, args: SEXP) -> SEXP {
     // SAFETY: per the function's contract.
-    let (name, args) = unsafe { (r::strings(name), r::strings(args)) };
+    // Only one byte more than the limit is copied of the arguments: enough
+    // to refuse them.
+    let (name, args) = unsafe {
+        (
+            r::strings_bounded(name, 1, 1024),
+            r::strings_bounded(args, 1, MAX_TOOL_REQUEST_BYTES + 1),
+        )
+    };
     let name = name.into_iter().next().unwrap_or_default();
     let args = args.into_iter().next().unwrap_or_default();
     let outcome = call(&name, &args);
@@ -57,11 +64,10 @@ pub unsafe extern "C" fn rvisor_tool(name: SEXP, args: SEXP) -> SEXP {
 
 fn call(name: &str, args: &str) -> ToolOutcome {
     if args.len() > MAX_TOOL_REQUEST_BYTES {
+        // The driver refuses these before they get here, with the size.
         return ToolOutcome::Error(format!(
-            "the request to tool '{name}' is {} bytes, over the limit of {} bytes; pass a data \
-             pointer or a file name instead of the data",
-            args.len(),
-            MAX_TOOL_REQUEST_BYTES
+            "the request to tool '{name}' is over the limit of {MAX_TOOL_REQUEST_BYTES} bytes; \
+             pass a data pointer or a file name instead of the data",
         ));
     }
     let args: serde_json::Value = match serde_json::from_str(args) {
