@@ -12,15 +12,17 @@ use crate::error::{Error, ValidateError};
 use crate::ids;
 use crate::process::{launch, OsTransport, Proc, TempDir, Transport};
 use crate::tools::{CallContext, ToolCall};
+use rvisor_protocol::bounds::{self, result_frame_limit};
 use rvisor_protocol::{
-    read_frame, ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment, ToWorker,
-    WorkerHello, ENV_WORKER_FD, PROTOCOL_VERSION,
+    ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment, ToWorker, WorkerHello,
+    ENV_WORKER_FD, PROTOCOL_VERSION,
 };
-use rvisor_protocol::{ToolOutcome, MAX_TOOL_RESULT_BYTES};
+use rvisor_protocol::{ToolOutcome, DEFAULT_MAX_OUTPUT_BYTES, MAX_TOOL_RESULT_BYTES};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +37,12 @@ pub(crate) enum LinkEvent {
     /// Raw output read from the worker's fds 1 and 2; always sent before
     /// the frame it precedes, so it is attached to the right result.
     Raw([Vec<u8>; 2]),
+    /// Raw output was dropped on these streams (more than
+    /// `bounds::RAW_BYTES` between two frames); sent before the next frame.
+    RawDropped([bool; 2]),
+    /// The worker announced a frame over the call's limit: the I/O thread
+    /// stopped reading (the link is closed) and the worker must be killed.
+    Oversized(String),
     /// A frame, or the end of the link (`Err`).
     Frame(Result<FromWorker, String>),
     /// A tool handler's answer.
@@ -96,6 +104,13 @@ pub struct Worker {
     events_tx: Sender<LinkEvent>,
     /// Raw output that arrived and has not been attached to a result yet.
     raw: [Vec<u8>; 2],
+    /// Raw output was dropped since the last result (per stream).
+    raw_dropped: [bool; 2],
+    /// The largest frame the I/O thread reads (shared with it): set from
+    /// the output cap of each call.
+    frame_limit: Arc<AtomicU64>,
+    /// The output cap of the call running or last run.
+    call_cap: u64,
     /// The link's I/O thread has reported the end of the link.
     link_closed: bool,
     hello: WorkerHello,
@@ -149,9 +164,11 @@ impl Worker {
         })?;
         let (events_tx, events) = mpsc::channel();
         let tx = events_tx.clone();
+        let frame_limit = Arc::new(AtomicU64::new(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES)));
+        let limit = frame_limit.clone();
         std::thread::Builder::new()
             .name("rvisor-worker-io".into())
-            .spawn(move || io_thread(reader, pipes, tx))
+            .spawn(move || io_thread(reader, pipes, tx, limit))
             .map_err(|source| Error::Io {
                 what: "start the worker I/O thread",
                 source,
@@ -160,13 +177,15 @@ impl Worker {
             proc,
             stream: parent,
         };
-        Self::handshake(
+        let mut w = Self::handshake(
             Box::new(transport),
             (events_tx, events),
             tmp,
             startup_timeout,
             t0,
-        )
+        )?;
+        w.frame_limit = frame_limit;
+        Ok(w)
     }
 
     /// Says hello over `transport` and waits (up to `startup_timeout`) for
@@ -183,6 +202,9 @@ impl Worker {
             events,
             events_tx,
             raw: [Vec::new(), Vec::new()],
+            raw_dropped: [false; 2],
+            frame_limit: Arc::new(AtomicU64::new(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES))),
+            call_cap: DEFAULT_MAX_OUTPUT_BYTES,
             link_closed: false,
             hello: WorkerHello {
                 protocol_version: 0,
@@ -210,6 +232,10 @@ impl Worker {
             match w.events.recv_timeout(startup_timeout) {
                 Ok(LinkEvent::Raw(raw)) => w.keep_raw(raw),
                 Ok(LinkEvent::Frame(f)) => break Ok(f),
+                Ok(LinkEvent::Oversized(why)) => {
+                    w.kill();
+                    return Err(Error::Startup(why));
+                }
                 Ok(_) => break Ok(Err("unexpected event".to_string())),
                 Err(e) => break Err(e),
             }
@@ -437,6 +463,15 @@ impl Worker {
                 }
             }
         }
+        // The result frame may be at most this large; a worker that sends
+        // more is killed (see `io_thread`).
+        self.call_cap = opts.max_output_bytes;
+        self.raw_dropped = [false; 2];
+        self.frame_limit.store(
+            result_frame_limit(opts.max_output_bytes)
+                .max(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES)),
+            Ordering::Relaxed,
+        );
         let req = RunRequest {
             seq,
             execution_id: execution_id.to_string(),
@@ -504,10 +539,15 @@ impl Worker {
             };
             match event {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
+                Ok(LinkEvent::RawDropped(d)) => self.note_dropped(d),
+                Ok(LinkEvent::Oversized(why)) => {
+                    self.kill();
+                    return self.dead_result(execution_id, code, why);
+                }
                 Ok(LinkEvent::Frame(Ok(FromWorker::Result(res)))) => {
                     let mut res = *res;
-                    let [o, e] = std::mem::take(&mut self.raw);
-                    push_raw(&mut res, o, e);
+                    let used = res.usage.output_bytes;
+                    self.attach_raw(&mut res, used);
                     if let (Outcome::Interrupted, Some((why, _))) = (res.outcome, stopping) {
                         mark_stopped(&mut res, why, opts.timeout, false);
                     }
@@ -573,9 +613,12 @@ impl Worker {
                             .saturating_sub(*at_start);
                         if stopping.is_none() && u128::from(used) > limit.as_nanos() {
                             // Over the limit across its processes: no grace.
-                            let raw = self.kill_and_collect();
+                            let (raw, cut) = self.kill_and_collect();
                             let mut res =
                                 cpu_limit_result(execution_id, code, &self.hello.r_version, raw);
+                            if cut {
+                                res.mark_truncated("console");
+                            }
                             res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
                             return res;
                         }
@@ -589,10 +632,13 @@ impl Worker {
                         continue;
                     };
                     // R did not answer the interrupt (tight C code): kill.
-                    let [o, e] = self.kill_and_collect();
+                    let ([o, e], cut) = self.kill_and_collect();
                     let mut res = RunResult::empty(execution_id, code.into());
                     res.r_version = self.hello.r_version.clone();
                     push_raw(&mut res, o, e);
+                    if cut {
+                        res.mark_truncated("console");
+                    }
                     mark_stopped(&mut res, why, opts.timeout, true);
                     res.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
                     return res;
@@ -601,11 +647,54 @@ impl Worker {
         }
     }
 
-    /// Kills the worker and returns the raw output it wrote on its way out.
-    fn kill_and_collect(&mut self) -> [Vec<u8>; 2] {
+    /// Kills the worker and returns the raw output it wrote on its way out
+    /// (within the call's output cap) and whether some was cut.
+    fn kill_and_collect(&mut self) -> ([Vec<u8>; 2], bool) {
         self.kill();
         self.collect_until_closed(Duration::from_secs(1));
-        std::mem::take(&mut self.raw)
+        self.take_raw(0)
+    }
+
+    /// Takes the raw output kept for the current call, cut to what is left
+    /// of its output cap after `used` bytes (at a character boundary), and
+    /// whether some was cut or dropped.
+    fn take_raw(&mut self, used: u64) -> ([Vec<u8>; 2], bool) {
+        let raw = std::mem::take(&mut self.raw);
+        let mut cut = std::mem::take(&mut self.raw_dropped).contains(&true);
+        let mut room = usize::try_from(self.call_cap.saturating_sub(used)).unwrap_or(usize::MAX);
+        let kept = raw.map(|bytes| {
+            if bytes.len() <= room {
+                room -= bytes.len();
+                return bytes;
+            }
+            cut = true;
+            let text = String::from_utf8_lossy(&bytes[..room.saturating_add(4).min(bytes.len())]);
+            let (k, _) = bounds::cut(&text, room);
+            room -= k.len();
+            k.as_bytes().to_vec()
+        });
+        (kept, cut)
+    }
+
+    /// Appends the call's raw output to its result (after the `used` bytes
+    /// the worker counted), marking a cut.
+    fn attach_raw(&mut self, res: &mut RunResult, used: u64) {
+        let ([o, e], cut) = self.take_raw(used);
+        res.usage.output_bytes += (o.len() + e.len()) as u64;
+        push_raw(res, o, e);
+        if cut {
+            res.mark_truncated("console");
+            if res.outcome == Outcome::Complete {
+                res.outcome = Outcome::OutputTruncated;
+            }
+        }
+    }
+
+    /// Notes raw output the I/O thread dropped.
+    fn note_dropped(&mut self, dropped: [bool; 2]) {
+        for (mine, d) in self.raw_dropped.iter_mut().zip(dropped) {
+            *mine |= d;
+        }
     }
 
     /// Runs a tool handler on its own thread; its answer comes back as a
@@ -721,6 +810,11 @@ impl Worker {
                     self.link_closed = true;
                     return Err(ValidateError::Ended(e));
                 }
+                Ok(LinkEvent::Oversized(why)) => {
+                    self.kill();
+                    self.link_closed = true;
+                    return Err(ValidateError::Ended(why));
+                }
                 Ok(_) => {}
                 Err(_) => {
                     self.kill();
@@ -746,8 +840,9 @@ impl Worker {
 
     /// Keeps raw output for the next result (bounded).
     fn keep_raw(&mut self, raw: [Vec<u8>; 2]) {
-        for (mine, new) in self.raw.iter_mut().zip(raw) {
-            let room = MAX_RAW_BYTES.saturating_sub(mine.len());
+        for ((mine, new), dropped) in self.raw.iter_mut().zip(raw).zip(&mut self.raw_dropped) {
+            let room = bounds::RAW_BYTES.saturating_sub(mine.len());
+            *dropped |= new.len() > room;
             mine.extend_from_slice(&new[..new.len().min(room)]);
         }
     }
@@ -762,6 +857,7 @@ impl Worker {
                 .recv_timeout(end.saturating_duration_since(Instant::now()))
             {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
+                Ok(LinkEvent::RawDropped(d)) => self.note_dropped(d),
                 Ok(LinkEvent::Frame(Err(_))) => self.link_closed = true,
                 Ok(_) => {}
                 Err(_) => break,
@@ -782,7 +878,12 @@ impl Worker {
         while let Ok(ev) = self.events.try_recv() {
             match ev {
                 LinkEvent::Raw(raw) => self.keep_raw(raw),
+                LinkEvent::RawDropped(d) => self.note_dropped(d),
                 LinkEvent::Frame(Err(_)) => self.link_closed = true,
+                LinkEvent::Oversized(_) => {
+                    self.kill();
+                    self.link_closed = true;
+                }
                 _ => {}
             }
         }
@@ -795,9 +896,13 @@ impl Worker {
         self.collect_until_closed(Duration::from_secs(1));
         let status = self.transport.wait();
         self.exited = true;
-        let [o, e] = std::mem::take(&mut self.raw);
+        let ([o, e], cut) = self.take_raw(0);
         if status.is_some_and(|s| s.signal == Some(libc::SIGXCPU)) {
-            return cpu_limit_result(execution_id, code, &self.hello.r_version, [o, e]);
+            let mut res = cpu_limit_result(execution_id, code, &self.hello.r_version, [o, e]);
+            if cut {
+                res.mark_truncated("console");
+            }
+            return res;
         }
         let (outcome, what) = match status {
             Some(s) if s.signal.is_some() => (Outcome::WorkerFailed, s.describe()),
@@ -811,6 +916,9 @@ impl Worker {
         let mut res = RunResult::empty(execution_id, code.into());
         res.r_version = self.hello.r_version.clone();
         push_raw(&mut res, o, e);
+        if cut {
+            res.mark_truncated("console");
+        }
         res.push_segment(Segment::Stderr {
             text: format!("rvisor: {message}\n"),
         });
@@ -835,29 +943,32 @@ fn read_cpu_ns(f: &Path) -> Option<u64> {
     std::fs::read_to_string(f).ok()?.trim().parse().ok()
 }
 
-/// Most raw output kept per stream and call.
-const MAX_RAW_BYTES: usize = 16 * 1024 * 1024;
-
-/// Reads everything available from a non-blocking pipe into `buf`.
-/// Returns false once the pipe is closed.
-fn drain_pipe(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
+/// Reads everything available from a non-blocking pipe into `buf`, keeping
+/// at most `budget` more bytes (the rest is read and dropped, so the writer
+/// never blocks on a full pipe). Returns whether the pipe is still open and
+/// whether bytes were dropped.
+fn drain_pipe(fd: &OwnedFd, buf: &mut Vec<u8>, budget: &mut usize) -> (bool, bool) {
     let mut chunk = [0u8; 16 * 1024];
+    let mut dropped = false;
     loop {
         // SAFETY: read(2) into our buffer from a descriptor we own.
         let n = unsafe { libc::read(fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
         if n > 0 {
-            let room = MAX_RAW_BYTES.saturating_sub(buf.len());
-            buf.extend_from_slice(&chunk[..(n as usize).min(room)]);
+            let n = n as usize;
+            let keep = n.min(*budget);
+            buf.extend_from_slice(&chunk[..keep]);
+            *budget -= keep;
+            dropped |= keep < n;
             continue;
         }
         if n == 0 {
-            return false;
+            return (false, dropped);
         }
         let e = std::io::Error::last_os_error();
         match e.kind() {
             std::io::ErrorKind::Interrupted => continue,
-            std::io::ErrorKind::WouldBlock => return true,
-            _ => return false,
+            std::io::ErrorKind::WouldBlock => return (true, dropped),
+            _ => return (false, dropped),
         }
     }
 }
@@ -871,13 +982,123 @@ fn pipe_pollfd(fd: &OwnedFd, open: bool) -> libc::pollfd {
     }
 }
 
-/// Drains both pipes that are still open, noting those that closed.
-fn drain_open(pipes: &[OwnedFd; 2], open: &mut [bool; 2], bufs: &mut [Vec<u8>; 2]) {
-    for i in 0..2 {
-        if open[i] {
-            open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
+/// The raw output side of the I/O thread: both pipes, what was read and not
+/// yet sent, and how much more may be kept before the next frame
+/// (`bounds::RAW_BYTES` per stream), so a flood from the worker or from a
+/// process it left behind never grows the supervisor's memory, whether a
+/// call is running (and consuming the events) or not.
+struct RawPipes {
+    pipes: [OwnedFd; 2],
+    open: [bool; 2],
+    bufs: [Vec<u8>; 2],
+    budget: [usize; 2],
+    dropped: [bool; 2],
+}
+
+impl RawPipes {
+    fn new(pipes: [OwnedFd; 2]) -> Self {
+        for p in &pipes {
+            // SAFETY: fcntl on descriptors we own.
+            unsafe {
+                let flags = libc::fcntl(p.as_raw_fd(), libc::F_GETFL);
+                libc::fcntl(p.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
+        }
+        RawPipes {
+            pipes,
+            open: [true, true],
+            bufs: [Vec::new(), Vec::new()],
+            budget: [bounds::RAW_BYTES; 2],
+            dropped: [false; 2],
         }
     }
+
+    /// Drains pipe `i` if it is open.
+    fn drain(&mut self, i: usize) {
+        if self.open[i] {
+            let (open, dropped) =
+                drain_pipe(&self.pipes[i], &mut self.bufs[i], &mut self.budget[i]);
+            self.open[i] = open;
+            self.dropped[i] |= dropped;
+        }
+    }
+
+    /// Sends what was read (and what was dropped) to the call loop.
+    fn flush(&mut self, tx: &Sender<LinkEvent>) {
+        if !self.bufs[0].is_empty() || !self.bufs[1].is_empty() {
+            let _ = tx.send(LinkEvent::Raw(std::mem::take(&mut self.bufs)));
+        }
+        if self.dropped.contains(&true) {
+            let _ = tx.send(LinkEvent::RawDropped(std::mem::take(&mut self.dropped)));
+        }
+    }
+
+    /// A frame came: everything before it belongs to that frame's call, and
+    /// the next call gets a full budget.
+    fn frame_boundary(&mut self, tx: &Sender<LinkEvent>) {
+        self.drain(0);
+        self.drain(1);
+        self.flush(tx);
+        self.budget = [bounds::RAW_BYTES; 2];
+    }
+
+    /// The worker is gone: collect what it printed on its way out (a crash
+    /// report), waiting briefly for the pipes to close (a background child
+    /// may hold them open).
+    fn finish(&mut self, tx: &Sender<LinkEvent>) {
+        let end = Instant::now() + Duration::from_millis(200);
+        while self.open.iter().any(|o| *o) {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut pfds = [
+                pipe_pollfd(&self.pipes[0], self.open[0]),
+                pipe_pollfd(&self.pipes[1], self.open[1]),
+            ];
+            // SAFETY: poll on two pollfds we own.
+            unsafe { libc::poll(pfds.as_mut_ptr(), 2, left.as_millis().max(1) as i32) };
+            self.drain(0);
+            self.drain(1);
+        }
+        self.flush(tx);
+    }
+}
+
+/// Why reading a frame stopped.
+enum ReadError {
+    /// The link ended or broke.
+    Link(String),
+    /// The length prefix announced more than the limit: nothing was read.
+    Oversized { len: u64, limit: u64 },
+}
+
+/// Reads one frame of at most `limit` bytes (the frame format of
+/// `rvisor_protocol::read_frame`), refusing a larger one before allocating.
+fn read_bounded(sock: &mut UnixStream, limit: u64) -> Result<FromWorker, ReadError> {
+    use std::io::Read;
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match sock.read(&mut len[got..]) {
+            Ok(0) if got == 0 => {
+                return Err(ReadError::Link("the peer closed the connection".into()))
+            }
+            Ok(0) => return Err(ReadError::Link("the link ended inside a frame".into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ReadError::Link(format!("failed to read a frame: {e}"))),
+        }
+    }
+    let len = u64::from(u32::from_be_bytes(len));
+    if len > limit {
+        return Err(ReadError::Oversized { len, limit });
+    }
+    let mut payload = vec![0u8; len as usize];
+    sock.read_exact(&mut payload)
+        .map_err(|e| ReadError::Link(format!("failed to read a frame: {e}")))?;
+    serde_json::from_slice(&payload)
+        .map_err(|e| ReadError::Link(format!("failed to decode a frame: {e}")))
 }
 
 /// The one thread that reads a worker's socket and its stdout/stderr
@@ -885,22 +1106,16 @@ fn drain_open(pipes: &[OwnedFd; 2], open: &mut [bool; 2], bufs: &mut [Vec<u8>; 2
 /// the right result without any marker: everything the call wrote to its
 /// fds (itself, or child processes it waited for) is in the pipes before
 /// the worker sends the result frame, so draining the pipes right after
-/// reading that frame gets all of it.
-fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
-    for p in &pipes {
-        // SAFETY: fcntl on descriptors we own.
-        unsafe {
-            let flags = libc::fcntl(p.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(p.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-        }
-    }
-    let mut open = [true, true];
-    let mut bufs: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
-    let flush = |bufs: &mut [Vec<u8>; 2], tx: &Sender<LinkEvent>| {
-        if !bufs[0].is_empty() || !bufs[1].is_empty() {
-            let _ = tx.send(LinkEvent::Raw(std::mem::take(bufs)));
-        }
-    };
+/// reading that frame gets all of it. Frames are read up to `frame_limit`
+/// bytes (set per call from its output cap); a larger one is never read:
+/// the thread reports it and stops, and the call loop kills the worker.
+fn io_thread(
+    mut sock: UnixStream,
+    pipes: [OwnedFd; 2],
+    tx: Sender<LinkEvent>,
+    frame_limit: Arc<AtomicU64>,
+) {
+    let mut raw = RawPipes::new(pipes);
     loop {
         let mut fds = [
             libc::pollfd {
@@ -908,8 +1123,8 @@ fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
                 events: libc::POLLIN,
                 revents: 0,
             },
-            pipe_pollfd(&pipes[0], open[0]),
-            pipe_pollfd(&pipes[1], open[1]),
+            pipe_pollfd(&raw.pipes[0], raw.open[0]),
+            pipe_pollfd(&raw.pipes[1], raw.open[1]),
         ];
         // SAFETY: poll on three pollfds we own (negative fds are ignored).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
@@ -917,45 +1132,39 @@ fn io_thread(mut sock: UnixStream, pipes: [OwnedFd; 2], tx: Sender<LinkEvent>) {
             continue; // EINTR
         }
         for i in 0..2 {
-            if open[i] && fds[i + 1].revents != 0 {
-                open[i] = drain_pipe(&pipes[i], &mut bufs[i]);
+            if fds[i + 1].revents != 0 {
+                raw.drain(i);
             }
         }
-        // A pipe flood must not grow without bound between frames.
-        if bufs[0].len() + bufs[1].len() > 1024 * 1024 {
-            flush(&mut bufs, &tx);
+        // Hand over in pieces: the call loop keeps at most its share.
+        if raw.bufs[0].len() + raw.bufs[1].len() > 1024 * 1024 {
+            raw.flush(&tx);
         }
         if fds[0].revents == 0 {
             continue;
         }
-        match read_frame::<_, FromWorker>(&mut sock) {
+        match read_bounded(&mut sock, frame_limit.load(Ordering::Relaxed)) {
             Ok(frame) => {
-                drain_open(&pipes, &mut open, &mut bufs);
-                flush(&mut bufs, &tx);
+                raw.frame_boundary(&tx);
                 if tx.send(LinkEvent::Frame(Ok(frame))).is_err() {
                     return;
                 }
             }
-            Err(e) => {
-                // The worker is gone: collect what it printed on its way
-                // out (a crash report), waiting briefly for the pipes to
-                // close (a background child may hold them open).
-                let end = Instant::now() + Duration::from_millis(200);
-                while open.iter().any(|o| *o) {
-                    let left = end.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    let mut pfds = [
-                        pipe_pollfd(&pipes[0], open[0]),
-                        pipe_pollfd(&pipes[1], open[1]),
-                    ];
-                    // SAFETY: poll on two pollfds we own.
-                    unsafe { libc::poll(pfds.as_mut_ptr(), 2, left.as_millis().max(1) as i32) };
-                    drain_open(&pipes, &mut open, &mut bufs);
-                }
-                flush(&mut bufs, &tx);
-                let _ = tx.send(LinkEvent::Frame(Err(e.to_string())));
+            Err(ReadError::Oversized { len, limit }) => {
+                let _ = sock.shutdown(std::net::Shutdown::Both);
+                raw.flush(&tx);
+                let why = format!(
+                    "the worker sent a frame of {len} bytes, over this call's limit of {limit} \
+                     bytes (4 x max_output_bytes + {} MiB); it was killed",
+                    bounds::FRAME_OVERHEAD_BYTES >> 20
+                );
+                let _ = tx.send(LinkEvent::Oversized(why.clone()));
+                let _ = tx.send(LinkEvent::Frame(Err(why)));
+                return;
+            }
+            Err(ReadError::Link(e)) => {
+                raw.finish(&tx);
+                let _ = tx.send(LinkEvent::Frame(Err(e)));
                 return;
             }
         }
