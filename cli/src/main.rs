@@ -365,6 +365,44 @@ struct ServeArgs {
     /// with a "token" field (docs/nng.md).
     #[arg(long, value_name = "URL")]
     nng: Option<rvisor_server::nng::NngUrl>,
+    /// HTTP: seconds a client has to send a request's headers (from
+    /// connecting, or from the first byte of a later request); slower
+    /// connections are dropped.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = positive_secs)]
+    header_timeout_secs: f64,
+    /// HTTP: seconds a kept-alive connection may wait for its next request.
+    #[arg(long, default_value_t = 60.0, value_name = "SECS", value_parser = positive_secs)]
+    idle_timeout_secs: f64,
+    /// nng: seconds a connection may stay silent with no request in flight.
+    #[arg(long, default_value_t = 300.0, value_name = "SECS", value_parser = positive_secs)]
+    nng_idle_timeout_secs: f64,
+    /// Open connections per listener (HTTP, nng); more are closed at once
+    /// (HTTP: with a 503).
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Open connections per client IP address per listener.
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_ip: u32,
+    /// At SIGINT/SIGTERM: seconds requests in flight get to finish before
+    /// every connection is closed.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS", value_parser = non_negative_secs)]
+    shutdown_grace_secs: f64,
+}
+
+/// A number of seconds above zero (and below a century).
+fn positive_secs(s: &str) -> Result<f64, String> {
+    match non_negative_secs(s)? {
+        0.0 => Err("must be above 0 seconds".into()),
+        v => Ok(v),
+    }
+}
+
+/// A number of seconds, 0 or more (and below a century).
+fn non_negative_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..3.2e9).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds (e.g. 10 or 0.5)")),
+    }
 }
 
 fn serve(a: ServeArgs) -> Result<ExitCode> {
@@ -407,14 +445,25 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         max_body_bytes: a.max_body_bytes,
         tables,
         nng: a.nng,
+        connections: rvisor_server::listen::ConnectionLimits {
+            header_timeout: Duration::from_secs_f64(a.header_timeout_secs),
+            idle_timeout: Duration::from_secs_f64(a.idle_timeout_secs),
+            nng_idle_timeout: Duration::from_secs_f64(a.nng_idle_timeout_secs),
+            max_connections: a.max_connections as usize,
+            max_connections_per_ip: a.max_connections_per_ip as usize,
+            shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
+        },
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("failed to start the async runtime")?;
-    rt.block_on(rvisor_server::http::serve(sup, cfg))
-        .context("the server failed")?;
+    let served = rt.block_on(rvisor_server::http::serve(sup, cfg));
+    // The server has closed its connections and shut the supervisor down; a
+    // blocking handler still finishing must not keep the process alive.
+    rt.shutdown_timeout(Duration::from_secs(5));
+    served.context("the server failed")?;
     Ok(ExitCode::SUCCESS)
 }
 

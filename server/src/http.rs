@@ -38,6 +38,9 @@ pub struct ServeConfig {
     pub tables: crate::tables::TableConfig,
     /// Also serve the same operations on an nng REQ/REP socket.
     pub nng: Option<crate::nng::NngUrl>,
+    /// Connection caps, timeouts and the shutdown deadline of both
+    /// listeners (defaults in [`crate::listen::ConnectionLimits`]).
+    pub connections: crate::listen::ConnectionLimits,
 }
 
 impl Default for ServeConfig {
@@ -49,6 +52,7 @@ impl Default for ServeConfig {
             max_table_bytes: 256 * 1024 * 1024,
             tables: crate::tables::TableConfig::default(),
             nng: None,
+            connections: crate::listen::ConnectionLimits::default(),
         }
     }
 }
@@ -1030,11 +1034,20 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .with_state(st)
 }
 
-/// Runs the server until SIGINT or SIGTERM, then stops accepting, lets
-/// running requests finish (bounded by their call timeouts) and shuts the
-/// supervisor down.
+/// Runs the server until SIGINT or SIGTERM. First takes the data
+/// directory's lock (one server per directory), then binds. At the signal
+/// both listeners stop accepting at once and close connections with no
+/// request in flight; requests in flight get `connections.shutdown_grace`
+/// to finish, then every remaining connection is closed and the supervisor
+/// shut down.
 pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    // Held until this function returns; the kernel drops it if we die.
+    let _lock = crate::listen::lock_data_dir(&cfg.tables.dir)?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", cfg.listen))
+        })?;
     let addr = listener.local_addr()?;
     if cfg.tokens.is_none() && !addr.ip().is_loopback() {
         eprintln!(
@@ -1042,44 +1055,52 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
              this address can run R code as this user. Use --tokens FILE."
         );
     }
-    eprintln!("rvisor serve: listening on http://{addr}");
-    let nng_url = cfg.nng.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // An nng message carries a table as a JSON string: room for escaping.
     let max_message = cfg.max_body_bytes.max(cfg.max_table_bytes) * 2 + 64 * 1024;
     let svc = service(sup.clone(), &cfg)?;
     let app = routes(svc.clone(), &cfg);
-    let nng = match nng_url {
-        Some(url) => {
-            let l = crate::nng::Listener::bind(&url).await.map_err(|e| {
-                std::io::Error::new(e.kind(), format!("cannot listen on {url}: {e}"))
-            })?;
-            eprintln!("rvisor serve: listening on nng {}", l.url());
-            Some(tokio::spawn(l.run(svc, max_message, stop_rx)))
-        }
-        None => None,
-    };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let term = async {
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(mut s) => {
-                        s.recv().await;
-                    }
-                    Err(_) => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term => {}
+    // The nng socket is bound before either address is printed, so a
+    // client (or test) that sees the lines can connect to both.
+    let mut nng = None;
+    if let Some(url) = &cfg.nng {
+        let l = crate::nng::Listener::bind(url)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {url}: {e}")))?;
+        nng = Some(l);
+    }
+    eprintln!("rvisor serve: listening on http://{addr}");
+    let nng = nng.map(|l| {
+        eprintln!("rvisor serve: listening on nng {}", l.url());
+        tokio::spawn(l.run(svc, max_message, cfg.connections.clone(), stop_rx.clone()))
+    });
+    let http = tokio::spawn(crate::listen::serve_http(
+        listener,
+        app,
+        cfg.connections.clone(),
+        stop_rx,
+    ));
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
             }
-            eprintln!("rvisor serve: shutting down");
-            let _ = stop_tx.send(true);
-        })
-        .await?;
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    eprintln!(
+        "rvisor serve: shutting down (requests in flight get {} s)",
+        cfg.connections.shutdown_grace.as_secs_f64()
+    );
+    let _ = stop_tx.send(true);
+    // Both listeners drain at once, each within the grace period; the nng
+    // listener's end removes an IPC socket file.
+    let _ = http.await;
     if let Some(task) = nng {
-        // Requests in flight finish (bounded by their call timeouts); the
-        // listener's end removes an IPC socket file.
         let _ = task.await;
     }
     let s = sup.clone();

@@ -6,10 +6,12 @@
 //! request, call the service and encode its answer: [`http`] (`rvisor
 //! serve`), [`nng`] (`serve --nng`), [`mcp`] (`rvisor mcp`) and [`jsonl`]
 //! (`rvisor session --jsonl`). [`tables`] is the table store behind data
-//! pointers.
+//! pointers. [`listen`] keeps the listeners' connection caps, timeouts and
+//! shutdown deadline, and the one-server-per-data-directory lock.
 
 pub mod http;
 pub mod jsonl;
+pub mod listen;
 pub mod mcp;
 pub mod nng;
 pub mod service;

@@ -409,18 +409,88 @@ impl Adapter {
     }
 }
 
+/// The last time a connection showed life: a byte from its peer, or a
+/// reply of it sent.
+#[derive(Debug)]
+struct Activity(std::sync::Mutex<std::time::Instant>);
+
+impl Activity {
+    fn touch(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+    }
+
+    fn last(&self) -> std::time::Instant {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves once the connection has had no byte from its peer for
+    /// `idle` while none of its requests is in flight (all `slots` free).
+    async fn idle(&self, slots: &tokio::sync::Semaphore, idle: Duration) {
+        loop {
+            let at = self.last() + idle;
+            if std::time::Instant::now() < at {
+                tokio::time::sleep_until(at.into()).await;
+            } else if slots.available_permits() == MAX_IN_FLIGHT {
+                return;
+            } else {
+                // A request is running; its reply touches the activity.
+                tokio::time::sleep(idle).await;
+            }
+        }
+    }
+}
+
+/// A reader that records its peer's [`Activity`].
+struct Watched<R> {
+    inner: R,
+    activity: Arc<Activity>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Watched<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+/// Aborts a task when dropped: a connection closed from outside (the
+/// shutdown deadline) takes its writer, and so its socket, with it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Serves one connection: SP header exchange, then requests answered as
-/// they finish (several may be in flight with REQ contexts).
+/// they finish (several may be in flight with REQ contexts). It closes
+/// when the peer hangs up, after `idle` without a byte from the peer and
+/// with nothing in flight, or at shutdown once its requests are answered.
 async fn connection<S>(
     svc: Arc<Adapter>,
     stream: S,
     ipc: bool,
+    idle: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (rd, mut wr) = tokio::io::split(stream);
+    let activity = Arc::new(Activity(std::sync::Mutex::new(std::time::Instant::now())));
+    let mut rd = Watched {
+        inner: rd,
+        activity: activity.clone(),
+    };
     wr.write_all(&sp_header(PROTO_REP)).await?;
     let mut head = [0u8; 8];
     tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.read_exact(&mut head))
@@ -440,20 +510,24 @@ where
         ));
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT);
-    let writer = tokio::spawn(async move {
+    let mut writer = AbortOnDrop(tokio::spawn(async move {
         while let Some(buf) = rx.recv().await {
             if wr.write_all(&buf).await.is_err() {
                 break;
             }
         }
-    });
+    }));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let result = loop {
         // At shutdown no new request is read; those in flight finish and
         // are answered before the connection closes.
         let read = tokio::select! {
             m = read_message(&mut rd, ipc, svc.max_message) => m,
-            _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+            _ = crate::listen::stopped(&mut shutdown) => break Ok(()),
+            _ = activity.idle(&slots, idle) => break Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("idle for {} s with no request in flight", idle.as_secs_f64()),
+            )),
         };
         let msg = match read {
             Ok(Some(m)) => m,
@@ -487,14 +561,17 @@ where
         };
         let svc = svc.clone();
         let tx = tx.clone();
+        let activity = activity.clone();
         tokio::spawn(async move {
             let reply = svc.handle(&body).await;
             let _ = tx.send(frame(ipc, &backtrace, &reply)).await;
+            // The idle time of the connection counts from its last reply.
+            activity.touch();
             drop(permit);
         });
     };
     drop(tx);
-    let _ = writer.await;
+    let _ = (&mut writer.0).await;
     result
 }
 
@@ -542,50 +619,72 @@ impl Listener {
         &self.url
     }
 
-    /// Accepts connections until `shutdown` turns true; then stops
-    /// accepting, lets the requests in flight finish and be answered, and
-    /// returns (dropping the listener removes an IPC socket file).
+    /// Accepts connections until `shutdown` turns true, within the caps of
+    /// `limits` (over them a connection is closed at once, before the SP
+    /// header); then stops accepting, lets the requests in flight finish
+    /// and be answered for at most `limits.shutdown_grace`, closes what is
+    /// left and returns (dropping the listener removes an IPC socket file).
     pub async fn run(
         self,
         service: Service,
         max_message: usize,
+        limits: crate::listen::ConnectionLimits,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         let svc = Arc::new(Adapter {
             service,
             max_message,
         });
+        let gate = crate::listen::Gate::new("nng", &limits);
         let mut connections = tokio::task::JoinSet::new();
         loop {
             let accept = async {
                 match &self.inner {
-                    ListenerKind::Tcp(l) => l.accept().await.map(|(s, _)| {
+                    ListenerKind::Tcp(l) => l.accept().await.map(|(s, peer)| {
                         let _ = s.set_nodelay(true);
-                        (Box::new(s) as Box<dyn Stream>, false)
+                        (Box::new(s) as Box<dyn Stream>, false, Some(peer.ip()))
                     }),
                     ListenerKind::Ipc(l) => l
                         .accept()
                         .await
-                        .map(|(s, _)| (Box::new(s) as Box<dyn Stream>, true)),
+                        .map(|(s, _)| (Box::new(s) as Box<dyn Stream>, true, None)),
                 }
             };
             let accepted = tokio::select! {
                 a = accept => a,
-                _ = shutdown.wait_for(|stop| *stop) => break,
+                _ = crate::listen::stopped(&mut shutdown) => break,
             };
             match accepted {
-                Ok((s, ipc)) => {
-                    connections.spawn(log_end(connection(svc.clone(), s, ipc, shutdown.clone())));
+                // Over the caps the stream is dropped here: closed.
+                Ok((s, ipc, peer)) => {
+                    if let Ok(permit) = gate.admit(peer) {
+                        let conn = connection(
+                            svc.clone(),
+                            s,
+                            ipc,
+                            limits.nng_idle_timeout,
+                            shutdown.clone(),
+                        );
+                        connections.spawn(async move {
+                            log_end(conn).await;
+                            drop(permit);
+                        });
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(target: "rvisor::nng", error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                Err(e) => crate::listen::accept_failed("nng", &e).await,
             }
             // Forget connections that ended.
             while connections.try_join_next().is_some() {}
         }
-        while connections.join_next().await.is_some() {}
+        let left = crate::listen::drain(&mut connections, limits.shutdown_grace).await;
+        if left > 0 {
+            tracing::warn!(
+                target: "rvisor::nng",
+                connections = left,
+                grace_secs = limits.shutdown_grace.as_secs_f64(),
+                "requests still running after the shutdown grace period: their connections were closed"
+            );
+        }
     }
 }
 
