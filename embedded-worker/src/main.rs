@@ -67,9 +67,12 @@ fn ensure_stack() {
     let exe = std::env::current_exe();
     if let Ok(exe) = exe {
         use std::os::unix::process::CommandExt;
-        let err = std::process::Command::new(exe)
-            .args(std::env::args_os().skip(1))
-            .exec();
+        let mut cmd = std::process::Command::new(exe);
+        // Keep argv[0] as the supervisor chose it (no host path).
+        if let Some(arg0) = std::env::args_os().next() {
+            cmd.arg0(arg0);
+        }
+        let err = cmd.args(std::env::args_os().skip(1)).exec();
         eprintln!("rvisor-worker: failed to re-execute with a larger stack: {err}");
     }
 }

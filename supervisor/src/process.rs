@@ -27,6 +27,9 @@ const INHERITED_ENV: &[&str] = &[
 ];
 const INHERITED_ENV_PREFIXES: &[&str] = &["LC_", "R_LIBS"];
 
+/// The `argv[0]` workers and the zygote are started with.
+const WORKER_ARG0: &str = "rvisor-worker";
+
 /// Stack limit set for the worker before exec (see the worker's main.rs).
 const WORKER_STACK_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -137,14 +140,12 @@ impl TempDir {
         &self.0
     }
 
-    /// A new `rvisor-<pid>-<random>` directory (mode 0700) under `root`.
+    /// A new `rvisor-<random>` directory (mode 0700) under `root`. The
+    /// name carries no host pid: a confined worker sees its directory
+    /// under this path (docs/confinement.md).
     pub(crate) fn new(root: &Path) -> Result<Self, Error> {
         use std::os::unix::fs::DirBuilderExt;
-        let p = root.join(format!(
-            "rvisor-{}-{}",
-            std::process::id(),
-            ids::random_hex(6)
-        ));
+        let p = root.join(format!("rvisor-{}", ids::random_hex(8)));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&p)
@@ -472,6 +473,9 @@ pub(crate) fn launch(
     })?;
     let child_fd: OwnedFd = child_end.into();
     let mut cmd = Command::new(&bin);
+    // argv[0] without the binary's host path: a forked worker's
+    // /proc/self/cmdline is the zygote's, and R code can read it.
+    cmd.arg0(WORKER_ARG0);
     cmd.env_clear();
     for (k, v) in worker_env(cfg) {
         cmd.env(k, v);
