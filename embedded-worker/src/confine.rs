@@ -40,8 +40,14 @@ const BINDS: &[&str] = &[
     "/var/cache/fontconfig",
 ];
 
-/// Device nodes bound into the minimal /dev.
-const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// Device nodes of the minimal /dev: the memory devices (major 1), by minor.
+const DEVICES: &[(&str, u32)] = &[
+    ("null", 3),
+    ("zero", 5),
+    ("full", 7),
+    ("random", 8),
+    ("urandom", 9),
+];
 
 fn err(what: impl std::fmt::Display) -> String {
     format!("{what}: {}", std::io::Error::last_os_error())
@@ -226,13 +232,28 @@ fn filesystem(c: &Confine, work: &str) -> Result<(), String> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some("size=64k,mode=0755"),
     )?;
-    for d in DEVICES {
-        let host = format!("/dev/{d}");
-        if Path::new(&host).exists() {
-            let dst = dev.join(d);
-            std::fs::write(&dst, b"").map_err(|e| format!("create {}: {e}", dst.display()))?;
-            mount(Some(&host), &dst, None, libc::MS_BIND, None)?;
+    // Made as device nodes rather than bound from the host's /dev: a bind
+    // shows the host's devtmpfs (its size, half the host's memory) in the
+    // worker's mountinfo.
+    for (d, minor) in DEVICES {
+        let dst = dev.join(d);
+        let path = cstr(path_str(&dst)?)?;
+        // SAFETY: mknod(2) with a NUL-terminated path that lives across the
+        // call; the numbers are the fixed ones of the memory devices.
+        let rc = unsafe {
+            libc::mknod(
+                path.as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(1, *minor),
+            )
+        };
+        if rc != 0 {
+            return Err(err(format!("mknod {}", dst.display())));
         }
+        // The umask applies to mknod: everyone may read and write these.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o666))
+            .map_err(|e| format!("chmod {}: {e}", dst.display()))?;
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
