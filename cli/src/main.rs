@@ -346,6 +346,10 @@ struct ServeArgs {
     /// Serve without authentication (one local user).
     #[arg(long)]
     no_auth: bool,
+    /// A tenant (of the token file) whose tokens may read the server-wide
+    /// /metrics (repeatable); other tenants see only their own /v1/usage.
+    #[arg(long = "operator", value_name = "TENANT", requires = "tokens")]
+    operators: Vec<String>,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -439,8 +443,16 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         tables.dir = dir;
     }
     tables.ttl = Duration::from_secs_f64(a.table_ttl_hours.max(0.0) * 3600.0);
+    if let Some(t) = &tokens {
+        for o in &a.operators {
+            if !t.values().any(|tenant| tenant == o) {
+                bail!("--operator {o}: no token in the token file belongs to tenant {o:?}");
+            }
+        }
+    }
     let cfg = rvisor_server::http::ServeConfig {
         listen: a.listen,
+        operators: a.operators.clone(),
         tokens,
         max_body_bytes: a.max_body_bytes,
         tables,
@@ -470,18 +482,34 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
 fn mcp(data_dir: Option<PathBuf>) -> Result<ExitCode> {
     let sup = rvisor::Supervisor::new(base_config())?;
     sup.cleanup_on_signals()?;
+    // Without --data-dir the connection's tables live in a directory of its
+    // own, removed at the end: two MCP servers (two agent windows) must not
+    // share one table index.
     let mut tables = rvisor_server::tables::TableConfig::default();
-    if let Some(dir) = data_dir {
-        tables.dir = dir;
+    let private = data_dir.is_none().then(|| {
+        std::env::temp_dir().join(format!("rvisor-mcp-tables-{}", rvisor::ids::random_hex(6)))
+    });
+    match (data_dir, &private) {
+        (Some(dir), _) => tables.dir = dir,
+        (None, Some(dir)) => tables.dir = dir.clone(),
+        (None, None) => {}
     }
-    let stdin = std::io::stdin().lock();
-    rvisor_server::mcp::serve(&sup, tables, stdin, std::io::stdout().lock())?;
+    // Read on a thread of the server's own, so the end of the input is
+    // seen (and cancels the call in flight) while a call runs.
+    let stdin = std::io::BufReader::new(std::io::stdin());
+    let served = rvisor_server::mcp::serve(&sup, tables, stdin, std::io::stdout().lock());
+    if let Some(dir) = private {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    served?;
     sup.shutdown();
     Ok(ExitCode::SUCCESS)
 }
 
 fn ops_health(json: bool) -> Result<ExitCode> {
-    let h = supervisor_quiet()?.health();
+    let sup = supervisor_quiet()?;
+    let mut h = sup.health();
+    h.style_engine = rvisor_server::service::style_engine(sup.config().style);
     if json {
         println!("{}", serde_json::to_string_pretty(&h)?);
     } else {

@@ -1324,6 +1324,47 @@ fn fifty_concurrent_runs_from_ten_clients_all_answer() {
 }
 
 #[test]
+fn server_wide_metrics_need_an_operator_and_each_tenant_sees_only_its_own_usage() {
+    let srv = Server::start(
+        light_sup(SafetyRules::default()),
+        ServeConfig {
+            tokens: Some(tokens()),
+            operators: vec!["bob".into()],
+            ..ServeConfig::default()
+        },
+    );
+    let alice = srv.client_as(TOK_A);
+    let bob = srv.client_as(TOK_B);
+    for script in ["1", "stop('boom')"] {
+        alice.run(&json!({ "script": script }));
+    }
+    let id = alice.new_session();
+    alice.session_run(&id, "x <- 1");
+    // A tenant that is not an operator may not read every tenant's metrics.
+    alice.get("/metrics").error(403, "forbidden");
+    let m = bob.get("/metrics");
+    assert_eq!(m.status, 200, "{}", m.text);
+    assert!(
+        m.text
+            .contains("rvisor_calls_total{outcome=\"complete\"} 2"),
+        "{}",
+        m.text
+    );
+    // Each tenant's own usage, nobody else's.
+    let u = alice.get("/v1/usage");
+    assert_eq!(u.status, 200, "{}", u.text);
+    let u = u.json();
+    assert_eq!(u["tenant"], "alice");
+    assert_eq!(u["sessions"], 1);
+    assert_eq!(u["calls"]["complete"], 2, "{u}");
+    assert_eq!(u["calls"]["error"], 1, "{u}");
+    let b = bob.get("/v1/usage").json();
+    assert_eq!(b["tenant"], "bob");
+    assert_eq!(b["sessions"], 0);
+    assert!(b["calls"].as_object().is_some_and(|c| c.is_empty()), "{b}");
+}
+
+#[test]
 fn metrics_are_prometheus_text_with_outcomes_and_a_histogram() {
     let srv = Server::open();
     let c = srv.client();

@@ -17,7 +17,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rvisor::{RunResult, Supervisor};
+use rvisor::{CancelOnDrop, CancelToken, RunResult, Supervisor};
 use serde_json::json;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -30,6 +30,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Bearer token -> tenant; `None` serves one local tenant without auth.
     pub tokens: Option<HashMap<String, String>>,
+    /// Tenants whose tokens may read the server-wide `/metrics`.
+    pub operators: Vec<String>,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
     /// Largest table upload, in bytes.
@@ -48,6 +50,7 @@ impl Default for ServeConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
             tokens: None,
+            operators: Vec::new(),
             max_body_bytes: 4 * 1024 * 1024,
             max_table_bytes: 256 * 1024 * 1024,
             tables: crate::tables::TableConfig::default(),
@@ -172,7 +175,8 @@ pub struct PackagesBody {
         table_get,
         table_delete,
         openapi,
-        metrics
+        metrics,
+        usage
     ),
     components(schemas(ErrorBody, ErrorDetail))
 )]
@@ -262,7 +266,8 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             &[E::BadRequest, E::NotFound],
         ),
         ("get", "/v1/openapi.json", &[]),
-        ("get", "/metrics", &[]),
+        ("get", "/metrics", &[E::Forbidden]),
+        ("get", "/v1/usage", &[]),
     ]
 };
 
@@ -748,8 +753,13 @@ async fn run(
     ApiJson(b): ApiJson<RunScript>,
 ) -> Result<Response, ApiError> {
     let svc = st.service.clone();
-    let r = blocking(move || svc.run_script(&tenant, b, Surface::Http)).await??;
-    Ok(result_response(&headers, r))
+    // A client that closes its connection drops this future: the run is
+    // then cancelled instead of running to its timeout.
+    let cancel = CancelToken::new();
+    let guard = CancelOnDrop::new(cancel.clone());
+    let r = blocking(move || svc.run_script(&tenant, b, Surface::Http, &cancel)).await;
+    guard.disarm();
+    Ok(result_response(&headers, r??))
 }
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<NewSession>, description = "Optional session options: no body, an empty one or `null` mean the defaults"), responses((status = 201, description = "The new session", body = rvisor::SessionStatus)))]
@@ -867,6 +877,20 @@ async fn table_create(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let format = table_format(ct)?;
+    // An announced length over the limit is refused before anything is read.
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = announced.filter(|n| *n > st.max_table_bytes as u64) {
+        return Err(ApiError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "the upload is {n} bytes, over the limit of {} bytes; send a smaller table",
+                st.max_table_bytes
+            ),
+        ));
+    }
     // The body goes to a file as it arrives (never whole in memory), and
     // the conversion reads it from there in batches.
     let spool = Spool(st.service.spool_path());
@@ -962,13 +986,21 @@ async fn table_delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text", content_type = "text/plain", body = String)))]
-async fn metrics(State(st): State<Handlers>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.service.metrics_text(),
-    )
-        .into_response()
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text: every tenant's calls and sessions, so with tokens only an operator's token reads it (`rvisor serve --operator TENANT`)", content_type = "text/plain", body = String)))]
+async fn metrics(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+) -> Result<Response, ApiError> {
+    let text = st.service.metrics_for(&tenant)?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/usage", tag = "operations", responses((status = 200, description = "The caller's own use: open sessions, stored tables, calls by outcome and their CPU and wall time since the server started", body = crate::service::Usage)))]
+async fn usage(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+) -> Response {
+    Json(st.service.usage(&tenant)).into_response()
 }
 
 async fn not_found() -> ApiError {
@@ -989,6 +1021,7 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
         ServiceConfig {
             tokens: cfg.tokens.clone(),
             tables: cfg.tables.clone(),
+            operators: cfg.operators.clone(),
         },
     )
 }
@@ -1023,6 +1056,7 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .route("/v1/sessions/{id}/reset", post(session_reset))
         .route("/v1/tables/{pointer}", get(table_get).delete(table_delete))
         .route("/metrics", get(metrics))
+        .route("/v1/usage", get(usage))
         .route("/v1/openapi.json", get(openapi))
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes));
     uploads

@@ -100,6 +100,7 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
         sup.clone(),
         ServiceConfig {
             tokens: None,
+            operators: Vec::new(),
             tables: TableConfig {
                 dir: dir.clone(),
                 ..TableConfig::default()

@@ -9,9 +9,11 @@
 
 use crate::service::{RunScript, Service, ServiceConfig, ServiceError, SessionRun, Surface};
 use crate::tables::TableConfig;
-use rvisor::{RunResult, Supervisor};
+use rvisor::{CancelToken, RunResult, Supervisor};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The protocol revisions this server speaks (newest first).
 const PROTOCOL_VERSIONS: [&str; 3] = ["2025-06-18", "2025-03-26", "2024-11-05"];
@@ -136,7 +138,12 @@ struct State {
 impl State {
     /// Runs one tool call; `Err` is a protocol error (unknown tool, bad
     /// arguments), `Ok` a tool result (which may be `isError`).
-    fn call(&mut self, name: &str, args: &Value) -> Result<Value, (i64, String)> {
+    fn call(
+        &mut self,
+        name: &str,
+        args: &Value,
+        cancel: &CancelToken,
+    ) -> Result<Value, (i64, String)> {
         let svc = &self.service;
         svc.count_request(Surface::Mcp);
         match name {
@@ -159,7 +166,7 @@ impl State {
                     args,
                     &["script", "timeout_seconds", "variables", "dataframes"],
                 )?;
-                match svc.run_script(TENANT, req, Surface::Mcp) {
+                match svc.run_script(TENANT, req, Surface::Mcp, cancel) {
                     Ok(r) => Ok(result_content(&r)),
                     Err(e) => Ok(error_result(&e)),
                 }
@@ -171,7 +178,11 @@ impl State {
                     svc.session_run(TENANT, &id, &req)
                 });
                 match call {
-                    Ok(call) => Ok(result_content(&call.wait())),
+                    Ok(call) => {
+                        let token = call.cancel_token();
+                        cancel.on_cancel(move || token.cancel());
+                        Ok(result_content(&call.wait()))
+                    }
                     Err(e) => Ok(error_result(&e)),
                 }
             }
@@ -209,8 +220,61 @@ fn reply(
     out.flush()
 }
 
-/// Serves MCP over `input`/`output` until the input ends.
-pub fn serve<R: BufRead, W: Write>(
+/// Calls in flight, by JSON-RPC request id: what the input reader cancels
+/// when the client sends `notifications/cancelled` or goes away.
+type InFlight = Arc<Mutex<Vec<(Value, CancelToken)>>>;
+
+/// Reads `input` on a thread of its own, so that the end of the input (the
+/// client went away) and `notifications/cancelled` are seen while a call
+/// runs: either cancels the calls in flight.
+fn read_input<R: BufRead + Send + 'static>(
+    input: R,
+    in_flight: InFlight,
+    gone: Arc<AtomicBool>,
+) -> std::sync::mpsc::Receiver<std::io::Result<String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in input.lines() {
+            if let Ok(l) = &line {
+                if let Some(id) = cancelled_request(l) {
+                    for (_, t) in lock(&in_flight).iter().filter(|(i, _)| *i == id) {
+                        t.cancel();
+                    }
+                    continue;
+                }
+            }
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+        // The client closed its end: nobody will read an answer.
+        gone.store(true, Ordering::SeqCst);
+        for (_, t) in lock(&in_flight).iter() {
+            t.cancel();
+        }
+    });
+    rx
+}
+
+/// The request id of a `notifications/cancelled` line.
+fn cancelled_request(line: &str) -> Option<Value> {
+    if !line.contains("notifications/cancelled") {
+        return None;
+    }
+    let v: Value = serde_json::from_str(line).ok()?;
+    if v.get("method")? != "notifications/cancelled" {
+        return None;
+    }
+    v.get("params")?.get("requestId").cloned()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Serves MCP over `input`/`output` until the input ends. When it ends
+/// while a call runs, the call is cancelled and the server returns.
+pub fn serve<R: BufRead + Send + 'static, W: Write>(
     sup: &Supervisor,
     tables: TableConfig,
     input: R,
@@ -220,11 +284,18 @@ pub fn serve<R: BufRead, W: Write>(
         sup.clone(),
         ServiceConfig {
             tokens: None,
+            operators: Vec::new(),
             tables,
         },
     )?;
+    let in_flight: InFlight = Arc::new(Mutex::new(Vec::new()));
+    let gone = Arc::new(AtomicBool::new(false));
+    let lines = read_input(input, in_flight.clone(), gone.clone());
     let mut st = State { service };
-    for line in input.lines() {
+    for line in lines {
+        if gone.load(Ordering::SeqCst) {
+            break;
+        }
         let line = line?;
         if line.trim().is_empty() {
             continue;
@@ -268,7 +339,14 @@ pub fn serve<R: BufRead, W: Write>(
             "tools/call" => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or("");
                 let args = params.get("arguments").cloned().unwrap_or(json!({}));
-                st.call(name, &args)
+                let cancel = CancelToken::new();
+                lock(&in_flight).push((id.clone(), cancel.clone()));
+                if gone.load(Ordering::SeqCst) {
+                    cancel.cancel();
+                }
+                let r = st.call(name, &args, &cancel);
+                lock(&in_flight).retain(|(i, _)| *i != id);
+                r
             }
             other => Err((-32601, format!("method {other:?} not found"))),
         };

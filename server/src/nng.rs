@@ -12,8 +12,10 @@
 
 use crate::service::{ErrorCode, RunScript, Service, ServiceError, SessionRun, Surface};
 use crate::tables::TableFormat;
+use rvisor::CancelToken;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -253,7 +255,9 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Adapter {
-    async fn handle(&self, msg: &[u8]) -> Vec<u8> {
+    /// Answers one request. `cancel` stops the call it started when the
+    /// peer goes away.
+    async fn handle(&self, msg: &[u8], cancel: &CancelToken) -> Vec<u8> {
         self.service.count_request(Surface::Nng);
         let req: NngRequest = match serde_json::from_slice(msg) {
             Ok(r) => r,
@@ -314,13 +318,16 @@ impl Adapter {
                     Ok(r) => r,
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
                 };
+                let cancel = cancel.clone();
                 reply(
                     id,
                     "result",
-                    blocking(move || svc.run_script(&tenant, run, Surface::Nng)).await,
+                    blocking(move || svc.run_script(&tenant, run, Surface::Nng, &cancel)).await,
                 )
             }
-            "run" | "status" | "cancel" | "reset" | "close" => self.session_op(&req, tenant).await,
+            "run" | "status" | "cancel" | "reset" | "close" => {
+                self.session_op(&req, tenant, cancel).await
+            }
             "put_table" => {
                 let (format, body) = match (&req.csv, &req.records) {
                     (Some(csv), None) => (TableFormat::Csv, csv.clone().into_bytes()),
@@ -361,7 +368,7 @@ impl Adapter {
     /// `run` (with code), `status`, `cancel`, `reset`, `close` on the
     /// tenant's session named `session` (default `main`), made by the first
     /// `run` or `status` as in `session --jsonl`.
-    async fn session_op(&self, req: &NngRequest, tenant: String) -> Vec<u8> {
+    async fn session_op(&self, req: &NngRequest, tenant: String, cancel: &CancelToken) -> Vec<u8> {
         let id = &req.id;
         let name = req.session.clone().unwrap_or_else(|| "main".into());
         let create = matches!(req.op.as_str(), "run" | "status");
@@ -396,7 +403,11 @@ impl Adapter {
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
                 };
                 match svc.session_run(&tenant, &sid, &run) {
-                    Ok(call) => reply(id, "result", Ok(call.finish().await)),
+                    Ok(call) => {
+                        let token = call.cancel_token();
+                        cancel.on_cancel(move || token.cancel());
+                        reply(id, "result", Ok(call.finish().await))
+                    }
                     Err(e) => reply::<Value>(id, "result", Err(e)),
                 }
             }
@@ -518,6 +529,11 @@ where
         }
     }));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    // The calls of the requests in flight, cancelled if the peer leaves
+    // before they are answered (nobody would read the answers).
+    let pending: Arc<std::sync::Mutex<HashMap<u64, CancelToken>>> = Arc::default();
+    let mut next_request = 0u64;
+    let mut peer_left = false;
     let result = loop {
         // At shutdown no new request is read; those in flight finish and
         // are answered before the connection closes.
@@ -531,8 +547,14 @@ where
         };
         let msg = match read {
             Ok(Some(m)) => m,
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e),
+            Ok(None) => {
+                peer_left = true;
+                break Ok(());
+            }
+            Err(e) => {
+                peer_left = true;
+                break Err(e);
+            }
         };
         let (backtrace, body) = match msg {
             Incoming::TooLarge { backtrace, len } => {
@@ -562,17 +584,32 @@ where
         let svc = svc.clone();
         let tx = tx.clone();
         let activity = activity.clone();
+        let cancel = CancelToken::new();
+        let key = next_request;
+        next_request += 1;
+        lock(&pending).insert(key, cancel.clone());
+        let pending = pending.clone();
         tokio::spawn(async move {
-            let reply = svc.handle(&body).await;
+            let reply = svc.handle(&body, &cancel).await;
+            lock(&pending).remove(&key);
             let _ = tx.send(frame(ipc, &backtrace, &reply)).await;
             // The idle time of the connection counts from its last reply.
             activity.touch();
             drop(permit);
         });
     };
+    if peer_left {
+        for (_, c) in lock(&pending).drain() {
+            c.cancel();
+        }
+    }
     drop(tx);
     let _ = (&mut writer.0).await;
     result
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A bound nng listener.

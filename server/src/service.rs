@@ -11,8 +11,8 @@
 
 use crate::tables::{TableConfig, TableError, TableFormat, TableMeta, TableStore};
 use rvisor::{
-    CallContext, CallHandle, CallOptions, Outcome, RunOptions, RunResult, SafetyRules, Session,
-    SessionOptions, SessionStatus, Supervisor,
+    CallContext, CallHandle, CallOptions, CancelOnDrop, CancelToken, Outcome, RunOptions,
+    RunResult, SafetyRules, Session, SessionOptions, SessionStatus, Supervisor,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -33,6 +33,8 @@ pub enum ErrorCode {
     BadRequest,
     /// No valid token.
     Unauthorized,
+    /// A valid token that may not do this (server-wide metrics).
+    Forbidden,
     /// No such session, table or route (for this tenant).
     NotFound,
     /// No session of that name (surfaces that address sessions by name).
@@ -64,9 +66,10 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
         ErrorCode::NotFound,
         ErrorCode::UnknownSession,
         ErrorCode::MethodNotAllowed,
@@ -87,6 +90,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
             ErrorCode::UnknownSession => "unknown_session",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
@@ -109,6 +113,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound | ErrorCode::UnknownSession | ErrorCode::Closed => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::TooLarge => 413,
@@ -639,13 +644,49 @@ struct Metrics {
     sum_micros: AtomicU64,
     count: AtomicU64,
     requests: Mutex<BTreeMap<Surface, u64>>,
+    /// Per tenant: what `/v1/usage` shows that tenant.
+    tenants: Mutex<HashMap<String, TenantUsage>>,
+}
+
+/// One tenant's use of the service since it started.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct TenantUsage {
+    /// Calls by outcome (one-shot runs and session calls).
+    pub calls: BTreeMap<String, u64>,
+    /// CPU time the calls used, milliseconds.
+    pub cpu_ms: f64,
+    /// Wall time from request to result, milliseconds.
+    pub wall_ms: f64,
+}
+
+/// What a tenant sees of its own use: `/v1/usage`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct Usage {
+    /// The tenant.
+    pub tenant: String,
+    /// Sessions open now.
+    pub sessions: usize,
+    /// Tables stored now.
+    pub tables: usize,
+    /// Bytes those tables take.
+    pub table_bytes: u64,
+    /// Calls since the server started.
+    #[serde(flatten)]
+    pub since_start: TenantUsage,
 }
 
 impl Metrics {
-    fn record(&self, r: &RunResult, took: Duration) {
+    fn record(&self, tenant: &str, r: &RunResult, took: Duration) {
         *lock(&self.by_outcome)
             .entry(r.outcome.to_string())
             .or_default() += 1;
+        {
+            let mut t = lock(&self.tenants);
+            let u = t.entry(tenant.to_string()).or_default();
+            *u.calls.entry(r.outcome.to_string()).or_default() += 1;
+            u.cpu_ms += r.usage.cpu_ms;
+            u.wall_ms += took.as_secs_f64() * 1000.0;
+        }
         let secs = took.as_secs_f64();
         for (i, b) in BUCKETS.iter().enumerate() {
             if secs <= *b {
@@ -668,6 +709,9 @@ pub struct ServiceConfig {
     pub tokens: Option<HashMap<String, String>>,
     /// Where tables are stored, their lifetime and quotas.
     pub tables: TableConfig,
+    /// Tenants whose tokens may read the server-wide metrics (with
+    /// tokens; without them the one local user may).
+    pub operators: Vec<String>,
 }
 
 /// The tenant of every request when the service runs without tokens.
@@ -707,6 +751,8 @@ pub struct PendingCall {
     published: Published,
     started: Instant,
     service: Service,
+    cancel: CancelToken,
+    tenant: String,
 }
 
 impl PendingCall {
@@ -718,30 +764,51 @@ impl PendingCall {
     fn complete(
         published: &Published,
         service: &Service,
+        tenant: &str,
         started: Instant,
         mut r: RunResult,
     ) -> RunResult {
         r.published = take_published(published, &r.execution_id.clone());
-        service.inner.metrics.record(&r, started.elapsed());
+        service.inner.metrics.record(tenant, &r, started.elapsed());
         r
+    }
+
+    /// Cancels this call alone (queued: it leaves the queue; running: it
+    /// is interrupted); the session and its other calls go on.
+    pub fn cancel_token(&self) -> CancelToken {
+        self.cancel.clone()
     }
 
     /// Blocks until the call ends.
     pub fn wait(self) -> RunResult {
         let r = self.handle.wait();
-        Self::complete(&self.published, &self.service, self.started, r)
+        self.cancel.clear();
+        Self::complete(
+            &self.published,
+            &self.service,
+            &self.tenant,
+            self.started,
+            r,
+        )
     }
 
-    /// Waits for the call without blocking a thread.
+    /// Waits for the call without blocking a thread. If this future is
+    /// dropped before the call ends (an HTTP client that closed its
+    /// connection), the call is cancelled.
     pub async fn finish(self) -> RunResult {
         let PendingCall {
             handle,
             published,
             started,
             service,
+            cancel,
+            tenant,
         } = self;
+        let guard = CancelOnDrop::new(cancel.clone());
         let r = handle.await;
-        Self::complete(&published, &service, started, r)
+        guard.disarm();
+        cancel.clear();
+        Self::complete(&published, &service, &tenant, started, r)
     }
 }
 
@@ -882,7 +949,7 @@ impl Service {
                 ),
             );
             r.validation = serde_json::to_value(&v).ok();
-            self.inner.metrics.record(&r, started.elapsed());
+            self.inner.metrics.record(tenant, &r, started.elapsed());
             return Ok(r);
         }
         let published: Published = Arc::new(Mutex::new(Vec::new()));
@@ -901,11 +968,12 @@ impl Service {
             variables,
             tables,
             tools: Arc::new(vec![publish]),
+            cancel: Some(cancel.clone()),
             ..CallContext::default()
         };
         let mut r = sup.run_once_limited(id, &script, &opts, &ctx, limits.as_ref(), None);
         r.published = take_published(&published, &r.execution_id.clone());
-        self.inner.metrics.record(&r, started.elapsed());
+        self.inner.metrics.record(tenant, &r, started.elapsed());
         if matches!(r.outcome, Outcome::StartupFailed | Outcome::StartupTimedOut) {
             return Err(ServiceError::new(
                 ErrorCode::NoWorker,
@@ -1033,11 +1101,20 @@ impl Service {
                 rvisor::Rejection::Closed => ServiceError::not_found("session"),
                 other => other.into(),
             })?;
+        let cancel = CancelToken::new();
+        {
+            let id = handle.execution_id().to_string();
+            cancel.on_cancel(move || {
+                s.cancel_call(&id);
+            });
+        }
         Ok(PendingCall {
             handle,
             published,
             started,
             service: self.clone(),
+            cancel,
+            tenant: tenant.to_string(),
         })
     }
 
@@ -1125,6 +1202,44 @@ impl Service {
         for e in all {
             e.session.close();
         }
+    }
+
+    /// `tenant`'s own use: open sessions, stored tables, calls by outcome
+    /// and the time they took since the server started.
+    pub fn usage(&self, tenant: &str) -> Usage {
+        let sessions = lock(&self.inner.sessions)
+            .values()
+            .filter(|e| e.tenant == tenant)
+            .count();
+        let (tables, table_bytes) = self.inner.tables.usage(tenant);
+        Usage {
+            tenant: tenant.to_string(),
+            sessions,
+            tables,
+            table_bytes,
+            since_start: lock(&self.inner.metrics.tenants)
+                .get(tenant)
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The server-wide metrics, for an operator: every tenant's calls and
+    /// sessions are in them, so with tokens only the tenants named in
+    /// `ServiceConfig::operators` may read them.
+    pub fn metrics_for(&self, tenant: &str) -> Result<String, ServiceError> {
+        let allowed = match &self.inner.cfg.tokens {
+            None => true,
+            Some(_) => self.inner.cfg.operators.iter().any(|o| o == tenant),
+        };
+        if !allowed {
+            return Err(ServiceError::new(
+                ErrorCode::Forbidden,
+                "the server-wide metrics are for operators: use an operator's token \
+                 (rvisor serve --operator TENANT); your own use is at /v1/usage",
+            ));
+        }
+        Ok(self.metrics_text())
     }
 
     /// Prometheus text: calls by outcome, call latency, sessions, queue

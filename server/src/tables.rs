@@ -28,8 +28,11 @@ pub struct TableConfig {
     pub max_tables_per_tenant: usize,
     /// Bytes one stored table may take (its Arrow file).
     pub max_stored_bytes_per_table: u64,
-    /// Uploads converted at once; more are refused as busy (retry).
+    /// Uploads converted at once; more wait for a turn.
     pub max_conversions: usize,
+    /// How long an upload waits for its turn before it is refused as busy
+    /// (503 with Retry-After).
+    pub conversion_wait: Duration,
 }
 
 impl Default for TableConfig {
@@ -41,6 +44,7 @@ impl Default for TableConfig {
             max_tables_per_tenant: 100,
             max_stored_bytes_per_table: 1 << 30,
             max_conversions: 2,
+            conversion_wait: Duration::from_secs(60),
         }
     }
 }
@@ -506,16 +510,19 @@ fn normalise_type(t: &DataType) -> DataType {
 pub struct TableStore {
     cfg: TableConfig,
     index: Mutex<HashMap<String, TableMeta>>,
-    /// Conversions running now (at most `max_conversions`).
+    /// Conversions running now (at most `max_conversions`), and the
+    /// uploads waiting for a turn.
     converting: Mutex<usize>,
+    turn: std::sync::Condvar,
 }
 
-/// A conversion slot, given back on drop.
-struct Slot<'a>(&'a Mutex<usize>);
+/// A conversion slot, given back on drop (waking one waiting upload).
+struct Slot<'a>(&'a TableStore);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        *self.0.converting.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        self.0.turn.notify_one();
     }
 }
 
@@ -532,6 +539,7 @@ impl TableStore {
             cfg,
             index: Mutex::new(index),
             converting: Mutex::new(0),
+            turn: std::sync::Condvar::new(),
         };
         store.sweep();
         Ok(store)
@@ -608,6 +616,32 @@ impl TableStore {
         r
     }
 
+    /// Waits (at most `conversion_wait`) until fewer than
+    /// `max_conversions` conversions run, and takes a slot.
+    fn take_turn(&self) -> Result<Slot<'_>, TableError> {
+        let max = self.cfg.max_conversions.max(1);
+        let until = std::time::Instant::now() + self.cfg.conversion_wait;
+        let mut n = self.converting.lock().unwrap_or_else(|e| e.into_inner());
+        while *n >= max {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(TableError::Busy(format!(
+                    "{} tables are being converted now, the most at once, and this one waited {} s \
+                     for its turn; retry in a moment",
+                    *n,
+                    self.cfg.conversion_wait.as_secs()
+                )));
+            }
+            n = self
+                .turn
+                .wait_timeout(n, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *n += 1;
+        Ok(Slot(self))
+    }
+
     /// A fresh path in the data directory for an upload on its way in
     /// (removed by the caller; stray ones by [`TableStore::sweep`]).
     pub fn spool_path(&self) -> PathBuf {
@@ -646,17 +680,7 @@ impl TableStore {
             }
             used
         };
-        let _slot = {
-            let mut n = self.converting.lock().unwrap_or_else(|e| e.into_inner());
-            if *n >= self.cfg.max_conversions.max(1) {
-                return Err(TableError::Busy(format!(
-                    "{} tables are being converted now, the most at once; retry in a moment",
-                    *n
-                )));
-            }
-            *n += 1;
-            Slot(&self.converting)
-        };
+        let _slot = self.take_turn()?;
         let remaining = self.cfg.max_bytes_per_tenant.saturating_sub(used);
         let budget = if remaining < self.cfg.max_stored_bytes_per_table {
             Budget {
@@ -700,6 +724,15 @@ impl TableStore {
         index.insert(pointer, meta.clone());
         self.save(&index)?;
         Ok(public(meta))
+    }
+
+    /// How many tables `tenant` keeps and the bytes they take.
+    pub fn usage(&self, tenant: &str) -> (usize, u64) {
+        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        index
+            .values()
+            .filter(|m| m.tenant == tenant && m.expires_unix > unix_now())
+            .fold((0, 0), |(n, b), m| (n + 1, b + m.bytes))
     }
 
     /// The table behind `pointer`, if `tenant` owns it and it has not
@@ -768,6 +801,114 @@ mod tests {
         })
         .unwrap();
         (s, dir)
+    }
+
+    fn store_with(cfg: impl FnOnce(&mut TableConfig)) -> (TableStore, PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("rvisor-tables-test-{}", rvisor::ids::random_hex(6)));
+        let mut c = TableConfig {
+            dir: dir.clone(),
+            ..TableConfig::default()
+        };
+        cfg(&mut c);
+        (TableStore::open(c).unwrap(), dir)
+    }
+
+    /// A CSV of `rows` rows (about 40 bytes each).
+    fn big_csv(rows: usize) -> Vec<u8> {
+        let mut out = b"id,name,value,day\n".to_vec();
+        for i in 0..rows {
+            out.extend_from_slice(format!("{i},name-{i},{}.5,2024-01-02\n", i % 977).as_bytes());
+        }
+        out
+    }
+
+    /// Files left in the store's directory besides the index.
+    fn leftovers(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("index.json"))
+            .collect()
+    }
+
+    #[test]
+    fn a_conversion_stops_at_the_tenants_remaining_quota_and_leaves_nothing() {
+        let (s, dir) = store_with(|c| c.max_bytes_per_tenant = 1 << 20);
+        // ~4 MB of CSV: its Arrow file passes 1 MiB long before the end.
+        let e = s.put("t", TableFormat::Csv, &big_csv(100_000)).unwrap_err();
+        assert!(matches!(e, TableError::Quota(_)), "{e}");
+        assert!(e.to_string().contains("remaining quota"), "{e}");
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+        // A small table still fits.
+        assert!(s.put("t", TableFormat::Csv, b"a\n1\n").is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_table_over_the_per_table_limit_is_too_large() {
+        let (s, dir) = store_with(|c| c.max_stored_bytes_per_table = 256 << 10);
+        let e = s.put("t", TableFormat::Csv, &big_csv(50_000)).unwrap_err();
+        assert!(matches!(e, TableError::TooLarge(_)), "{e}");
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn conversions_beyond_the_limit_wait_their_turn_then_are_busy() {
+        let (s, dir) = store_with(|c| {
+            c.max_conversions = 1;
+            c.conversion_wait = Duration::ZERO;
+        });
+        let held = s.take_turn().unwrap();
+        let e = s.put("t", TableFormat::Csv, b"a\n1\n").unwrap_err();
+        assert!(matches!(e, TableError::Busy(_)), "{e}");
+        drop(held);
+        assert!(s.put("t", TableFormat::Csv, b"a\n1\n").is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+        // With time to wait, an upload gets the slot when the holder ends.
+        let (s, dir) = store_with(|c| c.max_conversions = 1);
+        let s = Arc::new(s);
+        let held = s.take_turn().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                tx.send(()).unwrap();
+                s.put("t", TableFormat::Csv, b"a\n1\n").map(|m| m.rows)
+            })
+        };
+        rx.recv().unwrap();
+        drop(held);
+        assert_eq!(waiter.join().unwrap().unwrap(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_json_array_streams_record_by_record_and_refuses_non_records() {
+        let (s, dir) = store();
+        let mut body = b"[".to_vec();
+        for i in 0..70_000 {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(format!("{{\"i\": {i}, \"s\": \"v{i}\"}}").as_bytes());
+        }
+        body.push(b']');
+        let m = s.put("t", TableFormat::Json, &body).unwrap();
+        assert_eq!(m.rows, 70_000);
+        for bad in [
+            &b"[1, 2]"[..],
+            b"{\"a\": 1}",
+            b"[{\"a\": 1}",
+            b"[{\"a\": 1}] x",
+        ] {
+            let e = s.put("t", TableFormat::Json, bad).unwrap_err();
+            assert!(matches!(e, TableError::Invalid(_)), "{e}");
+        }
+        assert_eq!(leftovers(&dir).len(), 1, "{:?}", leftovers(&dir));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

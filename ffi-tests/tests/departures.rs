@@ -1,0 +1,260 @@
+//! Work stops when its client leaves: an HTTP client that closes its
+//! connection, an MCP client whose input ends, an nng peer that hangs up.
+//! Each test starts the real `rvisor` binary (unconfined: confinement is
+//! not the subject), leaves in the middle of a call that would otherwise
+//! run for a minute, and checks that the call was stopped (its outcome
+//! counted as `cancelled`, its session idle with its state kept, or the
+//! process gone), all within bounds far below the call's own timeout.
+
+use rvisor_ffi_tests::{rvisor_bin, wait_for, TestDir};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Far below the calls' own timeouts (60 s): a call that ran on would not
+/// be stopped in time.
+const STOPPED_WITHIN: Duration = Duration::from_secs(20);
+
+/// `rvisor serve` on a free loopback port, killed when dropped.
+struct Serve {
+    child: Child,
+    addr: String,
+    _dir: TestDir,
+}
+
+impl Serve {
+    fn start(extra: &[&str]) -> Self {
+        let dir = TestDir::new("rvisor-departures");
+        let mut child = Command::new(rvisor_bin())
+            .args([
+                "--unconfined",
+                "serve",
+                "--no-auth",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("rvisor serve starts");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut addr = None;
+        let mut line = String::new();
+        while addr.is_none() {
+            line.clear();
+            if err.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("rvisor serve ended before it listened");
+            }
+            addr = line
+                .split("listening on http://")
+                .nth(1)
+                .map(|a| a.trim().to_string());
+        }
+        // Keep draining stderr so the server never blocks on it.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            let _ = err.read_to_string(&mut sink);
+        });
+        Serve {
+            child,
+            addr: addr.unwrap_or_default(),
+            _dir: dir,
+        }
+    }
+
+    /// One request on a connection of its own; the whole answer.
+    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+        let mut s = self.send(method, path, body);
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let status = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    }
+
+    /// Sends a request and returns the open connection, unanswered.
+    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> TcpStream {
+        let mut s = TcpStream::connect(&self.addr).expect("connect");
+        let body = body.map(Value::to_string).unwrap_or_default();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        s
+    }
+
+    fn json(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
+        let (status, text) = self.request(method, path, body);
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {text}"
+        );
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.request("GET", "/metrics", None);
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_http_client_that_leaves_cancels_its_one_shot_run() {
+    let s = Serve::start(&[]);
+    let conn = s.send(
+        "POST",
+        "/v1/run",
+        Some(&json!({"script": "repeat {}", "timeout_seconds": 60})),
+    );
+    wait_for("the run's worker to be busy", STOPPED_WITHIN, || {
+        busy_worker(s.child.id()).then_some(())
+    });
+    drop(conn);
+    wait_for("the run to end as cancelled", STOPPED_WITHIN, || {
+        (s.metric("rvisor_calls_total{outcome=\"cancelled\"}") >= 1.0).then_some(())
+    });
+}
+
+#[test]
+fn an_http_client_that_leaves_cancels_its_session_call_and_the_session_keeps_its_state() {
+    let s = Serve::start(&[]);
+    let created = s.json("POST", "/v1/sessions", None);
+    let id = created["id"].as_str().expect("a session id").to_string();
+    let run = format!("/v1/sessions/{id}/run");
+    let r = s.json("POST", &run, Some(&json!({"code": "x <- 41"})));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let conn = s.send(
+        "POST",
+        &run,
+        Some(&json!({"code": "Sys.sleep(60)", "timeout_seconds": 60})),
+    );
+    let status = format!("/v1/sessions/{id}");
+    wait_for("the call to run", STOPPED_WITHIN, || {
+        (s.json("GET", &status, None)["state"] == "running").then_some(())
+    });
+    drop(conn);
+    wait_for("the session to be idle again", STOPPED_WITHIN, || {
+        (s.json("GET", &status, None)["state"] == "idle").then_some(())
+    });
+    let r = s.json("POST", &run, Some(&json!({"code": "x + 1"})));
+    assert_eq!(r["console"], "[1] 42\n", "state kept: {r}");
+    assert_eq!(r["session"]["generation"], 1, "same worker: {r}");
+}
+
+#[test]
+fn an_mcp_client_that_closes_its_input_stops_the_call_and_the_server() {
+    let mut child = Command::new(rvisor_bin())
+        .args(["--unconfined", "mcp"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rvisor mcp starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let send = |stdin: &mut std::process::ChildStdin, v: Value| {
+        writeln!(stdin, "{v}").expect("write");
+        stdin.flush().expect("flush");
+    };
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}}),
+    );
+    let mut line = String::new();
+    out.read_line(&mut line).expect("the initialize answer");
+    // The call runs (it says so in a file: the worker is unconfined) before
+    // the client leaves.
+    let dir = TestDir::new("rvisor-departures-mcp");
+    let flag = dir.path().join("started");
+    let code = format!("writeLines('x', '{}'); repeat {{}}", flag.display());
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "run_r_code", "arguments": {"code": code, "timeout_seconds": 60}}}),
+    );
+    wait_for("the call to start", STOPPED_WITHIN, || {
+        flag.exists().then_some(())
+    });
+    // The client goes away: its end of the pipe closes.
+    drop(stdin);
+    let status = wait_for("rvisor mcp to exit", STOPPED_WITHIN, || {
+        child.try_wait().ok().flatten()
+    });
+    assert!(status.success(), "{status}");
+}
+
+/// Whether a worker of the supervisor `pid` runs R code: a grandchild
+/// (the zygote is the child, workers are forked from it) in state R
+/// (running). Spares and idle workers sleep.
+fn busy_worker(pid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            return false;
+        };
+        let grandchild = rvisor_ffi_tests::parent_pid(p)
+            .and_then(rvisor_ffi_tests::parent_pid)
+            .is_some_and(|g| g == pid);
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        grandchild
+            && stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('R'))
+    })
+}
+
+#[test]
+fn an_nng_peer_that_hangs_up_cancels_its_call() {
+    let dir = TestDir::new("rvisor-departures-nng");
+    let sock = dir.path().join("r.sock");
+    let url = format!("ipc://{}", sock.display());
+    let s = Serve::start(&["--nng", &url]);
+    wait_for("the nng socket", STOPPED_WITHIN, || {
+        sock.exists().then_some(())
+    });
+    let mut c = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
+    c.write_all(&[0, b'S', b'P', 0, 0, 0x30, 0, 0])
+        .expect("SP header");
+    let mut head = [0u8; 8];
+    c.read_exact(&mut head).expect("the server's SP header");
+    let body = json!({"id": 1, "op": "run_script", "script": "repeat {}", "timeout_seconds": 60})
+        .to_string();
+    let mut msg = vec![1u8];
+    msg.extend_from_slice(&((4 + body.len()) as u64).to_be_bytes());
+    msg.extend_from_slice(&[0x80, 0, 0, 1]);
+    msg.extend_from_slice(body.as_bytes());
+    c.write_all(&msg).expect("the request");
+    wait_for("the run's worker", STOPPED_WITHIN, || {
+        busy_worker(s.child.id()).then_some(())
+    });
+    drop(c);
+    wait_for("the run to end as cancelled", STOPPED_WITHIN, || {
+        (s.metric("rvisor_calls_total{outcome=\"cancelled\"}") >= 1.0).then_some(())
+    });
+}
