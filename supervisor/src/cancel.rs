@@ -120,7 +120,11 @@ mod tests {
         t.on_cancel(move || {
             m.fetch_add(1, Ordering::SeqCst);
         });
-        assert_eq!(n.load(Ordering::SeqCst), 2, "already cancelled: runs at once");
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            2,
+            "already cancelled: runs at once"
+        );
     }
 
     #[test]
