@@ -350,6 +350,13 @@ struct ServeArgs {
     /// /metrics (repeatable); other tenants see only their own /v1/usage.
     #[arg(long = "operator", value_name = "TENANT", requires = "tokens")]
     operators: Vec<String>,
+    /// Sessions one tenant may hold open; one more is refused (429) until
+    /// one closes.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    max_sessions_per_tenant: usize,
+    /// Sessions of all tenants together.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    max_sessions: usize,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -453,6 +460,8 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
     let cfg = rvisor_server::http::ServeConfig {
         listen: a.listen,
         operators: a.operators.clone(),
+        max_sessions_per_tenant: a.max_sessions_per_tenant,
+        max_sessions: a.max_sessions,
         tokens,
         max_body_bytes: a.max_body_bytes,
         tables,

@@ -504,7 +504,7 @@ fn validate_style_notes_do_not_make_a_script_invalid() {
         .iter()
         .map(|s| s["rule"].as_str().expect("a rule"))
         .collect();
-    for rule in ["assignment", "T_and_F_symbol", "line_length"] {
+    for rule in ["assignment_linter", "T_and_F_symbol_linter", "line_length_linter"] {
         assert!(rules.contains(rule), "{rule} not in {v}");
     }
     for s in v["style"].as_array().unwrap() {
@@ -1321,6 +1321,32 @@ fn fifty_concurrent_runs_from_ten_clients_all_answer() {
         "{}",
         m.text
     );
+}
+
+#[test]
+fn a_tenant_opening_sessions_is_refused_at_its_cap_and_others_are_not() {
+    let srv = Server::start(
+        light_sup(SafetyRules::default()),
+        ServeConfig {
+            tokens: Some(tokens()),
+            max_sessions_per_tenant: 3,
+            ..ServeConfig::default()
+        },
+    );
+    let alice = srv.client_as(TOK_A);
+    let bob = srv.client_as(TOK_B);
+    let ids: Vec<String> = (0..3).map(|_| alice.new_session()).collect();
+    let r = alice.post("/v1/sessions", &json!({}));
+    r.error(429, "quota");
+    assert!(r.text.contains("close one"), "{}", r.text);
+    // The cap is per tenant: bob is not affected.
+    let _b = bob.new_session();
+    // Closing one lets alice open another.
+    let d = alice.send("DELETE", &format!("/v1/sessions/{}", ids[0]), &[], None);
+    assert_eq!(d.status, 204, "{}", d.text);
+    let _again = alice.new_session();
+    let h = alice.get("/v1/health").json();
+    assert_eq!(h["rules"]["max_sessions_per_tenant"], 3, "{h}");
 }
 
 #[test]

@@ -32,6 +32,10 @@ pub struct ServeConfig {
     pub tokens: Option<HashMap<String, String>>,
     /// Tenants whose tokens may read the server-wide `/metrics`.
     pub operators: Vec<String>,
+    /// Sessions one tenant may hold open (one more: 429 `quota`).
+    pub max_sessions_per_tenant: usize,
+    /// Sessions of all tenants together.
+    pub max_sessions: usize,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
     /// Largest table upload, in bytes.
@@ -51,6 +55,8 @@ impl Default for ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
             tokens: None,
             operators: Vec::new(),
+            max_sessions_per_tenant: 32,
+            max_sessions: 512,
             max_body_bytes: 4 * 1024 * 1024,
             max_table_bytes: 256 * 1024 * 1024,
             tables: crate::tables::TableConfig::default(),
@@ -219,6 +225,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::BadRequest,
                 E::TooLarge,
                 E::Invalid,
+                E::Quota,
                 E::NoWorker,
                 E::Internal,
             ],
@@ -1022,6 +1029,8 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             tokens: cfg.tokens.clone(),
             tables: cfg.tables.clone(),
             operators: cfg.operators.clone(),
+            max_sessions_per_tenant: cfg.max_sessions_per_tenant,
+            max_sessions: cfg.max_sessions,
         },
     )
 }

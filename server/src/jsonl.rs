@@ -99,12 +99,11 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
     let service = Service::new(
         sup.clone(),
         ServiceConfig {
-            tokens: None,
-            operators: Vec::new(),
             tables: TableConfig {
                 dir: dir.clone(),
                 ..TableConfig::default()
             },
+            ..ServiceConfig::default()
         },
     )?;
     let served = serve_with(&service, input, output);

@@ -283,9 +283,8 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
     let service = Service::new(
         sup.clone(),
         ServiceConfig {
-            tokens: None,
-            operators: Vec::new(),
             tables,
+            ..ServiceConfig::default()
         },
     )?;
     let in_flight: InFlight = Arc::new(Mutex::new(Vec::new()));

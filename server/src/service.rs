@@ -712,6 +712,23 @@ pub struct ServiceConfig {
     /// Tenants whose tokens may read the server-wide metrics (with
     /// tokens; without them the one local user may).
     pub operators: Vec<String>,
+    /// Sessions one tenant may hold open; one more is refused (429
+    /// `quota`) until one closes.
+    pub max_sessions_per_tenant: usize,
+    /// Sessions of all tenants together.
+    pub max_sessions: usize,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            tokens: None,
+            tables: TableConfig::default(),
+            operators: Vec::new(),
+            max_sessions_per_tenant: 32,
+            max_sessions: 512,
+        }
+    }
 }
 
 /// The tenant of every request when the service runs without tokens.
@@ -872,6 +889,8 @@ impl Service {
         let h = self.inner.sup.health();
         let mut v = serde_json::to_value(&h).unwrap_or_default();
         v["workers"]["sessions"] = json!(lock(&self.inner.sessions).len());
+        v["rules"]["max_sessions_per_tenant"] = json!(self.inner.cfg.max_sessions_per_tenant);
+        v["rules"]["max_sessions"] = json!(self.inner.cfg.max_sessions);
         v
     }
 
@@ -891,6 +910,9 @@ impl Service {
     /// A one-shot run in a fresh worker, for `tenant`. Blocks until it
     /// ends. A script that fails validation is not run: the answer is a
     /// result with outcome `rejected` and the validation.
+    ///
+    /// `cancel` stops the run from another thread (the client left): it
+    /// then ends as `cancelled`.
     pub fn run_script(
         &self,
         tenant: &str,
@@ -1021,8 +1043,31 @@ impl Service {
             tenant.to_string(),
             published.clone(),
         ));
+        // Admission: counted and inserted under one lock, so racing
+        // creations cannot pass the caps together.
+        let mut sessions = lock(&self.inner.sessions);
+        let cfg = &self.inner.cfg;
+        let mine = sessions.values().filter(|e| e.tenant == tenant).count();
+        if mine >= cfg.max_sessions_per_tenant {
+            return Err(ServiceError::new(
+                ErrorCode::Quota,
+                format!(
+                    "you have {mine} sessions open, the most allowed; close one \
+                     (DELETE /v1/sessions/{{id}}) before opening another"
+                ),
+            ));
+        }
+        if sessions.len() >= cfg.max_sessions {
+            return Err(ServiceError::new(
+                ErrorCode::Quota,
+                format!(
+                    "the server holds {} sessions, the most it admits; retry later",
+                    sessions.len()
+                ),
+            ));
+        }
         let s = self.inner.sup.session_with(opts).map_err(session_error)?;
-        lock(&self.inner.sessions).insert(
+        sessions.insert(
             s.id().to_string(),
             Entry {
                 tenant: tenant.to_string(),
