@@ -103,6 +103,10 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
                 dir: dir.clone(),
                 ..TableConfig::default()
             },
+            // One local harness drives as many named sessions as it needs;
+            // each is one worker it asked for.
+            max_sessions_per_tenant: usize::MAX,
+            max_sessions: usize::MAX,
             ..ServiceConfig::default()
         },
     )?;
