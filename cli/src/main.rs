@@ -158,6 +158,9 @@ enum Cmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Style engine (as for `serve --style`).
+        #[arg(long, default_value = "auto", value_parser = STYLE_ENGINES)]
+        style: String,
     },
     /// Measure rvisor's latency on standard workloads (table and JSON).
     Bench {
@@ -320,7 +323,14 @@ fn report(r: Result<ExitCode>) -> ExitCode {
     })
 }
 
+/// The names `--style` accepts ([`rvisor::StyleEngine::as_str`]).
+const STYLE_ENGINES: [&str; 5] = ["auto", "rvisor", "lintr", "builtin", "none"];
+
 fn supervisor_quiet() -> Result<rvisor::Supervisor> {
+    supervisor_quiet_with(rvisor::StyleEngine::default())
+}
+
+fn supervisor_quiet_with(style: rvisor::StyleEngine) -> Result<rvisor::Supervisor> {
     // One-off commands need one worker: a zygote without preloads or spares
     // (workers are confined only when forked from it).
     let cfg = rvisor::SupervisorConfig {
@@ -329,6 +339,7 @@ fn supervisor_quiet() -> Result<rvisor::Supervisor> {
             spares: 0,
             preload: Some(Vec::new()),
         },
+        style,
         ..base_config()
     };
     Ok(rvisor::Supervisor::new(cfg)?)
@@ -366,10 +377,11 @@ struct ServeArgs {
     /// How long a data pointer lives, in hours.
     #[arg(long, default_value_t = 24.0)]
     table_ttl_hours: f64,
-    /// Style notes of /v1/validate: `auto` (lintr's default linters when
-    /// lintr is installed: thorough, ~1 s for 100 lines) or `builtin`
-    /// (a few rules, ~3 ms: for tight validate-fix loops).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "builtin"])]
+    /// Style notes of /v1/validate: `auto` or `rvisor` (lintr's default
+    /// linters in Rust, rvisor-lint: ~1 ms for 100 lines), `lintr` (lintr
+    /// itself when installed: the thorough engine and the reference, ~1-2 s
+    /// for 100 lines), `builtin` (the R driver's few rules) or `none`.
+    #[arg(long, default_value = "auto", value_parser = STYLE_ENGINES)]
     style: String,
     /// Also serve on an nng REQ/REP socket (ipc:///path or
     /// tcp://127.0.0.1:PORT) for hosts that are not Rust: JSON requests
@@ -438,11 +450,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         )
         .init();
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
-        style: if a.style == "builtin" {
-            rvisor::StyleEngine::Builtin
-        } else {
-            rvisor::StyleEngine::Auto
-        },
+        style: rvisor::StyleEngine::parse(&a.style).unwrap_or_default(),
         ..Default::default()
     })?;
     let mut tables = rvisor_server::tables::TableConfig::default();
@@ -561,9 +569,11 @@ fn ops_packages(json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn ops_validate(file: &str, json: bool) -> Result<ExitCode> {
+fn ops_validate(file: &str, json: bool, style: &str) -> Result<ExitCode> {
     let script = read_code(file)?;
-    let v = supervisor_quiet()?.validate(&script);
+    let style = rvisor::StyleEngine::parse(style).unwrap_or_default();
+    // The service's validation, as HTTP, nng and MCP get it.
+    let v = rvisor_server::service::validate(&supervisor_quiet_with(style)?, &script);
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -606,7 +616,7 @@ fn main() -> ExitCode {
         Cmd::Mcp { data_dir } => report(mcp(data_dir)),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
-        Cmd::Validate { file, json } => report(ops_validate(&file, json)),
+        Cmd::Validate { file, json, style } => report(ops_validate(&file, json, &style)),
         Cmd::Repl { plots_dir, opts } => {
             let run = || -> Result<ExitCode> {
                 let session_opts = opts.options()?;

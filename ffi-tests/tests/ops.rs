@@ -194,7 +194,45 @@ fn packages_lists_what_library_can_load() {
 
 #[test]
 fn lintr_gives_the_style_notes_when_installed() {
-    // setup.sh installs r-cran-lintr, so `auto` uses it here.
+    // setup.sh installs r-cran-lintr, so `--style lintr` uses it here.
+    let s = Supervisor::new(SupervisorConfig {
+        pool: PoolConfig {
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
+        },
+        style: rvisor::StyleEngine::Lintr,
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor");
+    let script = "x = 1\ny <- T\nif (x & y) print(x)\n";
+    let v = s.validate(script);
+    assert!(v.valid);
+    assert!(v.style_engine.starts_with("lintr "), "{}", v.style_engine);
+    let rules: Vec<&str> = v.style.iter().map(|n| n.rule.as_str()).collect();
+    assert!(rules.contains(&"assignment_linter"), "{rules:?}");
+    assert!(rules.contains(&"T_and_F_symbol_linter"), "{rules:?}");
+    // The default engine (rvisor-lint, through the service) gives the same
+    // notes as lintr for this script.
+    let default = Supervisor::new(SupervisorConfig {
+        pool: PoolConfig {
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
+        },
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor");
+    let fast = rvisor_server::service::validate(&default, script);
+    assert!(fast.style_engine.starts_with("rvisor-lint "), "{}", fast.style_engine);
+    assert_eq!(fast.style, v.style);
+    // A run checks problems only: no style work on the request path.
+    let v = s.validate_with("x = 1\n", rvisor::StyleEngine::None);
+    assert!(v.style.is_empty());
+}
+
+#[test]
+fn the_default_engine_is_rvisor_lint_and_syntax_stays_r_s() {
     let s = Supervisor::new(SupervisorConfig {
         pool: PoolConfig {
             zygote: true,
@@ -204,13 +242,16 @@ fn lintr_gives_the_style_notes_when_installed() {
         ..SupervisorConfig::default()
     })
     .expect("supervisor");
-    let v = s.validate("x = 1\ny <- T\n");
+    let v = rvisor_server::service::validate(&s, "x = 1; y <- 2\n");
     assert!(v.valid);
-    assert!(v.style_engine.starts_with("lintr "), "{}", v.style_engine);
+    assert_eq!(v.style_engine, rvisor_lint::engine());
     let rules: Vec<&str> = v.style.iter().map(|n| n.rule.as_str()).collect();
-    assert!(rules.contains(&"assignment"), "{rules:?}");
-    assert!(rules.contains(&"T_and_F_symbol"), "{rules:?}");
-    // A run checks problems only: no style work on the request path.
-    let v = s.validate_with("x = 1\n", rvisor::StyleEngine::None);
-    assert!(v.style.is_empty());
+    assert_eq!(rules, ["assignment_linter", "semicolon_linter"]);
+    // Blocking problems are R's parser's, as before.
+    let v = rvisor_server::service::validate(&s, "x <- (1 +\n");
+    assert!(!v.valid);
+    assert_eq!(v.problems[0].kind, "syntax");
+    let v = rvisor_server::service::validate(&s, "f(x))\n");
+    assert_eq!(v.problems[0].message, "unexpected ')'");
+    assert_eq!((v.problems[0].line, v.problems[0].column), (Some(1), Some(5)));
 }

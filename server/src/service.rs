@@ -886,7 +886,8 @@ impl Service {
     /// Liveness, versions, the live rules and workers, with the number of
     /// open sessions.
     pub fn health(&self) -> Value {
-        let h = self.inner.sup.health();
+        let mut h = self.inner.sup.health();
+        h.style_engine = style_engine(self.inner.sup.config().style);
         let mut v = serde_json::to_value(&h).unwrap_or_default();
         v["workers"]["sessions"] = json!(lock(&self.inner.sessions).len());
         v["rules"]["max_sessions_per_tenant"] = json!(self.inner.cfg.max_sessions_per_tenant);
@@ -902,9 +903,10 @@ impl Service {
             .map_err(|e| ServiceError::new(ErrorCode::NoWorker, e.to_string()))
     }
 
-    /// Validation with style notes: runs nothing.
+    /// Validation with style notes: runs nothing. Every surface (HTTP, nng,
+    /// MCP, `rvisor validate`) comes here.
     pub fn validate(&self, script: &str) -> rvisor::Validation {
-        self.inner.sup.validate(script)
+        validate(&self.inner.sup, script)
     }
 
     /// A one-shot run in a fresh worker, for `tenant`. Blocks until it
@@ -918,6 +920,7 @@ impl Service {
         tenant: &str,
         req: RunScript,
         surface: Surface,
+        cancel: &CancelToken,
     ) -> Result<RunResult, ServiceError> {
         let _ = surface;
         let sup = &self.inner.sup;
@@ -1343,6 +1346,48 @@ impl Service {
         ));
         out
     }
+}
+
+/// The style engine health reports: `rvisor-lint <version>` for the fast
+/// (default) engine, else the configured name (`lintr`, `builtin`, `none`;
+/// a validation answer names lintr with its version).
+pub fn style_engine(style: rvisor::StyleEngine) -> String {
+    if style.is_fast() {
+        rvisor_lint::engine()
+    } else {
+        style.as_str().to_string()
+    }
+}
+
+/// Validation as every surface gets it: R's parser, forbidden functions and
+/// nesting depth in the supervisor's validation worker (blocking problems,
+/// exactly as R sees them), and style notes from the configured engine. The
+/// default engine is `rvisor-lint`, lintr's default linters in Rust: it
+/// runs here, so the core crate carries no grammar and the worker does no
+/// style work; `lintr` and `builtin` run in the worker.
+pub fn validate(sup: &Supervisor, script: &str) -> rvisor::Validation {
+    let engine = sup.config().style;
+    if !engine.is_fast() {
+        return sup.validate(script);
+    }
+    let mut v = sup.validate_with(script, rvisor::StyleEngine::None);
+    if v.problems
+        .iter()
+        .any(|p| p.kind == "empty" || p.kind == "size")
+    {
+        return v;
+    }
+    v.style = rvisor_lint::lint(script)
+        .into_iter()
+        .map(|n| rvisor::StyleNote {
+            rule: n.rule,
+            message: n.message,
+            line: Some(n.line),
+            column: Some(n.column),
+        })
+        .collect();
+    v.style_engine = rvisor_lint::engine();
+    v
 }
 
 #[cfg(test)]

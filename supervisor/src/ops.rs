@@ -26,7 +26,8 @@ pub struct Problem {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StyleNote {
-    /// The rule, e.g. `line_length`.
+    /// The rule: lintr's linter name (e.g. `assignment_linter`) for the
+    /// rvisor-lint and lintr engines.
     pub rule: String,
     /// What to change.
     pub message: String,
@@ -48,8 +49,9 @@ pub struct Validation {
     pub warnings: Vec<Problem>,
     /// Style notes.
     pub style: Vec<StyleNote>,
-    /// Which style checker ran: `builtin`, or `lintr <version>` (its
-    /// default linters) when lintr is installed.
+    /// Which style checker ran: `rvisor-lint <version>` (the default: lintr's
+    /// default linters in Rust, added by the service layer), `lintr
+    /// <version>` (lintr itself, `--style lintr`), `builtin`, or `none`.
     pub style_engine: String,
 }
 
@@ -77,6 +79,10 @@ pub struct Health {
     pub r_version: String,
     /// Since the supervisor started.
     pub uptime_seconds: f64,
+    /// The style checker validation uses, as configured (`auto`, `rvisor`,
+    /// `lintr`, `builtin`, `none`); the service reports the engine and its
+    /// version instead (`rvisor-lint 0.1.0`).
+    pub style_engine: String,
     /// The safety rules in force.
     pub rules: SafetyRules,
     /// Where workers come from.
@@ -99,7 +105,9 @@ fn problem(kind: &str, message: String) -> Problem {
 impl Supervisor {
     /// Checks a script without running it: empty, size, R's parser,
     /// forbidden functions (with positions), nesting depth; plus style notes
-    /// (see [`crate::SupervisorConfig::style`]).
+    /// (see [`crate::SupervisorConfig::style`]; the default fast engine's
+    /// notes come from the service layer, `rvisor-server`, which calls this
+    /// with [`StyleEngine::None`] and adds them).
     pub fn validate(&self, script: &str) -> Validation {
         self.validate_with(script, self.config().style)
     }
@@ -113,7 +121,7 @@ impl Supervisor {
             problems: Vec::new(),
             warnings: Vec::new(),
             style: Vec::new(),
-            style_engine: "builtin".into(),
+            style_engine: "none".into(),
         };
         if script.trim().is_empty() {
             v.problems.push(problem(
@@ -135,7 +143,7 @@ impl Supervisor {
                     script,
                     &rules.forbidden_functions,
                     rules.max_nesting_depth,
-                    style.as_str(),
+                    style.worker_mode(),
                     Duration::from_secs(30),
                 )
             }) {
@@ -151,6 +159,15 @@ impl Supervisor {
                     v.style = serde_json::from_value(list("style")).unwrap_or_default();
                     if let Some(engine) = found.get("style_engine").and_then(|e| e.as_str()) {
                         v.style_engine = engine.to_string();
+                    }
+                    // The driver drops lintr's `_linter` suffix; notes name
+                    // rules as lintr does whichever engine gave them.
+                    if v.style_engine.starts_with("lintr") {
+                        for n in &mut v.style {
+                            if !n.rule.ends_with("_linter") {
+                                n.rule.push_str("_linter");
+                            }
+                        }
                     }
                 }
                 Err(e) => v
@@ -198,6 +215,7 @@ impl Supervisor {
             version: env!("CARGO_PKG_VERSION").into(),
             r_version,
             uptime_seconds: self.uptime().as_secs_f64(),
+            style_engine: self.config().style.as_str().to_string(),
             rules: self.config().rules.clone(),
             workers: self.pool_status(),
             sandbox: self.sandbox().clone(),

@@ -11,22 +11,65 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StyleEngine {
-    /// lintr's default linters when lintr is installed, else the built-in set.
+    /// The default: the fast engine ([`StyleEngine::Fast`]).
     #[default]
     Auto,
+    /// lintr's default linters implemented statically in Rust
+    /// (`rvisor-lint`, ~1 ms for 100 lines). The core has no grammar: the
+    /// service layer (`rvisor-server`'s `Service::validate`) produces these
+    /// notes; [`crate::Supervisor::validate`] alone gives none for it.
+    #[serde(rename = "rvisor")]
+    Fast,
+    /// lintr's default linters run by R in the validation worker when lintr
+    /// is installed, else the built-in set: the thorough engine and the
+    /// fast engine's reference (~1-2 s for 100 lines).
+    Lintr,
     /// The built-in set (line length, `=` assignment, T/F, trailing
-    /// whitespace): fast, for validate-fix loops.
+    /// whitespace) of the worker's R driver.
     Builtin,
     /// No style notes.
     None,
 }
 
 impl StyleEngine {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The name used on the command line and in configuration.
+    pub fn as_str(self) -> &'static str {
         match self {
             StyleEngine::Auto => "auto",
+            StyleEngine::Fast => "rvisor",
+            StyleEngine::Lintr => "lintr",
             StyleEngine::Builtin => "builtin",
             StyleEngine::None => "none",
+        }
+    }
+
+    /// Every engine, for parsers and documentation.
+    pub const ALL: [StyleEngine; 5] = [
+        StyleEngine::Auto,
+        StyleEngine::Fast,
+        StyleEngine::Lintr,
+        StyleEngine::Builtin,
+        StyleEngine::None,
+    ];
+
+    /// The engine named `s` (as [`StyleEngine::as_str`] spells it).
+    pub fn parse(s: &str) -> Option<StyleEngine> {
+        Self::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+
+    /// Whether this is the fast (Rust) engine, which the service runs.
+    pub fn is_fast(self) -> bool {
+        matches!(self, StyleEngine::Auto | StyleEngine::Fast)
+    }
+
+    /// What the worker's R driver is asked for: `auto` there means lintr
+    /// when installed, else the built-in set. The fast engine asks the
+    /// worker for no style at all.
+    pub(crate) fn worker_mode(self) -> &'static str {
+        match self {
+            StyleEngine::Lintr => "auto",
+            StyleEngine::Builtin => "builtin",
+            StyleEngine::Auto | StyleEngine::Fast | StyleEngine::None => "none",
         }
     }
 }

@@ -11,8 +11,8 @@
 //! a reset (timeout kill, cancel kill, crash, `quit()`, [`Session::reset`])
 //! goes back to `starting` with the next generation; `close()` --> `closed`.
 
-use crate::cancel::CancelToken;
 use crate::call::{validate_call, CallOptions};
+use crate::cancel::CancelToken;
 use crate::error::{ConfineError, Error, ValidateError};
 use crate::ids;
 use crate::process::{ExitInfo, WorkerConfig};
@@ -957,7 +957,8 @@ pub struct SupervisorConfig {
     pub pool: crate::PoolConfig,
     /// Safety rules for scripts from agents (health reports them).
     pub rules: crate::rules::SafetyRules,
-    /// Style checks of validation (`auto`: lintr when installed).
+    /// Style checks of validation (`auto`: the fast engine, which the
+    /// service layer runs; `lintr` for lintr itself).
     pub style: crate::rules::StyleEngine,
     /// OS confinement of workers (default: every layer; see
     /// docs/confinement.md). The supervisor refuses to start when the host

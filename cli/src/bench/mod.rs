@@ -69,6 +69,18 @@ const WORKLOADS: &[Workload] = &[
         per_round: (5, 3, 1),
     },
     Workload {
+        id: "validate_100",
+        title: "validate 100 lines (default engine: rvisor-lint)",
+        code: None,
+        per_round: (50, 0, 0),
+    },
+    Workload {
+        id: "validate_100_lintr",
+        title: "validate 100 lines (--style lintr)",
+        code: None,
+        per_round: (1, 0, 0),
+    },
+    Workload {
         id: "error_then_next",
         title: "stop(\"boom\") then the next call",
         code: None,
@@ -89,6 +101,46 @@ const WORKLOADS: &[Workload] = &[
 ];
 
 const SYSTEMS: [&str; 4] = ["rvisor", "callr", "rserve", "rscript"];
+
+/// The validation workloads' script: 100 lines, half of them
+/// `x1 <- mean(rnorm(11)); y1 = x1 * 2` (issue 19's), half `print(y1)`.
+pub fn validate_script() -> String {
+    (1..=50)
+        .map(|i| {
+            format!(
+                "x{i} <- mean(rnorm({})); y{i} = x{i} * 2\nprint(y{i})\n",
+                i + 10
+            )
+        })
+        .collect()
+}
+
+/// Validations of `script` with `style`, through the service's validation
+/// (what HTTP, nng, MCP and `rvisor validate` call); with the number of
+/// style notes of the last one.
+fn validate_calls(
+    sup: &Supervisor,
+    script: &str,
+    style: rvisor::StyleEngine,
+    n: usize,
+) -> Result<(Vec<f64>, usize), String> {
+    let mut out = Vec::with_capacity(n);
+    let mut notes = 0;
+    for _ in 0..n {
+        let t = Instant::now();
+        let v = if style.is_fast() {
+            rvisor_server::service::validate(sup, script)
+        } else {
+            sup.validate_with(script, style)
+        };
+        out.push(ms(t.elapsed()));
+        if !v.valid {
+            return Err(format!("the script did not validate: {:?}", v.problems));
+        }
+        notes = v.style.len();
+    }
+    Ok((out, notes))
+}
 
 /// Summary of one workload on one system.
 #[derive(Debug, Clone, Serialize)]
@@ -434,7 +486,21 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
                 }
                 let (k_fast, k_callr, k_rscript) = w.per_round;
                 let got: Result<Vec<f64>, String> = match *system {
+                    _ if w.id.starts_with("validate") && *system != "rvisor" => {
+                        Err("cannot: no validation without running".into())
+                    }
                     "rvisor" => match w.id {
+                        "validate_100" | "validate_100_lintr" => {
+                            let style = if w.id == "validate_100" {
+                                rvisor::StyleEngine::Auto
+                            } else {
+                                rvisor::StyleEngine::Lintr
+                            };
+                            validate_calls(&sup, &validate_script(), style, k_fast).map(|(v, n)| {
+                                notes[wi][si] = Some(format!("{n} style notes"));
+                                v
+                            })
+                        }
                         "error_then_next" => (0..k_fast)
                             .map(|_| {
                                 let t = Instant::now();
