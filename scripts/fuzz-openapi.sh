@@ -44,7 +44,7 @@ trap 'exit 130' INT TERM
 token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
 echo "$token fuzz" >"$tmp/tokens"
 # Port 0: the kernel picks a free port, and the server prints it.
-"$bin" serve --tokens "$tmp/tokens" --listen 127.0.0.1:0 --data-dir "$tmp/data" \
+"$bin" serve --tokens "$tmp/tokens" --operator fuzz --listen 127.0.0.1:0 --data-dir "$tmp/data" \
   --style builtin >"$tmp/server.log" 2>&1 &
 pid=$!
 

@@ -1002,7 +1002,7 @@ async fn metrics(
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-#[utoipa::path(get, path = "/v1/usage", tag = "operations", responses((status = 200, description = "The caller's own use: open sessions, stored tables, calls by outcome and their CPU and wall time since the server started", body = crate::service::Usage)))]
+#[utoipa::path(get, path = "/v1/usage", tag = "operations", responses((status = 200, description = "The caller's own use: open sessions, stored tables, calls by outcome and their CPU and wall time since the server started", body = crate::service::UsageReport)))]
 async fn usage(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,

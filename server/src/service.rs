@@ -645,12 +645,12 @@ struct Metrics {
     count: AtomicU64,
     requests: Mutex<BTreeMap<Surface, u64>>,
     /// Per tenant: what `/v1/usage` shows that tenant.
-    tenants: Mutex<HashMap<String, TenantUsage>>,
+    tenants: Mutex<HashMap<String, CallTotals>>,
 }
 
 /// One tenant's use of the service since it started.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
-pub struct TenantUsage {
+pub struct CallTotals {
     /// Calls by outcome (one-shot runs and session calls).
     pub calls: BTreeMap<String, u64>,
     /// CPU time the calls used, milliseconds.
@@ -661,7 +661,7 @@ pub struct TenantUsage {
 
 /// What a tenant sees of its own use: `/v1/usage`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
-pub struct Usage {
+pub struct UsageReport {
     /// The tenant.
     pub tenant: String,
     /// Sessions open now.
@@ -672,7 +672,7 @@ pub struct Usage {
     pub table_bytes: u64,
     /// Calls since the server started.
     #[serde(flatten)]
-    pub since_start: TenantUsage,
+    pub since_start: CallTotals,
 }
 
 impl Metrics {
@@ -1254,13 +1254,13 @@ impl Service {
 
     /// `tenant`'s own use: open sessions, stored tables, calls by outcome
     /// and the time they took since the server started.
-    pub fn usage(&self, tenant: &str) -> Usage {
+    pub fn usage(&self, tenant: &str) -> UsageReport {
         let sessions = lock(&self.inner.sessions)
             .values()
             .filter(|e| e.tenant == tenant)
             .count();
         let (tables, table_bytes) = self.inner.tables.usage(tenant);
-        Usage {
+        UsageReport {
             tenant: tenant.to_string(),
             sessions,
             tables,
