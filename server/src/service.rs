@@ -591,10 +591,20 @@ fn publish_tool(store: Arc<TableStore>, tenant: String, record: Published) -> rv
         move |call| {
             let path = call.args["path"].as_str().ok_or("path is missing")?;
             let name = call.args["name"].as_str().unwrap_or("");
-            let bytes = rvisor::tools::read_worker_file(call, path)?;
-            let meta = store
-                .put(&tenant, TableFormat::Csv, &bytes)
-                .map_err(|e| e.to_string())?;
+            // Copied to a spool file in pieces, then converted in bounded
+            // memory: a big data frame is never whole in the supervisor.
+            let mut src = rvisor::tools::open_worker_file(call, path).map_err(|e| e.to_string())?;
+            let spool = store.spool_path();
+            let copied = std::fs::File::create(&spool)
+                .and_then(|mut dst| std::io::copy(&mut src, &mut dst))
+                .map_err(|e| format!("failed to copy the published table: {e}"));
+            let meta = copied.and_then(|_| {
+                store
+                    .put_file(&tenant, TableFormat::Csv, &spool)
+                    .map_err(|e| e.to_string())
+            });
+            let _ = std::fs::remove_file(&spool);
+            let meta = meta?;
             let mut v = serde_json::to_value(&meta).map_err(|e| e.to_string())?;
             if !name.is_empty() {
                 v["name"] = json!(name);

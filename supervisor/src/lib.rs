@@ -48,8 +48,8 @@ pub mod worker;
 pub mod zygote;
 
 pub use call::CallOptions;
-pub use cancel::{CancelOnDrop, CancelToken};
 pub use call::{validate_call, MAX_CODE_BYTES};
+pub use cancel::{CancelOnDrop, CancelToken};
 pub use confine::{CgroupMode, Confinement, Limits};
 pub use error::{
     CallError, CgroupMissing, ConfineError, Error, LimitsError, ReadOnlyRefusal, ValidateError,

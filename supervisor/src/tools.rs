@@ -40,10 +40,28 @@ pub fn read_worker_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, String> 
 
 /// [`read_worker_file`] with an error that says which check failed.
 pub fn worker_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, WorkerFileError> {
-    match &call.worker_root {
-        Some(root) => read_confined_file(call, root, path),
-        None => read_host_file(call, path),
-    }
+    use std::io::Read;
+    let mut f = open_worker_file(call, path)?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)
+        .map_err(|source| WorkerFileError::Read {
+            path: path.to_string(),
+            source,
+        })?;
+    Ok(bytes)
+}
+
+/// A file the worker wrote in its temporary directory, opened by the
+/// same checks as [`worker_file`] (inside the worker's root, no links, a
+/// regular file of a sane size), for a caller that copies it in pieces
+/// instead of holding it whole.
+pub fn open_worker_file(call: &ToolCall, path: &str) -> Result<std::fs::File, WorkerFileError> {
+    let f = match &call.worker_root {
+        Some(root) => open_confined_file(call, root, path)?,
+        None => open_host_file(call, path)?,
+    };
+    check_regular(&f, path)?;
+    Ok(f)
 }
 
 /// Largest file a tool may read from a worker.
@@ -52,11 +70,11 @@ const MAX_WORKER_FILE_BYTES: u64 = 1 << 30;
 /// A confined worker's file: opened inside its root (`openat2` with
 /// RESOLVE_IN_ROOT and no symlinks at all), so neither `..` nor a link
 /// leads out of it, and only under its temporary directory.
-fn read_confined_file(
+fn open_confined_file(
     call: &ToolCall,
     root: &std::path::Path,
     path: &str,
-) -> Result<Vec<u8>, WorkerFileError> {
+) -> Result<std::fs::File, WorkerFileError> {
     use std::os::fd::FromRawFd;
     use std::path::Component;
     let p = std::path::Path::new(path);
@@ -102,13 +120,12 @@ fn read_confined_file(
         }
         std::fs::File::from_raw_fd(fd as i32)
     };
-    read_regular(f, path)
+    Ok(f)
 }
 
-/// Reads an opened file if it is a regular one of a sane size (a FIFO or a
-/// device the code made must not block or flood the host).
-fn read_regular(mut f: std::fs::File, path: &str) -> Result<Vec<u8>, WorkerFileError> {
-    use std::io::Read;
+/// Accepts an opened file only if it is a regular one of a sane size (a
+/// FIFO or a device the code made must not block or flood the host).
+fn check_regular(f: &std::fs::File, path: &str) -> Result<(), WorkerFileError> {
     let meta = f.metadata().map_err(|source| WorkerFileError::Check {
         path: path.to_string(),
         source,
@@ -119,16 +136,10 @@ fn read_regular(mut f: std::fs::File, path: &str) -> Result<Vec<u8>, WorkerFileE
             max_mib: MAX_WORKER_FILE_BYTES >> 20,
         });
     }
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes)
-        .map_err(|source| WorkerFileError::Read {
-            path: path.to_string(),
-            source,
-        })?;
-    Ok(bytes)
+    Ok(())
 }
 
-fn read_host_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, WorkerFileError> {
+fn open_host_file(call: &ToolCall, path: &str) -> Result<std::fs::File, WorkerFileError> {
     use std::os::unix::fs::OpenOptionsExt;
     let root = std::fs::canonicalize(&call.worker_temp_dir).map_err(WorkerFileError::WorkerGone)?;
     let f = std::fs::OpenOptions::new()
@@ -149,7 +160,7 @@ fn read_host_file(call: &ToolCall, path: &str) -> Result<Vec<u8>, WorkerFileErro
     if !real.starts_with(&root) {
         return Err(WorkerFileError::OutsideTempDir);
     }
-    read_regular(f, path)
+    Ok(f)
 }
 
 /// A tool handler: JSON in, JSON out; an `Err` becomes an R error with that
