@@ -1,5 +1,6 @@
 //! The `rvisor` command: thin adapters over the rvisor library.
 
+mod batch;
 mod bench;
 mod repl;
 
@@ -108,6 +109,10 @@ fn base_config() -> rvisor::SupervisorConfig {
 enum Cmd {
     /// Run an R script in a fresh worker and print its output.
     Run(RunArgs),
+    /// Run many scripts (files, directories of *.R, a JSONL manifest),
+    /// each in a fresh isolated worker, N at a time: one JSONL result line
+    /// per script, plots per script, a summary at the end.
+    Batch(batch::BatchArgs),
     /// One or more persistent sessions over JSON lines on stdin/stdout.
     Session {
         /// Speak JSON lines (the only mode so far; required for clarity).
@@ -661,6 +666,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Batch(args) => report((|| {
+            // A spare per job slot, so each script starts on a ready worker.
+            let mut cfg = base_config();
+            cfg.pool.spares = batch::parallel(&args);
+            let sup = rvisor::Supervisor::new(cfg)?;
+            sup.cleanup_on_signals()?;
+            let code = batch::run(args, sup.clone());
+            sup.shutdown();
+            code
+        })()),
         Cmd::Run(args) => match run(&args) {
             Ok(code) => code,
             Err(e) => {

@@ -28,6 +28,7 @@
 //! # Ok::<(), rvisor::Error>(())
 //! ```
 
+mod batch;
 mod call;
 mod cancel;
 pub mod clock;
@@ -47,6 +48,7 @@ pub mod tools;
 pub mod worker;
 pub mod zygote;
 
+pub use batch::{Batch, BatchDone, BatchJob, BatchOptions};
 pub use call::CallOptions;
 pub use call::{validate_call, MAX_CODE_BYTES};
 pub use cancel::{CancelOnDrop, CancelToken};

@@ -1253,6 +1253,23 @@ impl Supervisor {
         limits: Option<&crate::Limits>,
         network: Option<bool>,
     ) -> RunResult {
+        self.run_once_after(execution_id, code, opts, ctx, limits, network, None)
+    }
+
+    /// A one-shot run whose worker first runs `preamble` (seeding, a fixed
+    /// time zone: `rvisor batch --seed`); the preamble's own result is not
+    /// reported unless it fails, and then nothing else runs.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_once_after(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+        preamble: Option<&str>,
+    ) -> RunResult {
         if let Err(e) = validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
@@ -1290,7 +1307,27 @@ impl Supervisor {
             let id = execution_id.clone();
             t.on_cancel(move || c.cancel(&id));
         }
-        let mut r = worker.run_call(execution_id, code, opts, ctx);
+        let prepared = match preamble {
+            None => Ok(()),
+            Some(p) => {
+                let pre = worker.run_call(ids::execution_id(), p, opts, &CallContext::default());
+                if pre.success {
+                    Ok(())
+                } else {
+                    let why = pre.error.map(|e| e.message).unwrap_or_default();
+                    Err(RunResult::failed(
+                        execution_id.clone(),
+                        code.into(),
+                        Outcome::StartupFailed,
+                        format!("the preamble failed ({}): {why}", pre.outcome),
+                    ))
+                }
+            }
+        };
+        let mut r = match prepared {
+            Ok(()) => worker.run_call(execution_id, code, opts, ctx),
+            Err(r) => r,
+        };
         if let Some(t) = &ctx.cancel {
             t.clear();
         }
