@@ -155,6 +155,7 @@ impl Supervisor {
                             .unwrap_or(serde_json::Value::Array(vec![]))
                     };
                     v.problems = serde_json::from_value(list("problems")).unwrap_or_default();
+                    at_end_of_file(&mut v.problems, script);
                     v.warnings = serde_json::from_value(list("warnings")).unwrap_or_default();
                     v.style = serde_json::from_value(list("style")).unwrap_or_default();
                     if let Some(engine) = found.get("style_engine").and_then(|e| e.as_str()) {
@@ -219,6 +220,23 @@ impl Supervisor {
             rules: self.config().rules.clone(),
             workers: self.pool_status(),
             sandbox: self.sandbox().clone(),
+        }
+    }
+}
+
+/// R's `parse(text = )` counts the empty string after a script's final
+/// newline as one more line, so "unexpected end of input" comes one line
+/// later than `parse(file)`, `Rscript` and `source()` say: put it where they
+/// do.
+fn at_end_of_file(problems: &mut [Problem], script: &str) {
+    if !script.ends_with('\n') {
+        return;
+    }
+    for p in problems.iter_mut() {
+        if p.kind == "syntax" && p.message == "unexpected end of input" {
+            if let Some(l) = p.line.as_mut().filter(|l| **l > 1) {
+                *l -= 1;
+            }
         }
     }
 }
