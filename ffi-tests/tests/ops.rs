@@ -224,7 +224,11 @@ fn lintr_gives_the_style_notes_when_installed() {
     })
     .expect("supervisor");
     let fast = rvisor_server::service::validate(&default, script);
-    assert!(fast.style_engine.starts_with("rvisor-lint "), "{}", fast.style_engine);
+    assert!(
+        fast.style_engine.starts_with("rvisor-lint "),
+        "{}",
+        fast.style_engine
+    );
     assert_eq!(fast.style, v.style);
     // A run checks problems only: no style work on the request path.
     let v = s.validate_with("x = 1\n", rvisor::StyleEngine::None);
@@ -253,5 +257,8 @@ fn the_default_engine_is_rvisor_lint_and_syntax_stays_r_s() {
     assert_eq!(v.problems[0].kind, "syntax");
     let v = rvisor_server::service::validate(&s, "f(x))\n");
     assert_eq!(v.problems[0].message, "unexpected ')'");
-    assert_eq!((v.problems[0].line, v.problems[0].column), (Some(1), Some(5)));
+    assert_eq!(
+        (v.problems[0].line, v.problems[0].column),
+        (Some(1), Some(5))
+    );
 }

@@ -66,9 +66,30 @@ impl Default for ServeConfig {
     }
 }
 
+/// What is wrong with a token file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenFileError {
+    /// A token shorter than 16 characters.
+    #[error("line {line}: tokens must be at least 16 characters")]
+    ShortToken {
+        /// 1-based.
+        line: usize,
+    },
+    /// A line that is not `TOKEN TENANT`.
+    #[error("line {line}: expected `TOKEN TENANT`")]
+    Line {
+        /// 1-based.
+        line: usize,
+    },
+    /// No token at all.
+    #[error("the token file has no tokens")]
+    Empty,
+}
+
 /// Reads a token file: one `TOKEN TENANT` pair per line; `#` starts a
 /// comment.
-pub fn read_tokens(text: &str) -> Result<HashMap<String, String>, String> {
+pub fn read_tokens(text: &str) -> Result<HashMap<String, String>, TokenFileError> {
     let mut map = HashMap::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -80,17 +101,12 @@ pub fn read_tokens(text: &str) -> Result<HashMap<String, String>, String> {
             (Some(token), Some(tenant), None) if token.len() >= 16 => {
                 map.insert(token.to_string(), tenant.to_string());
             }
-            (Some(_), Some(_), None) => {
-                return Err(format!(
-                    "line {}: tokens must be at least 16 characters",
-                    n + 1
-                ))
-            }
-            _ => return Err(format!("line {}: expected `TOKEN TENANT`", n + 1)),
+            (Some(_), Some(_), None) => return Err(TokenFileError::ShortToken { line: n + 1 }),
+            _ => return Err(TokenFileError::Line { line: n + 1 }),
         }
     }
     if map.is_empty() {
-        return Err("the token file has no tokens".into());
+        return Err(TokenFileError::Empty);
     }
     Ok(map)
 }
@@ -393,7 +409,8 @@ fn narrow(doc: &mut serde_json::Value, schema: &str, prop: &str, extra: serde_js
 fn r_name_schema() -> serde_json::Value {
     json!({
         "type": "string",
-        "description": "A syntactic R name (letters, digits, `.` and `_`; starts with a letter or a `.` not followed by a digit; not a reserved word)",
+        "description": "A syntactic R name (letters, digits, `.` and `_`; starts with a letter or a `.` not followed by a digit; not a reserved word; at most 10000 bytes, R's limit)",
+        "maxLength": rvisor::ops::MAX_NAME_BYTES,
         "pattern": r"^([A-Za-z][A-Za-z0-9._]*|\.([A-Za-z._][A-Za-z0-9._]*)?)$",
         "not": {"anyOf": [
             {"enum": ["if", "else", "repeat", "while", "function", "for", "next", "break", "TRUE", "FALSE", "NULL", "Inf", "NaN", "NA", "NA_integer_", "NA_real_", "NA_character_", "NA_complex_", "in", "..."]},

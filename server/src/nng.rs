@@ -31,24 +31,34 @@ pub enum NngUrl {
     Ipc(PathBuf),
 }
 
-impl std::str::FromStr for NngUrl {
-    type Err = String;
+/// An address that is not `tcp://IP:PORT` or `ipc://PATH`; the message
+/// says what to write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NngUrlError(String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for NngUrl {
+    type Err = NngUrlError;
+
+    fn from_str(s: &str) -> Result<Self, NngUrlError> {
         if let Some(rest) = s.strip_prefix("tcp://") {
             let rest = rest.replacen("localhost:", "127.0.0.1:", 1);
             rest.parse::<SocketAddr>().map(NngUrl::Tcp).map_err(|_| {
-                format!("{s:?} is not a TCP address: use tcp://IP:PORT, e.g. tcp://127.0.0.1:5555")
+                NngUrlError(format!(
+                    "{s:?} is not a TCP address: use tcp://IP:PORT, e.g. tcp://127.0.0.1:5555"
+                ))
             })
         } else if let Some(rest) = s.strip_prefix("ipc://") {
             if rest.is_empty() {
-                return Err(format!("{s:?} has no path: use ipc:///path/to/socket"));
+                return Err(NngUrlError(format!(
+                    "{s:?} has no path: use ipc:///path/to/socket"
+                )));
             }
             Ok(NngUrl::Ipc(PathBuf::from(rest)))
         } else {
-            Err(format!(
+            Err(NngUrlError(format!(
                 "{s:?} is not an nng address: use ipc:///path/to/socket or tcp://127.0.0.1:PORT"
-            ))
+            )))
         }
     }
 }
@@ -762,7 +772,7 @@ mod tests {
             Ok(NngUrl::Ipc("/tmp/r.sock".into()))
         );
         for bad in ["", "tcp://", "tcp://host", "ipc://", "http://x", "/tmp/x"] {
-            let e = bad.parse::<NngUrl>().unwrap_err();
+            let e = bad.parse::<NngUrl>().unwrap_err().to_string();
             assert!(e.contains("ipc://") || e.contains("tcp://"), "{bad}: {e}");
         }
     }

@@ -57,7 +57,9 @@ pub use error::{
     CallError, CgroupMissing, ConfineError, Error, LimitsError, ReadOnlyRefusal, ValidateError,
     VariableError, WorkerFileError,
 };
-pub use ops::{Health, Package, Problem, SafetyRules, StyleEngine, StyleNote, Validation};
+pub use ops::{
+    Health, Package, PackagesError, Problem, SafetyRules, StyleEngine, StyleNote, Validation,
+};
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use process::{locate_worker, ExitInfo, WorkerConfig};
 pub use rvisor_protocol::{

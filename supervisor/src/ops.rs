@@ -186,7 +186,7 @@ impl Supervisor {
 
     /// Every installed package a script can `library()`, from the workers'
     /// real library paths (the first library wins, as for `library()`).
-    pub fn packages(&self) -> Result<Vec<Package>, String> {
+    pub fn packages(&self) -> Result<Vec<Package>, PackagesError> {
         let code = "ip <- installed.packages(fields = character()); \
                     ip <- ip[!duplicated(ip[, 'Package']), , drop = FALSE]; \
                     rvisor_result(data.frame(name = unname(ip[, 'Package']), \
@@ -194,14 +194,13 @@ impl Supervisor {
                     stringsAsFactors = FALSE))";
         let r = self.run_once(code, &CallOptions::default());
         if r.outcome != Outcome::Complete {
-            return Err(format!(
-                "listing packages failed ({}): {}",
-                r.outcome,
-                r.console.trim()
-            ));
+            return Err(PackagesError::Run {
+                outcome: r.outcome,
+                output: r.console.trim().to_string(),
+            });
         }
         let mut list: Vec<Package> = serde_json::from_value(r.result.unwrap_or_default())
-            .map_err(|e| format!("bad package list: {e}"))?;
+            .map_err(|e| PackagesError::List(e.to_string()))?;
         list.sort_by_key(|p| p.name.to_lowercase());
         Ok(list)
     }
@@ -222,6 +221,23 @@ impl Supervisor {
             sandbox: self.sandbox().clone(),
         }
     }
+}
+
+/// Why the installed packages could not be listed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PackagesError {
+    /// The listing run did not complete (no worker, R failed).
+    #[error("failed to list the installed packages: the run ended {outcome}: {output}")]
+    Run {
+        /// How the run ended.
+        outcome: Outcome,
+        /// What it printed.
+        output: String,
+    },
+    /// R's answer was not a package list.
+    #[error("failed to read the package list R gave: {0}")]
+    List(String),
 }
 
 /// R's `parse(text = )` counts the empty string after a script's final
