@@ -1346,7 +1346,7 @@ fn a_tenant_opening_sessions_is_refused_at_its_cap_and_others_are_not() {
     assert_eq!(d.status, 204, "{}", d.text);
     let _again = alice.new_session();
     let h = alice.get("/v1/health").json();
-    assert_eq!(h["rules"]["max_sessions_per_tenant"], 3, "{h}");
+    assert_eq!(h["admission"]["max_sessions_per_tenant"], 3, "{h}");
 }
 
 #[test]

@@ -900,8 +900,11 @@ impl Service {
         h.style_engine = style_engine(self.inner.sup.config().style);
         let mut v = serde_json::to_value(&h).unwrap_or_default();
         v["workers"]["sessions"] = json!(lock(&self.inner.sessions).len());
-        v["rules"]["max_sessions_per_tenant"] = json!(self.inner.cfg.max_sessions_per_tenant);
-        v["rules"]["max_sessions"] = json!(self.inner.cfg.max_sessions);
+        // The service's own admission limits, beside the request rules.
+        v["admission"] = json!({
+            "max_sessions_per_tenant": self.inner.cfg.max_sessions_per_tenant,
+            "max_sessions": self.inner.cfg.max_sessions,
+        });
         v
     }
 
