@@ -101,3 +101,81 @@ impl Drop for TestDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The real `rvisor serve` binary, unconfined (confinement is not the
+/// subject of the tests that use it), on a free loopback port with a data
+/// directory of its own; killed when dropped.
+#[derive(Debug)]
+pub struct ServeBin {
+    /// The server process.
+    pub child: std::process::Child,
+    /// `IP:PORT` it listens on (from its "listening on" line).
+    pub addr: String,
+    _dir: TestDir,
+}
+
+impl ServeBin {
+    /// Starts `rvisor --unconfined serve --no-auth` with `extra` flags and
+    /// waits until it listens.
+    pub fn start(extra: &[&str]) -> Self {
+        use std::io::{BufRead, Read};
+        let dir = TestDir::new("rvisor-serve-bin");
+        let mut child = std::process::Command::new(rvisor_bin())
+            .args([
+                "--unconfined",
+                "serve",
+                "--no-auth",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("rvisor serve starts");
+        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut addr = None;
+        let mut line = String::new();
+        while addr.is_none() {
+            line.clear();
+            if err.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("rvisor serve ended before it listened");
+            }
+            addr = line
+                .split("listening on http://")
+                .nth(1)
+                .map(|a| a.trim().to_string());
+        }
+        // Keep draining stderr so the server never blocks on it.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            let _ = err.read_to_string(&mut sink);
+        });
+        ServeBin {
+            child,
+            addr: addr.unwrap_or_default(),
+            _dir: dir,
+        }
+    }
+
+    /// The server's peak resident memory so far (VmHWM), bytes.
+    pub fn peak_rss(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for ServeBin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

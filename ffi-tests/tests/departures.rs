@@ -6,68 +6,26 @@
 //! counted as `cancelled`, its session idle with its state kept, or the
 //! process gone), all within bounds far below the call's own timeout.
 
-use rvisor_ffi_tests::{rvisor_bin, wait_for, TestDir};
+use rvisor_ffi_tests::{rvisor_bin, wait_for, ServeBin, TestDir};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Far below the calls' own timeouts (60 s): a call that ran on would not
 /// be stopped in time.
 const STOPPED_WITHIN: Duration = Duration::from_secs(20);
 
-/// `rvisor serve` on a free loopback port, killed when dropped.
-struct Serve {
-    child: Child,
-    addr: String,
-    _dir: TestDir,
+/// Plain HTTP/1.1 requests to the server, one connection each.
+trait Http {
+    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String);
+    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> TcpStream;
+    fn json(&self, method: &str, path: &str, body: Option<&Value>) -> Value;
+    fn metric(&self, name: &str) -> f64;
 }
 
-impl Serve {
-    fn start(extra: &[&str]) -> Self {
-        let dir = TestDir::new("rvisor-departures");
-        let mut child = Command::new(rvisor_bin())
-            .args([
-                "--unconfined",
-                "serve",
-                "--no-auth",
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            .arg("--data-dir")
-            .arg(dir.path())
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("rvisor serve starts");
-        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-        let mut addr = None;
-        let mut line = String::new();
-        while addr.is_none() {
-            line.clear();
-            if err.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("rvisor serve ended before it listened");
-            }
-            addr = line
-                .split("listening on http://")
-                .nth(1)
-                .map(|a| a.trim().to_string());
-        }
-        // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            let _ = err.read_to_string(&mut sink);
-        });
-        Serve {
-            child,
-            addr: addr.unwrap_or_default(),
-            _dir: dir,
-        }
-    }
-
+impl Http for ServeBin {
     /// One request on a connection of its own; the whole answer.
     fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
         let mut s = self.send(method, path, body);
@@ -114,16 +72,9 @@ impl Serve {
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn an_http_client_that_leaves_cancels_its_one_shot_run() {
-    let s = Serve::start(&[]);
+    let s = ServeBin::start(&[]);
     let conn = s.send(
         "POST",
         "/v1/run",
@@ -140,7 +91,7 @@ fn an_http_client_that_leaves_cancels_its_one_shot_run() {
 
 #[test]
 fn an_http_client_that_leaves_cancels_its_session_call_and_the_session_keeps_its_state() {
-    let s = Serve::start(&[]);
+    let s = ServeBin::start(&[]);
     let created = s.json("POST", "/v1/sessions", None);
     let id = created["id"].as_str().expect("a session id").to_string();
     let run = format!("/v1/sessions/{id}/run");
@@ -234,7 +185,7 @@ fn an_nng_peer_that_hangs_up_cancels_its_call() {
     let dir = TestDir::new("rvisor-departures-nng");
     let sock = dir.path().join("r.sock");
     let url = format!("ipc://{}", sock.display());
-    let s = Serve::start(&["--nng", &url]);
+    let s = ServeBin::start(&["--nng", &url]);
     wait_for("the nng socket", STOPPED_WITHIN, || {
         sock.exists().then_some(())
     });

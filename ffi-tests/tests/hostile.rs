@@ -2,80 +2,10 @@
 //! machine only (loopback), each checked by what the server holds or
 //! answers. The figures they print are the ones the docs quote.
 
-use rvisor_ffi_tests::{rvisor_bin, wait_for, TestDir};
-use std::io::{BufRead, BufReader, Read, Write};
+use rvisor_ffi_tests::{wait_for, ServeBin};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-struct Serve {
-    child: Child,
-    addr: String,
-    _dir: TestDir,
-}
-
-impl Serve {
-    fn start(extra: &[&str]) -> Self {
-        let dir = TestDir::new("rvisor-hostile");
-        let mut child = Command::new(rvisor_bin())
-            .args([
-                "--unconfined",
-                "serve",
-                "--no-auth",
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            .arg("--data-dir")
-            .arg(dir.path())
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("rvisor serve starts");
-        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-        let mut addr = None;
-        let mut line = String::new();
-        while addr.is_none() {
-            line.clear();
-            if err.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("rvisor serve ended before it listened");
-            }
-            addr = line
-                .split("listening on http://")
-                .nth(1)
-                .map(|a| a.trim().to_string());
-        }
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            let _ = err.read_to_string(&mut sink);
-        });
-        Serve {
-            child,
-            addr: addr.unwrap_or_default(),
-            _dir: dir,
-        }
-    }
-
-    /// The server's peak resident memory so far (VmHWM), bytes.
-    fn peak_rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Uploads `rows` CSV rows generated on the fly (never whole in this
 /// process either); returns the status and body of the answer.
@@ -113,7 +43,7 @@ fn upload_csv(addr: &str, rows: usize) -> (u16, String, bool) {
 
 #[test]
 fn concurrent_large_uploads_convert_in_bounded_memory() {
-    let s = Serve::start(&[]);
+    let s = ServeBin::start(&[]);
     wait_for("the server to answer", Duration::from_secs(30), || {
         TcpStream::connect(&s.addr).ok()
     });
@@ -158,7 +88,7 @@ fn concurrent_large_uploads_convert_in_bounded_memory() {
 
 #[test]
 fn an_upload_over_the_limit_is_refused_before_it_is_read() {
-    let s = Serve::start(&[]);
+    let s = ServeBin::start(&[]);
     wait_for("the server to answer", Duration::from_secs(30), || {
         TcpStream::connect(&s.addr).ok()
     });
