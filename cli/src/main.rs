@@ -398,6 +398,10 @@ struct ServeArgs {
     /// connections are dropped.
     #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = positive_secs)]
     header_timeout_secs: f64,
+    /// HTTP: seconds a request body may take to arrive (JSON bodies in
+    /// all, uploads between two pieces).
+    #[arg(long, default_value_t = 30.0, value_name = "SECS", value_parser = positive_secs)]
+    body_timeout_secs: f64,
     /// HTTP: seconds a kept-alive connection may wait for its next request.
     #[arg(long, default_value_t = 60.0, value_name = "SECS", value_parser = positive_secs)]
     idle_timeout_secs: f64,
@@ -481,6 +485,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         nng: a.nng,
         connections: rvisor_server::listen::ConnectionLimits {
             header_timeout: Duration::from_secs_f64(a.header_timeout_secs),
+            body_timeout: Duration::from_secs_f64(a.body_timeout_secs),
             idle_timeout: Duration::from_secs_f64(a.idle_timeout_secs),
             nng_idle_timeout: Duration::from_secs_f64(a.nng_idle_timeout_secs),
             max_connections: a.max_connections as usize,

@@ -107,3 +107,30 @@ fn an_upload_over_the_limit_is_refused_before_it_is_read() {
     assert!(out.starts_with("HTTP/1.1 413"), "{out}");
     assert!(out.contains("too_large"), "{out}");
 }
+
+#[test]
+fn a_body_that_trickles_in_is_refused_at_the_body_timeout() {
+    let s = ServeBin::start(&["--body-timeout-secs", "1"]);
+    for (path, ct) in [
+        ("/v1/validate", "application/json"),
+        ("/v1/sessions", "application/json"),
+        ("/v1/tables", "text/csv"),
+    ] {
+        // 100 bytes announced, 5 sent, then nothing: the server answers
+        // and closes instead of waiting for the rest.
+        let mut c = TcpStream::connect(&s.addr).expect("connect");
+        write!(
+            c,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\nContent-Length: 100\r\n\r\n{{\"a\":"
+        )
+        .expect("send");
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 400"), "{path}: {out}");
+        assert!(
+            out.contains("did not arrive") || out.contains("sent nothing"),
+            "{path}: {out}"
+        );
+    }
+}

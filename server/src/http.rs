@@ -615,7 +615,16 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<crate::service::objects::Object<T>>::from_request(req, state).await {
+        let limit = req
+            .extensions()
+            .get::<BodyTimeout>()
+            .map_or(std::time::Duration::from_secs(30), |t| t.0);
+        let read = Json::<crate::service::objects::Object<T>>::from_request(req, state);
+        // A body that trickles in holds its connection: it gets a bound.
+        let Ok(read) = tokio::time::timeout(limit, read).await else {
+            return Err(body_timeout(limit));
+        };
+        match read {
             Ok(Json(v)) => Ok(ApiJson(v.0)),
             Err(JsonRejection::JsonDataError(e)) => {
                 Err(ApiError::new(ErrorCode::Invalid, e.body_text()))
@@ -667,7 +676,15 @@ struct Handlers {
     service: Service,
     /// Largest table upload, in bytes.
     max_table_bytes: usize,
+    /// Largest request body elsewhere, in bytes.
+    max_body_bytes: usize,
+    /// How long a body may take (see `ConnectionLimits::body_timeout`).
+    body_timeout: std::time::Duration,
 }
+
+/// The body time bound, for extractors that do not see [`Handlers`].
+#[derive(Debug, Clone, Copy)]
+struct BodyTimeout(std::time::Duration);
 
 /// The tenant of the request (set by the auth layer).
 #[derive(Debug, Clone)]
@@ -712,6 +729,7 @@ async fn auth(State(st): State<Handlers>, mut req: Request, next: Next) -> Respo
         Err(e) => return ApiError(e).into_response(),
     };
     req.extensions_mut().insert(Tenant(tenant.clone()));
+    req.extensions_mut().insert(BodyTimeout(st.body_timeout));
     let mut res = next.run(req).await;
     res.extensions_mut().insert(Tenant(tenant));
     res
@@ -789,12 +807,33 @@ async fn run(
 async fn create_session(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    // A body over the limit (or one that cannot be read) is answered as a
-    // JSON error like every other endpoint; taking `Bytes` directly let
-    // axum answer 413 in plain text.
-    let body = body.map_err(body_error)?;
+    // Read here, with the body limit and a time bound, so that a body over
+    // the limit (or one that cannot be read) is answered as a JSON error like
+    // every other endpoint.
+    let read = axum::body::to_bytes(body, st.max_body_bytes);
+    let Ok(read) = tokio::time::timeout(st.body_timeout, read).await else {
+        return Err(body_timeout(st.body_timeout));
+    };
+    let body = read.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            ApiError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "the request body is over the limit of {} bytes",
+                    st.max_body_bytes
+                ),
+            )
+        } else {
+            ApiError::new(
+                ErrorCode::BadRequest,
+                format!("the request body could not be read: {e}"),
+            )
+        }
+    })?;
     // The body is optional: none, an empty one or `null` mean default
     // options (the OpenAPI schema is `NewSession` or null).
     let b: NewSession = if body.iter().all(u8::is_ascii_whitespace) {
@@ -863,14 +902,14 @@ async fn session_delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// A body that could not be read (over the limit: 413) as a JSON error;
-/// taking `Bytes` directly would let axum answer in plain text.
-fn body_error(e: axum::extract::rejection::BytesRejection) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(ErrorCode::TooLarge, e.body_text())
-    } else {
-        ApiError::new(ErrorCode::BadRequest, e.body_text())
-    }
+fn body_timeout(t: std::time::Duration) -> ApiError {
+    ApiError::new(
+        ErrorCode::BadRequest,
+        format!(
+            "the request body did not arrive within {} s; send it without pauses",
+            t.as_secs_f64()
+        ),
+    )
 }
 
 /// The table format named by a content type.
@@ -917,7 +956,7 @@ async fn table_create(
     // The body goes to a file as it arrives (never whole in memory), and
     // the conversion reads it from there in batches.
     let spool = Spool(st.service.spool_path());
-    receive(body, &spool.0, st.max_table_bytes).await?;
+    receive(body, &spool.0, st.max_table_bytes, st.body_timeout).await?;
     let svc = st.service.clone();
     let path = spool.0.clone();
     let meta = blocking(move || svc.put_table_file(&tenant, format, &path)).await??;
@@ -933,15 +972,13 @@ impl Drop for Spool {
     }
 }
 
-/// How long an upload may send nothing before it is dropped.
-const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Writes `body` to `path`, refusing it (413) as soon as it passes `max`
-/// bytes and (408-like 400) when it stalls for [`BODY_IDLE`].
+/// bytes and (400) when it sends nothing for `idle`.
 async fn receive(
     body: axum::body::Body,
     path: &std::path::Path,
     max: usize,
+    idle: std::time::Duration,
 ) -> Result<(), ApiError> {
     use http_body_util::BodyExt;
     use tokio::io::AsyncWriteExt;
@@ -955,13 +992,13 @@ async fn receive(
     let mut body = body;
     let mut got = 0usize;
     loop {
-        let frame = match tokio::time::timeout(BODY_IDLE, body.frame()).await {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
             Err(_) => {
                 return Err(ApiError::new(
                     ErrorCode::BadRequest,
                     format!(
                         "the upload sent nothing for {} s; send the body without pauses",
-                        BODY_IDLE.as_secs()
+                        idle.as_secs_f64()
                     ),
                 ))
             }
@@ -1061,6 +1098,8 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
     let st = Handlers {
         service,
         max_table_bytes: cfg.max_table_bytes,
+        max_body_bytes: cfg.max_body_bytes,
+        body_timeout: cfg.connections.body_timeout,
     };
     // Table uploads get their own (larger) body limit.
     let uploads = Router::new()

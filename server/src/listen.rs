@@ -43,6 +43,9 @@ pub struct ConnectionLimits {
     /// HTTP: how long a kept-alive connection may wait for its next request
     /// (60 s; `--idle-timeout-secs`).
     pub idle_timeout: Duration,
+    /// HTTP: how long a request body may take to arrive, JSON bodies in
+    /// all and uploads between two pieces (30 s; `--body-timeout-secs`).
+    pub body_timeout: Duration,
     /// nng: how long a connection may go without receiving a byte while no
     /// request of it is in flight (300 s; `--nng-idle-timeout-secs`).
     pub nng_idle_timeout: Duration,
@@ -64,6 +67,7 @@ impl Default for ConnectionLimits {
         Self {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
             nng_idle_timeout: Duration::from_secs(300),
             max_connections: 1024,
             max_connections_per_ip: 64,
