@@ -1,7 +1,9 @@
 //! OS confinement of a forked worker (docs/confinement.md).
 //!
-//! Runs in the worker (pid 1 of its own pid namespace), as root,
-//! single-threaded, before it reads its first request. Layers, in order:
+//! Runs in the worker (pid 1 of its own pid namespace), single-threaded,
+//! before it reads its first request: as root, or (rootless mode) as the
+//! owner of a new user namespace of its own, whose id maps it writes
+//! first (`map_ids`). Layers, in order:
 //! its cgroups and new mount, ipc, uts, cgroup and (unless network is on)
 //! network namespaces, a new root (tmpfs with read-only binds of what R needs, a size-capped
 //! private tmpfs for the temporary and working directory, a new /proc, a
@@ -88,6 +90,36 @@ fn mount(
     Ok(())
 }
 
+/// The mount flags of the mount `p` is on that a user namespace may not
+/// clear on a bind of it (noexec, nosuid, nodev, rdonly and the atime
+/// flags are locked when a mount namespace is made by a less privileged
+/// user namespace): a remount of the bind must repeat them.
+fn locked_flags(p: &Path) -> Result<libc::c_ulong, String> {
+    let c = cstr(path_str(p)?)?;
+    // SAFETY: statvfs(3) with a NUL-terminated path that lives across the
+    // call and a zeroed struct we own.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(err(format!("statvfs {}", p.display())));
+    }
+    let mut flags = 0;
+    for (st_flag, ms_flag) in [
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_RDONLY, libc::MS_RDONLY),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if st.f_flag & st_flag != 0 {
+            flags |= ms_flag;
+        }
+    }
+    Ok(flags)
+}
+
 /// Binds `src` read-only at `dst` (nosuid, nodev; exec stays allowed:
 /// shared libraries are mapped executable).
 fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
@@ -97,7 +129,12 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
         None,
         dst,
         None,
-        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+        libc::MS_BIND
+            | libc::MS_REMOUNT
+            | libc::MS_RDONLY
+            | libc::MS_NOSUID
+            | libc::MS_NODEV
+            | locked_flags(src)?,
         None,
     )
 }
@@ -232,11 +269,30 @@ fn filesystem(c: &Confine, work: &str) -> Result<(), String> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some("size=64k,mode=0755"),
     )?;
-    // Made as device nodes rather than bound from the host's /dev: a bind
-    // shows the host's devtmpfs (its size, half the host's memory) in the
-    // worker's mountinfo.
+    // As root: made as device nodes rather than bound from the host's
+    // /dev: a bind shows the host's devtmpfs (its size, half the host's
+    // memory) in the worker's mountinfo. Rootless: bound, since a user
+    // namespace may not make device nodes (and its tmpfs would not open
+    // them).
     for (d, minor) in DEVICES {
         let dst = dev.join(d);
+        if c.rootless {
+            let src = Path::new("/dev").join(d);
+            std::fs::write(&dst, b"").map_err(|e| format!("create {}: {e}", dst.display()))?;
+            mount(Some(path_str(&src)?), &dst, None, libc::MS_BIND, None)?;
+            mount(
+                None,
+                &dst,
+                None,
+                libc::MS_BIND
+                    | libc::MS_REMOUNT
+                    | libc::MS_NOSUID
+                    | libc::MS_NOEXEC
+                    | (locked_flags(&src)? & !libc::MS_NODEV),
+                None,
+            )?;
+            continue;
+        }
         let path = cstr(path_str(&dst)?)?;
         // SAFETY: mknod(2) with a NUL-terminated path that lives across the
         // call; the numbers are the fixed ones of the memory devices.
@@ -301,7 +357,19 @@ fn filesystem(c: &Confine, work: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Sets both limits of `resource` to `value`, or to the current hard
+/// limit when that is lower and this worker cannot raise it (rootless):
+/// tighter than asked, never looser.
 fn rlimit(resource: libc::__rlimit_resource_t, value: u64, name: &str) -> Result<(), String> {
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills a struct we own.
+    if unsafe { libc::getrlimit(resource, &mut cur) } != 0 {
+        return Err(err(format!("getrlimit {name}")));
+    }
+    let value = value.min(cur.rlim_max);
     let rl = libc::rlimit {
         rlim_cur: value,
         rlim_max: value,
@@ -333,20 +401,44 @@ fn limits(c: &Confine) -> Result<(), String> {
     Ok(())
 }
 
-/// Drops to the worker's own uid/gid with no capabilities at all.
+/// Rootless mode, first of all: maps `outer_uid`/`outer_gid` (the
+/// zygote's ids, the only ones an unprivileged process may map) to the
+/// worker's `uid`/`gid` inside the user namespace the zygote forked it
+/// into. `setgroups` is denied first, as the kernel requires of an
+/// unprivileged gid map (and so that no one in here can drop a group to
+/// get past a "deny group" permission).
+pub fn map_ids(c: &Confine, outer_uid: u32, outer_gid: u32) -> Result<(), String> {
+    if c.uid == 0 || c.gid == 0 {
+        return Err("refusing to map a confined worker to uid or gid 0".into());
+    }
+    let write = |file: &str, text: String| {
+        std::fs::write(file, &text).map_err(|e| format!("write {text:?} to {file}: {e}"))
+    };
+    write("/proc/self/setgroups", "deny".into())?;
+    write("/proc/self/uid_map", format!("{} {outer_uid} 1\n", c.uid))?;
+    write("/proc/self/gid_map", format!("{} {outer_gid} 1\n", c.gid))?;
+    Ok(())
+}
+
+/// Drops to the worker's own uid/gid with no capabilities at all. As
+/// root the uid switch clears the capabilities; rootless, the worker
+/// already has its (mapped) uid and holds every capability of its own
+/// user namespace, which are cleared explicitly.
 fn credentials(c: &Confine) -> Result<(), String> {
     if c.uid == 0 || c.gid == 0 {
         return Err("refusing to run a confined worker as uid or gid 0".into());
     }
-    // SAFETY: prctl/setgroups/setres[ug]id on this single-threaded process
-    // with plain integer arguments.
+    // SAFETY: prctl/setgroups/setres[ug]id/capset on this single-threaded
+    // process with plain integer arguments and structs we own.
     unsafe {
         libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0);
         for cap in 0..64 {
             // EINVAL past the last capability this kernel knows.
             libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
         }
-        if libc::setgroups(0, std::ptr::null()) != 0 {
+        // Rootless: setgroups is denied in this user namespace (map_ids);
+        // the supplementary groups are the zygote's, unmapped here.
+        if !c.rootless && libc::setgroups(0, std::ptr::null()) != 0 {
             return Err(err("setgroups"));
         }
         if libc::setresgid(c.gid, c.gid, c.gid) != 0 {
@@ -362,6 +454,17 @@ fn credentials(c: &Confine) -> Result<(), String> {
             0,
             0,
         );
+        if c.rootless {
+            // No capabilities in any set (version 3: two 32-bit halves).
+            let mut header = CapHeader {
+                version: LINUX_CAPABILITY_VERSION_3,
+                pid: 0,
+            };
+            let data = [CapData::default(); 2];
+            if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
+                return Err(err("capset"));
+            }
+        }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(err("no_new_privs"));
         }
@@ -386,6 +489,24 @@ fn credentials(c: &Confine) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `struct __user_cap_header_struct` of capset(2).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct` of capset(2).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 /// Landlock: read anything in the new root (it holds only what was bound),
 /// write only the scratch space and /dev; execute nothing; no TCP; no

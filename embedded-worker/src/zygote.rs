@@ -256,8 +256,13 @@ fn fork_worker(
         };
         return write_frame(ctl, &msg).map_err(|e| e.to_string());
     }
-    if req.confine.is_some() {
-        let msg = match fork_confined(r, ctl.as_raw_fd(), req.clone(), fds, pipe)? {
+    if let Some(c) = &req.confine {
+        let forked = if c.rootless {
+            Ok(fork_rootless(r, ctl.as_raw_fd(), req.clone(), fds, pipe))
+        } else {
+            fork_confined(r, ctl.as_raw_fd(), req.clone(), fds, pipe)
+        };
+        let msg = match forked? {
             Ok(pid) => {
                 confined.insert(pid);
                 FromZygote::Forked {
@@ -278,7 +283,7 @@ fn fork_worker(
     // `become_worker`, which never returns.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        become_worker(r, ctl.as_raw_fd(), req, fds, pipe, zygote_pid);
+        become_worker(r, ctl.as_raw_fd(), req, fds, pipe, zygote_pid, None);
     }
     drop(fds); // the child has its copies
     let msg = if pid < 0 {
@@ -325,7 +330,7 @@ fn fork_confined(
     // continues in `become_worker`, which never returns.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        become_worker(r, ctl_fd, req, fds, pipe, zygote_pid);
+        become_worker(r, ctl_fd, req, fds, pipe, zygote_pid, None);
     }
     let fork_error = std::io::Error::last_os_error();
     drop(fds); // the child has its copies
@@ -343,11 +348,53 @@ fn fork_confined(
     Ok(Ok(pid))
 }
 
+/// Rootless mode: forks a confined worker into a new user namespace and,
+/// owned by it, a new pid namespace (the worker is its pid 1), in one
+/// `clone(CLONE_NEWUSER | CLONE_NEWPID)`. An unprivileged zygote cannot
+/// `setns` back into its own pid namespace (that needs CAP_SYS_ADMIN over
+/// the host's), so unshare-fork-setns is for root only; a clone with both
+/// flags needs no privilege at all. The child maps the zygote's uid/gid
+/// into its user namespace (`confine::map_ids`) before anything else.
+fn fork_rootless(
+    r: &r::R,
+    ctl_fd: RawFd,
+    req: ForkRequest,
+    fds: Vec<OwnedFd>,
+    pipe: [RawFd; 2],
+) -> Result<libc::pid_t, String> {
+    let zygote_pid = std::process::id() as libc::pid_t;
+    // SAFETY: geteuid/getegid take no arguments and cannot fail.
+    let outer = unsafe { (libc::geteuid(), libc::getegid()) };
+    let flags = (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: clone(2) without CLONE_VM and with a null stack is fork(2)
+    // with namespace flags: the child gets a copy of the address space and
+    // returns here on its copy of this stack. The zygote is single-threaded
+    // (see fork_worker), so no lock is held in the copy; glibc's fork-only
+    // work (atfork handlers, of which the zygote registers none that
+    // matter with BLAS on one thread, and the cached thread id, which
+    // glibc's raise no longer uses) is skipped. The child continues in
+    // `become_worker`, which never returns.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    if pid == 0 {
+        become_worker(r, ctl_fd, req, fds, pipe, zygote_pid, Some(outer));
+    }
+    let fork_error = std::io::Error::last_os_error();
+    drop(fds); // the child has its copies
+    if pid < 0 {
+        return Err(format!(
+            "could not fork the worker into a new user and pid namespace: {fork_error}"
+        ));
+    }
+    Ok(pid as libc::pid_t)
+}
+
 /// The zygote's own pid namespace (a descriptor), to return to after
 /// forking a confined worker into a new one.
 static OWN_PIDNS: AtomicI32 = AtomicI32::new(-1);
 
 /// The child side of a fork: set up, then serve calls; never returns.
+/// `outer_ids`: rootless mode, the zygote's uid and gid to map into the
+/// child's new user namespace.
 fn become_worker(
     r: &r::R,
     ctl_fd: RawFd,
@@ -355,6 +402,7 @@ fn become_worker(
     fds: Vec<OwnedFd>,
     pipe: [RawFd; 2],
     parent_pid: libc::pid_t,
+    outer_ids: Option<(u32, u32)>,
 ) -> ! {
     let mut fds = fds.into_iter();
     let (Some(sock), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
@@ -418,7 +466,12 @@ fn become_worker(
         }
     }
     if let Some(c) = &req.confine {
-        if let Err(e) = confine::apply(c, &req.temp_dir) {
+        let mapped = match outer_ids {
+            Some((uid, gid)) => confine::map_ids(c, uid, gid),
+            None if c.rootless => Err("a rootless worker was forked without its ids".into()),
+            None => Ok(()),
+        };
+        if let Err(e) = mapped.and_then(|()| confine::apply(c, &req.temp_dir)) {
             eprintln!("rvisor-worker: confinement failed, the worker does not start: {e}");
             // SAFETY: end the child at once.
             unsafe { libc::_exit(72) }

@@ -75,6 +75,12 @@ pub struct Confine {
     /// worker, so the worker and its children are in them).
     #[serde(default)]
     pub cgroups: Vec<String>,
+    /// Rootless mode (the supervisor is not root): the zygote forks the
+    /// worker into a new user namespace as well as a new pid namespace, and
+    /// the worker maps the zygote's uid/gid to `uid`/`gid` inside it
+    /// instead of switching to a host uid of its own.
+    #[serde(default)]
+    pub rootless: bool,
 }
 
 /// Zygote to supervisor.

@@ -1,6 +1,12 @@
 //! OS confinement of workers: the settings, the host probe, and the
 //! per-worker uids (docs/confinement.md). The layers themselves are set up
 //! by the zygote in each forked worker (`rvisor-worker`'s confine module).
+//!
+//! Two modes, chosen by who runs the supervisor: as root, each worker
+//! switches to a host uid of its own; as an ordinary user ("rootless"),
+//! the zygote runs in a user namespace of its own and forks each worker
+//! into another one, which maps the supervisor's uid to the worker's uid
+//! inside and nothing else.
 
 use crate::error::{CgroupMissing, ConfineError, LimitsError, ReadOnlyRefusal};
 use serde::{Deserialize, Serialize};
@@ -125,6 +131,12 @@ impl Confinement {
 pub struct Sandbox {
     /// `confined` or `unconfined` (explicit opt-in).
     pub mode: String,
+    /// How workers are confined: `root` (the supervisor runs as root; each
+    /// worker has a host uid of its own) or `rootless` (it runs as an
+    /// ordinary user; each worker has a user namespace of its own). Absent
+    /// when unconfined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privilege: Option<String>,
     /// The layers every worker gets, e.g. `namespaces: mount, pid, ...`.
     pub layers: Vec<String>,
     /// Per-worker limits (absent when unconfined).
@@ -156,14 +168,15 @@ pub fn probe(c: &Confinement) -> Result<Sandbox, ConfineError> {
     if !c.enabled {
         return Ok(Sandbox {
             mode: "unconfined".into(),
+            privilege: None,
             layers: Vec::new(),
             limits: None,
             network: true,
         });
     }
-    // SAFETY: geteuid has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(ConfineError::NotRoot);
+    let rootless = rootless();
+    if rootless {
+        probe_user_namespaces()?;
     }
     let mut namespaces = vec!["mount", "pid", "ipc", "uts", "cgroup"];
     if !c.network {
@@ -190,26 +203,200 @@ pub fn probe(c: &Confinement) -> Result<Sandbox, ConfineError> {
         });
     }
     let l = &c.limits;
-    Ok(Sandbox {
-        mode: "confined".into(),
-        layers: vec![
-            format!("namespaces: {}", namespaces.join(", ")),
-            "filesystem: new root of read-only binds, private tmpfs (nosuid, nodev, noexec) for tmp and work dir, own /proc and minimal /dev".into(),
-            format!("credentials: own uid/gid per worker from {}, no supplementary groups, no capabilities, no_new_privs", c.uid_base),
+    let mut layers = Vec::new();
+    if rootless {
+        // SAFETY: getuid has no arguments and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        layers.push(format!(
+            "user namespace: one per worker, mapping only the supervisor's uid {uid} (to the worker's uid inside) and gid, setgroups denied; the zygote in a user namespace of its own"
+        ));
+        namespaces.insert(0, "user");
+    }
+    layers.push(format!("namespaces: {}", namespaces.join(", ")));
+    layers.push(if rootless {
+        "filesystem: new root of read-only binds, private tmpfs (nosuid, nodev, noexec) for tmp and work dir, own /proc and minimal /dev (null, zero, full, random, urandom bound from the host)".into()
+    } else {
+        "filesystem: new root of read-only binds, private tmpfs (nosuid, nodev, noexec) for tmp and work dir, own /proc and minimal /dev".into()
+    });
+    layers.push(if rootless {
+        "credentials: the supervisor's host uid, kept apart per worker by its user, pid and mount namespaces; no capabilities (every set and the bounding set cleared), no_new_privs, not dumpable".into()
+    } else {
+        format!("credentials: own uid/gid per worker from {}, no supplementary groups, no capabilities, no_new_privs, not dumpable", c.uid_base)
+    });
+    layers.extend([
             format!("landlock: ABI {abi} (files: read-only outside tmp/work dir, nothing executable; TCP bind/connect denied; signals and abstract sockets scoped)"),
             "seccomp: execve, ptrace, process_vm_*, mount, unshare/setns, bpf, keyctl, io_uring, perf, userfaultfd, non-Unix sockets and more denied".into(),
             format!(
-                "rlimits: address space {} MiB, {} processes, file size {} MiB, {} open files, core 0{}",
+                "rlimits: address space {} MiB, {} processes{}, file size {} MiB, {} open files, core 0{}",
                 l.memory_bytes >> 20,
                 l.processes,
+                if rootless { " (counted in the worker's user namespace)" } else { "" },
                 l.file_bytes >> 20,
                 l.open_files,
                 l.cpu_seconds.map(|s| format!(", CPU {s} s")).unwrap_or_default()
             ),
-        ],
+        ]);
+    Ok(Sandbox {
+        mode: "confined".into(),
+        privilege: Some(if rootless { "rootless" } else { "root" }.into()),
+        layers,
         limits: Some(l.clone()),
         network: c.network,
     })
+}
+
+/// Whether workers are confined rootless: the supervisor is not root.
+pub fn rootless() -> bool {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() != 0 }
+}
+
+/// A sysctl's value, trimmed, if this kernel has it.
+fn sysctl(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Rootless mode: checks that this process may make what a worker makes
+/// (a user namespace mapping its own ids, then mount, ipc, uts, net,
+/// cgroup and pid namespaces in it, and a tmpfs), in a child that tries.
+/// When the kernel refuses, the error names the setting that blocks it.
+fn probe_user_namespaces() -> Result<(), ConfineError> {
+    let failed = match try_user_namespace() {
+        Ok(()) => return Ok(()),
+        Err(f) => f,
+    };
+    if sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return Err(ConfineError::UnprivilegedUsernsOff);
+    }
+    let max = sysctl("/proc/sys/user/max_user_namespaces");
+    if max.as_deref() == Some("0") || failed.1.raw_os_error() == Some(libc::ENOSPC) {
+        return Err(ConfineError::UserNamespaceLimit {
+            value: max.unwrap_or_else(|| "unknown".into()),
+        });
+    }
+    if sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return Err(ConfineError::AppArmorUserns);
+    }
+    Err(ConfineError::UserNamespace {
+        step: failed.0,
+        source: failed.1,
+    })
+}
+
+/// The steps `try_user_namespace` takes, by the number its child reports.
+const USERNS_STEPS: [&str; 6] = [
+    "unshare(CLONE_NEWUSER)",
+    "write /proc/self/setgroups",
+    "write /proc/self/uid_map",
+    "write /proc/self/gid_map",
+    "unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWCGROUP | CLONE_NEWPID)",
+    "mount a tmpfs in the new mount namespace",
+];
+
+/// Forks a child that takes the steps of `USERNS_STEPS` and reports the
+/// first that fails (its index and errno) on a pipe.
+fn try_user_namespace() -> Result<(), (&'static str, std::io::Error)> {
+    // SAFETY: getuid/getgid take no arguments and cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let texts = [
+        c"/proc/self/setgroups".to_owned(),
+        c"/proc/self/uid_map".to_owned(),
+        c"/proc/self/gid_map".to_owned(),
+    ];
+    let contents: [Vec<u8>; 3] = [
+        b"deny".to_vec(),
+        format!("{uid} {uid} 1\n").into_bytes(),
+        format!("{gid} {gid} 1\n").into_bytes(),
+    ];
+    let io_err = |what| (what, std::io::Error::last_os_error());
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io_err("create a pipe for the user namespace probe"));
+    }
+    let (rd, wr) = (fds[0], fds[1]);
+    // SAFETY: the child makes only async-signal-safe system calls (unshare,
+    // open, write, close, mount, _exit) on data prepared before the fork,
+    // so forking this multithreaded process is sound; it never returns.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: in the child, see above; `report` writes five bytes of a
+        // local array to our pipe and ends the child.
+        unsafe {
+            let report = |step: u8| -> ! {
+                let errno = *libc::__errno_location();
+                let mut msg = [step, 0, 0, 0, 0];
+                msg[1..].copy_from_slice(&errno.to_ne_bytes());
+                libc::write(wr, msg.as_ptr().cast(), msg.len());
+                libc::_exit(1)
+            };
+            if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                report(0);
+            }
+            for (i, (path, text)) in texts.iter().zip(&contents).enumerate() {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, text.as_ptr().cast(), text.len()) < 0 {
+                    report(1 + i as u8);
+                }
+                libc::close(fd);
+            }
+            let flags = libc::CLONE_NEWNS
+                | libc::CLONE_NEWIPC
+                | libc::CLONE_NEWUTS
+                | libc::CLONE_NEWNET
+                | libc::CLONE_NEWCGROUP
+                | libc::CLONE_NEWPID;
+            if libc::unshare(flags) != 0 {
+                report(4);
+            }
+            let (root, tmp, tmpfs) = (c"/".as_ptr(), c"/tmp".as_ptr(), c"tmpfs".as_ptr());
+            if libc::mount(
+                std::ptr::null(),
+                root,
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+                || libc::mount(
+                    tmpfs,
+                    tmp,
+                    tmpfs,
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    std::ptr::null(),
+                ) != 0
+            {
+                report(5);
+            }
+            libc::_exit(0)
+        }
+    }
+    // SAFETY: closing our copy of the write end, which we own.
+    unsafe { libc::close(wr) };
+    if pid < 0 {
+        // SAFETY: closing the read end, which we own.
+        unsafe { libc::close(rd) };
+        return Err(io_err("fork the user namespace probe"));
+    }
+    let mut msg = [0u8; 5];
+    // SAFETY: read into a local buffer from our pipe; waitpid on our child.
+    let n = unsafe {
+        let n = libc::read(rd, msg.as_mut_ptr().cast(), msg.len());
+        libc::close(rd);
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        n
+    };
+    if n == msg.len() as isize {
+        let errno = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
+        let step = USERNS_STEPS
+            .get(msg[0] as usize)
+            .copied()
+            .unwrap_or("the probe");
+        return Err((step, std::io::Error::from_raw_os_error(errno)));
+    }
+    Ok(())
 }
 
 /// Per-worker cgroups (v1 memory and pids controllers) under a group of
@@ -438,6 +625,10 @@ pub fn check_enterable(d: &std::path::Path) -> Result<(), ConfineError> {
         move |source| ConfineError::Path { path, source }
     };
     let real = std::fs::canonicalize(d).map_err(path_error(d))?;
+    if rootless() {
+        // Rootless workers reach host files as the supervisor's own uid.
+        return Ok(());
+    }
     for a in real.ancestors() {
         let mode = std::fs::metadata(a)
             .map_err(path_error(a))?
@@ -469,6 +660,7 @@ pub(crate) fn cgroup_layer(l: &Limits, cgroups: Option<&Cgroups>) -> String {
                 ""
             }
         ),
+        None if rootless() => "cgroups: not used (rootless: the host's v1 memory and pids controllers are not delegated to this user); memory is bounded by the address-space rlimit and the tmpfs cap, processes by RLIMIT_NPROC in each worker's user namespace".into(),
         None => "cgroups: not used (turned off, or the host has no writable v1 memory and pids controllers)".into(),
     }
 }
@@ -492,6 +684,16 @@ impl Uids {
     /// A free block of `c`'s range, held while this value lives.
     pub(crate) fn reserve(c: &Confinement) -> Result<Uids, ConfineError> {
         use std::os::fd::AsRawFd;
+        if rootless() {
+            // The uids are inside each worker's own user namespace, mapped
+            // to the supervisor's: nothing host-wide to hold.
+            return Ok(Uids {
+                used: Mutex::new((HashSet::new(), 0)),
+                base: c.uid_base,
+                count: c.uid_count.min(UID_BLOCK),
+                _lock: None,
+            });
+        }
         let dir = if std::path::Path::new("/run").is_dir() {
             PathBuf::from("/run/rvisor/uid-blocks")
         } else {
@@ -604,6 +806,7 @@ pub(crate) fn request(
             .iter()
             .map(|d| d.join("cgroup.procs").display().to_string())
             .collect(),
+        rootless: rootless(),
     }
 }
 

@@ -49,9 +49,16 @@ pub enum Error {
 }
 
 /// Advice given with every failed host probe.
-const CONFINE_ADVICE: &str = "run rvisor as root (it gives each worker its own unprivileged \
-                              uid), or opt out of OS confinement explicitly (`--unconfined`; \
-                              library: `Confinement::unconfined()`) for trusted code only";
+const CONFINE_ADVICE: &str = "fix the host as said, run rvisor as root, or opt out of OS \
+                              confinement explicitly (`--unconfined`; library: \
+                              `Confinement::unconfined()`) for trusted code only";
+
+/// Advice when the kernel refuses unprivileged user namespaces.
+const USERNS_ADVICE: &str = "rootless confinement (rvisor running as an ordinary user) gives \
+                             each worker a user namespace of its own; run rvisor as root \
+                             instead, or opt out of OS confinement explicitly \
+                             (`--unconfined`; library: `Confinement::unconfined()`) for \
+                             trusted code only";
 
 /// Why workers cannot be confined as configured: one variant per step of
 /// the host probe and of the set-up (as Firecracker's jailer has one per
@@ -59,9 +66,49 @@ const CONFINE_ADVICE: &str = "run rvisor as root (it gives each worker its own u
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfineError {
-    /// Not running as root.
-    #[error("OS confinement needs root to create namespaces and switch uids; {CONFINE_ADVICE}")]
-    NotRoot,
+    /// Rootless: the Debian/Ubuntu switch for unprivileged user
+    /// namespaces is off.
+    #[error(
+        "failed to create a user namespace: unprivileged user namespaces are turned off \
+         (sysctl kernel.unprivileged_userns_clone = 0); turn them on with `sudo sysctl -w \
+         kernel.unprivileged_userns_clone=1` (and in /etc/sysctl.d to keep it); {USERNS_ADVICE}"
+    )]
+    UnprivilegedUsernsOff,
+    /// Rootless: the per-user limit of user namespaces is 0 (or reached).
+    #[error(
+        "failed to create a user namespace: the limit is {value} (sysctl \
+         user.max_user_namespaces); raise it with `sudo sysctl -w \
+         user.max_user_namespaces=15000` (and in /etc/sysctl.d to keep it); {USERNS_ADVICE}"
+    )]
+    UserNamespaceLimit {
+        /// The sysctl's value.
+        value: String,
+    },
+    /// Rootless: AppArmor restricts unprivileged user namespaces (Ubuntu
+    /// 23.10 and later).
+    #[error(
+        "failed to create a user namespace: AppArmor restricts unprivileged user namespaces \
+         (sysctl kernel.apparmor_restrict_unprivileged_userns = 1); allow them for rvisor with \
+         an AppArmor profile granting `userns,` to the rvisor binary and to rvisor-worker \
+         (docs/confinement.md has one), or turn the restriction off with `sudo sysctl -w \
+         kernel.apparmor_restrict_unprivileged_userns=0`; {USERNS_ADVICE}"
+    )]
+    AppArmorUserns,
+    /// Rootless: the kernel refused a user namespace for another reason
+    /// (a container's seccomp profile or a missing CONFIG_USER_NS).
+    #[error(
+        "failed to create a user namespace ({step}): {source}; inside a container, the \
+         runtime's seccomp profile or missing privileges usually forbid it (Docker: \
+         `--security-opt seccomp=unconfined` or a profile that allows clone/unshare of user \
+         namespaces; Kubernetes: a pod that allows user namespaces, or `hostUsers: false`); \
+         {USERNS_ADVICE}"
+    )]
+    UserNamespace {
+        /// What was tried: `unshare`, `write uid_map`, `unshare mount, ipc, ...`.
+        step: &'static str,
+        /// Why the kernel refused.
+        source: std::io::Error,
+    },
     /// The kernel lacks a namespace type.
     #[error(
         "this kernel has no {namespace} namespaces (/proc/self/ns/{namespace} is missing); \
@@ -371,6 +418,14 @@ pub enum VariableError {
          with a digit or '_'; not a reserved word)"
     )]
     BadName(String),
+    /// A name longer than R's symbol limit (`rules::MAX_NAME_BYTES`).
+    #[error("variable name {head:?}... is {bytes} bytes long; R limits names to 10000 bytes")]
+    TooLong {
+        /// The name's first characters.
+        head: String,
+        /// Its length in bytes.
+        bytes: usize,
+    },
     /// Given twice.
     #[error("variable {0:?} is given twice")]
     Duplicate(String),

@@ -414,16 +414,56 @@ pub(crate) fn worker_env(cfg: &WorkerConfig) -> Vec<(std::ffi::OsString, std::ff
     out
 }
 
+/// The files and lines that map this process's uid and gid to themselves
+/// in a new user namespace (setgroups denied first, as an unprivileged
+/// gid map requires).
+fn identity_maps() -> [(std::ffi::CString, Vec<u8>); 3] {
+    // SAFETY: getuid/getgid take no arguments and cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    [
+        (c"/proc/self/setgroups".to_owned(), b"deny".to_vec()),
+        (
+            c"/proc/self/uid_map".to_owned(),
+            format!("{uid} {uid} 1\n").into_bytes(),
+        ),
+        (
+            c"/proc/self/gid_map".to_owned(),
+            format!("{gid} {gid} 1\n").into_bytes(),
+        ),
+    ]
+}
+
 /// Sets what every exec'd worker (and the zygote) needs between fork and
 /// exec: own process group, death with the spawning thread, the stack R
-/// needs, and `fd` moved to fd 3.
-fn prepare_child(cmd: &mut Command, fd: RawFd) {
+/// needs, and `fd` moved to fd 3. With `user_ns` (a rootless zygote) the
+/// child also enters a new user namespace that maps its uid and gid to
+/// themselves, so that its forked workers' memory belongs to that
+/// namespace (`mm->user_ns`): the supervisor, which owns it, may read a
+/// non-dumpable worker's `/proc/<pid>/root`, and a worker, in a sibling
+/// namespace below it, may not read another's.
+fn prepare_child(cmd: &mut Command, fd: RawFd, user_ns: bool) {
     let parent_pid = std::process::id() as libc::pid_t;
+    let maps = user_ns.then(identity_maps);
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe system calls (setpgid, prctl, getrlimit, setrlimit,
-    // dup2, fcntl, getppid, kill); it allocates nothing.
+    // dup2, fcntl, getppid, kill, unshare, open, write, close) on data
+    // prepared before the fork; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            // First: the credentials of the new namespace are settled
+            // before the parent-death signal is armed.
+            if let Some(maps) = &maps {
+                if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                for (path, text) in maps {
+                    let f = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if f < 0 || libc::write(f, text.as_ptr().cast(), text.len()) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(f);
+                }
+            }
             // Own process group: a terminal's Ctrl-C does not reach R.
             libc::setpgid(0, 0);
             // Die with the supervisor.
@@ -486,7 +526,12 @@ pub(crate) fn launch(
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(Stdio::piped());
-    prepare_child(&mut cmd, child_fd.as_raw_fd());
+    // A rootless zygote runs in a user namespace of its own (see
+    // prepare_child); workers spawned directly are never confined.
+    let user_ns = fd_var == rvisor_protocol::ENV_ZYGOTE_FD
+        && cfg.confine.is_some()
+        && crate::confine::rootless();
+    prepare_child(&mut cmd, child_fd.as_raw_fd(), user_ns);
     let child = cmd.spawn().map_err(|source| Error::Spawn {
         path: bin.clone(),
         source,
