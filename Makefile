@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: setup build demo test lint bench
+.PHONY: setup build demo test test-rootless lint bench
 
 setup:
 	@./scripts/setup.sh
@@ -23,6 +23,33 @@ test: setup
 	RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker $(CARGO) test --workspace --doc
 	$(CARGO) nextest run --workspace --no-fail-fast
 	./scripts/fuzz-openapi.sh
+
+# The confinement attack suite and the functional suites again as an
+# ordinary user, i.e. with rootless confinement (docs/confinement.md,
+# "Rootless"). Needs root: creates $(ROOTLESS_USER) when missing, builds
+# here, then runs the already built test binaries as that user with
+# nextest (reusing this build: binaries and cargo metadata are written to
+# target/, and cargo-nextest is copied where the user can run it). The
+# workspace and target/ must be readable by the user; target/tmp (the
+# tests' CARGO_TARGET_TMPDIR) is made writable like /tmp.
+ROOTLESS_USER ?= rvtest
+ROOTLESS_TESTS ?= binary(confinement) | binary(rootless) | binary(sessions) | binary(zygote)
+test-rootless: setup
+	@test "$$(id -u)" = 0 || { echo "test-rootless: run as root (it runs the tests as $(ROOTLESS_USER))" >&2; exit 1; }
+	id -u $(ROOTLESS_USER) >/dev/null 2>&1 || useradd --create-home --shell /usr/sbin/nologin $(ROOTLESS_USER)
+	$(CARGO) build --workspace
+	$(CARGO) nextest list -p rvisor-ffi-tests --list-type binaries-only --message-format json > target/nextest-binaries.json
+	$(CARGO) metadata --format-version 1 --all-features --no-deps > target/nextest-cargo-metadata.json
+	mkdir -p target/tmp target/rootless-bin
+	chmod 1777 target/tmp
+	install -m 755 "$$(command -v cargo-nextest)" target/rootless-bin/cargo-nextest
+	chmod a+r target/nextest-binaries.json target/nextest-cargo-metadata.json
+	@runuser -u $(ROOTLESS_USER) -- test -r Cargo.toml -a -x target/debug/rvisor-worker || { echo "test-rootless: $(ROOTLESS_USER) cannot read $(CURDIR) or its target/ (chmod o+rX them)" >&2; exit 1; }
+	runuser -u $(ROOTLESS_USER) -- env -i HOME=$$(getent passwd $(ROOTLESS_USER) | cut -d: -f6) PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
+		RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker \
+		target/rootless-bin/cargo-nextest nextest run --no-fail-fast \
+		--binaries-metadata target/nextest-binaries.json --cargo-metadata target/nextest-cargo-metadata.json \
+		-E '$(ROOTLESS_TESTS)'
 
 lint:
 	$(CARGO) fmt --all --check
