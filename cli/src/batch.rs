@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use rvisor::{BatchJob, BatchOptions, CallContext, CallOptions, RunResult};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -43,6 +43,15 @@ pub(crate) struct BatchArgs {
     /// usage) in the output, so two runs compare byte for byte.
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+}
+
+/// One output line.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<&'a str>,
+    result: &'a RunResult,
 }
 
 /// One script as the batch knows it.
@@ -235,6 +244,10 @@ pub(crate) fn run(a: BatchArgs, sup: rvisor::Supervisor) -> Result<ExitCode> {
         all.retain(|i| !done.contains(&i.id));
     }
     let total = all.len();
+    if total == 0 {
+        eprintln!("rvisor batch: nothing left to run: every id already has a result");
+        return Ok(ExitCode::SUCCESS);
+    }
     let files: Vec<(String, Option<String>)> =
         all.iter().map(|i| (i.id.clone(), i.file.clone())).collect();
     let jobs: Vec<BatchJob> = all.into_iter().map(|i| i.job).collect();
@@ -266,7 +279,7 @@ pub(crate) fn run(a: BatchArgs, sup: rvisor::Supervisor) -> Result<ExitCode> {
     let mut slowest: Vec<(f64, String)> = Vec::new();
     let mut failed = 0usize;
     let mut finished = 0usize;
-    let mut pending: BTreeMap<usize, Value> = BTreeMap::new();
+    let mut pending: BTreeMap<usize, String> = BTreeMap::new();
     let mut next_out = 0usize;
     for done in batch {
         finished += 1;
@@ -285,7 +298,13 @@ pub(crate) fn run(a: BatchArgs, sup: rvisor::Supervisor) -> Result<ExitCode> {
             r
         };
         let file = files.get(done.index).and_then(|f| f.1.clone());
-        let line = json!({"id": done.id, "file": file, "result": r});
+        // A struct, not a JSON map, so the fields keep their order (id
+        // first, the result's fields as the contract lists them).
+        let line = serde_json::to_string(&Line {
+            id: &done.id,
+            file: file.as_deref(),
+            result: &r,
+        })?;
         if a.ordered {
             pending.insert(done.index, line);
             while let Some(l) = pending.remove(&next_out) {
