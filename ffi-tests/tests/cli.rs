@@ -78,6 +78,26 @@ fn run_rejects_a_bad_variable_name() {
 }
 
 #[test]
+fn run_refuses_a_20000_byte_variable_name_before_r_sees_it() {
+    let f = script("cat('ran')\n");
+    let var = format!("{}=3", "a".repeat(20_000));
+    let out = rvisor()
+        .args(["run", "--var", &var])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("10000 bytes"), "{err}");
+    assert!(
+        err.len() < 1000,
+        "the name is echoed whole: {} bytes",
+        err.len()
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+}
+
+#[test]
 fn run_writes_plots_to_the_plots_dir() {
     let dir = std::env::temp_dir().join(format!("rvisor-cli-plots-{}", rvisor::ids::random_hex(6)));
     let f = script("plot(1:3); hist(rnorm(10))\n");

@@ -504,7 +504,11 @@ fn validate_style_notes_do_not_make_a_script_invalid() {
         .iter()
         .map(|s| s["rule"].as_str().expect("a rule"))
         .collect();
-    for rule in ["assignment_linter", "T_and_F_symbol_linter", "line_length_linter"] {
+    for rule in [
+        "assignment_linter",
+        "T_and_F_symbol_linter",
+        "line_length_linter",
+    ] {
         assert!(rules.contains(rule), "{rule} not in {v}");
     }
     for s in v["style"].as_array().unwrap() {
@@ -605,6 +609,29 @@ fn run_rejects_invalid_variables_with_422() {
         .collect();
     let r = c.run(&json!({"script": "cat(v0 + v49)", "variables": fifty}));
     assert_eq!(r["console"], "49", "{r}");
+}
+
+#[test]
+fn a_20000_byte_variable_or_data_frame_name_is_refused_and_the_server_runs_on() {
+    let srv = Server::open();
+    let c = srv.client();
+    let long = "a".repeat(20_000);
+    let m = c
+        .post(
+            "/v1/run",
+            &json!({"script": "cat('ran')", "variables": [{"name": long, "value": 3}]}),
+        )
+        .error(422, "invalid");
+    assert!(m.contains("10000 bytes") && m.len() < 1000, "{m:.200}");
+    let m = c
+        .post(
+            "/v1/run",
+            &json!({"script": "cat('ran')", "dataframes": [{"data_pointer": "p", "name": long}]}),
+        )
+        .error(422, "invalid");
+    assert!(m.contains("10000 bytes") && m.len() < 1000, "{m:.200}");
+    let r = c.run(&json!({"script": "cat(1 + 1)"}));
+    assert_eq!(r["console"], "2", "{r}");
 }
 
 #[test]

@@ -409,7 +409,8 @@ fn narrow(doc: &mut serde_json::Value, schema: &str, prop: &str, extra: serde_js
 fn r_name_schema() -> serde_json::Value {
     json!({
         "type": "string",
-        "description": "A syntactic R name (letters, digits, `.` and `_`; starts with a letter or a `.` not followed by a digit; not a reserved word)",
+        "description": "A syntactic R name (letters, digits, `.` and `_`; starts with a letter or a `.` not followed by a digit; not a reserved word; at most 10000 bytes, R's limit)",
+        "maxLength": rvisor::ops::MAX_NAME_BYTES,
         "pattern": r"^([A-Za-z][A-Za-z0-9._]*|\.([A-Za-z._][A-Za-z0-9._]*)?)$",
         "not": {"anyOf": [
             {"enum": ["if", "else", "repeat", "while", "function", "for", "next", "break", "TRUE", "FALSE", "NULL", "Inf", "NaN", "NA", "NA_integer_", "NA_real_", "NA_character_", "NA_complex_", "in", "..."]},

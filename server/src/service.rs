@@ -543,10 +543,8 @@ pub fn check_bindings(
         )));
     }
     for n in table_names {
-        if !rvisor::ops::syntactic_name(n) {
-            return Err(ServiceError::invalid(format!(
-                "dataframe name {n:?} is not a syntactic R name"
-            )));
+        if let Some(why) = rvisor::ops::name_problem(n) {
+            return Err(ServiceError::invalid(format!("dataframe name: {why}")));
         }
     }
     rvisor::ops::check_variables(variables, rules)

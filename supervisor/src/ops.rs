@@ -2,7 +2,10 @@
 //! safety rules), installed packages, and validation that runs nothing.
 //! Every surface (CLI, HTTP, MCP) answers from these.
 
-pub use crate::rules::{check_variables, syntactic_name, SafetyRules, StyleEngine, TimeoutRules};
+pub use crate::rules::{
+    check_variables, name_problem, syntactic_name, SafetyRules, StyleEngine, TimeoutRules,
+    MAX_NAME_BYTES,
+};
 use crate::{CallOptions, Outcome, Supervisor};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

@@ -172,9 +172,43 @@ const RESERVED: &[&str] = &[
     "in",
 ];
 
+/// The longest name R accepts for a symbol, in bytes (R's `MAXIDSIZE`):
+/// a longer one is an R error ("variable names are limited to 10000
+/// bytes") as soon as it is bound.
+pub const MAX_NAME_BYTES: usize = 10_000;
+
+/// Why `name` cannot be bound as an R variable, if it cannot: too long for
+/// R's symbol table, or not a syntactic name. The message names the
+/// problem without repeating a long name whole.
+pub fn name_problem(name: &str) -> Option<String> {
+    if name.len() > MAX_NAME_BYTES {
+        let head = cut_name(name);
+        return Some(format!(
+            "the name {head:?}... is {} bytes long; R limits names to {MAX_NAME_BYTES} bytes",
+            name.len()
+        ));
+    }
+    if !syntactic_name(name) {
+        return Some(format!(
+            "{:?} is not a syntactic R name (letters, digits, '.', '_'; not starting with a \
+             digit or '_'; not a reserved word)",
+            cut_name(name)
+        ));
+    }
+    None
+}
+
+/// The first 40 characters of `name`, for messages.
+fn cut_name(name: &str) -> String {
+    name.chars().take(40).collect()
+}
+
 /// Whether `name` is a syntactic R name (usable as a variable without
-/// backquotes).
+/// backquotes) of at most [`MAX_NAME_BYTES`].
 pub fn syntactic_name(name: &str) -> bool {
+    if name.len() > MAX_NAME_BYTES {
+        return false;
+    }
     let b = name.as_bytes();
     let ok_start = match b.first() {
         Some(c) if c.is_ascii_alphabetic() => true,
@@ -206,6 +240,12 @@ pub fn check_variables(
     }
     let mut seen = std::collections::HashSet::new();
     for (name, value) in vars {
+        if name.len() > MAX_NAME_BYTES {
+            return Err(VariableError::TooLong {
+                head: cut_name(name),
+                bytes: name.len(),
+            });
+        }
         if !syntactic_name(name) {
             return Err(VariableError::BadName(name.clone()));
         }
