@@ -1,7 +1,11 @@
 ## rvisor's R-side driver. Evaluated once at worker start in a private
 ## environment whose parent is baseenv(); `emit` (a NativeSymbolInfo for the
 ## worker's .Call entry "rvisor_emit") is assigned into it by the worker.
-## Everything here runs on the R thread, called from Rust through R_tryEval.
+## Everything here runs on the R thread, called from Rust inside its
+## protected boundary (r.rs). User code is not evaluated here: the worker
+## evaluates each top-level expression itself, at frame 0 in the global
+## environment (eval.rs), after begin_expr() has installed the handlers
+## below as global calling handlers.
 
 state <- new.env(parent = emptyenv())
 state$dev <- 0L            # our png device number, 0 when closed
@@ -13,7 +17,6 @@ state$drop_first <- FALSE  # the replayed page got nothing new: do not report it
 state$plot_dir <- ""
 state$width <- 1000L
 state$height <- 650L
-state$base <- 0L           # sys.nframe() where user code starts
 state$warnings <- list()   # warnings of the current top-level expression
 state$warn_n <- 0L         # warnings kept in this call
 state$warn_dropped <- 0    # warnings past caps$warnings in this call
@@ -47,12 +50,8 @@ clip <- function(x, n) {
   x
 }
 
-driver_call <- quote(eval(expr, globalenv()))
-
 deparse_call <- function(cl) {
-  # An error in top-level code has the driver's eval() as its call; the R
-  # prompt shows no call there ("Error: object 'y' not found").
-  if (is.null(cl) || identical(cl, driver_call)) return(NULL)
+  if (is.null(cl)) return(NULL)
   s <- deparse(cl, width.cutoff = 500L, nlines = 2L)
   clip(if (length(s) > 1L) paste0(s[[1L]], " ...") else s, caps$call)
 }
@@ -71,6 +70,8 @@ on_warning <- function(w) {
       # Shown after the top-level expression finishes, as at the R prompt.
       state$warnings[[length(state$warnings) + 1L]] <-
         list(clip(conditionMessage(w), caps$warning), deparse_call(conditionCall(w)))
+      # The worker flushes them after the expression.
+      if (length(state$warnings) == 1L) .Call(emit, "warning_pending", NULL, NULL, NULL)
     }
   }
   tryInvokeRestart("muffleWarning")
@@ -83,16 +84,16 @@ on_message <- function(m) {
 
 on_error <- function(e) {
   # Runs at the point of the error, possibly thousands of frames deep (stack
-  # overflow): do little, and never fail.
+  # overflow): do little, and never fail. A global handler: user code sits
+  # at frame 1 up, as at the R prompt.
   msg <- tryCatch(clip(conditionMessage(e), caps$message), error = function(e2) "unknown error")
   cl <- tryCatch(deparse_call(conditionCall(e)), error = function(e2) NULL)
   tb <- tryCatch({
     calls <- sys.calls()
     n <- length(calls) - 1L  # drop this handler's own frame
     if (n >= 1L && identical(calls[[n]][[1L]], quote(.handleSimpleError))) n <- n - 1L
-    from <- state$base + 3L  # skip eval_user(), eval() and eval's own context
-    if (n >= from) {
-      idx <- rev(from:n)
+    if (n >= 1L) {
+      idx <- rev(seq_len(n))
       more <- length(idx) - caps$frames
       if (more > 0L) idx <- idx[seq_len(caps$frames)]
       out <- vapply(calls[idx], function(cl) first_line(deparse_call(cl)), "")
@@ -100,67 +101,47 @@ on_error <- function(e) {
       out
     } else character()
   }, error = function(e2) character())
+  # The worker keeps R's own printing of this error off the console.
   .Call(emit, "error", msg, cl, tb)
-  state$error_emitted <- TRUE
 }
 
-## The calling handler cannot run when the error is that the stack is
-## exhausted (calling it hits the same limit); the exiting handler runs after
-## unwinding and reports what it can.
-on_error_exit <- function(e) {
-  if (!state$error_emitted)
-    .Call(emit, "error", clip(conditionMessage(e), caps$message),
-          tryCatch(deparse_call(conditionCall(e)), error = function(e2) NULL), character())
-  "error"
+on_interrupt <- function(i) {
+  .Call(emit, "interrupted", NULL, NULL, NULL)
 }
 
-eval_user <- function(expr) {
-  state$base <- sys.nframe()
-  eval(expr, globalenv())
-}
+## rvisor's global calling handlers. begin_expr() puts them last, after the
+## user's own global handlers (which run first, as at the R prompt), and
+## keeps the user's across expressions and calls: R_ToplevelExec restores
+## R's handler stack when each expression ends.
+our_handlers <- list(warning = on_warning, message = on_message, error = on_error,
+                     interrupt = on_interrupt)
+gh_env <- environment(globalCallingHandlers)
+state$gh <- NULL
 
-print_value <- function(v) {
-  if (inherits(v, html_classes)) {
-    .Call(emit, "unsupported", sprintf(paste0(
-      "rvisor: a value of class '%s' renders only as HTML, which rvisor cannot ",
-      "show; print the underlying data instead (for example print(head(df)) or str(x))."),
-      clip(class(v)[[1L]], caps$call)), NULL, NULL)
-    return("unsupported")
+begin_expr <- function() {
+  gh <- gh_env$gh
+  if (!identical(gh, state$gh)) {
+    ours <- vapply(gh, function(h) any(vapply(our_handlers, identical, NA, h)), NA)
+    gh <- c(gh[!ours], our_handlers)
+    gh_env$gh <- gh
+    state$gh <- gh
   }
-  # Dispatch from the global environment, as the R prompt does, so methods
-  # defined by the user (print.myclass) are found.
-  if (isS4(v)) eval(quote(methods::show(.rvisor_value)), list(.rvisor_value = v), globalenv())
-  else eval(quote(print(.rvisor_value)), list(.rvisor_value = v), globalenv())
-  "complete"
+  .Internal(.addGlobHands(names(gh), gh, .GlobalEnv, NULL, TRUE))
+  invisible()
+}
+
+report_html <- function(v) {
+  .Call(emit, "unsupported", sprintf(paste0(
+    "rvisor: a value of class '%s' renders only as HTML, which rvisor cannot ",
+    "show; print the underlying data instead (for example print(head(df)) or str(x))."),
+    clip(class(v)[[1L]], caps$call)), NULL, NULL)
+  invisible()
 }
 
 flush_warnings <- function() {
   for (w in state$warnings) .Call(emit, "warning", w[[1L]], w[[2L]], NULL)
   state$warnings <- list()
-}
-
-## Evaluates the expressions of one call under one set of handlers: the
-## first error (or an interrupt) ends the call, like source(); warnings of
-## each top-level expression are shown after it, as at the R prompt.
-run_exprs <- function(exprs) {
-  state$warnings <- list()
-  state$warn_n <- 0L
-  state$warn_dropped <- 0
-  state$error_emitted <- FALSE
-  status <- "complete"
-  result <- tryCatch(
-    withCallingHandlers({
-      for (expr in exprs) {
-        v <- withVisible(eval_user(expr))
-        if (v$visible && print_value(v$value) == "unsupported") status <- "unsupported"
-        if (length(state$warnings)) flush_warnings()
-      }
-      status
-    }, warning = on_warning, message = on_message, error = on_error),
-    error = on_error_exit,
-    interrupt = function(i) "interrupted")
-  if (length(state$warnings)) flush_warnings()
-  result
+  invisible()
 }
 
 ## --- plots ----------------------------------------------------------------
@@ -270,19 +251,23 @@ parse_code <- function(code) {
            })
 }
 
-## The entry point. `exprs` is the code parsed by the worker (R_ParseVector),
-## or NULL when that failed: then R's parse() runs here to report the error
-## with its line and column. The worker has already changed directory.
-run <- function(exprs, code, width, height, tools) {
+## The call's start: tools, plot size, counters. The worker then evaluates
+## the expressions itself (or, when its parse failed, calls parse_code()
+## for R's message, line and column) and ends with end_call(). It has
+## already changed directory.
+begin_call <- function(width, height, tools) {
   if (!identical(tools, state$tool_names)) set_tools(tools)
   state$width <- width
   state$height <- height
   state$newpage_pending <- FALSE
-  if (is.null(exprs)) {
-    exprs <- parse_code(code)
-    if (is.null(exprs)) return(invisible())
-  }
-  status <- run_exprs(exprs)
+  state$warnings <- list()
+  state$warn_n <- 0L
+  state$warn_dropped <- 0
+  invisible()
+}
+
+end_call <- function() {
+  if (length(state$warnings)) flush_warnings()
   # Only a call that opened our device can have pages to collect.
   if (state$dev > 1L)
     tryCatch(finish_plots(), error = function(e)
@@ -290,7 +275,6 @@ run <- function(exprs, code, width, height, tools) {
                                    clip(conditionMessage(e), caps$message), "\n"), NULL, NULL))
   if (state$warn_dropped > 0)
     .Call(emit, "warnings_dropped", format(state$warn_dropped, scientific = FALSE), NULL, NULL)
-  .Call(emit, "status", status, NULL, NULL)
   invisible()
 }
 
@@ -355,6 +339,7 @@ call_tool <- function(name, args) {
                         "pass a data pointer or a file name instead of the data"),
                  name, nchar(json, type = "bytes"), caps$tool_request), call. = FALSE)
   res <- .Call(tool_sym, name, json)
+  if (is.null(res)) stop("the tool's answer could not be built in R", call. = FALSE)
   if (is.na(res[[1L]]))  # interrupted while waiting: end as an interrupt
     stop(structure(class = c("interrupt", "condition"),
                    list(message = res[[2L]], call = NULL)))

@@ -2,10 +2,10 @@
 //! a RunResult.
 
 use crate::console::{self, Capture};
-use crate::r::{self, R};
-use crate::{hydrate, interrupt, link, result_block, tools, values};
+use crate::r::sys::*;
+use crate::r::{self, RThread, R};
+use crate::{ffi, hydrate, interrupt, link, result_block, tools, values};
 use base64::Engine;
-use libR_sys::*;
 use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
 use std::cell::RefCell;
@@ -24,6 +24,10 @@ struct CallState {
     warnings_dropped: u64,
     /// Plot pages past `bounds::MAX_PLOTS`, deleted by the driver.
     plots_dropped: u64,
+    /// The driver holds warnings of the current expression to flush.
+    warning_pending: bool,
+    /// The driver's interrupt handler ran.
+    interrupted: bool,
 }
 
 /// What the `quit()` hook needs to know about the call that is running.
@@ -91,6 +95,10 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
             let n: u64 = first(&a).and_then(|s| s.parse().ok()).unwrap_or(0);
             CALL.with(|s| s.borrow_mut().plots_dropped = n);
         }
+        // The first error of an expression is the one reported: a second
+        // one raised while R handles it (stop() given a condition whose
+        // message is not one string: "bad error message") is not.
+        "error" if CALL.with(|s| s.borrow().error.is_some()) => r::quiet_stderr(true),
         "error" => {
             let message = capped(
                 first(&a).unwrap_or_default(),
@@ -99,6 +107,8 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
             );
             let call = first(&b).map(|s| capped(s, bounds::CALL_BYTES, "error.call"));
             let c = capped_traceback(c);
+            // R's default handler prints this error next: it is reported.
+            r::quiet_stderr(true);
             console::push(Segment::Error {
                 message: message.clone(),
                 call: call.clone(),
@@ -147,6 +157,13 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
             first(&a).unwrap_or_default().as_bytes(),
         ),
         "plots" => CALL.with(|s| s.borrow_mut().plot_files = a),
+        "warning_pending" => CALL.with(|s| s.borrow_mut().warning_pending = true),
+        "interrupted" => {
+            // R prints nothing useful for an interrupt ("Error: " for a
+            // tool call given up): the outcome says it.
+            r::quiet_stderr(true);
+            CALL.with(|s| s.borrow_mut().interrupted = true);
+        }
         "status" => CALL.with(|s| s.borrow_mut().status = first(&a)),
         _ => {}
     }
@@ -267,20 +284,23 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
         interrupt::end_call();
         return res;
     }
-    for (name, file) in req.tables.iter().zip(files) {
-        // SAFETY: on the R thread; names were checked by the supervisor.
-        if let Err(e) = unsafe { hydrate::bind(&name.replace('\0', ""), file) } {
-            let mut res = RunResult::failed(
-                req.execution_id.clone(),
-                req.code.clone(),
-                Outcome::Error,
-                format!("the data for '{name}' could not be loaded ({e}); nothing ran"),
-            );
-            res.r_version = r.version.clone();
-            console::take();
-            interrupt::end_call();
-            return res;
-        }
+    // SAFETY: `run` is called on the R thread, after R started.
+    let tok = unsafe { RThread::assume() };
+    // Everything bound is checked before R sees it, and bound inside the
+    // protected boundary: a failure (a name R refuses, memory running out
+    // while a table is built) is an error result, and nothing runs.
+    let bound = bind_inputs(tok, &req, files);
+    if let Err(e) = bound {
+        let mut res = RunResult::failed(
+            req.execution_id.clone(),
+            req.code.clone(),
+            Outcome::Error,
+            format!("{e}; nothing ran"),
+        );
+        res.r_version = r.version.clone();
+        console::take();
+        interrupt::end_call();
+        return res;
     }
     if let Some(limit) = req.cpu_limit_seconds {
         // The kernel sends SIGXCPU at the soft limit (the process ends) and
@@ -302,8 +322,15 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
         unsafe { libc::setrlimit(libc::RLIMIT_CPU, &rl) };
     }
     // The working directory is the process's: change it here (a syscall)
-    // rather than through R's setwd().
-    if let Some(wd) = req.working_dir.as_deref().filter(|w| !w.is_empty()) {
+    // rather than through R's setwd(). A call without one (a confined
+    // worker, which works in its private directory) goes back to where the
+    // worker started, so a setwd() lasts no longer than its call.
+    let wd = req
+        .working_dir
+        .clone()
+        .filter(|w| !w.is_empty())
+        .or_else(|| HOME_DIR.with(|h| h.borrow().clone()));
+    if let Some(wd) = wd.as_deref() {
         if let Err(e) = std::env::set_current_dir(wd) {
             // Running somewhere else would read or write the wrong files.
             let mut res = RunResult::failed(
@@ -331,40 +358,223 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
         })
     });
     tools::begin_call(req.execution_id.clone());
-    let mut err: c_int = 0;
-    // SAFETY: on the R thread. Every object is protected from its creation
-    // until the call has run (R may collect garbage at any allocation), and
-    // both the parse and the call run inside R_ToplevelExec (R_tryEval), so
-    // no R error or interrupt longjmps across this frame.
-    unsafe {
-        for (name, value) in &req.variables {
-            if let Ok(cname) = std::ffi::CString::new(name.as_str()) {
-                let v = Rf_protect(values::json_to_r(value));
-                Rf_defineVar(Rf_install(cname.as_ptr()), v, R_GlobalEnv);
-                Rf_unprotect(1);
-            }
-        }
-        let code = Rf_protect(r::mk_string(&req.code));
-        let exprs = Rf_protect(parse(code));
-        let width = Rf_protect(Rf_ScalarInteger(req.plot_width as c_int));
-        let height = Rf_protect(Rf_ScalarInteger(req.plot_height as c_int));
-        let tools = Rf_protect(Rf_allocVector(
-            SEXPTYPE::STRSXP,
-            req.tools.len() as R_xlen_t,
-        ));
-        for (i, name) in req.tools.iter().enumerate() {
-            let el = r::mk_char(&name.replace('\0', ""));
-            SET_STRING_ELT(tools, i as R_xlen_t, el);
-        }
-        let call = Rf_protect(Rf_lang6(r.run_fn, exprs, code, width, height, tools));
-        R_tryEval(call, r.driver, &mut err);
-        Rf_unprotect(6);
-    }
+    let escaped = evaluate(tok, r, &req).is_err();
     RUNNING.with(|x| x.borrow_mut().take());
     tools::end_call();
     interrupt::end_call();
+    r::quiet_stderr(false);
     let call = CALL.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    finish(req, &r.version, started, before, call, err != 0, None)
+    finish(req, &r.version, started, before, call, escaped, None)
+}
+
+/// Binds the call's variables and tables in the global environment, each
+/// checked first (a name R refuses, a string R cannot hold) and bound
+/// inside the protected boundary.
+fn bind_inputs(tok: RThread, req: &RunRequest, files: Vec<std::fs::File>) -> Result<(), String> {
+    if req.tables.len() != files.len() {
+        return Err(format!(
+            "{} tables were named but {} arrived",
+            req.tables.len(),
+            files.len()
+        ));
+    }
+    for (name, value) in &req.variables {
+        let name = values::check_name(name).map_err(|e| format!("variable {e}"))?;
+        values::check_value(value).map_err(|e| format!("variable {:?}: {e}", name))?;
+        let cname = std::ffi::CString::new(name).map_err(|_| "a variable name holds NUL")?;
+        let cname = cname.as_c_str();
+        r::protected(tok, |scope| {
+            // SAFETY: on the R thread inside `protected`; the value is
+            // protected by `scope` until it is bound; `cname` is owned by
+            // the caller (no destructor in this frame).
+            unsafe {
+                let v = scope.protect(values::json_to_r(value));
+                Rf_defineVar(Rf_install(cname.as_ptr()), v, R_GlobalEnv);
+            }
+            Ok(())
+        })
+        .map_err(|e| format!("variable {name:?} could not be bound: {e}"))?;
+    }
+    for (name, file) in req.tables.iter().zip(files) {
+        let name = values::check_name(name).map_err(|e| format!("data frame {e}"))?;
+        hydrate::bind(tok, name, file)
+            .map_err(|e| format!("the data for {name:?} could not be loaded ({e})"))?;
+    }
+    Ok(())
+}
+
+/// What one top-level expression did, written by its `R_ToplevelExec`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Step {
+    visible: bool,
+    html: bool,
+}
+
+/// Classes whose values render only as HTML.
+const HTML_CLASSES: [&std::ffi::CStr; 8] = [
+    c"htmlwidget",
+    c"gt_tbl",
+    c"flextable",
+    c"shiny.tag",
+    c"shiny.tag.list",
+    c"html",
+    c"datatables",
+    c"reactable",
+];
+
+/// Evaluates the call's code as R's prompt would: the whole code parsed
+/// first (a parse error: nothing runs), then each expression in its own
+/// `R_ToplevelExec`, at frame 0 in the global environment, under rvisor's
+/// global calling handlers; `.Last.value` set; a visible value printed
+/// with `PrintValue` (print() or show() dispatched from the global
+/// environment). The first error or interrupt ends the call, as source()
+/// does. `Err`: a driver step itself failed.
+fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
+    if let Some(why) = r::string_problem(&req.code) {
+        return Err(format!("the code cannot be given to R: {why}"));
+    }
+    for t in &req.tools {
+        if let Some(why) = r::string_problem(t) {
+            return Err(format!("a tool name cannot be given to R: {why}"));
+        }
+    }
+    let driver = r.driver;
+    let code_str = req.code.as_str();
+    let tools_list = req.tools.as_slice();
+    let (width, height) = (req.plot_width, req.plot_height);
+    // The code and its parse stay preserved across the expressions (each
+    // R_ToplevelExec resets R's protection stack to where it began).
+    let (code, exprs) = r::protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; every object is
+        // protected by `scope` from its creation until it is preserved.
+        unsafe {
+            let code = scope.protect(r::mk_string(code_str));
+            let exprs = scope.protect(parse(code));
+            let w = scope.protect(Rf_ScalarInteger(width.min(i32::MAX as u32) as c_int));
+            let h = scope.protect(Rf_ScalarInteger(height.min(i32::MAX as u32) as c_int));
+            let tools = scope.protect(Rf_allocVector(
+                SEXPTYPE::STRSXP,
+                tools_list.len() as R_xlen_t,
+            ));
+            for (i, name) in tools_list.iter().enumerate() {
+                SET_STRING_ELT(tools, i as R_xlen_t, r::mk_char(name));
+            }
+            r::call_driver(driver, c"begin_call", &[w, h, tools])?;
+            R_PreserveObject(code);
+            R_PreserveObject(exprs);
+            Ok((code, exprs))
+        }
+    })?;
+    // SAFETY: on the R thread; `exprs` is preserved.
+    let n = unsafe { Rf_xlength(exprs) };
+    let parsed = exprs != unsafe_nil();
+    if !parsed {
+        // SAFETY: on the R thread; `code` is preserved.
+        unsafe { r::call_driver(driver, c"parse_code", &[code]) }?;
+    }
+    let mut status = "complete";
+    for i in 0..if parsed { n } else { 0 } {
+        let mut step = Step::default();
+        let out: *mut Step = &mut step;
+        let ended = r::toplevel(tok, move || {
+            // SAFETY: on the R thread, in the expression's own top-level
+            // context; `exprs` is preserved and `v` protected until printed
+            // (the jump of an error resets the stack); `out` points to
+            // `step` in the caller's frame. Nothing here has a destructor.
+            unsafe {
+                let begin = Rf_protect(Rf_lang1(Rf_findVarInFrame(
+                    driver,
+                    Rf_install(c"begin_expr".as_ptr()),
+                )));
+                Rf_eval(begin, driver);
+                let v = Rf_protect(Rf_eval(VECTOR_ELT(exprs, i), R_GlobalEnv));
+                let visible = ffi::R_Visible != 0;
+                ffi::SET_SYMVALUE(R_LastvalueSymbol, v);
+                (*out).visible = visible;
+                if visible {
+                    let html = HTML_CLASSES
+                        .iter()
+                        .any(|c| Rf_inherits(v, c.as_ptr()) == Rboolean::TRUE);
+                    (*out).html = html;
+                    if html {
+                        let call = Rf_protect(Rf_lang2(
+                            Rf_findVarInFrame(driver, Rf_install(c"report_html".as_ptr())),
+                            v,
+                        ));
+                        Rf_eval(call, driver);
+                    } else {
+                        Rf_PrintValue(v);
+                    }
+                }
+            }
+        });
+        r::quiet_stderr(false);
+        if CALL.with(|s| std::mem::take(&mut s.borrow_mut().warning_pending)) {
+            // SAFETY: on the R thread; the driver's environment is preserved.
+            let _ = unsafe { r::call_driver(driver, c"flush_warnings", &[]) };
+        }
+        if step.html {
+            status = "unsupported";
+        }
+        match ended {
+            r::Ended::Returned => {}
+            r::Ended::Jumped | r::Ended::Panicked => {
+                let interrupted = CALL.with(|s| s.borrow().interrupted) || interrupt::seen();
+                if interrupted {
+                    status = "interrupted";
+                } else {
+                    status = "error";
+                    if CALL.with(|s| s.borrow().error.is_none()) {
+                        // No handler could run (the stack was exhausted):
+                        // R printed the error itself; report it from R's
+                        // error buffer.
+                        let msg = if ended == r::Ended::Panicked {
+                            "internal error in the worker".to_string()
+                        } else {
+                            r::last_error_message(tok)
+                        };
+                        CALL.with(|s| {
+                            s.borrow_mut().error = Some(ErrorInfo::message(capped(
+                                msg,
+                                bounds::ERROR_MESSAGE_BYTES,
+                                "error.message",
+                            )))
+                        });
+                    }
+                }
+                break;
+            }
+        }
+    }
+    // SAFETY: on the R thread; the driver's environment is preserved, and
+    // `code` and `exprs` were preserved above and are released here.
+    let ended = unsafe { r::call_driver(driver, c"end_call", &[]) };
+    // SAFETY: as above.
+    unsafe {
+        R_ReleaseObject(exprs);
+        R_ReleaseObject(code);
+    }
+    if parsed {
+        CALL.with(|s| s.borrow_mut().status = Some(status.to_string()));
+    }
+    ended.map(|_| ())
+}
+
+/// R's NULL.
+fn unsafe_nil() -> SEXP {
+    // SAFETY: R_NilValue is a constant of an initialised R.
+    unsafe { R_NilValue }
+}
+
+thread_local! {
+    /// Where the worker started: a call without a working directory goes
+    /// back there (set by `serve` before the first call).
+    static HOME_DIR: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Records the directory calls without a working directory run in.
+pub fn set_home_dir(dir: Option<String>) {
+    HOME_DIR.with(|h| *h.borrow_mut() = dir);
 }
 
 /// Called from R's clean-up hook when the code calls `quit()`: reports the
@@ -644,31 +854,43 @@ pub fn validate(r: &R, script: &str, forbidden: &[String], max_depth: u32, style
         return r#"{"problems":[{"kind":"syntax","message":"the script contains a NUL byte","line":null,"column":null}],"warnings":[],"style":[]}"#.to_string();
     }
     console::begin(1 << 20);
-    let mut err: c_int = 0;
-    // SAFETY: on the R thread; every argument is protected from creation
-    // until the call has run, and R_tryEval catches R errors.
-    let out = unsafe {
-        let script = Rf_protect(r::mk_string(script));
-        let names = Rf_protect(Rf_allocVector(
-            SEXPTYPE::STRSXP,
-            forbidden.len() as R_xlen_t,
-        ));
-        for (i, n) in forbidden.iter().enumerate() {
-            SET_STRING_ELT(names, i as R_xlen_t, r::mk_char(&n.replace('\0', "")));
-        }
-        let depth = Rf_protect(Rf_ScalarInteger(max_depth.min(i32::MAX as u32) as c_int));
-        let style = Rf_protect(r::mk_string(&style.replace('\0', "")));
-        let fun = Rf_findVarInFrame(r.driver, Rf_install(c"validate".as_ptr()));
-        let call = Rf_protect(Rf_lang5(fun, script, names, depth, style));
-        let value = R_tryEval(call, r.driver, &mut err);
-        let out = if err == 0 {
-            r::strings(value).pop()
-        } else {
-            None
-        };
-        Rf_unprotect(5);
-        out
+    let forbidden: Vec<&str> = forbidden
+        .iter()
+        .map(String::as_str)
+        .filter(|n| r::string_problem(n).is_none())
+        .collect();
+    let style = if r::string_problem(style).is_none() {
+        style
+    } else {
+        "none"
     };
+    let (forbidden, driver) = (&forbidden[..], r.driver);
+    // SAFETY: validate is called on the R thread, after R started.
+    let tok = unsafe { RThread::assume() };
+    let out = r::protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; every argument is
+        // protected by `scope` from its creation until the call has run.
+        unsafe {
+            let script = scope.protect(r::mk_string(script));
+            let names = scope.protect(Rf_allocVector(
+                SEXPTYPE::STRSXP,
+                forbidden.len() as R_xlen_t,
+            ));
+            for (i, n) in forbidden.iter().enumerate() {
+                SET_STRING_ELT(names, i as R_xlen_t, r::mk_char(n));
+            }
+            let depth = scope.protect(Rf_ScalarInteger(max_depth.min(i32::MAX as u32) as c_int));
+            let style = scope.protect(r::mk_string(style));
+            let value = scope.protect(r::call_driver(
+                driver,
+                c"validate",
+                &[script, names, depth, style],
+            )?);
+            Ok(r::strings(value).pop())
+        }
+    })
+    .ok()
+    .flatten();
     let captured = console::take();
     out.unwrap_or_else(|| {
         let why: String = captured

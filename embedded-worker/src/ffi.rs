@@ -50,4 +50,12 @@ extern "C" {
     pub static mut R_TempDir: *mut c_char;
     /// Type of an R object (a function in R 4.2's API; libR-sys lacks it).
     pub fn TYPEOF(x: SEXP) -> c_int;
+    /// Whether the value of the last evaluation is visible (an `Rboolean`);
+    /// read right after `Rf_eval` of a top-level expression, as R's REPL does.
+    pub static mut R_Visible: c_int;
+    /// The text of the last error R reported ("Error in f() : msg\n").
+    pub fn R_curErrorBuf() -> *const c_char;
+    /// Sets a symbol's value in the base environment (how R's REPL sets
+    /// `.Last.value`).
+    pub fn SET_SYMVALUE(x: SEXP, v: SEXP);
 }

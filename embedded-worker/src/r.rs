@@ -1,29 +1,262 @@
-//! Starting embedded R and the few primitive ways Rust calls into it.
+//! Starting embedded R, and the one boundary through which Rust calls R.
 //!
 //! Everything here must run on the R thread: the process's main thread, which
 //! called [`start`]. `main` never spawns threads that touch R, and R's hooks
-//! call back on that same thread.
+//! call back on that same thread. [`RThread`] is the proof of that: it is
+//! neither `Send` nor `Sync`, and only [`start`] (or code R itself calls,
+//! such as a `.Call` entry) makes one.
+//!
+//! Every sequence of R API calls the worker makes runs inside [`protected`]
+//! (or [`toplevel`] for user code): an R error or interrupt raised inside
+//! longjmps to an `R_ToplevelExec` context set up here and becomes a Rust
+//! `Err` with R's message, instead of unwinding through Rust frames or
+//! reaching R's own top level (which ends a non-interactive R with
+//! "Execution halted"). Objects allocated inside are protected through the
+//! call's [`Scope`], which unprotects them when the call ends (R itself
+//! resets the protection stack when it jumps out).
+//!
+//! The invariant every caller keeps: **a closure passed to [`protected`] or
+//! [`toplevel`] holds no value with a destructor across an R API call that
+//! can raise**. The closures are `Copy` (they capture only references and
+//! plain values), and their bodies build owned Rust values (strings,
+//! vectors) only after their last R call, or before they start. A longjmp
+//! then skips nothing that needed to run.
 //!
 //! This is the bottom layer of the worker: it imports only `ffi` (and the
-//! protocol's caps). What R's
-//! hooks do with what they receive (capture, outcome, tool calls) is the
-//! business of the modules above, which hand it in as [`Hooks`].
+//! protocol's caps), and is the only module that imports `libR-sys`; the
+//! R layer above (`values`, `hydrate`, `tools`, `eval`) reaches the raw API
+//! through [`sys`], inside closures run by [`protected`]. What R's hooks do
+//! with what they receive (capture, outcome, tool calls) is the business of
+//! the modules above, which hand it in as [`Hooks`].
 
 use crate::ffi;
 use libR_sys::*;
+use std::cell::Cell;
 use std::ffi::{CStr, CString};
-use std::os::raw::{c_char, c_int, c_uchar};
+use std::marker::PhantomData;
+use std::os::raw::{c_char, c_int, c_uchar, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+
+/// R's raw API, for the R layer's closures run by [`protected`].
+pub(crate) mod sys {
+    pub use libR_sys::*;
+}
+
+/// Proof that the code holding it runs on the R thread, with R started.
+/// Not `Send`, not `Sync`: it cannot leave the thread.
+#[derive(Debug, Clone, Copy)]
+pub struct RThread {
+    _not_send: PhantomData<*mut ()>,
+}
+
+impl RThread {
+    /// A token for code that R itself called on its thread (a `.Call`
+    /// entry, a hook) or that runs after [`start`] on the main thread.
+    ///
+    /// # Safety
+    /// The caller runs on the R thread, after R was initialised.
+    pub unsafe fn assume() -> RThread {
+        RThread {
+            _not_send: PhantomData,
+        }
+    }
+}
+
+/// The protections made during one [`protected`] call. It lives in the
+/// frame of [`protected`], outside the `R_ToplevelExec` context, so its
+/// `Drop` (which unprotects) is never skipped by a longjmp; after a jump R
+/// has already reset its protection stack, and the count is cleared.
+pub struct Scope {
+    count: Cell<c_int>,
+    _not_send: PhantomData<*mut ()>,
+}
+
+impl Scope {
+    fn new() -> Scope {
+        Scope {
+            count: Cell::new(0),
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Protects `x` until the protected call ends, and returns it.
+    pub fn protect(&self, x: SEXP) -> SEXP {
+        // SAFETY: a Scope exists only inside `protected`, on the R thread;
+        // the protection is undone by this scope's Drop.
+        unsafe { Rf_protect(x) };
+        self.count.set(self.count.get() + 1);
+        x
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        let n = self.count.replace(0);
+        if n > 0 {
+            // SAFETY: on the R thread; exactly the `n` protections this
+            // scope made are on top of R's stack (the closure returned
+            // normally: anything it protected and unprotected itself is
+            // balanced, and callees leave the stack as they found it).
+            unsafe { Rf_unprotect(n) };
+        }
+    }
+}
+
+thread_local! {
+    /// While set, R's console output to stderr is dropped: R's default
+    /// error handler prints the error of an internal call (binding a
+    /// variable) that the caller reports itself, or an error of user code
+    /// that the driver has reported already.
+    static QUIET_STDERR: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Drops (true) or keeps (false) R's console output to stderr.
+pub fn quiet_stderr(on: bool) {
+    QUIET_STDERR.with(|q| q.set(on));
+}
+
+/// What the trampoline runs: the closure, taken once.
+struct Job<F> {
+    f: Option<F>,
+    panicked: bool,
+}
+
+unsafe extern "C" fn trampoline<F: FnOnce()>(data: *mut c_void) {
+    // SAFETY: `data` is the `Job<F>` that `toplevel` passes, alive for the
+    // whole R_ToplevelExec; on the R thread.
+    let job = unsafe { &mut *data.cast::<Job<F>>() };
+    if let Some(f) = job.f.take() {
+        // No panic may cross this extern "C" frame. An R error inside `f`
+        // longjmps over this frame and the closure's, which hold nothing
+        // with a destructor (the invariant of `toplevel`).
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            job.panicked = true;
+        }
+    }
+}
+
+/// How a [`toplevel`] run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The closure returned.
+    Returned,
+    /// R jumped out of it (an error or an interrupt reached the top level).
+    Jumped,
+    /// It panicked (a bug; the panic was caught at the boundary).
+    Panicked,
+}
+
+/// Runs `f` in a new top-level R context (`R_ToplevelExec`): at frame 0,
+/// with no condition handlers on the stack but the global ones. An R
+/// error or interrupt inside ends `f` there.
+///
+/// `f` must hold no value with a destructor across an R call (it is
+/// `Copy`, so it captures none); what it computes goes out through
+/// references to places owned by the caller.
+pub fn toplevel<F: FnOnce() + Copy>(_tok: RThread, f: F) -> Ended {
+    let mut job = Job {
+        f: Some(f),
+        panicked: false,
+    };
+    // SAFETY: on the R thread (the token); `job` outlives the call, and the
+    // trampoline matches its type. R_ToplevelExec catches every jump out of
+    // `f` and restores R's globals (protection stack, handler stack).
+    let ok = unsafe { R_ToplevelExec(Some(trampoline::<F>), ptr::addr_of_mut!(job).cast()) };
+    match (ok == Rboolean::TRUE, job.panicked) {
+        (_, true) => Ended::Panicked,
+        (true, false) => Ended::Returned,
+        (false, false) => Ended::Jumped,
+    }
+}
+
+/// The message of the last R error, without R's "Error in call : " prefix
+/// and "Calls:" line.
+pub fn last_error_message(_tok: RThread) -> String {
+    // SAFETY: on the R thread; R_curErrorBuf returns R's static,
+    // NUL-terminated error buffer.
+    let raw = unsafe { CStr::from_ptr(ffi::R_curErrorBuf()) }
+        .to_string_lossy()
+        .into_owned();
+    clean_error_text(&raw)
+}
+
+fn clean_error_text(raw: &str) -> String {
+    let text: Vec<&str> = raw.lines().filter(|l| !l.starts_with("Calls:")).collect();
+    let text = text.join("\n");
+    let body = if let Some(rest) = text.strip_prefix("Error: ") {
+        rest.to_string()
+    } else if let Some(rest) = text.strip_prefix("Error in ") {
+        // "Error in call : message"; the call may span lines.
+        match rest.find(" : ") {
+            Some(i) => rest[i + 3..].trim_start_matches('\n').to_string(),
+            None => rest.to_string(),
+        }
+    } else {
+        text
+    };
+    body.trim().to_string()
+}
+
+/// Runs a sequence of R API calls, `f`, in a protected context and turns
+/// an R error raised inside into `Err` with R's message (R's own printing
+/// of it is kept off the console). Objects `f` protects through its
+/// [`Scope`] stay protected until `f` returns.
+///
+/// `f` keeps the invariant of [`toplevel`]: no value with a destructor is
+/// alive across an R call inside it (it may return an owned `Err` built
+/// after its last R call).
+pub fn protected<T, F>(tok: RThread, f: F) -> Result<T, String>
+where
+    F: FnOnce(&Scope) -> Result<T, String> + Copy,
+{
+    let scope = Scope::new();
+    let mut out: Option<Result<T, String>> = None;
+    let was_quiet = QUIET_STDERR.with(|q| q.replace(true));
+    let out_ref = &mut out;
+    let scope_ref = &scope;
+    // The closure handed to R_ToplevelExec only writes its result through a
+    // reference once `f` has returned.
+    let mut run = Some(move || *out_ref = Some(f(scope_ref)));
+    let ended = {
+        // `toplevel` needs a Copy closure; this one is called once, through
+        // a raw pointer to the Option that owns it (no destructor runs in
+        // the R context: the Option is owned here).
+        let slot: *mut Option<_> = &mut run;
+        toplevel(tok, move || {
+            // SAFETY: `slot` points to `run` in this frame, alive for the
+            // whole call; taken once.
+            if let Some(mut g) = unsafe { (*slot).take() } {
+                g()
+            }
+        })
+    };
+    QUIET_STDERR.with(|q| q.set(was_quiet));
+    match ended {
+        Ended::Returned => {
+            drop(scope);
+            out.unwrap_or_else(|| Err("the R call returned nothing".into()))
+        }
+        Ended::Jumped => {
+            // R reset its protection stack when it jumped out.
+            scope.count.set(0);
+            Err(last_error_message(tok))
+        }
+        Ended::Panicked => {
+            // No jump: the protections made before the panic are still on
+            // R's stack, and the scope's Drop undoes them.
+            drop(scope);
+            Err("internal error: a panic in the worker's R layer".into())
+        }
+    }
+}
 
 /// Handles kept alive for the life of the process.
 #[derive(Debug, Clone)]
 pub struct R {
     /// The driver's private environment (preserved).
     pub driver: SEXP,
-    /// The driver's `run` function (reachable from `driver`).
-    pub run_fn: SEXP,
     /// "4.2.2".
     pub version: String,
     /// R's session temporary directory.
@@ -58,6 +291,9 @@ unsafe extern "C" fn write_console_ex(buf: *const c_char, len: c_int, otype: c_i
     }
     // SAFETY: R passes a buffer of `len` bytes that stays valid for the call.
     let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len as usize) };
+    if otype != 0 && QUIET_STDERR.with(Cell::get) {
+        return;
+    }
     if let Some(h) = HOOKS.get() {
         (h.console)(bytes, otype != 0);
     }
@@ -117,6 +353,23 @@ unsafe extern "C" fn rvisor_emit(kind: SEXP, a: SEXP, b: SEXP, c: SEXP) -> SEXP 
     unsafe { R_NilValue }
 }
 
+/// The bytes of a CHARSXP in UTF-8. A string marked "bytes" is taken as
+/// it is: translating it would raise an R error, which must not cross the
+/// Rust frames of a `.Call` entry.
+///
+/// # Safety
+/// On the R thread; `el` is a live CHARSXP.
+unsafe fn char_utf8(el: SEXP) -> *const c_char {
+    // SAFETY: per the function's contract.
+    unsafe {
+        if Rf_getCharCE(el) == cetype_t::CE_BYTES {
+            R_CHAR(el)
+        } else {
+            Rf_translateCharUTF8(el)
+        }
+    }
+}
+
 /// Copies a character vector (or NULL) into owned strings; NA becomes "NA".
 ///
 /// # Safety
@@ -134,8 +387,7 @@ pub unsafe fn strings(x: SEXP) -> Vec<String> {
             if el == R_NaString {
                 out.push("NA".to_string());
             } else {
-                let p = Rf_translateCharUTF8(el);
-                out.push(CStr::from_ptr(p).to_string_lossy().into_owned());
+                out.push(CStr::from_ptr(char_utf8(el)).to_string_lossy().into_owned());
             }
         }
         out
@@ -162,7 +414,7 @@ pub unsafe fn strings_bounded(x: SEXP, max_n: usize, max_bytes: usize) -> Vec<St
                 out.push("NA".to_string());
                 continue;
             }
-            let bytes = CStr::from_ptr(Rf_translateCharUTF8(el)).to_bytes();
+            let bytes = CStr::from_ptr(char_utf8(el)).to_bytes();
             let upto = bytes.len().min(max_bytes.saturating_add(4));
             let text = String::from_utf8_lossy(&bytes[..upto]);
             let (kept, _) = rvisor_protocol::bounds::cut(&text, max_bytes);
@@ -172,69 +424,109 @@ pub unsafe fn strings_bounded(x: SEXP, max_n: usize, max_bytes: usize) -> Vec<St
     }
 }
 
-/// A length-one character vector holding `s` (UTF-8). `s` must not contain
-/// NUL bytes (R would raise an error, which must not cross Rust frames).
+/// Why `s` cannot become an R string, if it cannot: R strings hold no NUL
+/// byte and at most 2^31 - 1 bytes (R raises an error for either).
+pub fn string_problem(s: &str) -> Option<String> {
+    if s.contains('\0') {
+        Some("it contains a NUL byte, which R strings cannot hold".into())
+    } else if s.len() > i32::MAX as usize {
+        Some(format!(
+            "it is {} bytes long; R strings hold at most {} bytes",
+            s.len(),
+            i32::MAX
+        ))
+    } else {
+        None
+    }
+}
+
+/// A length-one character vector holding `s` (UTF-8). `s` passes
+/// [`string_problem`] (R would raise an error otherwise).
 ///
 /// # Safety
-/// On the R thread. The result is unprotected.
+/// On the R thread, inside [`protected`]. The result is unprotected.
 pub unsafe fn mk_string(s: &str) -> SEXP {
-    debug_assert!(!s.contains('\0'));
+    debug_assert!(string_problem(s).is_none());
     // SAFETY: per the function's contract; the pointer/length pair is valid
     // for the duration of the call and R copies the bytes.
     unsafe {
         Rf_ScalarString(Rf_mkCharLenCE(
             s.as_ptr().cast::<c_char>(),
-            s.len() as c_int,
+            s.len().min(i32::MAX as usize) as c_int,
             cetype_t::CE_UTF8,
         ))
     }
 }
 
-/// A CHARSXP holding `s` (UTF-8; must not contain NUL).
+/// A CHARSXP holding `s` (UTF-8; passes [`string_problem`]).
 ///
 /// # Safety
-/// On the R thread. The result is unprotected.
+/// On the R thread, inside [`protected`]. The result is unprotected.
 pub unsafe fn mk_char(s: &str) -> SEXP {
-    debug_assert!(!s.contains('\0'));
+    debug_assert!(string_problem(s).is_none());
     // SAFETY: pointer/length of a live Rust string; R copies the bytes.
     unsafe {
         Rf_mkCharLenCE(
             s.as_ptr().cast::<c_char>(),
-            s.len() as c_int,
+            s.len().min(i32::MAX as usize) as c_int,
             cetype_t::CE_UTF8,
         )
     }
 }
 
-/// Parses `code` and evaluates each expression in `env`, returning the last
-/// value (unprotected) or the error R reported.
+/// Parses `code` and evaluates each expression in `env` inside
+/// [`protected`], returning the last value (unprotected) or R's error.
 ///
 /// # Safety
 /// On the R thread; `env` is a live environment.
 pub unsafe fn eval_string(code: &str, env: SEXP) -> Result<SEXP, String> {
-    // SAFETY: per the function's contract; every object allocated here is
-    // protected until it is no longer used, and R errors are caught by
-    // R_tryEval instead of unwinding through this frame.
-    unsafe {
-        let text = Rf_protect(mk_string(code));
-        let mut status = ParseStatus::PARSE_NULL;
-        let exprs = Rf_protect(R_ParseVector(text, -1, &mut status, R_NilValue));
-        if status != ParseStatus::PARSE_OK {
-            Rf_unprotect(2);
-            return Err(format!("failed to parse internal R code ({status:?})"));
-        }
-        let mut value = R_NilValue;
-        for i in 0..Rf_xlength(exprs) {
-            let mut err: c_int = 0;
-            value = R_tryEval(VECTOR_ELT(exprs, i), env, &mut err);
-            if err != 0 {
-                Rf_unprotect(2);
-                return Err("internal R code raised an error".to_string());
-            }
-        }
-        Rf_unprotect(2);
-        Ok(value)
+    if let Some(why) = string_problem(code) {
+        return Err(format!("cannot evaluate internal R code: {why}"));
     }
+    // SAFETY: per the function's contract.
+    let tok = unsafe { RThread::assume() };
+    protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; `text` and `exprs`
+        // are protected by `scope`; nothing here has a destructor (the
+        // error string is made after the last R call).
+        unsafe {
+            let text = scope.protect(mk_string(code));
+            let mut status = ParseStatus::PARSE_NULL;
+            let exprs = scope.protect(R_ParseVector(text, -1, &mut status, R_NilValue));
+            if status != ParseStatus::PARSE_OK {
+                return Err(format!("failed to parse internal R code ({status:?})"));
+            }
+            let mut value = R_NilValue;
+            for i in 0..Rf_xlength(exprs) {
+                value = Rf_eval(VECTOR_ELT(exprs, i), env);
+            }
+            Ok(value)
+        }
+    })
+}
+
+/// Calls the driver's function `name` (a C string) with `args`, in `env`,
+/// inside [`protected`]. The result is unprotected.
+///
+/// # Safety
+/// On the R thread; `driver` is the driver's environment and `args` are
+/// live objects, protected by the caller.
+pub unsafe fn call_driver(driver: SEXP, name: &CStr, args: &[SEXP]) -> Result<SEXP, String> {
+    // SAFETY: per the function's contract.
+    let tok = unsafe { RThread::assume() };
+    protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; the call is protected
+        // by `scope` while it is built and evaluated.
+        unsafe {
+            let fun = Rf_findVarInFrame(driver, Rf_install(name.as_ptr()));
+            let mut call = R_NilValue;
+            for a in args.iter().rev() {
+                call = scope.protect(Rf_lcons(*a, call));
+            }
+            let call = scope.protect(Rf_lcons(fun, call));
+            Ok(Rf_eval(call, driver))
+        }
+    })
 }
 
 /// The driver's `caps` (what a call may report), from the protocol's bounds.
@@ -254,13 +546,17 @@ fn driver_caps() -> String {
 /// # Safety
 /// On the R thread; `driver` is the driver's environment.
 pub unsafe fn set_max_out(driver: SEXP, bytes: u64) {
-    // SAFETY: per the function's contract; the new double is protected
-    // until it is bound.
-    unsafe {
-        let v = Rf_protect(Rf_ScalarReal(bytes as f64));
-        Rf_defineVar(Rf_install(c"max_out".as_ptr()), v, driver);
-        Rf_unprotect(1);
-    }
+    // SAFETY: per the function's contract.
+    let tok = unsafe { RThread::assume() };
+    let _ = protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; the double is
+        // protected by `scope` until it is bound.
+        unsafe {
+            let v = scope.protect(Rf_ScalarReal(bytes as f64));
+            Rf_defineVar(Rf_install(c"max_out".as_ptr()), v, driver);
+        }
+        Ok(())
+    });
 }
 
 /// Starts R with `hooks` receiving what it reports. Must be called once, on
@@ -355,7 +651,6 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
             .map_err(|e| format!("failed to load the driver: {e}"))?;
         eval_string(&driver_caps(), driver)
             .map_err(|e| format!("failed to set the driver's caps: {e}"))?;
-        let run_fn = Rf_findVarInFrame(driver, Rf_install(c"run".as_ptr()));
         let version = strings(eval_string(
             "paste(R.version$major, R.version$minor, sep = '.')",
             R_BaseEnv,
@@ -366,20 +661,17 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
             .pop()
             .unwrap_or_default();
         let plot_dir = format!("{tempdir}/rvisor-plots");
-        let dir = Rf_protect(mk_string(&plot_dir));
-        let init = Rf_protect(Rf_lang2(
-            Rf_findVarInFrame(driver, Rf_install(c"init".as_ptr())),
-            dir,
-        ));
-        let mut err = 0;
-        R_tryEval(init, driver, &mut err);
-        Rf_unprotect(2);
-        if err != 0 {
-            return Err("failed to initialise the driver".into());
+        if let Some(why) = string_problem(&plot_dir) {
+            return Err(format!("the plot directory cannot be used: {why}"));
         }
+        let tok = RThread::assume();
+        protected(tok, |scope| {
+            let dir = scope.protect(mk_string(&plot_dir));
+            call_driver(driver, c"init", &[dir]).map(|_| ())
+        })
+        .map_err(|e| format!("failed to initialise the driver: {e}"))?;
         Ok(R {
             driver,
-            run_fn,
             version,
             tempdir,
         })

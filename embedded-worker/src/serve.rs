@@ -63,6 +63,13 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
         startup_ms,
     };
     link::send(&FromWorker::Hello(hello)).map_err(|e| e.to_string())?;
+    // Calls without a working directory of their own (confined workers)
+    // start each in the directory the worker was set up in.
+    eval::set_home_dir(
+        std::env::current_dir()
+            .ok()
+            .map(|d| d.display().to_string()),
+    );
     loop {
         match link::recv_with_fds() {
             Ok((ToWorker::Run(req), fds)) => {

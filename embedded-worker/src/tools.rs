@@ -5,8 +5,9 @@
 //! ([`end_call`]), as it does for interrupts; this module does not need to
 //! know anything else about the call.
 
-use crate::{interrupt, link, r, values::json_to_r};
-use libR_sys::*;
+use crate::r::sys::*;
+use crate::r::{self, RThread};
+use crate::{interrupt, link, values};
 use rvisor_protocol::{FromWorker, ToolOutcome, MAX_TOOL_REQUEST_BYTES};
 use std::cell::{Cell, RefCell};
 
@@ -58,8 +59,9 @@ pub unsafe extern "C" fn rvisor_tool(name: SEXP, args: SEXP) -> SEXP {
     let name = name.into_iter().next().unwrap_or_default();
     let args = args.into_iter().next().unwrap_or_default();
     let outcome = call(&name, &args);
-    // SAFETY: on the R thread; converts owned Rust data into new R objects.
-    unsafe { to_answer(outcome) }
+    // SAFETY: R called this `.Call` entry on its thread.
+    let tok = unsafe { RThread::assume() };
+    to_answer(tok, outcome)
 }
 
 fn call(name: &str, args: &str) -> ToolOutcome {
@@ -90,30 +92,62 @@ fn call(name: &str, args: &str) -> ToolOutcome {
     link::wait_tool_result(call_id)
 }
 
-/// # Safety
-/// On the R thread.
-unsafe fn to_answer(outcome: ToolOutcome) -> SEXP {
-    // SAFETY: on the R thread; `out` is protected while its elements are
-    // built, and each element is stored right after it is made.
-    unsafe {
-        let out = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, 2));
-        match outcome {
-            ToolOutcome::Value(v) => {
-                SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(1));
-                SET_VECTOR_ELT(out, 1, json_to_r(&v));
+/// The answer as `list(ok, value)`, built inside the protected boundary:
+/// a value R cannot hold (or memory running out) becomes an error answer,
+/// and if even that cannot be built, NULL (the driver raises an error).
+fn to_answer(tok: RThread, outcome: ToolOutcome) -> SEXP {
+    let outcome = match outcome {
+        ToolOutcome::Value(v) => match values::check_value(&v) {
+            Ok(()) => ToolOutcome::Value(v),
+            Err(e) => ToolOutcome::Error(format!("the tool's answer cannot be given to R: {e}")),
+        },
+        ToolOutcome::Error(msg) => ToolOutcome::Error(msg.replace('\0', "")),
+    };
+    let interrupted = interrupt::seen();
+    let outcome = &outcome;
+    let built = r::protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; `out` is protected by
+        // `scope` while its elements are built, and each element is stored
+        // right after it is made. `outcome` is owned by the caller.
+        unsafe {
+            let out = scope.protect(Rf_allocVector(SEXPTYPE::VECSXP, 2));
+            match outcome {
+                ToolOutcome::Value(v) => {
+                    SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(1));
+                    SET_VECTOR_ELT(out, 1, values::json_to_r(v));
+                }
+                // Interrupted while waiting (timeout, cancel): NA tells the
+                // driver to end the call as an interrupt, not as an R error.
+                ToolOutcome::Error(msg) => {
+                    let ok = if interrupted { R_NaInt } else { 0 };
+                    SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(ok));
+                    SET_VECTOR_ELT(out, 1, r::mk_string(msg));
+                }
             }
-            // Interrupted while waiting (timeout, cancel): NA tells the
-            // driver to end the call as an interrupt, not as an R error.
-            ToolOutcome::Error(msg) if interrupt::seen() => {
-                SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(R_NaInt));
-                SET_VECTOR_ELT(out, 1, r::mk_string(&msg.replace('\0', "")));
-            }
-            ToolOutcome::Error(msg) => {
-                SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(0));
-                SET_VECTOR_ELT(out, 1, r::mk_string(&msg.replace('\0', "")));
-            }
+            Ok(out)
         }
-        Rf_unprotect(1);
-        out
+    });
+    match built {
+        Ok(out) => out,
+        Err(e) => to_answer_error(tok, &e),
     }
+}
+
+/// `list(FALSE, message)`, or NULL if even that cannot be built.
+fn to_answer_error(tok: RThread, why: &str) -> SEXP {
+    let msg = format!("the tool's answer could not be built in R: {why}").replace('\0', "");
+    let msg = msg.as_str();
+    // SAFETY: R_NilValue is a constant of an initialised R.
+    let nil = unsafe { R_NilValue };
+    r::protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; `out` is protected by
+        // `scope`; `msg` is owned by the caller.
+        unsafe {
+            let out = scope.protect(Rf_allocVector(SEXPTYPE::VECSXP, 2));
+            SET_VECTOR_ELT(out, 0, Rf_ScalarLogical(0));
+            SET_VECTOR_ELT(out, 1, r::mk_string(msg));
+            Ok(out)
+        }
+    })
+    .unwrap_or(nil)
 }

@@ -5,8 +5,51 @@
 //! modules that receive JSON (tools, eval) share it without depending on
 //! each other.
 
-use libR_sys::*;
+use crate::r::sys::*;
 use std::os::raw::c_int;
+
+/// The longest name R accepts for a symbol, in bytes (R's `MAXIDSIZE`).
+pub const MAX_NAME_BYTES: usize = 10_000;
+
+/// `name` if R can bind it as a variable: not empty, at most
+/// [`MAX_NAME_BYTES`] (R raises "variable names are limited to 10000
+/// bytes"), no NUL. The supervisor checks syntax; this is what R itself
+/// would refuse at bind time.
+pub fn check_name(name: &str) -> Result<&str, String> {
+    let head: String = name.chars().take(40).collect();
+    if name.is_empty() {
+        Err("name is empty".into())
+    } else if name.len() > MAX_NAME_BYTES {
+        Err(format!(
+            "name {head:?}... is {} bytes long; R limits names to {MAX_NAME_BYTES} bytes",
+            name.len()
+        ))
+    } else if name.contains('\0') {
+        Err(format!("name {head:?} contains a NUL byte"))
+    } else {
+        Ok(name)
+    }
+}
+
+/// Whether every string in `v` (keys too) can become an R string, and no
+/// array is longer than R's vectors allow.
+pub fn check_value(v: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value as V;
+    match v {
+        V::String(s) => match crate::r::string_problem(s) {
+            Some(why) => Err(format!("a string cannot be given to R: {why}")),
+            None => Ok(()),
+        },
+        V::Array(items) => items.iter().try_for_each(check_value),
+        V::Object(map) => map.iter().try_for_each(|(k, it)| {
+            if let Some(why) = crate::r::string_problem(k) {
+                return Err(format!("a name cannot be given to R: {why}"));
+            }
+            check_value(it)
+        }),
+        _ => Ok(()),
+    }
+}
 
 #[derive(PartialEq, Clone, Copy)]
 enum Kind {
@@ -53,8 +96,12 @@ fn atomic_kind(items: &[serde_json::Value]) -> Option<Kind> {
 /// JSON to R, as jsonlite's `fromJSON(simplifyVector = TRUE)` would for
 /// scalars and arrays of scalars: objects become named lists.
 ///
+/// Allocates no Rust value with a destructor, so an R error (memory
+/// running out) may jump out of it.
+///
 /// # Safety
-/// On the R thread. The result is unprotected.
+/// On the R thread, inside `r::protected`; `v` passed [`check_value`].
+/// The result is unprotected.
 pub unsafe fn json_to_r(v: &serde_json::Value) -> SEXP {
     use serde_json::Value as V;
     // SAFETY: on the R thread; every allocation happens while the objects
@@ -67,7 +114,7 @@ pub unsafe fn json_to_r(v: &serde_json::Value) -> SEXP {
                 Some(Some(Kind::Int)) => Rf_ScalarInteger(n.as_i64().unwrap_or(0) as c_int),
                 _ => Rf_ScalarReal(n.as_f64().unwrap_or(f64::NAN)),
             },
-            V::String(s) => crate::r::mk_string(&s.replace('\0', "")),
+            V::String(s) => crate::r::mk_string(s),
             V::Array(items) if !items.is_empty() && atomic_kind(items).is_some() => {
                 let kind = atomic_kind(items).unwrap_or(Kind::Str);
                 let n = items.len() as R_xlen_t;
@@ -135,8 +182,9 @@ pub unsafe fn json_to_r(v: &serde_json::Value) -> SEXP {
 }
 
 /// # Safety
-/// On the R thread; result unprotected.
+/// On the R thread, inside `r::protected`; `s` passed `string_problem`.
+/// The result is unprotected.
 unsafe fn mk_char(s: &str) -> SEXP {
-    // SAFETY: per the function's contract; NULs removed as mk_char requires.
-    unsafe { crate::r::mk_char(&s.replace('\0', "")) }
+    // SAFETY: per the function's contract.
+    unsafe { crate::r::mk_char(s) }
 }

@@ -1,0 +1,263 @@
+//! R as at the prompt: each top-level expression at frame 0 in the global
+//! environment, `.Last.value`, the user's global calling handlers kept,
+//! inputs R would refuse checked before R sees them, a failed table
+//! hydration that leaves the session alive, the working directory reset
+//! per confined call, and R's recommended packages under confinement.
+
+use rvisor::{Outcome, Segment};
+use rvisor_ffi_tests::{run, worker};
+
+#[test]
+fn code_runs_at_frame_zero_with_no_call() {
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "cat('nframe:', sys.nframe(), '\\n')\nprint(sys.call())",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(r.console, "nframe: 0 \nNULL\n");
+}
+
+#[test]
+fn parent_frame_of_a_top_level_call_is_the_global_environment() {
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "f <- function() parent.frame(2); environmentName(f())",
+    );
+    assert_eq!(r.console, "[1] \"R_GlobalEnv\"\n");
+}
+
+#[test]
+fn the_run_as_script_guard_runs_main() {
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "main <- function() cat('main ran\\n')\nif (sys.nframe() == 0L) main()",
+    );
+    assert_eq!(r.console, "main ran\n");
+}
+
+#[test]
+fn match_fun_without_descending_finds_no_function_as_in_r() {
+    let mut w = worker();
+    let r = run(&mut w, "outer <- 1:5; match.fun(outer, descend = FALSE)");
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    assert!(
+        // R's own (odd) message: one "found non-function" per element.
+        r.error.unwrap().message.contains("found non-function '1'"),
+        "{}",
+        r.console
+    );
+}
+
+#[test]
+fn top_level_return_is_an_error() {
+    let mut w = worker();
+    let r = run(&mut w, "return(1)\ncat('after\\n')");
+    assert_eq!(r.outcome, Outcome::Error);
+    assert_eq!(
+        r.error.unwrap().message,
+        "no function to return from, jumping to top level"
+    );
+    assert!(!r.console.contains("after"));
+}
+
+#[test]
+fn last_value_is_set_within_and_across_calls() {
+    let mut w = worker();
+    let r = run(&mut w, "6 * 7\n.Last.value + 1");
+    assert_eq!(r.console, "[1] 42\n[1] 43\n");
+    let r = run(&mut w, "invisible(10)");
+    assert_eq!(r.console, "");
+    let r = run(&mut w, ".Last.value");
+    assert_eq!(r.console, "[1] 10\n");
+}
+
+#[test]
+fn user_global_calling_handlers_work_and_persist_across_calls() {
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "seen <- character()\n\
+         globalCallingHandlers(message = function(m) seen <<- c(seen, conditionMessage(m)))\n\
+         message('one')",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    // The user's handler ran and R's (rvisor's) reporting still did too.
+    assert!(r
+        .segments
+        .iter()
+        .any(|s| matches!(s, Segment::Message { text } if text == "one\n")));
+    let r = run(&mut w, "message('two'); cat(seen, sep = '|')");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.console.ends_with("one\n|two\n"), "{:?}", r.console);
+    // Warnings and errors are still reported with the user's handlers set.
+    let r = run(&mut w, "log(-1); stop('boom')");
+    assert_eq!(r.warnings, vec!["In log(-1) : NaNs produced".to_string()]);
+    assert_eq!(r.error.unwrap().message, "boom");
+    let r = run(
+        &mut w,
+        "globalCallingHandlers(NULL); message('three'); cat(length(seen))",
+    );
+    assert!(r.console.ends_with("2"), "{:?}", r.console);
+}
+
+#[test]
+fn tracebacks_are_unchanged() {
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "f <- function() stop('boom')\ng <- function() f()\ng()",
+    );
+    let e = r.error.expect("error");
+    assert_eq!(e.call.as_deref(), Some("f()"));
+    assert_eq!(e.traceback, vec!["stop(\"boom\")", "f()", "g()"]);
+    assert_eq!(r.console, "Error in f() : boom\n");
+    let r = run(&mut w, "y_not_there");
+    let e = r.error.expect("error");
+    assert_eq!(e.call, None);
+    assert_eq!(r.console, "Error: object 'y_not_there' not found\n");
+}
+
+#[test]
+fn errors_in_print_methods_and_interrupt_free_calls_report_once() {
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "print.boom <- function(x, ...) stop('no print')\nstructure(1, class = 'boom')",
+    );
+    assert_eq!(r.outcome, Outcome::Error);
+    assert_eq!(r.console, "Error in print.boom(x) : no print\n");
+    assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
+}
+
+#[test]
+fn a_name_over_r_s_limit_is_refused_by_the_worker_and_it_lives() {
+    // A host that skips the supervisor's checks: the worker refuses it.
+    let mut w = worker();
+    let name = "a".repeat(20_000);
+    let ctx = rvisor::CallContext {
+        variables: vec![(name, serde_json::json!(3))],
+        ..Default::default()
+    };
+    let r = w.run_call(
+        "e0".into(),
+        "cat('ran')",
+        &rvisor::CallOptions::default(),
+        &ctx,
+    );
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    let m = r.error.unwrap().message;
+    assert!(
+        m.contains("10000 bytes") && m.contains("nothing ran"),
+        "{m}"
+    );
+    assert!(!r
+        .segments
+        .iter()
+        .any(|s| matches!(s, Segment::Stdout { .. })));
+    assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
+}
+
+#[test]
+fn a_string_r_cannot_hold_is_refused_and_the_worker_lives() {
+    let mut w = worker();
+    let ctx = rvisor::CallContext {
+        variables: vec![("x".into(), serde_json::json!("a\u{0}b"))],
+        ..Default::default()
+    };
+    let r = w.run_call(
+        "e0".into(),
+        "cat('ran')",
+        &rvisor::CallOptions::default(),
+        &ctx,
+    );
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    assert!(r.error.unwrap().message.contains("NUL"));
+    assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
+}
+
+#[test]
+fn a_table_whose_hydration_fails_is_an_error_and_the_worker_lives() {
+    let dir = rvisor_ffi_tests::TestDir::new("prompt-table");
+    let csv = dir.path().join("t.csv");
+    // A NUL inside a value: R strings cannot hold it.
+    std::fs::write(&csv, "a,b\n1,x\n2,\"y\u{0}z\"\n").unwrap();
+    let arrow = dir.path().join("t.arrow");
+    rvisor_server::tables::convert_file(rvisor_server::tables::TableFormat::Csv, &csv, &arrow)
+        .expect("the CSV converts");
+    let mut w = worker();
+    let ctx = rvisor::CallContext {
+        tables: vec![("df".into(), arrow)],
+        ..Default::default()
+    };
+    let r = w.run_call(
+        "e1".into(),
+        "cat('ran')",
+        &rvisor::CallOptions::default(),
+        &ctx,
+    );
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    let m = r.error.unwrap().message;
+    assert!(
+        m.contains("could not be loaded") && m.contains("nothing ran"),
+        "{m}"
+    );
+    assert!(!r
+        .segments
+        .iter()
+        .any(|s| matches!(s, Segment::Stdout { .. })));
+    let r = run(
+        &mut w,
+        "exists('df', envir = globalenv(), inherits = FALSE)",
+    );
+    assert_eq!(r.console, "[1] FALSE\n");
+}
+
+fn confined() -> rvisor::Supervisor {
+    rvisor::Supervisor::new(rvisor::SupervisorConfig {
+        confinement: rvisor::Confinement {
+            uid_base: 2_050_000_000 + (std::process::id() % 1_000_000) * 16,
+            uid_count: 16,
+            ..rvisor::Confinement::default()
+        },
+        ..rvisor::SupervisorConfig::default()
+    })
+    .expect("a confined supervisor")
+}
+
+fn session_run(s: &rvisor::Session, code: &str) -> rvisor::RunResult {
+    s.run(code)
+        .expect("accepted")
+        .wait_timeout(std::time::Duration::from_secs(60))
+        .expect("a result")
+}
+
+#[test]
+fn setwd_does_not_last_into_the_next_confined_call() {
+    let sup = confined();
+    let s = sup.session().expect("a session");
+    let start = session_run(&s, "cat(getwd())").console;
+    assert!(!start.is_empty());
+    let r = session_run(
+        &s,
+        "d <- file.path(tempdir(), 'sub'); dir.create(d); setwd(d); cat(getwd())",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_ne!(r.console, start);
+    assert_eq!(session_run(&s, "cat(getwd())").console, start);
+}
+
+#[test]
+fn recommended_packages_load_confined() {
+    let sup = confined();
+    let s = sup.session().expect("a session");
+    let r = session_run(
+        &s,
+        "library(MASS); library(lattice); library(Matrix); library(survival)\n\
+         cat(nrow(MASS::Boston), '\\n')",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(r.console.contains("506"), "{}", r.console);
+}
