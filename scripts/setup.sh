@@ -12,6 +12,10 @@ r_has() { command -v Rscript >/dev/null 2>&1 && Rscript -e "quit(status = !requi
 for pkg in ggplot2 jsonlite lintr; do
   r_has "$pkg" || need+=("r-cran-$pkg")
 done
+# R's recommended packages (MASS, lattice, Matrix, survival, ...), present in
+# every standard R installation: ten Debian packages with
+# --no-install-recommends.
+r_has survival && r_has MASS && r_has boot || need+=(r-recommended)
 
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
