@@ -545,8 +545,14 @@ fn ops_health(json: bool) -> Result<ExitCode> {
             h.status, h.version, h.r_version
         );
         println!(
-            "workers: {:?} mode; sandbox: {}",
-            h.workers.mode, h.sandbox.mode
+            "workers: {:?} mode; sandbox: {}{}",
+            h.workers.mode,
+            h.sandbox.mode,
+            h.sandbox
+                .privilege
+                .as_deref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default()
         );
         for layer in &h.sandbox.layers {
             println!("  {layer}");
