@@ -3,7 +3,9 @@
 //! Finds R (the `R_HOME` environment variable, else `R RHOME`), tells the
 //! linker where libR lives, embeds an rpath so the binary finds libR without
 //! `LD_LIBRARY_PATH`, and bakes the build-time R_HOME in as the run-time
-//! default (`RVISOR_BUILD_R_HOME`): R refuses to start without R_HOME.
+//! default (`RVISOR_BUILD_R_HOME`): R refuses to start without R_HOME. The
+//! share, include and doc directories the `R` front-end script would export
+//! are baked in the same way (`RVISOR_BUILD_R_DOC_DIR`, ...).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -39,4 +41,17 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-env=RVISOR_BUILD_R_HOME={}", r_home.display());
+    // The `R` front-end script exports where R's shared files, headers and
+    // docs are (Debian: /usr/share/R/...); embedded R gets none of them, so
+    // R.home("doc") and friends pointed nowhere. Bake them in too.
+    let script = std::fs::read_to_string(r_home.join("bin").join("R")).unwrap_or_default();
+    for var in ["R_SHARE_DIR", "R_INCLUDE_DIR", "R_DOC_DIR"] {
+        let value = script
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{var}=")))
+            .map(|v| v.trim_matches('"').to_string())
+            .filter(|v| !v.contains('$'))
+            .unwrap_or_default();
+        println!("cargo:rustc-env=RVISOR_BUILD_{var}={value}");
+    }
 }

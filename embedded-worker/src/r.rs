@@ -567,6 +567,17 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
     if std::env::var_os("R_HOME").is_none() {
         std::env::set_var("R_HOME", env!("RVISOR_BUILD_R_HOME"));
     }
+    // What the `R` front-end script exports and embedded R lacks:
+    // R.home("doc"), R.home("share") and R.home("include") need them.
+    for (var, baked) in [
+        ("R_SHARE_DIR", env!("RVISOR_BUILD_R_SHARE_DIR")),
+        ("R_INCLUDE_DIR", env!("RVISOR_BUILD_R_INCLUDE_DIR")),
+        ("R_DOC_DIR", env!("RVISOR_BUILD_R_DOC_DIR")),
+    ] {
+        if std::env::var_os(var).is_none() && !baked.is_empty() {
+            std::env::set_var(var, baked);
+        }
+    }
     if std::env::var_os("LC_ALL").is_none() && std::env::var_os("LANG").is_none() {
         // Without a UTF-8 locale R prints non-ASCII text as <U+00E9>.
         std::env::set_var("LANG", "C.UTF-8");

@@ -439,13 +439,18 @@ fn become_worker(
     drop(out);
     drop(err);
 
-    // The worker's own environment and temporary directory. R_HOME stays:
-    // R.home() reads it (the zygote set it when it started R).
-    let r_home = std::env::var_os("R_HOME");
+    // The worker's own environment and temporary directory. R's own
+    // directories stay: R.home() reads them (the zygote set them when it
+    // started R).
+    let r_dirs: Vec<(&str, std::ffi::OsString)> =
+        ["R_HOME", "R_SHARE_DIR", "R_INCLUDE_DIR", "R_DOC_DIR"]
+            .into_iter()
+            .filter_map(|k| std::env::var_os(k).map(|v| (k, v)))
+            .collect();
     // SAFETY: single-threaded child; clearenv/setenv do not race.
     unsafe { libc::clearenv() };
-    if let Some(h) = r_home {
-        std::env::set_var("R_HOME", h);
+    for (k, v) in r_dirs {
+        std::env::set_var(k, v);
     }
     for (k, v) in &req.env {
         if !k.is_empty() && !k.contains('=') && !k.contains('\0') && !v.contains('\0') {

@@ -261,3 +261,20 @@ fn recommended_packages_load_confined() {
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert!(r.console.contains("506"), "{}", r.console);
 }
+
+#[test]
+fn r_s_doc_share_and_include_directories_are_where_r_says_confined() {
+    // The `R` front-end script exports them; embedded R had none, so
+    // strwrap()'s and news()'s examples failed only under rvisor.
+    let sup = confined();
+    let s = sup.session().expect("a session");
+    let r = session_run(
+        &s,
+        "cat(file.exists(file.path(R.home('doc'), 'THANKS')), \
+         dir.exists(R.home('share')), file.exists(file.path(R.home('include'), 'R.h')), '\\n')\n\
+         x <- strwrap(readLines(file.path(R.home('doc'), 'THANKS'))[1:3], 30)\n\
+         cat(length(x) > 0, '\\n')",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(r.console, "TRUE TRUE TRUE \nTRUE \n");
+}
