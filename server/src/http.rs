@@ -620,6 +620,22 @@ where
             .extensions()
             .get::<BodyTimeout>()
             .map_or(std::time::Duration::from_secs(30), |t| t.0);
+        // A length announced over the limit is refused before the body is
+        // read (the client may still be sending it; the answer closes).
+        let max = req.extensions().get::<BodyLimit>().map(|l| l.0);
+        let announced = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let (Some(max), Some(n)) = (max, announced) {
+            if n > max as u64 {
+                return Err(ApiError::new(
+                    ErrorCode::TooLarge,
+                    format!("the request body is {n} bytes, over the limit of {max} bytes"),
+                ));
+            }
+        }
         let read = Json::<crate::service::objects::Object<T>>::from_request(req, state);
         // A body that trickles in holds its connection: it gets a bound.
         let Ok(read) = tokio::time::timeout(limit, read).await else {
@@ -687,6 +703,10 @@ struct Handlers {
 #[derive(Debug, Clone, Copy)]
 struct BodyTimeout(std::time::Duration);
 
+/// The JSON body limit, for extractors that do not see [`Handlers`].
+#[derive(Debug, Clone, Copy)]
+struct BodyLimit(usize);
+
 /// The tenant of the request (set by the auth layer).
 #[derive(Debug, Clone)]
 struct Tenant(String);
@@ -731,6 +751,7 @@ async fn auth(State(st): State<Handlers>, mut req: Request, next: Next) -> Respo
     };
     req.extensions_mut().insert(Tenant(tenant.clone()));
     req.extensions_mut().insert(BodyTimeout(st.body_timeout));
+    req.extensions_mut().insert(BodyLimit(st.max_body_bytes));
     let mut res = next.run(req).await;
     res.extensions_mut().insert(Tenant(tenant));
     res
