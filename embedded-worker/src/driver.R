@@ -236,16 +236,29 @@ finish_plots <- function() {
 
 ## --- entry point ------------------------------------------------------------
 
+## R's parse error `msg` for `code` as message, line, column and the lines
+## R shows (NULL line and column when R gave none). parse(text = ) counts
+## the empty string after a final newline as one more line, so "unexpected
+## end of input" is put on the line parse(file), Rscript and source() name.
+parse_error_at <- function(msg, code) {
+  m <- regmatches(msg, regexec("^<text>:([0-9]+):([0-9]+): ([^\n]*)", msg))[[1L]]
+  if (length(m) != 4L) return(list(message = msg, line = NULL, column = NULL, detail = ""))
+  line <- as.integer(m[[2L]])
+  if (m[[4L]] == "unexpected end of input" && line > 1L && endsWith(code, "\n"))
+    line <- line - 1L
+  list(message = m[[4L]], line = line, column = as.integer(m[[3L]]),
+       detail = sub("^[^\n]*\n", "", msg))
+}
+
 parse_code <- function(code) {
   tryCatch(parse(text = code, keep.source = FALSE, encoding = "UTF-8"),
            error = function(e) {
-             msg <- conditionMessage(e)
-             m <- regmatches(msg, regexec("^<text>:([0-9]+):([0-9]+): ([^\n]*)", msg))[[1L]]
-             if (length(m) == 4L) {
-               detail <- sub("^[^\n]*\n", "", msg)
-               .Call(emit, "parse_error", paste0(m[[4L]], "\n", detail), m[[2L]], m[[3L]])
+             p <- parse_error_at(conditionMessage(e), code)
+             if (is.null(p$line)) {
+               .Call(emit, "parse_error", p$message, NULL, NULL)
              } else {
-               .Call(emit, "parse_error", msg, NULL, NULL)
+               .Call(emit, "parse_error", paste0(p$message, "\n", p$detail),
+                     as.character(p$line), as.character(p$column))
              }
              NULL
            })
@@ -437,12 +450,9 @@ validate <- function(script, forbidden, max_depth, style_mode = "auto") {
   exprs <- tryCatch(parse(text = script, keep.source = TRUE, encoding = "UTF-8"),
                     error = function(e) e)
   if (inherits(exprs, "error")) {
-    msg <- conditionMessage(exprs)
-    m <- regmatches(msg, regexec("^<text>:([0-9]+):([0-9]+): ([^\n]*)", msg))[[1L]]
-    if (length(m) == 4L)
-      problems <- add(problems, kind = "syntax", message = m[[4L]],
-                      line = as.integer(m[[2L]]), column = as.integer(m[[3L]]))
-    else problems <- add(problems, kind = "syntax", message = msg, line = NULL, column = NULL)
+    p <- parse_error_at(conditionMessage(exprs), script)
+    problems <- add(problems, kind = "syntax", message = p$message,
+                    line = p$line, column = p$column)
     return(to_json(list(problems = problems, warnings = warns, style = style), unbox = TRUE))
   }
   pd <- utils::getParseData(exprs, includeText = NA)  # terminals only: 50x faster

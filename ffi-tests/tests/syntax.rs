@@ -1,7 +1,8 @@
 //! Syntax errors from validation are R's own: over a corpus of broken
 //! scripts (missing brackets, stray operators, bad strings, bad escapes,
 //! incomplete input), the message, line and column rvisor reports are those
-//! `Rscript` gives for `parse()` of the same file.
+//! `Rscript` gives for `parse()` of the same file, in validation and in a
+//! run's parse error alike.
 
 use rvisor::{Confinement, PoolConfig, Supervisor, SupervisorConfig};
 use rvisor_ffi_tests::TestDir;
@@ -93,6 +94,18 @@ fn syntax_errors_are_rs_own_message_line_and_column() {
             mismatches.push(format!(
                 "{script:?}: rvisor {:?} at {:?}:{:?}, R {msg:?} at {line:?}:{col:?}",
                 p.message, p.line, p.column
+            ));
+        }
+        // A run reports the same place (nothing runs).
+        let r = sup.run_once(script, &rvisor::CallOptions::default());
+        let e = r
+            .error
+            .clone()
+            .unwrap_or_else(|| panic!("{script:?}: no error in {r:?}"));
+        if r.outcome != rvisor::Outcome::ParseError || (e.line, e.column) != (line, col) {
+            mismatches.push(format!(
+                "{script:?}: run {} at {:?}:{:?}, R {msg:?} at {line:?}:{col:?}",
+                r.outcome, e.line, e.column
             ));
         }
         compared += 1;

@@ -158,7 +158,6 @@ impl Supervisor {
                             .unwrap_or(serde_json::Value::Array(vec![]))
                     };
                     v.problems = serde_json::from_value(list("problems")).unwrap_or_default();
-                    at_end_of_file(&mut v.problems, script);
                     v.warnings = serde_json::from_value(list("warnings")).unwrap_or_default();
                     v.style = serde_json::from_value(list("style")).unwrap_or_default();
                     if let Some(engine) = found.get("style_engine").and_then(|e| e.as_str()) {
@@ -241,23 +240,6 @@ pub enum PackagesError {
     /// R's answer was not a package list.
     #[error("failed to read the package list R gave: {0}")]
     List(String),
-}
-
-/// R's `parse(text = )` counts the empty string after a script's final
-/// newline as one more line, so "unexpected end of input" comes one line
-/// later than `parse(file)`, `Rscript` and `source()` say: put it where they
-/// do.
-fn at_end_of_file(problems: &mut [Problem], script: &str) {
-    if !script.ends_with('\n') {
-        return;
-    }
-    for p in problems.iter_mut() {
-        if p.kind == "syntax" && p.message == "unexpected end of input" {
-            if let Some(l) = p.line.as_mut().filter(|l| **l > 1) {
-                *l -= 1;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
