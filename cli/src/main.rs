@@ -777,29 +777,21 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
     if !(timeout >= 0.0 && timeout.is_finite()) {
         bail!("--timeout must be a number of seconds >= 0 (0 means no limit)");
     }
-    for (name, v) in [("--width", width), ("--height", height)] {
-        if v == 0 || v > rvisor::MAX_PLOT_SIDE {
-            bail!(
-                "{name} must be between 1 and {} pixels",
-                rvisor::MAX_PLOT_SIDE
-            );
-        }
-    }
+    let mut opts = CallOptions {
+        timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+        plot_width: width,
+        plot_height: height,
+        ..CallOptions::default()
+    };
     let execution_id = rvisor::ids::execution_id();
-    let result = if code.trim().is_empty() {
-        RunResult::failed(
-            execution_id,
-            code,
-            Outcome::Rejected,
-            "the script is empty".into(),
-        )
-    } else if code.len() > rvisor::MAX_CODE_BYTES {
-        let msg = format!(
-            "the script is {} bytes, over the limit of {} bytes; split it or load data from files",
-            code.len(),
-            rvisor::MAX_CODE_BYTES
-        );
-        RunResult::failed(execution_id, code, Outcome::Rejected, msg)
+    // The library's own call checks (one definition): a bad plot size is a
+    // flag error; empty or oversize code is a rejected run, no R started.
+    let checked = rvisor::validate_call(&code, &opts);
+    if let Err(e @ rvisor::CallError::PlotSize { .. }) = &checked {
+        bail!("--width/--height: {e}");
+    }
+    let result = if let Err(e) = checked {
+        RunResult::failed(execution_id, code, Outcome::Rejected, e.to_string())
     } else {
         let sup = supervisor_quiet()?;
         // Unconfined, the script runs in the current directory; confined, in
@@ -809,13 +801,7 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
             None => cwd,
             Some(c) => cwd.filter(|d| c.read_only.iter().any(|r| d.starts_with(r))),
         };
-        let opts = CallOptions {
-            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
-            plot_width: width,
-            plot_height: height,
-            working_dir,
-            ..CallOptions::default()
-        };
+        opts.working_dir = working_dir;
         let mut r = sup.run_once_with(execution_id, &code, &opts, &ctx);
         r.session.id = "run".into();
         sup.shutdown();

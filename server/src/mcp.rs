@@ -28,7 +28,9 @@ to explore, shape and summarise data, not to fit or search for models; pass tabl
 never paste rows; omit variables that would be null. Use run_r_code for a conversation that keeps \
 its variables, and reset_r_session to start it over.";
 
-fn tools() -> Value {
+fn tools(rules: &rvisor::SafetyRules) -> Value {
+    let t = &rules.timeout_seconds;
+    let timeout = format!("{}..{} seconds; default {}", t.min, t.max, t.default);
     let vars = json!({
         "type": "array",
         "description": "Scalar or flat-array variables bound in R before the script runs. Omit null values.",
@@ -60,7 +62,7 @@ fn tools() -> Value {
             "description": "Run an R script once in a fresh R session (nothing persists). For exploring, shaping and summarising data, not for fitting or searching for models. Prints, warnings, errors and plots come back; rvisor_result(x) returns structured JSON; rvisor_publish(df) returns a new data pointer.",
             "inputSchema": {"type": "object", "properties": {
                 "script": {"type": "string"},
-                "timeout_seconds": {"type": "number", "description": "1..300; default from the server"},
+                "timeout_seconds": {"type": "number", "description": timeout},
                 "variables": vars,
                 "dataframes": frames
             }, "required": ["script"]}
@@ -70,7 +72,7 @@ fn tools() -> Value {
             "description": "Run R code in this conversation's persistent R session: variables, loaded packages and options stay between calls. Plots come back as images.",
             "inputSchema": {"type": "object", "properties": {
                 "code": {"type": "string"},
-                "timeout_seconds": {"type": "number", "description": "1..300; default from the server"}
+                "timeout_seconds": {"type": "number", "description": timeout}
             }, "required": ["code"]}
         },
         {
@@ -334,7 +336,7 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                 }))
             }
             "ping" => Ok(json!({})),
-            "tools/list" => Ok(json!({ "tools": tools() })),
+            "tools/list" => Ok(json!({ "tools": tools(st.service.rules()) })),
             "tools/call" => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or("");
                 let args = params.get("arguments").cloned().unwrap_or(json!({}));
