@@ -1,6 +1,11 @@
 //! The zygote: R initialised once (packages preloaded, JIT and plotting
 //! warmed), then forked into ready workers on request.
 //!
+//! The pool starts a *base* zygote (R up, nothing preloaded: it serves
+//! within R's start-up time) and asks it for a *warm* zygote, a forked
+//! child that preloads and warms up while the base already serves, then
+//! takes over the forking (`ToZygote::Warm`).
+//!
 //! The zygote is single-threaded and never evaluates user code: only its own
 //! warm-up. It reads `Fork` requests (with the new worker's socket and output
 //! pipes attached as SCM_RIGHTS) from its control socket, forks, and reports
@@ -10,8 +15,8 @@
 
 use crate::{confine, eval, ffi, interrupt, link, r, serve};
 use rvisor_protocol::{
-    fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, ZygoteHello, ENV_PRELOAD,
-    PROTOCOL_VERSION,
+    fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, WarmRequest, ZygoteHello,
+    ENV_PRELOAD, ENV_ZYGOTE_BASE, PROTOCOL_VERSION,
 };
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -58,16 +63,19 @@ fn valid_package_name(p: &str) -> bool {
         && p.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '.')
 }
 
-/// Loads the packages to preload and draws one plot per plotting package,
-/// so a forked worker's first plot costs what later ones cost.
-fn preload(r: &r::R) -> (Vec<String>, Vec<(String, String)>) {
-    let explicit = std::env::var(ENV_PRELOAD).ok();
-    let wanted: Vec<String> = match &explicit {
-        Some(list) => list
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
+/// Loads `wanted` (`None`: ggplot2 when installed, failures ignored) and,
+/// with `plots`, draws one plot per plotting package, so a forked worker's
+/// first plot costs what later ones cost. Each step's time goes to
+/// `phases`.
+fn preload(
+    r: &r::R,
+    wanted: Option<&[String]>,
+    plots: bool,
+    phases: &mut Phases,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let explicit = wanted.is_some();
+    let wanted: Vec<String> = match wanted {
+        Some(list) => list.to_vec(),
         None => vec!["ggplot2".to_string()],
     };
     let mut loaded = Vec::new();
@@ -90,27 +98,31 @@ fn preload(r: &r::R) -> (Vec<String>, Vec<(String, String)>) {
         );
         if res.outcome == rvisor_protocol::Outcome::Complete {
             loaded.push(pkg);
-        } else if explicit.is_some() {
+        } else if explicit {
             let why = res.error.map(|e| e.message).unwrap_or_default();
             failed.push((pkg, why));
         }
     }
-    // Warm base graphics, grid, and every loaded plotting package.
-    run_quiet(
-        r,
-        "plot(1:10, main = 'warm'); lines(1:10); hist(c(1, 2, 2, 3))",
-    );
-    run_quiet(r, "grid::grid.newpage(); grid::grid.text('warm')");
-    if loaded.iter().any(|p| p == "ggplot2") {
+    phases.mark("preload");
+    if plots {
+        // Warm base graphics, grid, and every loaded plotting package.
         run_quiet(
             r,
-            "print(ggplot2::ggplot(data.frame(x = c(1, 2, 3), y = c(3, 1, 2)), \
-             ggplot2::aes(x, y)) + ggplot2::geom_point() + ggplot2::geom_line() + \
-             ggplot2::geom_smooth(method = 'lm', formula = y ~ x) + ggplot2::labs(title = 'warm'))",
+            "plot(1:10, main = 'warm'); lines(1:10); hist(c(1, 2, 2, 3))",
         );
-    }
-    if loaded.iter().any(|p| p == "lattice") {
-        run_quiet(r, "print(lattice::xyplot(1:3 ~ 1:3))");
+        run_quiet(r, "grid::grid.newpage(); grid::grid.text('warm')");
+        if loaded.iter().any(|p| p == "ggplot2") {
+            run_quiet(
+                r,
+                "print(ggplot2::ggplot(data.frame(x = c(1, 2, 3), y = c(3, 1, 2)), \
+                 ggplot2::aes(x, y)) + ggplot2::geom_point() + ggplot2::geom_line() + \
+                 ggplot2::geom_smooth(method = 'lm', formula = y ~ x) + ggplot2::labs(title = 'warm'))",
+            );
+        }
+        if loaded.iter().any(|p| p == "lattice") {
+            run_quiet(r, "print(lattice::xyplot(1:3 ~ 1:3))");
+        }
+        phases.mark("plots");
     }
     // Forked children must not share RNG state.
     run_quiet(
@@ -120,7 +132,33 @@ fn preload(r: &r::R) -> (Vec<String>, Vec<(String, String)>) {
     (loaded, failed)
 }
 
-/// Serves as a zygote on control socket `fd`.
+/// Start-up phases and their durations, for the hello.
+struct Phases {
+    last: Instant,
+    done: Vec<(String, f64)>,
+}
+
+impl Phases {
+    fn new(from: Instant) -> Self {
+        Phases {
+            last: from,
+            done: Vec::new(),
+        }
+    }
+
+    /// Records the time since the previous mark as phase `name`.
+    fn mark(&mut self, name: &str) {
+        let now = Instant::now();
+        let ms = (now - self.last).as_secs_f64() * 1000.0;
+        self.done
+            .push((name.to_string(), (ms * 1000.0).round() / 1000.0));
+        self.last = now;
+    }
+}
+
+/// Serves as a zygote on control socket `fd`. With [`ENV_ZYGOTE_BASE`] in
+/// the environment it is a base zygote: it serves as soon as R is up and
+/// leaves preloads and plot warm-up to the warm zygote it forks on request.
 pub fn run(fd: RawFd) -> Result<(), String> {
     let t0 = Instant::now();
     // SAFETY: the supervisor passed us this descriptor and nothing else owns it.
@@ -128,30 +166,70 @@ pub fn run(fd: RawFd) -> Result<(), String> {
         libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         UnixStream::from_raw_fd(fd)
     };
-    match rvisor_protocol::read_frame::<_, ToZygote>(&mut ctl) {
-        Ok(ToZygote::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => {}
-        Ok(other) => return Err(format!("expected a matching hello, got {other:?}")),
-        Err(e) => return Err(format!("failed to read the hello: {e}")),
-    }
+    read_hello(&mut ctl)?;
     // One thread per process matters for fork(): keep BLAS single-threaded.
     for var in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"] {
         if std::env::var_os(var).is_none() {
             std::env::set_var(var, "1");
         }
     }
+    let base = std::env::var_os(ENV_ZYGOTE_BASE).is_some();
+    std::env::remove_var(ENV_ZYGOTE_BASE);
+    let mut phases = Phases::new(t0);
     let r = serve::start_r().map_err(|e| format!("failed to start R: {e}"))?;
+    phases.mark("r_start");
     serve::warm_up(&r);
-    let (preloaded, failed) = preload(&r);
-    serve::warm_up(&r);
+    phases.mark("warm_up");
+    let (preloaded, failed) = if base {
+        (Vec::new(), Vec::new())
+    } else {
+        let wanted: Option<Vec<String>> = std::env::var(ENV_PRELOAD).ok().map(|list| {
+            list.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        });
+        let loaded = preload(&r, wanted.as_deref(), true, &mut phases);
+        serve::warm_up(&r);
+        phases.mark("warm_up");
+        loaded
+    };
     confine::prepare();
+    phases.mark("seccomp");
     if let Ok(f) = std::fs::File::open("/proc/self/ns/pid") {
         OWN_PIDNS.store(f.into_raw_fd(), Ordering::SeqCst);
     }
+    let pipe = chld_pipe()?;
+    let hello = ZygoteHello {
+        protocol_version: PROTOCOL_VERSION,
+        r_version: r.version.clone(),
+        pid: std::process::id(),
+        preloaded,
+        failed,
+        startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        phases_ms: phases.done,
+        warm: !base,
+    };
+    write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
+    serve_forks(&r, ctl, pipe)
+}
 
-    // SIGCHLD -> self-pipe, so poll() wakes up to reap.
+/// Reads the supervisor's hello on a zygote's control socket.
+fn read_hello(ctl: &mut UnixStream) -> Result<(), String> {
+    match rvisor_protocol::read_frame::<_, ToZygote>(ctl) {
+        Ok(ToZygote::Hello { protocol_version }) if protocol_version == PROTOCOL_VERSION => Ok(()),
+        Ok(other) => Err(format!("expected a matching hello, got {other:?}")),
+        Err(e) => Err(format!("failed to read the hello: {e}")),
+    }
+}
+
+/// A self-pipe that SIGCHLD pokes, so poll() wakes up to reap; installs
+/// the handler.
+fn chld_pipe() -> Result<[RawFd; 2], String> {
     let mut pipe = [0 as RawFd; 2];
     // SAFETY: pipe2 fills the two-element array we own; sigaction installs
-    // an async-signal-safe handler (a one-byte write).
+    // an async-signal-safe handler (a one-byte write to the pipe's write
+    // end, published in CHLD_PIPE before the handler is installed).
     unsafe {
         if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) != 0 {
             return Err("failed to create the SIGCHLD pipe".into());
@@ -163,17 +241,13 @@ pub fn run(fd: RawFd) -> Result<(), String> {
         act.sa_flags = libc::SA_NOCLDSTOP;
         libc::sigaction(libc::SIGCHLD, &act, std::ptr::null_mut());
     }
+    Ok(pipe)
+}
 
-    let hello = ZygoteHello {
-        protocol_version: PROTOCOL_VERSION,
-        r_version: r.version.clone(),
-        pid: std::process::id(),
-        preloaded,
-        failed,
-        startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
-    };
-    write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
-
+/// The fork loop of a ready zygote (base or warm): fork requests from
+/// `ctl`, children reaped as SIGCHLD pokes `pipe`. Returns when the
+/// supervisor closes the socket.
+fn serve_forks(r: &r::R, mut ctl: UnixStream, pipe: [RawFd; 2]) -> Result<(), String> {
     // Confined workers (pid 1 of their namespaces: see `fork_confined`).
     let mut confined: HashSet<libc::pid_t> = HashSet::new();
     loop {
@@ -207,11 +281,118 @@ pub fn run(fd: RawFd) -> Result<(), String> {
                 Err(e) => return Err(format!("failed to read a request: {e}")),
             };
             match req {
-                ToZygote::Fork(req) => fork_worker(&r, &mut ctl, req, fds, pipe, &mut confined)?,
+                ToZygote::Fork(req) => fork_worker(r, &mut ctl, req, fds, pipe, &mut confined)?,
+                ToZygote::Warm(req) => fork_warm(r, &mut ctl, req, fds, pipe)?,
                 ToZygote::Hello { .. } => return Err("unexpected second hello".into()),
             }
         }
     }
+}
+
+/// Forks the warm zygote (see [`ToZygote::Warm`]) and says so.
+fn fork_warm(
+    r: &r::R,
+    ctl: &mut UnixStream,
+    req: WarmRequest,
+    fds: Vec<OwnedFd>,
+    pipe: [RawFd; 2],
+) -> Result<(), String> {
+    if fds.len() != 1 {
+        let msg = FromZygote::ForkFailed {
+            worker_id: req.worker_id,
+            message: format!("expected 1 descriptor, got {}", fds.len()),
+        };
+        return write_frame(ctl, &msg).map_err(|e| e.to_string());
+    }
+    let parent = std::process::id() as libc::pid_t;
+    let worker_id = req.worker_id;
+    // SAFETY: the zygote is single-threaded (see fork_worker), so the child
+    // is a consistent copy; it continues in `become_warm`, which never
+    // returns.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        become_warm(r, ctl.as_raw_fd(), req, fds, pipe, parent);
+    }
+    drop(fds); // the child has its copy
+    let msg = if pid < 0 {
+        FromZygote::ForkFailed {
+            worker_id,
+            message: format!(
+                "fork of the warm zygote failed: {}",
+                std::io::Error::last_os_error()
+            ),
+        }
+    } else {
+        FromZygote::Forked {
+            worker_id,
+            pid: pid as u32,
+        }
+    };
+    write_frame(ctl, &msg).map_err(|e| e.to_string())
+}
+
+/// The child side of [`fork_warm`]: leaves the base zygote's descriptors,
+/// dies with it, preloads and warms up, then serves forks on its own
+/// control socket; never returns.
+fn become_warm(
+    r: &r::R,
+    ctl_fd: RawFd,
+    req: WarmRequest,
+    fds: Vec<OwnedFd>,
+    pipe: [RawFd; 2],
+    parent: libc::pid_t,
+) -> ! {
+    let t0 = Instant::now();
+    // SAFETY: in the freshly forked, single-threaded child: plain system
+    // calls on descriptors it owns (the base zygote's control socket and
+    // self-pipe are closed; its own are made below).
+    unsafe {
+        CHLD_PIPE.store(-1, Ordering::SeqCst);
+        libc::close(ctl_fd);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            libc::_exit(71);
+        }
+    }
+    let code = match fds.into_iter().next() {
+        Some(sock) => match serve_warm(r, UnixStream::from(sock), &req, t0) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("rvisor-worker (warm zygote): {e}");
+                1
+            }
+        },
+        None => 70,
+    };
+    // SAFETY: flush C stdio, then end the child without running the base
+    // zygote's atexit handlers (R's among them).
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        libc::_exit(code)
+    }
+}
+
+fn serve_warm(r: &r::R, mut ctl: UnixStream, req: &WarmRequest, t0: Instant) -> Result<(), String> {
+    read_hello(&mut ctl)?;
+    let mut phases = Phases::new(t0);
+    let (preloaded, failed) = preload(r, req.preload.as_deref(), req.warm_plots, &mut phases);
+    serve::warm_up(r);
+    phases.mark("warm_up");
+    let pipe = chld_pipe()?;
+    let hello = ZygoteHello {
+        protocol_version: PROTOCOL_VERSION,
+        r_version: r.version.clone(),
+        pid: std::process::id(),
+        preloaded,
+        failed,
+        startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        phases_ms: phases.done,
+        warm: true,
+    };
+    write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
+    serve_forks(r, ctl, pipe)
 }
 
 /// Reaps every ended child and reports it. A confined worker cannot die of

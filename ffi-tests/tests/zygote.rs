@@ -359,6 +359,9 @@ fn killed_zygote_is_replaced_and_sessions_keep_working() {
     let sup = ready_supervisor();
     let before = sup.pool_status();
     let old = before.zygote_pid.expect("a zygote pid");
+    assert!(before.warm, "forks come from the warm zygote: {before:?}");
+    let before_base = sup.pool().base_zygote_pid();
+    assert!(before_base.is_some_and(|b| b != old), "{before:?}");
     let old_worker_session = sup.session().expect("session");
     let old_worker = assert_forked(&sup, &old_worker_session);
     call_ok(&old_worker_session, "x <- 42");
@@ -391,13 +394,20 @@ fn killed_zygote_is_replaced_and_sessions_keep_working() {
     assert_ne!(new_worker, old_worker);
     assert_eq!(out, "FALSE", "the old worker's state is gone");
 
-    // The zygote comes back with a new pid.
+    // A warm zygote comes back with a new pid (forked from the base
+    // zygote again, which outlived it).
     wait_until("a restarted zygote", || {
         let st = sup.pool_status();
         st.mode == PoolMode::Zygote
+            && st.warm
             && st.zygote_pid.is_some_and(|p| p != old)
-            && st.zygote_starts >= 2
+            && st.zygote_starts >= 3
     });
+    assert_eq!(
+        sup.pool().base_zygote_pid(),
+        before_base,
+        "the base zygote outlived the warm one"
+    );
     let st = sup.pool_status();
     assert!(
         st.preloaded.iter().any(|p| p == "ggplot2"),
@@ -407,6 +417,162 @@ fn killed_zygote_is_replaced_and_sessions_keep_working() {
     let sup = ready(sup);
     let later = sup.session().expect("session");
     assert_forked(&sup, &later);
+}
+
+#[test]
+fn killed_base_zygote_takes_the_warm_one_and_is_replaced() {
+    let sup = ready_supervisor();
+    let warm = zygote_pid(&sup);
+    let base = sup.pool().base_zygote_pid().expect("a base zygote");
+    assert_eq!(
+        ppid_of(warm),
+        base,
+        "the warm zygote is the base zygote's child"
+    );
+    let session = sup.session().expect("session");
+    assert_forked_by(warm, worker_pid(&session));
+    call_ok(&session, "x <- 1");
+
+    // SAFETY: kill(2) of the base zygote this test's supervisor started; the
+    // pool holds its Child, so it is not reaped and the pid is its own.
+    let rc = unsafe { libc::kill(base as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(rc, 0, "kill the base zygote");
+    // Its child, the warm zygote, dies with it (parent-death signal).
+    wait_until("the warm zygote to die with its base", || {
+        !Path::new(&format!("/proc/{warm}")).exists() || proc_status(warm, "State").starts_with('Z')
+    });
+    wait_until("a new base and warm zygote", || {
+        let st = sup.pool_status();
+        st.warm
+            && st.zygote_pid.is_some_and(|p| p != warm)
+            && sup.pool().base_zygote_pid().is_some_and(|b| b != base)
+    });
+    let r = call(&session, "cat(exists('x'))");
+    assert_complete(&r);
+    assert!(r.session.fresh, "{r:?}");
+    assert_eq!(r.console.lines().last(), Some("FALSE"));
+    let sup = ready(sup);
+    let later = sup.session().expect("session");
+    assert_forked(&sup, &later);
+}
+
+/// Installs a package into a new library whose load blocks until `gate`
+/// exists: a preload that takes as long as the test wants.
+fn gated_package(lib: &Path, gate: &Path) {
+    let src = lib.join("src/rvgated");
+    std::fs::create_dir_all(src.join("R")).expect("package dirs");
+    std::fs::write(
+        src.join("DESCRIPTION"),
+        "Package: rvgated\nVersion: 0.1\nTitle: Gated load\nDescription: Blocks its load.\n\
+         License: MIT\nAuthor: rvisor tests\nMaintainer: rvisor tests <t@example.org>\n",
+    )
+    .expect("DESCRIPTION");
+    std::fs::write(src.join("NAMESPACE"), "export(gated)\n").expect("NAMESPACE");
+    std::fs::write(
+        src.join("R/gated.R"),
+        format!(
+            "gated <- function() TRUE\n.onLoad <- function(lib, pkg) {{\n  \
+             end <- Sys.time() + 600\n  while (!file.exists('{}') && Sys.time() < end) Sys.sleep(0.01)\n}}\n",
+            gate.display()
+        ),
+    )
+    .expect("R file");
+    let out = std::process::Command::new("R")
+        .args(["CMD", "INSTALL", "--no-test-load", "-l"])
+        .arg(lib)
+        .arg(&src)
+        .output()
+        .expect("run R CMD INSTALL");
+    assert!(
+        out.status.success(),
+        "R CMD INSTALL failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The hand-over: the base zygote serves while the warm one is still
+/// loading its preloads (here: a package whose load waits for a file), and
+/// once the warm one is up, new workers come from it with the preload.
+#[test]
+fn base_zygote_serves_while_the_warm_one_loads() {
+    let dir = rvisor_ffi_tests::TestDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "gated");
+    let lib = dir.path().join("lib");
+    std::fs::create_dir_all(&lib).expect("lib dir");
+    let gate = dir.path().join("open");
+    gated_package(&lib, &gate);
+    // Confined workers (other uids) read the library: let them.
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir.path())
+        .status();
+    let mut cfg = SupervisorConfig {
+        pool: PoolConfig {
+            preload: Some(vec!["rvgated".into()]),
+            ..PoolConfig::default()
+        },
+        ..SupervisorConfig::default()
+    };
+    cfg.worker.libpath = vec![lib.clone()];
+    cfg.defaults.libpath = vec![lib.clone()];
+    let sup = Supervisor::new(cfg).expect("supervisor starts");
+
+    // While the warm zygote waits for the gate, sessions are forked by the
+    // base zygote and answer.
+    let session = sup.session().expect("session");
+    let r = call_ok(&session, "cat('rvgated' %in% loadedNamespaces(), 1 + 1)");
+    assert_eq!(r.console, "FALSE 2");
+    let st = sup.pool_status();
+    assert_eq!(st.mode, PoolMode::Zygote, "{st:?}");
+    assert!(
+        !st.warm,
+        "the warm zygote cannot be up before the gate opens: {st:?}"
+    );
+    let base = sup.pool().base_zygote_pid().expect("a base zygote");
+    assert_eq!(st.zygote_pid, Some(base), "forks come from the base zygote");
+    assert_forked_by(base, worker_pid(&session));
+    assert!(st.startup_ms.contains_key("base.r_start"), "{st:?}");
+    // A second session while still warming: forked at once as well.
+    let second = sup.session().expect("session");
+    assert_eq!(call_ok(&second, "cat(2 + 2)").console, "4");
+
+    std::fs::write(&gate, "").expect("open the gate");
+    let sup = ready(sup);
+    let st = sup.pool_status();
+    assert!(st.warm, "{st:?}");
+    assert_eq!(st.preloaded, ["rvgated"], "{st:?}");
+    assert!(st.startup_ms.contains_key("warm.preload"), "{st:?}");
+    let warm = st.zygote_pid.expect("a warm zygote");
+    assert_ne!(warm, base);
+    assert_eq!(ppid_of(warm), base, "the warm zygote is the base's child");
+    let later = sup.session().expect("session");
+    assert_forked_by(warm, worker_pid(&later));
+    let r = call_ok(&later, "cat('rvgated' %in% loadedNamespaces())");
+    assert_eq!(r.console, "TRUE");
+    // The early sessions keep their workers (and state) from the base.
+    assert_eq!(call_ok(&session, "cat(3)").console, "3");
+    assert_eq!(session.status().generation, 1);
+}
+
+/// One-shot pools (`preload: Some(vec![])`) have no warm zygote at all.
+#[test]
+fn pool_without_preloads_has_no_warm_zygote() {
+    let sup = ready(supervisor_with(PoolConfig {
+        preload: Some(Vec::new()),
+        spares: 0,
+        ..PoolConfig::default()
+    }));
+    let st = sup.pool_status();
+    assert_eq!(st.mode, PoolMode::Zygote);
+    assert!(!st.warm, "{st:?}");
+    assert_eq!(st.zygote_starts, 1, "{st:?}");
+    assert_eq!(st.zygote_pid, sup.pool().base_zygote_pid());
+    assert!(
+        !st.startup_ms.keys().any(|k| k.starts_with("warm.")),
+        "{st:?}"
+    );
+    let once = sup.run_once("cat(1 + 1)", &CallOptions::default());
+    assert_complete(&once);
+    assert_eq!(once.console, "2");
 }
 
 // ---------------------------------------------------------------------------

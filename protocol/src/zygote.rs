@@ -9,6 +9,11 @@ pub const ENV_ZYGOTE_FD: &str = "RVISOR_ZYGOTE_FD";
 /// Name of the environment variable listing packages the zygote preloads
 /// (comma-separated).
 pub const ENV_PRELOAD: &str = "RVISOR_PRELOAD";
+/// Name of the environment variable that makes a zygote a *base* zygote:
+/// it serves forks as soon as R is up, without preloading packages or
+/// warming the plot devices; a [`ToZygote::Warm`] request then forks the
+/// warm zygote that does (the pool's hand-over, ARCHITECTURE.md).
+pub const ENV_ZYGOTE_BASE: &str = "RVISOR_ZYGOTE_BASE";
 
 /// Supervisor to zygote.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +28,27 @@ pub enum ToZygote {
     /// the worker's end of its socketpair, and the write ends of its stdout
     /// and stderr pipes.
     Fork(ForkRequest),
+    /// Fork a *warm* zygote: a child of this one that preloads packages and
+    /// warms the plot devices, then serves as a zygote of its own on the one
+    /// descriptor that travels with this frame (its control socket: the
+    /// supervisor sends it a [`ToZygote::Hello`] and it answers with its
+    /// [`ZygoteHello`] once warm). This zygote answers with
+    /// [`FromZygote::Forked`] (or `ForkFailed`) at once, and reports the
+    /// child's end with [`FromZygote::Exited`] like any other child's. The
+    /// child dies with this zygote (parent-death signal).
+    Warm(WarmRequest),
+}
+
+/// What a warm zygote does before it serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WarmRequest {
+    /// Supervisor's id for the request (echoed in the answer).
+    pub worker_id: u64,
+    /// Packages to load (`None`: ggplot2 when installed, failures ignored).
+    pub preload: Option<Vec<String>>,
+    /// Draw a plot with base graphics, grid and each preloaded plotting
+    /// package, so a worker's first plot costs what later ones cost.
+    pub warm_plots: bool,
 }
 
 /// What a forked worker needs besides its descriptors.
@@ -128,6 +154,16 @@ pub struct ZygoteHello {
     pub preloaded: Vec<String>,
     /// Packages asked for that could not be loaded, with why.
     pub failed: Vec<(String, String)>,
-    /// Milliseconds from process start to ready.
+    /// Milliseconds from process start to ready (a warm zygote: from its
+    /// fork to ready).
     pub startup_ms: f64,
+    /// Where the start-up time went, in order (`r_start`, `warm_up`,
+    /// `preload`, `plots`, `seccomp`), milliseconds each.
+    #[serde(default)]
+    pub phases_ms: Vec<(String, f64)>,
+    /// Whether this zygote preloaded and warmed up (a warm zygote, or a
+    /// zygote started without the base/warm split), as opposed to a base
+    /// zygote that serves at once.
+    #[serde(default)]
+    pub warm: bool,
 }

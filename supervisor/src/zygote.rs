@@ -8,8 +8,8 @@ use crate::process::{
 use crate::raw::RawOutput;
 use crate::worker::Worker;
 use rvisor_protocol::{
-    fdpass, read_frame, write_frame, ForkRequest, FromZygote, ToZygote, ZygoteHello, ENV_PRELOAD,
-    ENV_ZYGOTE_FD, PROTOCOL_VERSION,
+    fdpass, read_frame, write_frame, ForkRequest, FromZygote, ToZygote, WarmRequest, ZygoteHello,
+    ENV_PRELOAD, ENV_ZYGOTE_BASE, ENV_ZYGOTE_FD, PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -107,20 +107,24 @@ impl ExitReports for ZygoteShared {
     }
 }
 
-/// A running zygote.
+/// A running zygote: a base or full one the supervisor started, or a warm
+/// one forked by a base zygote ([`Zygote::warm`]).
 #[derive(Debug)]
 pub struct Zygote {
     ctl: Mutex<UnixStream>,
     shared: Arc<ZygoteShared>,
     hello: ZygoteHello,
-    child: Mutex<Child>,
+    /// The process, when the supervisor started it (a warm zygote is the
+    /// base zygote's child: that one reaps it).
+    child: Option<Mutex<Child>>,
     next_id: Mutex<u64>,
-    _tmp: TempDir,
+    _tmp: Option<TempDir>,
 }
 
 impl Zygote {
     /// Starts a zygote and waits until it is ready to fork. `preload`:
-    /// packages to load (None: ggplot2 when installed).
+    /// packages to load (None: ggplot2 when installed); it also warms the
+    /// plot devices before it serves.
     /// `on_exit` runs (on the reader thread) when the zygote goes away.
     pub fn start(
         cfg: &WorkerConfig,
@@ -132,34 +136,152 @@ impl Zygote {
             .map(|p| (ENV_PRELOAD, p.join(",")))
             .into_iter()
             .collect();
-        let (mut child, mut parent, tmp) = launch(cfg, ENV_ZYGOTE_FD, &extra, Stdio::null())?;
+        Self::launch(cfg, &extra, on_exit)
+    }
+
+    /// Starts a base zygote: it serves as soon as R is up (no preloads, no
+    /// plot warm-up); [`Zygote::warm`] then forks a warm one from it.
+    pub fn start_base(
+        cfg: &WorkerConfig,
+        on_exit: impl Fn() + Send + 'static,
+    ) -> Result<Zygote, Error> {
+        Self::launch(cfg, &[(ENV_ZYGOTE_BASE, "1".to_string())], on_exit)
+    }
+
+    fn launch(
+        cfg: &WorkerConfig,
+        extra: &[(&str, String)],
+        on_exit: impl Fn() + Send + 'static,
+    ) -> Result<Zygote, Error> {
+        let (mut child, parent, tmp) = launch(cfg, ENV_ZYGOTE_FD, extra, Stdio::null())?;
         let stderr = RawOutput::default();
         if let Some(e) = child.stderr.take() {
             stderr.attach(1, e);
         }
+        match Self::connect(parent, cfg, None, on_exit) {
+            Ok((ctl, shared, hello)) => Ok(Zygote {
+                ctl: Mutex::new(ctl),
+                shared,
+                hello,
+                child: Some(Mutex::new(child)),
+                next_id: Mutex::new(0),
+                _tmp: Some(tmp),
+            }),
+            Err(why) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let [_, e] = stderr.take_all(Instant::now() + Duration::from_millis(500));
+                Err(Error::Startup(format!(
+                    "the zygote did not start ({why}): {}",
+                    String::from_utf8_lossy(&e).trim()
+                )))
+            }
+        }
+    }
+
+    /// Asks this (base) zygote for a warm zygote: its child, which loads
+    /// `preload` (None: ggplot2 when installed) and, with `warm_plots`,
+    /// warms the plot devices, then forks workers as this one does. This
+    /// zygote keeps serving meanwhile; the call waits (at most the start-up
+    /// timeout) until the warm one is ready. The warm zygote dies with this
+    /// one; its stderr is this one's.
+    pub fn warm(
+        &self,
+        cfg: &WorkerConfig,
+        preload: Option<&[String]>,
+        warm_plots: bool,
+        on_exit: impl Fn() + Send + 'static,
+    ) -> Result<Zygote, Error> {
+        let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
+            what: "create the warm zygote's socketpair",
+            source,
+        })?;
+        let worker_id = self.next_worker_id();
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !s.alive {
+                return Err(Error::Startup("the base zygote is not running".into()));
+            }
+            s.pending.insert(worker_id, tx);
+        }
+        let req = ToZygote::Warm(WarmRequest {
+            worker_id,
+            preload: preload.map(<[String]>::to_vec),
+            warm_plots,
+        });
+        {
+            let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+            fdpass::send_frame_with_fds(&*ctl, &req, &[child_end.as_raw_fd()]).map_err(|e| {
+                self.forget(worker_id, None, &[]);
+                Error::Startup(format!("failed to ask the zygote for a warm zygote: {e}"))
+            })?;
+        }
+        drop(child_end);
+        let pid = match rx.recv_timeout(cfg.startup_timeout) {
+            Ok(Ok(pid)) => pid,
+            Ok(Err(message)) => {
+                return Err(Error::Startup(format!(
+                    "the zygote could not fork a warm zygote: {message}"
+                )))
+            }
+            Err(_) => {
+                self.forget(worker_id, None, &[]);
+                return Err(Error::StartupTimeout(cfg.startup_timeout));
+            }
+        };
+        match Self::connect(parent, cfg, Some(pid), on_exit) {
+            Ok((ctl, shared, hello)) => Ok(Zygote {
+                ctl: Mutex::new(ctl),
+                shared,
+                hello,
+                child: None,
+                next_id: Mutex::new(0),
+                _tmp: None,
+            }),
+            Err(why) => {
+                // SAFETY: kill(2) of the warm zygote this zygote forked for
+                // us; its parent has not reaped it unless it already ended
+                // (then the signal finds no process or a zombie).
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                Err(Error::Startup(format!(
+                    "the warm zygote did not start ({why}); see the zygote's stderr"
+                )))
+            }
+        }
+    }
+
+    /// The hello exchange on a zygote's control socket (with the start-up
+    /// timeout), then the reader thread. `pid`: the process the socket
+    /// must belong to, when known (a warm zygote).
+    fn connect(
+        mut parent: UnixStream,
+        cfg: &WorkerConfig,
+        pid: Option<u32>,
+        on_exit: impl Fn() + Send + 'static,
+    ) -> Result<(UnixStream, Arc<ZygoteShared>, ZygoteHello), String> {
         write_frame(
             &mut parent,
             &ToZygote::Hello {
                 protocol_version: PROTOCOL_VERSION,
             },
         )
-        .map_err(|e| Error::Startup(format!("the zygote closed its link at once ({e})")))?;
-        let mut reader = parent.try_clone().map_err(|source| Error::Io {
-            what: "clone the zygote socket",
-            source,
-        })?;
+        .map_err(|e| format!("the zygote closed its link at once ({e})"))?;
+        let mut reader = parent
+            .try_clone()
+            .map_err(|e| format!("clone the zygote socket: {e}"))?;
+        let _ = reader.set_read_timeout(Some(cfg.startup_timeout));
         let hello = match read_frame::<_, FromZygote>(&mut reader) {
             Ok(FromZygote::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => h,
-            other => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let [_, e] = stderr.take_all(Instant::now() + Duration::from_millis(500));
-                return Err(Error::Startup(format!(
-                    "the zygote did not start ({other:?}): {}",
-                    String::from_utf8_lossy(&e).trim()
-                )));
-            }
+            other => return Err(format!("{other:?}")),
         };
+        if pid.is_some_and(|p| p != hello.pid) {
+            return Err(format!(
+                "the warm zygote says it is pid {}, its parent forked {pid:?}",
+                hello.pid
+            ));
+        }
+        let _ = reader.set_read_timeout(None);
         let shared = Arc::new(ZygoteShared {
             uids: cfg.uids.clone(),
             ..ZygoteShared::default()
@@ -205,18 +327,14 @@ impl Zygote {
                 sh.cv.notify_all();
                 on_exit();
             })
-            .map_err(|source| Error::Io {
-                what: "start the zygote reader thread",
-                source,
-            })?;
-        Ok(Zygote {
-            ctl: Mutex::new(parent),
-            shared,
-            hello,
-            child: Mutex::new(child),
-            next_id: Mutex::new(0),
-            _tmp: tmp,
-        })
+            .map_err(|e| format!("start the zygote reader thread: {e}"))?;
+        Ok((parent, shared, hello))
+    }
+
+    fn next_worker_id(&self) -> u64 {
+        let mut n = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
+        *n += 1;
+        *n
     }
 
     /// What the zygote said when it became ready.
@@ -238,16 +356,44 @@ impl Zygote {
             .alive
     }
 
-    /// Waits for the zygote process to end (returns at once if it has).
+    /// Whether this is a warm zygote (preloads done) rather than a base one.
+    pub fn is_warm(&self) -> bool {
+        self.hello.warm
+    }
+
+    /// Waits for the zygote process to end (returns at once if it has). A
+    /// warm zygote: until its link closes.
     pub fn wait(&self) {
-        let _ = self.child.lock().unwrap_or_else(|e| e.into_inner()).wait();
+        match &self.child {
+            Some(c) => {
+                let _ = c.lock().unwrap_or_else(|e| e.into_inner()).wait();
+            }
+            None => {
+                let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                while s.alive {
+                    s = self.shared.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
     }
 
     /// Kills the zygote (its workers die with it: parent-death signal).
     pub fn kill(&self) {
-        let mut c = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = c.kill();
-        let _ = c.wait();
+        match &self.child {
+            Some(c) => {
+                let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            None if self.is_alive() => {
+                // SAFETY: kill(2) of the warm zygote, a child of the base
+                // zygote that is not reaped while its link is open (the
+                // link closes when it ends; then at worst a zombie, or no
+                // process, gets the signal).
+                unsafe { libc::kill(self.hello.pid as libc::pid_t, libc::SIGKILL) };
+            }
+            None => {}
+        }
     }
 
     /// Forks a ready worker with `cfg`'s environment and waits for its hello.
@@ -266,11 +412,7 @@ impl Zygote {
                 env.push((k.to_string(), v.to_string()));
             }
         }
-        let worker_id = {
-            let mut n = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
-            *n += 1;
-            *n
-        };
+        let worker_id = self.next_worker_id();
         let (tx, rx) = mpsc::channel();
         {
             let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
