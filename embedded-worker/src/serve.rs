@@ -107,6 +107,17 @@ pub fn warm_up(r: &r::R) {
     warm_up_with(r, &["invisible(NULL)", "1", "invisible(NULL)"]);
 }
 
+/// Runs the validation path twice (R's JIT compiles a closure on its
+/// second call), so a forked worker's first validations do not pay
+/// ~100-200 ms each for compiling the driver's parse-data walk.
+pub fn warm_up_validation(r: &r::R) {
+    let script = "f <- function(x) {\n  if (x > 1) y <- get('x')\n  for (i in 1:2) x <- x + i\n}\nstats::sd(1:3)\n";
+    let forbidden = ["system".to_string(), "get".to_string()];
+    for _ in 0..2 {
+        let _ = eval::validate(r, script, &forbidden, 8, "none");
+    }
+}
+
 /// Runs `codes` through the driver, discarding the results.
 fn warm_up_with(r: &r::R, codes: &[&str]) {
     for code in codes {

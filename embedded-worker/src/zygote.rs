@@ -190,6 +190,7 @@ pub fn run(fd: RawFd) -> Result<(), String> {
                 .collect()
         });
         let loaded = preload(&r, wanted.as_deref(), true, &mut phases);
+        serve::warm_up_validation(&r);
         serve::warm_up(&r);
         phases.mark("warm_up");
         loaded
@@ -378,6 +379,7 @@ fn serve_warm(r: &r::R, mut ctl: UnixStream, req: &WarmRequest, t0: Instant) -> 
     read_hello(&mut ctl)?;
     let mut phases = Phases::new(t0);
     let (preloaded, failed) = preload(r, req.preload.as_deref(), req.warm_plots, &mut phases);
+    serve::warm_up_validation(r);
     serve::warm_up(r);
     phases.mark("warm_up");
     let pipe = chld_pipe()?;
