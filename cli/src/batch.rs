@@ -65,12 +65,7 @@ fn job(id: String, code: String, timeout: f64, variables: Vec<(String, Value)>) 
     BatchJob {
         id,
         code,
-        opts: CallOptions {
-            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
-            // Wall and CPU, as for every one-shot run of the service.
-            cpu_limit: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
-            ..CallOptions::default()
-        },
+        opts: CallOptions::one_shot((timeout > 0.0).then(|| Duration::from_secs_f64(timeout))),
         ctx: CallContext {
             variables,
             ..CallContext::default()

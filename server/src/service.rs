@@ -994,12 +994,7 @@ impl Service {
             tenant.to_string(),
             published.clone(),
         );
-        let opts = CallOptions {
-            timeout: Some(timeout),
-            // Wall and CPU: a run may not use more CPU than its timeout.
-            cpu_limit: Some(timeout),
-            ..CallOptions::default()
-        };
+        let opts = CallOptions::one_shot(Some(timeout));
         let ctx = CallContext {
             variables,
             tables,

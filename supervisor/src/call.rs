@@ -47,6 +47,20 @@ impl Default for CallOptions {
     }
 }
 
+impl CallOptions {
+    /// The options of a one-shot run with `timeout` (`None`: no limit):
+    /// the rule every one-shot surface shares (the service's runs, `rvisor
+    /// batch`), that a run may use no more CPU time than its wall-clock
+    /// timeout.
+    pub fn one_shot(timeout: Option<Duration>) -> Self {
+        Self {
+            timeout,
+            cpu_limit: timeout,
+            ..Self::default()
+        }
+    }
+}
+
 /// Checks a call before it is sent: non-empty code within
 /// [`MAX_CODE_BYTES`], plot sides within 1..=[`MAX_PLOT_SIDE`], a non-zero
 /// output cap. The message says what to change.

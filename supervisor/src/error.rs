@@ -40,12 +40,14 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
     /// Workers cannot be confined as configured on this host.
+    // The inner error is in the message, so it is not also a `source`:
+    // printers of error chains (anyhow's `{:#}`) said it twice.
     #[error("refusing to start: {0}")]
-    Confinement(#[source] ConfineError),
+    Confinement(ConfineError),
     /// A session's own confinement settings (limits, network, working
     /// directory) cannot be used: the caller's to fix.
     #[error("{0}")]
-    Settings(#[source] ConfineError),
+    Settings(ConfineError),
 }
 
 /// Advice given with every failed host probe.
