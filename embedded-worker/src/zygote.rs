@@ -189,30 +189,14 @@ pub fn run(fd: RawFd) -> Result<(), String> {
                 .filter(|s| !s.is_empty())
                 .collect()
         });
-        let loaded = preload(&r, wanted.as_deref(), true, &mut phases);
-        serve::warm_up_validation(&r);
-        serve::warm_up(&r);
-        phases.mark("warm_up");
-        loaded
+        warm(&r, wanted.as_deref(), true, &mut phases)
     };
     confine::prepare();
     phases.mark("seccomp");
     if let Ok(f) = std::fs::File::open("/proc/self/ns/pid") {
         OWN_PIDNS.store(f.into_raw_fd(), Ordering::SeqCst);
     }
-    let pipe = chld_pipe()?;
-    let hello = ZygoteHello {
-        protocol_version: PROTOCOL_VERSION,
-        r_version: r.version.clone(),
-        pid: std::process::id(),
-        preloaded,
-        failed,
-        startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
-        phases_ms: phases.done,
-        warm: !base,
-    };
-    write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
-    serve_forks(&r, ctl, pipe)
+    ready(&r, ctl, (preloaded, failed), t0, phases, !base)
 }
 
 /// Reads the supervisor's hello on a zygote's control socket.
@@ -299,11 +283,8 @@ fn fork_warm(
     pipe: [RawFd; 2],
 ) -> Result<(), String> {
     if fds.len() != 1 {
-        let msg = FromZygote::ForkFailed {
-            worker_id: req.worker_id,
-            message: format!("expected 1 descriptor, got {}", fds.len()),
-        };
-        return write_frame(ctl, &msg).map_err(|e| e.to_string());
+        let message = format!("expected 1 descriptor, got {}", fds.len());
+        return refuse_fork(ctl, req.worker_id, message);
     }
     let parent = std::process::id() as libc::pid_t;
     let worker_id = req.worker_id;
@@ -314,14 +295,29 @@ fn fork_warm(
     if pid == 0 {
         become_warm(r, ctl.as_raw_fd(), req, fds, pipe, parent);
     }
+    let error = std::io::Error::last_os_error();
     drop(fds); // the child has its copy
+    answer_fork(ctl, worker_id, pid, "fork of the warm zygote failed", error)
+}
+
+/// Tells the supervisor that fork request `worker_id` failed, and why.
+fn refuse_fork(ctl: &mut UnixStream, worker_id: u64, message: String) -> Result<(), String> {
+    write_frame(ctl, &FromZygote::ForkFailed { worker_id, message }).map_err(|e| e.to_string())
+}
+
+/// Tells the supervisor how fork request `worker_id` went: `pid` from
+/// fork(2), `error` its errno when negative.
+fn answer_fork(
+    ctl: &mut UnixStream,
+    worker_id: u64,
+    pid: libc::pid_t,
+    what: &str,
+    error: std::io::Error,
+) -> Result<(), String> {
     let msg = if pid < 0 {
         FromZygote::ForkFailed {
             worker_id,
-            message: format!(
-                "fork of the warm zygote failed: {}",
-                std::io::Error::last_os_error()
-            ),
+            message: format!("{what}: {error}"),
         }
     } else {
         FromZygote::Forked {
@@ -378,10 +374,35 @@ fn become_warm(
 fn serve_warm(r: &r::R, mut ctl: UnixStream, req: &WarmRequest, t0: Instant) -> Result<(), String> {
     read_hello(&mut ctl)?;
     let mut phases = Phases::new(t0);
-    let (preloaded, failed) = preload(r, req.preload.as_deref(), req.warm_plots, &mut phases);
+    let loaded = warm(r, req.preload.as_deref(), req.warm_plots, &mut phases);
+    ready(r, ctl, loaded, t0, phases, true)
+}
+
+/// The warm zygote's work: preloads, plots, the driver's and validation's
+/// JIT warm-up.
+fn warm(
+    r: &r::R,
+    wanted: Option<&[String]>,
+    plots: bool,
+    phases: &mut Phases,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let loaded = preload(r, wanted, plots, phases);
     serve::warm_up_validation(r);
     serve::warm_up(r);
     phases.mark("warm_up");
+    loaded
+}
+
+/// Says hello on `ctl` (ready since `t0`, with what was preloaded), then
+/// serves forks until the supervisor closes the socket.
+fn ready(
+    r: &r::R,
+    mut ctl: UnixStream,
+    (preloaded, failed): (Vec<String>, Vec<(String, String)>),
+    t0: Instant,
+    phases: Phases,
+    warm: bool,
+) -> Result<(), String> {
     let pipe = chld_pipe()?;
     let hello = ZygoteHello {
         protocol_version: PROTOCOL_VERSION,
@@ -391,7 +412,7 @@ fn serve_warm(r: &r::R, mut ctl: UnixStream, req: &WarmRequest, t0: Instant) -> 
         failed,
         startup_ms: t0.elapsed().as_secs_f64() * 1000.0,
         phases_ms: phases.done,
-        warm: true,
+        warm,
     };
     write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
     serve_forks(r, ctl, pipe)
@@ -433,11 +454,8 @@ fn fork_worker(
     confined: &mut HashSet<libc::pid_t>,
 ) -> Result<(), String> {
     if fds.len() != 3 {
-        let msg = FromZygote::ForkFailed {
-            worker_id: req.worker_id,
-            message: format!("expected 3 descriptors, got {}", fds.len()),
-        };
-        return write_frame(ctl, &msg).map_err(|e| e.to_string());
+        let message = format!("expected 3 descriptors, got {}", fds.len());
+        return refuse_fork(ctl, req.worker_id, message);
     }
     if let Some(c) = &req.confine {
         let forked = if c.rootless {
@@ -468,19 +486,9 @@ fn fork_worker(
     if pid == 0 {
         become_worker(r, ctl.as_raw_fd(), req, fds, pipe, zygote_pid, None);
     }
+    let error = std::io::Error::last_os_error();
     drop(fds); // the child has its copies
-    let msg = if pid < 0 {
-        FromZygote::ForkFailed {
-            worker_id: req.worker_id,
-            message: format!("fork failed: {}", std::io::Error::last_os_error()),
-        }
-    } else {
-        FromZygote::Forked {
-            worker_id: req.worker_id,
-            pid: pid as u32,
-        }
-    };
-    write_frame(ctl, &msg).map_err(|e| e.to_string())
+    answer_fork(ctl, req.worker_id, pid, "fork failed", error)
 }
 
 /// Forks a confined worker as pid 1 of a new pid namespace: the zygote

@@ -196,15 +196,7 @@ impl Zygote {
             what: "create the warm zygote's socketpair",
             source,
         })?;
-        let worker_id = self.next_worker_id();
-        let (tx, rx) = mpsc::channel();
-        {
-            let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !s.alive {
-                return Err(Error::Startup("the base zygote is not running".into()));
-            }
-            s.pending.insert(worker_id, tx);
-        }
+        let (worker_id, rx) = self.new_request()?;
         let req = ToZygote::Warm(WarmRequest {
             worker_id,
             preload: preload.map(<[String]>::to_vec),
@@ -331,10 +323,21 @@ impl Zygote {
         Ok((parent, shared, hello))
     }
 
-    fn next_worker_id(&self) -> u64 {
-        let mut n = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
-        *n += 1;
-        *n
+    /// A new request id, and the channel its answer (`Forked` or
+    /// `ForkFailed`) will come on.
+    fn new_request(&self) -> Result<(u64, mpsc::Receiver<Result<u32, String>>), Error> {
+        let worker_id = {
+            let mut n = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
+            *n += 1;
+            *n
+        };
+        let (tx, rx) = mpsc::channel();
+        let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !s.alive {
+            return Err(Error::Startup("the zygote is not running".into()));
+        }
+        s.pending.insert(worker_id, tx);
+        Ok((worker_id, rx))
     }
 
     /// What the zygote said when it became ready.
@@ -412,15 +415,7 @@ impl Zygote {
                 env.push((k.to_string(), v.to_string()));
             }
         }
-        let worker_id = self.next_worker_id();
-        let (tx, rx) = mpsc::channel();
-        {
-            let mut s = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !s.alive {
-                return Err(Error::Startup("the zygote is not running".into()));
-            }
-            s.pending.insert(worker_id, tx);
-        }
+        let (worker_id, rx) = self.new_request()?;
         let (confine, uid, groups) = match &cfg.confine {
             Some(c) => {
                 let Some(uids) = self.shared.uids.clone() else {
