@@ -617,6 +617,15 @@ fn ops_validate(file: &str, json: bool, style: &str) -> Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // Start-up timing marks (off unless RVISOR_TIMING names a file):
+    // `rvisor bench` splits a command's time with them.
+    rvisor::timing::mark("cli.main");
+    let code = command();
+    rvisor::timing::mark("cli.exit");
+    code
+}
+
+fn command() -> ExitCode {
     let cli = Cli::parse();
     match cli.confine.confinement() {
         Ok(c) => {

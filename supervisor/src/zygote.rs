@@ -128,10 +128,15 @@ impl Zygote {
         on_exit: impl Fn() + Send + 'static,
     ) -> Result<Zygote, Error> {
         // The preload list travels in the zygote's environment only.
-        let extra: Vec<(&str, String)> = preload
+        let mut extra: Vec<(&str, String)> = preload
             .map(|p| (ENV_PRELOAD, p.join(",")))
             .into_iter()
             .collect();
+        // Start-up timing marks (off unless RVISOR_TIMING names a file).
+        if let Some(f) = rvisor_protocol::timing::file() {
+            extra.push((rvisor_protocol::timing::ENV_TIMING, f.to_string()));
+        }
+        rvisor_protocol::timing::mark("zygote.launch");
         let (mut child, mut parent, tmp) = launch(cfg, ENV_ZYGOTE_FD, &extra, Stdio::null())?;
         let stderr = RawOutput::default();
         if let Some(e) = child.stderr.take() {
@@ -149,7 +154,10 @@ impl Zygote {
             source,
         })?;
         let hello = match read_frame::<_, FromZygote>(&mut reader) {
-            Ok(FromZygote::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => h,
+            Ok(FromZygote::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => {
+                rvisor_protocol::timing::mark("zygote.hello");
+                h
+            }
             other => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -252,6 +260,7 @@ impl Zygote {
 
     /// Forks a ready worker with `cfg`'s environment and waits for its hello.
     pub fn fork(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
+        rvisor_protocol::timing::mark("fork.request");
         let t0 = Instant::now();
         let tmp = TempDir::new(&cfg.temp_root)?;
         let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
@@ -366,7 +375,9 @@ impl Zygote {
             reaped: None,
         };
         let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
+        rvisor_protocol::timing::mark("fork.forked");
         let mut w = Worker::connect(proc, parent, [out_r, err_r], tmp, remaining, t0)?;
+        rvisor_protocol::timing::mark("fork.ready");
         w.confined = cfg.confine.is_some();
         w.cpu_usage = cpu_usage;
         Ok(w)
