@@ -460,7 +460,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         .init();
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
         style: rvisor::StyleEngine::parse(&a.style).unwrap_or_default(),
-        ..Default::default()
+        ..base_config()
     })?;
     let mut tables = rvisor_server::tables::TableConfig::default();
     if let Some(dir) = a.data_dir {
