@@ -175,6 +175,17 @@ enum Cmd {
         /// Print JSON only.
         #[arg(long)]
         json: bool,
+        /// Run only these parts (comma-separated): latency (the workloads
+        /// against the peers), startup (new processes to their first
+        /// result), batch (scripts through `rvisor batch` vs Rscript).
+        #[arg(long, value_delimiter = ',', value_parser = bench::SECTIONS)]
+        only: Vec<String>,
+        /// Repetitions of the startup and batch rows.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        reps: Option<u64>,
+        /// Scripts of the batch row (R help examples).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        scripts: Option<u64>,
     },
 }
 
@@ -460,7 +471,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         .init();
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
         style: rvisor::StyleEngine::parse(&a.style).unwrap_or_default(),
-        ..Default::default()
+        ..base_config()
     })?;
     let mut tables = rvisor_server::tables::TableConfig::default();
     if let Some(dir) = a.data_dir {
@@ -617,6 +628,15 @@ fn ops_validate(file: &str, json: bool, style: &str) -> Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // Start-up timing marks (off unless RVISOR_TIMING names a file):
+    // `rvisor bench` splits a command's time with them.
+    rvisor::timing::mark("cli.main");
+    let code = command();
+    rvisor::timing::mark("cli.exit");
+    code
+}
+
+fn command() -> ExitCode {
     let cli = Cli::parse();
     match cli.confine.confinement() {
         Ok(c) => {
@@ -661,9 +681,21 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Bench { quick, json } => {
+        Cmd::Bench {
+            quick,
+            json,
+            only,
+            reps,
+            scripts,
+        } => {
             let mut progress = |m: &str| eprintln!("bench: {m}");
-            match bench::run(quick, &mut progress) {
+            let opts = bench::Options {
+                quick,
+                only,
+                reps: reps.map(|n| n as usize),
+                scripts: scripts.map(|n| n as usize),
+            };
+            match bench::run_sections(&opts, &mut progress) {
                 Ok(report) => {
                     if !json {
                         println!("{}", bench::table(&report));

@@ -78,6 +78,7 @@ fn ensure_stack() {
 }
 
 fn main() -> ExitCode {
+    rvisor_protocol::timing::mark("worker.main");
     ensure_stack();
     std::env::remove_var(ENV_REEXEC);
     if let Some(fd) = std::env::var(rvisor_protocol::ENV_ZYGOTE_FD)

@@ -13,12 +13,15 @@ use rvisor_protocol::{FrameError, FromWorker, ToWorker, WorkerHello, PROTOCOL_VE
 /// text to the capture, `quit()` and the driver's reports to the call, and
 /// `tools$name()` to the tools.
 pub fn start_r() -> Result<r::R, String> {
-    r::start(r::Hooks {
+    rvisor_protocol::timing::mark("worker.r_start");
+    let r = r::start(r::Hooks {
         console: console_text,
         quit: eval::on_quit,
         emit: eval::on_emit,
         tool: tools::rvisor_tool,
-    })
+    });
+    rvisor_protocol::timing::mark("worker.r_started");
+    r
 }
 
 fn console_text(bytes: &[u8], stderr: bool) {
@@ -104,7 +107,9 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
 /// Runs the driver a few times so R's JIT has compiled it before the first
 /// real call (a new closure's second call otherwise costs ~100 ms).
 pub fn warm_up(r: &r::R) {
+    rvisor_protocol::timing::mark("worker.warm_up");
     warm_up_with(r, &["invisible(NULL)", "1", "invisible(NULL)"]);
+    rvisor_protocol::timing::mark("worker.warmed_up");
 }
 
 /// Runs the validation path twice (R's JIT compiles a closure on its

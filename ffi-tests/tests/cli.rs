@@ -206,3 +206,103 @@ fn run_uses_the_current_directory_only_when_unconfined_or_exposed() {
     assert!(dir.join("new.txt").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn run_writes_timing_marks_in_causal_order_when_asked() {
+    let f = script("1 + 1\n");
+    let marks =
+        std::env::temp_dir().join(format!("rvisor-cli-marks-{}", rvisor::ids::random_hex(6)));
+    let out = rvisor()
+        .arg("run")
+        .arg(&f)
+        .env("RVISOR_TIMING", &marks)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // The output is the same as without marks.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[1] 2\n");
+    let text = std::fs::read_to_string(&marks).unwrap();
+    std::fs::remove_file(&marks).unwrap();
+    let at = |label: &str| -> u128 {
+        text.lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(label))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no {label} mark in:\n{text}"))
+    };
+    // The CLI, the supervisor and the zygote (another process) all mark,
+    // each step after the one it waits for.
+    let order = [
+        "cli.main",
+        "supervisor.new",
+        "supervisor.probed",
+        "zygote.launch",
+        "worker.main",
+        "worker.r_start",
+        "worker.r_started",
+        "zygote.hello",
+        "fork.request",
+        "fork.ready",
+        "run_once.call",
+        "run_once.result",
+        "supervisor.shutdown",
+        "supervisor.shut",
+        "cli.exit",
+    ];
+    for w in order.windows(2) {
+        assert!(at(w[0]) <= at(w[1]), "{} after {}:\n{text}", w[0], w[1]);
+    }
+    let pid_of = |label: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(label))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .map(str::to_string)
+    };
+    assert_ne!(pid_of("cli.main"), pid_of("worker.r_started"));
+}
+
+#[test]
+fn bench_prints_the_startup_and_batch_rows() {
+    let out = rvisor()
+        .args([
+            "bench",
+            "--only",
+            "startup,batch",
+            "--reps",
+            "1",
+            "--scripts",
+            "3",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for title in [
+        "`rvisor session --jsonl`: start -> first `1+1` result line",
+        "`rvisor serve`: start -> first `POST /v1/run` `1+1` answered",
+        "`rvisor run one.R` (`1+1`) whole process",
+        "first_ggplot_new_session",
+        "R init (setup_Rmainloop",
+        "R help examples, ",
+    ] {
+        assert!(stdout.contains(title), "no {title:?} in:\n{stdout}");
+    }
+    let json = stdout.lines().last().unwrap();
+    let report: serde_json::Value = serde_json::from_str(json).unwrap();
+    let rows = report["startup"]["rows"].as_array().unwrap();
+    for id in ["rscript", "session_jsonl", "serve", "run", "run_unconfined"] {
+        let row = rows.iter().find(|r| r["workload"] == id).unwrap();
+        assert!(row["median_ms"].as_f64().is_some(), "{id}: {row}");
+    }
+    let batch = &report["batch"];
+    assert_eq!(batch["scripts"], 3, "{batch}");
+    assert!(batch["rvisor"]["median_ms"].as_f64().is_some(), "{batch}");
+    assert!(batch["rscript"]["median_ms"].as_f64().is_some(), "{batch}");
+    // The chosen scripts all succeed under Rscript.
+    assert_eq!(batch["rscript_ok"], 3, "{batch}");
+}

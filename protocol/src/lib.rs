@@ -7,6 +7,7 @@
 pub mod fdpass;
 pub mod frame;
 pub mod result;
+pub mod timing;
 pub mod worker;
 pub mod zygote;
 

@@ -62,6 +62,7 @@ pub use ops::{
 };
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use process::{locate_worker, ExitInfo, WorkerConfig};
+pub use rvisor_protocol::timing;
 pub use rvisor_protocol::{
     ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,

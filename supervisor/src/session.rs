@@ -18,6 +18,7 @@ use crate::ids;
 use crate::process::{ExitInfo, WorkerConfig};
 use crate::tools::{CallContext, Tool};
 use crate::worker::{Canceller, Interrupter, Worker, WorkerSource};
+use rvisor_protocol::timing::mark;
 use rvisor_protocol::{Outcome, RunResult};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -991,6 +992,7 @@ impl Supervisor {
     /// A supervisor with this configuration. Removes temporary directories
     /// left behind by supervisors that were killed.
     pub fn new(mut cfg: SupervisorConfig) -> Result<Self, Error> {
+        mark("supervisor.new");
         if cfg.worker.worker_bin.is_none() {
             crate::locate_worker()?;
         }
@@ -1025,7 +1027,9 @@ impl Supervisor {
             cfg.worker.uids = None;
         }
         sweep_stale_dirs(&cfg.worker.temp_root);
+        mark("supervisor.probed");
         let pool = crate::Pool::new(cfg.worker.clone(), cfg.pool.clone())?;
+        mark("supervisor.ready");
         Ok(Self {
             inner: Arc::new(SupShared {
                 cfg,
@@ -1156,6 +1160,7 @@ impl Supervisor {
 
     /// Closes every session and kills every worker.
     pub fn shutdown(&self) {
+        mark("supervisor.shutdown");
         self.inner.shut.store(true, Ordering::SeqCst);
         let sessions: Vec<_> = lock(&self.inner.sessions)
             .drain()
@@ -1166,6 +1171,7 @@ impl Supervisor {
         }
         self.inner.registry.kill_all();
         self.inner.pool.shutdown();
+        mark("supervisor.shut");
     }
 
     /// Time since the supervisor was created.
@@ -1288,7 +1294,10 @@ impl Supervisor {
         if let Err(e) = cfg.apply_overrides(limits, network) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
-        let mut worker = match self.inner.pool.acquire(&cfg) {
+        mark("run_once.acquire");
+        let acquired = self.inner.pool.acquire(&cfg);
+        mark("run_once.acquired");
+        let mut worker = match acquired {
             Ok(w) => w,
             Err(e) => {
                 let outcome = match e {
@@ -1324,10 +1333,12 @@ impl Supervisor {
                 }
             }
         };
+        mark("run_once.call");
         let mut r = match prepared {
             Ok(()) => worker.run_call(execution_id, code, opts, ctx),
             Err(r) => r,
         };
+        mark("run_once.result");
         if let Some(t) = &ctx.cancel {
             t.clear();
         }

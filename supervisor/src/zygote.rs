@@ -153,7 +153,13 @@ impl Zygote {
         extra: &[(&str, String)],
         on_exit: impl Fn() + Send + 'static,
     ) -> Result<Zygote, Error> {
-        let (mut child, parent, tmp) = launch(cfg, ENV_ZYGOTE_FD, extra, Stdio::null())?;
+        let mut extra = extra.to_vec();
+        // Start-up timing marks (off unless RVISOR_TIMING names a file).
+        if let Some(f) = rvisor_protocol::timing::file() {
+            extra.push((rvisor_protocol::timing::ENV_TIMING, f.to_string()));
+        }
+        rvisor_protocol::timing::mark("zygote.launch");
+        let (mut child, parent, tmp) = launch(cfg, ENV_ZYGOTE_FD, &extra, Stdio::null())?;
         let stderr = RawOutput::default();
         if let Some(e) = child.stderr.take() {
             stderr.attach(1, e);
@@ -264,7 +270,10 @@ impl Zygote {
             .map_err(|e| format!("clone the zygote socket: {e}"))?;
         let _ = reader.set_read_timeout(Some(cfg.startup_timeout));
         let hello = match read_frame::<_, FromZygote>(&mut reader) {
-            Ok(FromZygote::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => h,
+            Ok(FromZygote::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => {
+                rvisor_protocol::timing::mark("zygote.hello");
+                h
+            }
             other => return Err(format!("{other:?}")),
         };
         if pid.is_some_and(|p| p != hello.pid) {
@@ -401,6 +410,7 @@ impl Zygote {
 
     /// Forks a ready worker with `cfg`'s environment and waits for its hello.
     pub fn fork(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
+        rvisor_protocol::timing::mark("fork.request");
         let t0 = Instant::now();
         let tmp = TempDir::new(&cfg.temp_root)?;
         let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
@@ -503,7 +513,9 @@ impl Zygote {
             reaped: None,
         };
         let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
+        rvisor_protocol::timing::mark("fork.forked");
         let mut w = Worker::connect(proc, parent, [out_r, err_r], tmp, remaining, t0)?;
+        rvisor_protocol::timing::mark("fork.ready");
         w.confined = cfg.confine.is_some();
         w.cpu_usage = cpu_usage;
         Ok(w)

@@ -19,6 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod batch_rows;
+mod startup;
+
 const PEER_DRIVER: &str = include_str!("peers.R");
 
 /// One workload of the table.
@@ -143,7 +146,7 @@ fn validate_calls(
 }
 
 /// Summary of one workload on one system.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct Stats {
     /// Workload id.
     pub workload: String,
@@ -205,6 +208,65 @@ pub struct Report {
     /// Extra rvisor figures: cold start without a spare, with plain
     /// spawning, first vs later ggplot, kill-to-next-call.
     pub extra: Vec<Stats>,
+    /// Whole new processes to their first result, and where the time goes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub startup: Option<startup::Startup>,
+    /// The same scripts through `rvisor batch` and Rscript per script.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<batch_rows::BatchRow>,
+}
+
+/// Parts of the benchmark (`rvisor bench --only`).
+pub const SECTIONS: [&str; 3] = ["latency", "startup", "batch"];
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Fewer samples.
+    pub quick: bool,
+    /// The sections to run (of [`SECTIONS`]); empty: all.
+    pub only: Vec<String>,
+    /// Repetitions of the cold-start and batch rows (default: 10 and 3,
+    /// quick 3 and 1).
+    pub reps: Option<usize>,
+    /// Scripts of the batch row (default 300, quick 40).
+    pub scripts: Option<usize>,
+}
+
+impl Options {
+    fn wants(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+}
+
+/// Runs the selected sections of the benchmark.
+pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    let mut report = if o.wants("latency") {
+        run(o.quick, progress)?
+    } else {
+        Report {
+            machine: machine(),
+            rounds: 0,
+            stats: Vec::new(),
+            memory: Vec::new(),
+            throughput: Vec::new(),
+            extra: Vec::new(),
+            startup: None,
+            batch: None,
+        }
+    };
+    if o.wants("startup") {
+        // Peers are installed by the latency part only: without Rserve the
+        // Rserve row says so.
+        let reps = o.reps.unwrap_or(if o.quick { 3 } else { 10 });
+        report.startup = Some(startup::run(reps, progress)?);
+    }
+    if o.wants("batch") {
+        let reps = o.reps.unwrap_or(if o.quick { 1 } else { 3 });
+        let scripts = o.scripts.unwrap_or(if o.quick { 40 } else { 300 });
+        report.batch = Some(batch_rows::run(scripts, reps, progress)?);
+    }
+    Ok(report)
 }
 
 fn summarise(workload: &str, system: &str, mut ms: Vec<f64>, note: Option<String>) -> Stats {
@@ -876,6 +938,8 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         memory,
         throughput,
         extra,
+        startup: None,
+        batch: None,
     })
 }
 
@@ -890,6 +954,21 @@ fn fmt_ms(v: Option<f64>) -> String {
 
 /// Renders the report as Markdown tables (README-ready).
 pub fn table(r: &Report) -> String {
+    let mut s = latency_table(r);
+    if let Some(x) = &r.startup {
+        s.push_str(&startup::table(x));
+    }
+    if let Some(b) = &r.batch {
+        s.push_str(&batch_rows::table(b));
+    }
+    s
+}
+
+/// The latency tables (workloads x systems, memory, throughput, extra).
+fn latency_table(r: &Report) -> String {
+    if r.stats.is_empty() {
+        return format!("Machine: {}.\n", r.machine);
+    }
     let mut s = format!(
         "Machine: {}; {} rounds, interleaved.\n\n",
         r.machine, r.rounds

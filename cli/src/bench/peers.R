@@ -116,8 +116,35 @@ rs_code <- list(
     r <- readBin(f, "raw", file.size(f)); unlink(f); r
   })
 )
+## A new Rserve daemon to its first result: start the server (as its users
+## do, Rserve::Rserve()), connect (retried every 5 ms until it listens),
+## eval 1+1; then the daemon is ended (not timed).
+rs_process_start <- function(n) {
+  out <- numeric(n)
+  for (i in seq_len(n)) {
+    port <- 7000L + sample.int(2000L, 1L)
+    t0 <- now_ms()
+    Rserve::Rserve(port = port, args = "--no-save --slave", quote = FALSE)
+    k <- NULL
+    for (j in 1:2000) {
+      k <- tryCatch(RSclient::RS.connect(port = port), error = function(e) NULL)
+      if (!is.null(k)) break
+      Sys.sleep(0.005)
+    }
+    if (is.null(k)) return("NA Rserve did not start")
+    v <- RSclient::RS.eval(k, 1 + 1)
+    out[i] <- now_ms() - t0
+    if (!identical(v, 2)) return("NA Rserve's 1+1 was not 2")
+    daemon <- RSclient::RS.eval(k, as.integer(strsplit(sub(".*\\) ", "", readLines("/proc/self/stat")), " ")[[1]][2]))
+    RSclient::RS.close(k)
+    invisible(tools::pskill(daemon, tools::SIGTERM))
+  }
+  out
+}
+
 run_rserve <- function(workload, n) {
   if (!has_rs) return("NA Rserve/RSclient not installed")
+  if (workload == "process_start") return(rs_process_start(n))
   if (is.null(rs_conn)) {
     rs_conn <<- tryCatch(rs_start(), error = function(e) NULL)
     if (is.null(rs_conn)) return("NA Rserve did not start")
