@@ -201,7 +201,7 @@ impl BlobStore {
                 (s, None)
             }
         };
-        Ok(Self::with(inner, url.clone(), local_root)?)
+        Self::with(inner, url.clone(), local_root)
     }
 
     /// A store in memory (tests; one process).
