@@ -575,6 +575,14 @@ fn leases_are_exclusive_on_the_s3_store() {
     for (k, v) in moto.env() {
         std::env::set_var(k, v);
     }
+    // A bucket that does not exist is a store that does not answer.
+    let missing = BlobStore::open(&StoreUrl::S3 {
+        bucket: "no-such-bucket".into(),
+        prefix: String::new(),
+    })
+    .expect("opening contacts nothing");
+    let e = missing.reachable(Duration::from_secs(10)).unwrap_err();
+    assert!(e.to_string().contains("NoSuchBucket"), "{e}");
     let url = StoreUrl::S3 {
         bucket: BUCKET.into(),
         prefix: "leases".into(),

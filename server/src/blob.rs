@@ -486,8 +486,13 @@ impl BlobStore {
     pub fn reachable(&self, within: Duration) -> Result<(), BlobError> {
         let store = self.inner.clone();
         self.wait(async move {
+            // A listing, not a HEAD: S3 answers a HEAD in a missing bucket
+            // with the same 404 as a missing key.
             let probe = async {
-                match store.head(&ObjPath::from("rvisor-probe")).await {
+                match store
+                    .list_with_delimiter(Some(&ObjPath::from("rvisor-probe")))
+                    .await
+                {
                     Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                     Err(e) => Err(BlobError::Store(e.to_string())),
                 }
