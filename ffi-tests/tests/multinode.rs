@@ -212,7 +212,9 @@ impl Node {
     }
 }
 
-/// nginx with the shipped config, the nodes' addresses put in.
+/// nginx with the shipped config, the nodes' addresses put in. Stopped
+/// with SIGTERM (the master takes its workers down; a SIGKILL would leave
+/// them running with the port), SIGKILL only if it does not end.
 struct Nginx {
     bin: PathBuf,
     proc: Proc,
@@ -327,6 +329,22 @@ impl Nginx {
         // SAFETY: kill only sends a signal to the nginx master, our child.
         let r = unsafe { libc::kill(self.proc.0.id() as i32, libc::SIGHUP) };
         assert_eq!(r, 0, "SIGHUP to nginx");
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: kill only sends a signal to the nginx master, our child,
+        // not reaped yet (so its pid is still its own).
+        unsafe { libc::kill(self.proc.0.id() as i32, libc::SIGTERM) };
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < end {
+            if self.proc.0.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // `Proc` then kills the master if it is still there.
     }
 }
 
