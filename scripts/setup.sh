@@ -16,6 +16,9 @@ done
 # every standard R installation: ten Debian packages with
 # --no-install-recommends.
 r_has survival && r_has MASS && r_has boot || need+=(r-recommended)
+# nginx: the router of the multi-node test (ffi-tests/tests/multinode.rs
+# runs deploy/nginx/rvisor.conf in it). Debian puts it in /usr/sbin.
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
@@ -43,4 +46,11 @@ fi
 if command -v python3 >/dev/null 2>&1 && ! python3 -m schemathesis.cli --version 2>/dev/null | grep -q "4.32.5"; then
   echo "setup: installing schemathesis (OpenAPI fuzzer, for the HTTP contract test)" >&2
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "schemathesis==4.32.5"
+fi
+
+# moto's S3 server: the shared store of the multi-node test
+# (`moto_server -H 127.0.0.1 -p PORT`; Debian 12 has no S3 server).
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import moto, flask" >/dev/null 2>&1; then
+  echo "setup: installing moto[server] (a local S3 server, for the multi-node test)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "moto[server]==5.2.1"
 fi

@@ -430,6 +430,46 @@ struct ServeArgs {
     /// every connection is closed.
     #[arg(long, default_value_t = 30.0, value_name = "SECS", value_parser = non_negative_secs)]
     shutdown_grace_secs: f64,
+    /// This node's id when several serve behind one router
+    /// (docs/scale-out.md): session ids become `ID.s-...`. `hostname`
+    /// takes `nN` from a StatefulSet pod's name (`rvisor-2` gives n2).
+    /// Default: $RVISOR_NODE_ID, else none (ids `s-...`).
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// The shared store of tables: `s3://BUCKET/PREFIX` (endpoint and
+    /// credentials from AWS_ENDPOINT, AWS_ALLOW_HTTP, AWS_REGION,
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a directory. Default:
+    /// $RVISOR_STORE, else DATA_DIR/store.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// At SIGTERM: seconds calls in flight get to finish while the node
+    /// drains (readiness false, new sessions and runs refused with 503,
+    /// existing sessions still answered) before it stops.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS", value_parser = non_negative_secs)]
+    drain_grace_secs: f64,
+}
+
+/// The node id of `serve`: the flag, else $RVISOR_NODE_ID; `hostname`
+/// means the pod ordinal of the host name.
+fn node_id(flag: Option<String>) -> Result<Option<String>> {
+    let Some(v) = flag.or_else(|| {
+        std::env::var("RVISOR_NODE_ID")
+            .ok()
+            .filter(|v| !v.is_empty())
+    }) else {
+        return Ok(None);
+    };
+    let id = if v == "hostname" {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .context("failed to read the host name for --node-id hostname")?;
+        rvisor_server::cluster::NodeId::from_hostname(host.trim())
+    } else {
+        rvisor_server::cluster::NodeId::parse(&v)
+    };
+    Ok(Some(
+        id.map_err(|e| anyhow::anyhow!("--node-id: {e}"))?
+            .to_string(),
+    ))
 }
 
 /// A number of seconds above zero (and below a century).
@@ -469,14 +509,27 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("rvisor=info")),
         )
         .init();
+    let node_id = node_id(a.node_id)?;
+    let store = match a
+        .store
+        .or_else(|| std::env::var("RVISOR_STORE").ok().filter(|v| !v.is_empty()))
+    {
+        Some(s) => Some(
+            s.parse::<rvisor_server::blob::StoreUrl>()
+                .map_err(|e| anyhow::anyhow!("--store: {e}"))?,
+        ),
+        None => None,
+    };
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
         style: rvisor::StyleEngine::parse(&a.style).unwrap_or_default(),
+        node_id,
         ..base_config()
     })?;
     let mut tables = rvisor_server::tables::TableConfig::default();
     if let Some(dir) = a.data_dir {
         tables.dir = dir;
     }
+    tables.store = store;
     tables.ttl = Duration::from_secs_f64(a.table_ttl_hours.max(0.0) * 3600.0);
     if let Some(t) = &tokens {
         for o in &a.operators {
@@ -503,6 +556,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             max_connections_per_ip: a.max_connections_per_ip as usize,
             shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
         },
+        drain_grace: Duration::from_secs_f64(a.drain_grace_secs),
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -87,13 +87,16 @@ impl Server {
 
     /// How many tables the server stores (for every tenant).
     fn stored_tables(&self) -> usize {
-        std::fs::read_dir(&self.tables_dir)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "arrow"))
-                    .count()
-            })
-            .unwrap_or(0)
+        // The store (a directory by default): tables/{tenant}/{pointer}.arrow.
+        let tenants = std::fs::read_dir(self.tables_dir.join("store").join("tables"));
+        tenants
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_dir(t.path()).ok())
+            .flat_map(|d| d.flatten())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "arrow"))
+            .count()
     }
 
     /// Default rules, no auth (one local tenant).

@@ -417,8 +417,9 @@ fn requests_in_flight_at_sigterm_are_answered() {
     let mut s = Server::ipc();
     let mut p = s.peer();
     // The one-shot run publishes a table first, so the test can see that it
-    // runs (a file appears in the server's data directory).
-    let data = s.dir.path().join("data");
+    // runs (a file appears in the server's table cache, which every
+    // table it stores passes through).
+    let data = s.dir.path().join("data").join("cache");
     let arrow_files = || {
         std::fs::read_dir(&data)
             .map(|d| {

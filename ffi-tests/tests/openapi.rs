@@ -8,7 +8,7 @@
 
 use rvisor::{PoolConfig, SafetyRules, Supervisor, SupervisorConfig};
 use rvisor_ffi_tests::TestDir;
-use rvisor_server::http::{ServeConfig, OPERATION_ERRORS};
+use rvisor_server::http::{ServeConfig, OPERATION_ERRORS, UNAUTHENTICATED};
 use rvisor_server::service::ErrorCode;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -173,7 +173,8 @@ fn conforms(doc: &Value, method: &str, template: &str, what: &str, a: &Answer) -
             documented["content"]
         );
     }
-    if a.status < 400 {
+    // A node not ready answers 503 with its readiness, not an error.
+    if a.status < 400 || template == "/readyz" {
         return serde_json::from_str(&a.body).unwrap_or(Value::Null);
     }
     let v: Value = serde_json::from_str(&a.body)
@@ -213,8 +214,21 @@ fn every_answer_of_every_operation_is_documented() {
     .expect("the document is JSON");
     assert_eq!(doc["security"], json!([{"bearer": []}]));
 
-    // Without a valid token, every operation answers 401, documented.
+    // Without a valid token, every operation answers 401, documented;
+    // the orchestrators' probes answer anyone.
     for (method, template, _) in OPERATION_ERRORS {
+        if UNAUTHENTICATED.contains(template) {
+            let a = send(&s.base, None, "GET", template, None, None);
+            // Not ready yet is a documented answer too (the zygote starts).
+            let ready = *template == "/readyz" && a.status == 503;
+            assert!(
+                a.status == 200 || ready,
+                "{template} without a token: {}",
+                a.body
+            );
+            conforms(&doc, method, template, "no token", &a);
+            continue;
+        }
         let path = template
             .replace("{id}", "s-0000000000000000")
             .replace("{pointer}", "dp_00");
@@ -393,7 +407,12 @@ fn every_answer_of_every_operation_is_documented() {
         ("/v1/usage", 200),
         // The tenant is not an operator: the server-wide metrics are not its.
         ("/metrics", 403),
+        ("/readyz", 200),
+        ("/livez", 200),
     ] {
         check("get", template, template, None, None, want);
     }
+    // Nor may it drain the node.
+    let d = "/v1/admin/drain";
+    check("post", d, d, None, None, 403);
 }

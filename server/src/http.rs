@@ -47,6 +47,9 @@ pub struct ServeConfig {
     /// Connection caps, timeouts and the shutdown deadline of both
     /// listeners (defaults in [`crate::listen::ConnectionLimits`]).
     pub connections: crate::listen::ConnectionLimits,
+    /// At SIGTERM: how long calls in flight get to finish while the node
+    /// drains (still serving its sessions) before the listeners stop.
+    pub drain_grace: std::time::Duration,
 }
 
 impl Default for ServeConfig {
@@ -60,6 +63,7 @@ impl Default for ServeConfig {
             max_body_bytes: 4 * 1024 * 1024,
             max_table_bytes: 256 * 1024 * 1024,
             tables: crate::tables::TableConfig::default(),
+            drain_grace: std::time::Duration::from_secs(30),
             nng: None,
             connections: crate::listen::ConnectionLimits::default(),
         }
@@ -133,7 +137,7 @@ impl IntoResponse for ApiError {
         let status = StatusCode::from_u16(self.0.code.http_status())
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut res = (status, Json(json!({ "error": self.0.to_json() }))).into_response();
-        if self.0.code == ErrorCode::Busy {
+        if matches!(self.0.code, ErrorCode::Busy | ErrorCode::Draining) {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
@@ -198,7 +202,10 @@ pub struct PackagesBody {
         table_delete,
         openapi,
         metrics,
-        usage
+        usage,
+        livez,
+        readyz,
+        admin_drain
     ),
     components(schemas(ErrorBody, ErrorDetail))
 )]
@@ -291,8 +298,15 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
         ("get", "/v1/openapi.json", &[]),
         ("get", "/metrics", &[E::Forbidden]),
         ("get", "/v1/usage", &[]),
+        ("get", "/livez", &[]),
+        ("get", "/readyz", &[]),
+        ("post", "/v1/admin/drain", &[E::Forbidden]),
     ]
 };
+
+/// Paths answered without a token (orchestrators' probes): no 401, no
+/// bearer requirement in the document.
+pub const UNAUTHENTICATED: &[&str] = &["/livez", "/readyz"];
 
 /// The OpenAPI document of a server: the generated one, with each
 /// operation's error responses (from [`OPERATION_ERRORS`]; 401 and the
@@ -352,7 +366,8 @@ fn error_responses(doc: &mut serde_json::Value, auth: bool) {
             continue;
         };
         let mut by_status: std::collections::BTreeMap<u16, Vec<String>> = Default::default();
-        let auth_code = auth.then_some(ErrorCode::Unauthorized);
+        let open = UNAUTHENTICATED.contains(path);
+        let auth_code = (auth && !open).then_some(ErrorCode::Unauthorized);
         for c in codes.iter().copied().chain(auth_code) {
             by_status
                 .entry(c.http_status())
@@ -387,6 +402,11 @@ fn error_responses(doc: &mut serde_json::Value, auth: bool) {
             d.insert("security".into(), json!([{"bearer": []}]));
         } else {
             d.remove("security");
+        }
+    }
+    for path in UNAUTHENTICATED {
+        if let Some(op) = operation(doc, "get", path) {
+            op.insert("security".into(), json!([]));
         }
     }
 }
@@ -1085,6 +1105,34 @@ async fn usage(
     Json(st.service.usage(&tenant)).into_response()
 }
 
+#[utoipa::path(get, path = "/livez", tag = "operations", responses((status = 200, description = "The process is alive (no token needed; for an orchestrator's liveness probe)", body = Object)))]
+async fn livez() -> Response {
+    Json(json!({"status": "alive"})).into_response()
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "operations", responses(
+    (status = 200, description = "The node takes new work: workers can be made, the shared store answers, it is not draining (no token needed; for a readiness probe and a router)", body = crate::service::Readiness),
+    (status = 503, description = "The node takes no new work now; `reasons` says why", body = crate::service::Readiness)
+))]
+async fn readyz(State(st): State<Handlers>) -> Result<Response, ApiError> {
+    let svc = st.service.clone();
+    let r = blocking(move || svc.readiness()).await?;
+    let status = if r.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Ok((status, Json(r)).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/admin/drain", tag = "operations", responses((status = 200, description = "The node drains: readiness goes false, new sessions and one-shot runs get 503 `draining`, existing sessions keep answering (an operator's token: `rvisor serve --operator TENANT`)", body = crate::service::DrainStatus)))]
+async fn admin_drain(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.service.drain_for(&tenant)?).into_response())
+}
+
 async fn not_found() -> ApiError {
     ServiceError::not_found("route").into()
 }
@@ -1144,12 +1192,20 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/usage", get(usage))
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/admin/drain", post(admin_drain))
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes));
-    uploads
+    // Probes answer without a token: outside the auth layer.
+    let probes = Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .method_not_allowed_fallback(wrong_method);
+    let authed = uploads
         .merge(rest)
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
-        .layer(middleware::from_fn_with_state(st.clone(), auth))
+        .layer(middleware::from_fn_with_state(st.clone(), auth));
+    probes
+        .merge(authed)
         .layer(middleware::from_fn(log_requests))
         .with_state(st)
 }
@@ -1192,7 +1248,12 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     eprintln!("rvisor serve: listening on http://{addr}");
     let nng = nng.map(|l| {
         eprintln!("rvisor serve: listening on nng {}", l.url());
-        tokio::spawn(l.run(svc, max_message, cfg.connections.clone(), stop_rx.clone()))
+        tokio::spawn(l.run(
+            svc.clone(),
+            max_message,
+            cfg.connections.clone(),
+            stop_rx.clone(),
+        ))
     });
     let http = tokio::spawn(crate::listen::serve_http(
         listener,
@@ -1208,9 +1269,13 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
             Err(_) => std::future::pending::<()>().await,
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+    let mut term = std::pin::pin!(term);
+    let drain = tokio::select! {
+        _ = tokio::signal::ctrl_c() => false,
+        _ = &mut term => true,
+    };
+    if drain {
+        drain_then_stop(&svc, cfg.drain_grace).await;
     }
     eprintln!(
         "rvisor serve: shutting down (requests in flight get {} s)",
@@ -1226,6 +1291,35 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     let s = sup.clone();
     let _ = tokio::task::spawn_blocking(move || s.shutdown()).await;
     Ok(())
+}
+
+/// SIGTERM's drain (docs/scale-out.md): readiness goes false and new work
+/// is refused while the listeners keep serving existing sessions; calls in
+/// flight get `grace` to finish (a second SIGTERM or a SIGINT cuts it
+/// short); then the hand-off step runs and the caller stops the listeners.
+async fn drain_then_stop(svc: &Service, grace: std::time::Duration) {
+    let st = svc.start_drain();
+    eprintln!(
+        "rvisor serve: draining: {} sessions, {} calls in flight; calls get {} s to finish",
+        st.sessions,
+        st.calls_in_flight,
+        grace.as_secs_f64()
+    );
+    let s = svc.clone();
+    let waited = tokio::task::spawn_blocking(move || s.finish_drain(grace));
+    let again = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = waited => {}
+        _ = again => eprintln!("rvisor serve: a second SIGTERM: stopping now"),
+        _ = tokio::signal::ctrl_c() => eprintln!("rvisor serve: SIGINT: stopping now"),
+    }
 }
 
 #[cfg(test)]
@@ -1298,8 +1392,13 @@ mod openapi_tests {
                     .filter(|s| *s >= 400)
                     .collect();
                 let mut want: BTreeSet<u16> = codes.iter().map(|c| c.http_status()).collect();
-                if auth {
+                if auth && !UNAUTHENTICATED.contains(p) {
                     want.insert(401);
+                }
+                let mut errors = errors;
+                if *p == "/readyz" {
+                    // Not ready is an answer of its own shape, not an error.
+                    assert!(errors.remove(&503), "/readyz documents its 503");
                 }
                 assert_eq!(errors, want, "{m} {p} (auth {auth})");
                 for s in errors {

@@ -6,9 +6,13 @@
 //! request, call the service and encode its answer: [`http`] (`rvisor
 //! serve`), [`nng`] (`serve --nng`), [`mcp`] (`rvisor mcp`) and [`jsonl`]
 //! (`rvisor session --jsonl`). [`tables`] is the table store behind data
-//! pointers. [`listen`] keeps the listeners' connection caps, timeouts and
+//! pointers, kept in
+//! the shared [`blob`] store; [`cluster`] holds the node id and the drain
+//! state of a node behind a router. [`listen`] keeps the listeners' connection caps, timeouts and
 //! shutdown deadline, and the one-server-per-data-directory lock.
 
+pub mod blob;
+pub mod cluster;
 pub mod http;
 pub mod jsonl;
 pub mod listen;

@@ -60,13 +60,17 @@ pub enum ErrorCode {
     NoWorker,
     /// The table store failed.
     Storage,
+    /// The node is draining (shutting down): it takes no new sessions or
+    /// one-shot runs; retry, and a router sends the request to another
+    /// node (503 with Retry-After).
+    Draining,
     /// A bug or an unexpected failure of the server.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -82,6 +86,7 @@ impl ErrorCode {
         ErrorCode::Busy,
         ErrorCode::NoWorker,
         ErrorCode::Storage,
+        ErrorCode::Draining,
         ErrorCode::Internal,
     ];
 
@@ -103,6 +108,7 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::NoWorker => "no_worker",
             ErrorCode::Storage => "storage",
+            ErrorCode::Draining => "draining",
             ErrorCode::Internal => "internal",
         }
     }
@@ -120,7 +126,7 @@ impl ErrorCode {
             ErrorCode::Invalid | ErrorCode::DataPointerUnresolved => 422,
             ErrorCode::QueueFull | ErrorCode::Quota => 429,
             ErrorCode::Internal | ErrorCode::Storage => 500,
-            ErrorCode::NoWorker | ErrorCode::Busy => 503,
+            ErrorCode::NoWorker | ErrorCode::Busy | ErrorCode::Draining => 503,
         }
     }
 }
@@ -739,6 +745,36 @@ impl Default for ServiceConfig {
     }
 }
 
+/// `/readyz`: whether the node takes new work, and why not.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// All checks pass.
+    pub ready: bool,
+    /// This node's id (`rvisor serve --node-id`), if it has one.
+    pub node_id: Option<String>,
+    /// Workers can be made (the zygote is up).
+    pub zygote: bool,
+    /// The shared store answered.
+    pub store: bool,
+    /// The node is draining.
+    pub draining: bool,
+    /// Why it is not ready (empty when it is).
+    pub reasons: Vec<String>,
+}
+
+/// `POST /v1/admin/drain`: the drain's state.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct DrainStatus {
+    /// This node's id, if it has one.
+    pub node_id: Option<String>,
+    /// Whether the node is draining.
+    pub draining: bool,
+    /// Sessions open on this node.
+    pub sessions: usize,
+    /// Calls running or queued now (session calls and one-shot runs).
+    pub calls_in_flight: usize,
+}
+
 /// The tenant of every request when the service runs without tokens.
 pub const LOCAL_TENANT: &str = "local";
 
@@ -765,6 +801,10 @@ struct ServiceState {
     /// (tenant, name) -> session id, for surfaces that name sessions.
     names: Mutex<HashMap<(String, String), String>>,
     metrics: Metrics,
+    /// Draining, and the calls in flight (docs/scale-out.md).
+    drain: crate::cluster::Drain,
+    /// The last answer of the shared store to readiness, and when.
+    store_check: Mutex<Option<(Instant, Result<(), String>)>>,
 }
 
 /// A session call in flight: resolve it with [`PendingCall::wait`] or
@@ -778,6 +818,8 @@ pub struct PendingCall {
     service: Service,
     cancel: CancelToken,
     tenant: String,
+    /// Counts the call as in flight (a drain waits for it) until it ends.
+    in_flight: crate::cluster::InFlight,
 }
 
 impl PendingCall {
@@ -808,6 +850,7 @@ impl PendingCall {
     pub fn wait(self) -> RunResult {
         let r = self.handle.wait();
         self.cancel.clear();
+        drop(self.in_flight);
         Self::complete(
             &self.published,
             &self.service,
@@ -828,11 +871,13 @@ impl PendingCall {
             service,
             cancel,
             tenant,
+            in_flight,
         } = self;
         let guard = CancelOnDrop::new(cancel.clone());
         let r = handle.await;
         guard.disarm();
         cancel.clear();
+        drop(in_flight);
         Self::complete(&published, &service, &tenant, started, r)
     }
 }
@@ -850,6 +895,8 @@ impl Service {
                 sessions: Mutex::new(HashMap::new()),
                 names: Mutex::new(HashMap::new()),
                 metrics: Metrics::default(),
+                drain: crate::cluster::Drain::default(),
+                store_check: Mutex::new(None),
             }),
         })
     }
@@ -903,7 +950,137 @@ impl Service {
             "max_sessions_per_tenant": self.inner.cfg.max_sessions_per_tenant,
             "max_sessions": self.inner.cfg.max_sessions,
         });
+        v["node_id"] = json!(self.inner.sup.config().node_id);
+        v["draining"] = json!(self.inner.drain.is_draining());
         v
+    }
+
+    /// Refuses new work while the node drains (retryable: another node
+    /// takes it).
+    fn admit(&self) -> Result<(), ServiceError> {
+        if self.inner.drain.is_draining() {
+            return Err(ServiceError::new(
+                ErrorCode::Draining,
+                "this node is draining (shutting down) and takes no new sessions or runs; retry \
+                 in a moment: a router sends the request to another node. Existing sessions of \
+                 this node still answer until it exits",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The drain state: draining, calls in flight.
+    pub fn drain_state(&self) -> &crate::cluster::Drain {
+        &self.inner.drain
+    }
+
+    /// Starts draining (SIGTERM, `POST /v1/admin/drain`): readiness goes
+    /// false, new sessions and one-shot runs are refused with `draining`,
+    /// existing sessions keep answering. Idempotent. The answer is the
+    /// drain's state.
+    pub fn start_drain(&self) -> DrainStatus {
+        if self.inner.drain.start() {
+            tracing::info!(target: "rvisor::cluster", "draining: new sessions and runs are refused");
+        }
+        self.drain_status()
+    }
+
+    /// What a drain has left: sessions open, calls in flight.
+    pub fn drain_status(&self) -> DrainStatus {
+        DrainStatus {
+            node_id: self.inner.sup.config().node_id.clone(),
+            draining: self.inner.drain.is_draining(),
+            sessions: lock(&self.inner.sessions).len(),
+            calls_in_flight: self.inner.drain.in_flight(),
+        }
+    }
+
+    /// Blocks until the calls in flight have ended or `grace` has passed
+    /// (true: none left), then runs the hand-off step. Sessions stay open:
+    /// the caller exits, which ends them.
+    pub fn finish_drain(&self, grace: Duration) -> bool {
+        let idle = self.inner.drain.wait_idle(grace);
+        if !idle {
+            tracing::warn!(
+                target: "rvisor::cluster",
+                calls = self.inner.drain.in_flight(),
+                "the drain grace ended with calls still running; they end with the process"
+            );
+        }
+        self.checkpoint_sessions_for_handoff();
+        idle
+    }
+
+    /// The drain's hand-off step: where every session is to be
+    /// checkpointed into the shared store and its lease released, so that
+    /// another node restores it on its next call (issue 15, durable
+    /// sessions). Until checkpoints exist a drained node's sessions end
+    /// with it, and their next call through the router answers 404 from
+    /// whichever node gets it (docs/scale-out.md).
+    fn checkpoint_sessions_for_handoff(&self) {
+        let n = lock(&self.inner.sessions).len();
+        if n > 0 {
+            tracing::warn!(
+                target: "rvisor::cluster",
+                sessions = n,
+                "sessions are not handed off (no checkpoints yet): they end with this node"
+            );
+        }
+    }
+
+    /// Whether this node should get new work (`/readyz`): workers can be
+    /// made (the zygote is up, or spawning is allowed), the shared store
+    /// answers, and the node is not draining. Cheap: the store's answer is
+    /// kept for a second.
+    pub fn readiness(&self) -> Readiness {
+        let pool = self.inner.sup.pool_status();
+        let zygote = match pool.mode {
+            rvisor::PoolMode::Zygote => true,
+            rvisor::PoolMode::Spawn => !self.inner.sup.config().pool.zygote,
+            rvisor::PoolMode::Starting => false,
+        };
+        let store = {
+            let mut c = lock(&self.inner.store_check);
+            match &*c {
+                Some((at, r)) if at.elapsed() < Duration::from_secs(1) => r.clone(),
+                _ => {
+                    let r = self
+                        .inner
+                        .tables
+                        .store()
+                        .reachable(Duration::from_secs(2))
+                        .map_err(|e| e.to_string());
+                    *c = Some((Instant::now(), r.clone()));
+                    r
+                }
+            }
+        };
+        let draining = self.inner.drain.is_draining();
+        let mut reasons = Vec::new();
+        if !zygote {
+            reasons.push(format!(
+                "workers cannot be made yet (pool {:?}{})",
+                pool.mode,
+                pool.last_error
+                    .as_deref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            ));
+        }
+        if let Err(e) = &store {
+            reasons.push(format!("the shared store does not answer: {e}"));
+        }
+        if draining {
+            reasons.push("the node is draining".into());
+        }
+        Readiness {
+            ready: reasons.is_empty(),
+            node_id: self.inner.sup.config().node_id.clone(),
+            zygote,
+            store: store.is_ok(),
+            draining,
+            reasons,
+        }
     }
 
     /// Installed packages a script can `library()`.
@@ -934,6 +1111,8 @@ impl Service {
         cancel: &CancelToken,
     ) -> Result<RunResult, ServiceError> {
         let _ = surface;
+        self.admit()?;
+        let _in_flight = self.inner.drain.enter();
         let sup = &self.inner.sup;
         let rules = self.rules();
         let timeout = check_timeout(req.timeout_seconds, rules)?;
@@ -1046,6 +1225,7 @@ impl Service {
     }
 
     fn open(&self, tenant: &str, mut opts: SessionOptions) -> Result<Session, ServiceError> {
+        self.admit()?;
         let published: Published = Arc::new(Mutex::new(Vec::new()));
         opts.tools.push(publish_tool(
             self.inner.tables.clone(),
@@ -1136,6 +1316,8 @@ impl Service {
         req: &SessionRun,
     ) -> Result<PendingCall, ServiceError> {
         let (s, published) = self.find(tenant, id)?;
+        // Counted from here: a drain waits for calls already accepted.
+        let in_flight = self.inner.drain.enter();
         let timeout = match req.timeout_seconds {
             None => None,
             t => Some(check_timeout(t, self.rules())?),
@@ -1169,6 +1351,7 @@ impl Service {
             service: self.clone(),
             cancel,
             tenant: tenant.to_string(),
+            in_flight,
         })
     }
 
@@ -1282,11 +1465,7 @@ impl Service {
     /// sessions are in them, so with tokens only the tenants named in
     /// `ServiceConfig::operators` may read them.
     pub fn metrics_for(&self, tenant: &str) -> Result<String, ServiceError> {
-        let allowed = match &self.inner.cfg.tokens {
-            None => true,
-            Some(_) => self.inner.cfg.operators.iter().any(|o| o == tenant),
-        };
-        if !allowed {
+        if !self.is_operator(tenant) {
             return Err(ServiceError::new(
                 ErrorCode::Forbidden,
                 "the server-wide metrics are for operators: use an operator's token \
@@ -1294,6 +1473,28 @@ impl Service {
             ));
         }
         Ok(self.metrics_text())
+    }
+
+    /// Whether `tenant` may use the operator's operations (server-wide
+    /// metrics, drain): a tenant named by `ServiceConfig::operators`, or
+    /// the one local user without tokens.
+    fn is_operator(&self, tenant: &str) -> bool {
+        match &self.inner.cfg.tokens {
+            None => true,
+            Some(_) => self.inner.cfg.operators.iter().any(|o| o == tenant),
+        }
+    }
+
+    /// Starts draining this node, for an operator (`POST /v1/admin/drain`).
+    pub fn drain_for(&self, tenant: &str) -> Result<DrainStatus, ServiceError> {
+        if !self.is_operator(tenant) {
+            return Err(ServiceError::new(
+                ErrorCode::Forbidden,
+                "draining a node is for operators: use an operator's token \
+                 (rvisor serve --operator TENANT)",
+            ));
+        }
+        Ok(self.start_drain())
     }
 
     /// Prometheus text: calls by outcome, call latency, sessions, queue

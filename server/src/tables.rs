@@ -2,9 +2,12 @@
 //! an Arrow IPC stream) once, gets an opaque, unguessable pointer, and runs
 //! refer to it by pointer; the worker hydrates it straight into R vectors.
 //!
-//! Storage is a data directory of Arrow IPC files plus `index.json`, so
-//! pointers survive a restart until they expire.
+//! Storage is the shared blob store (crate::blob): one index entry and one
+//! Arrow IPC file per table, so pointers survive a restart until they
+//! expire and resolve on every node that shares the store; a node caches
+//! the files it hands to workers in its data directory.
 
+use crate::blob::{BlobError, BlobStore, StoreUrl};
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use rvisor::clock::{rfc3339, unix_now};
@@ -33,6 +36,10 @@ pub struct TableConfig {
     /// How long an upload waits for its turn before it is refused as busy
     /// (503 with Retry-After).
     pub conversion_wait: Duration,
+    /// The shared store of index entries and Arrow files; `None`: the
+    /// directory `{dir}/store` (one node, or nodes sharing the directory
+    /// on one host).
+    pub store: Option<StoreUrl>,
 }
 
 impl Default for TableConfig {
@@ -45,6 +52,7 @@ impl Default for TableConfig {
             max_stored_bytes_per_table: 1 << 30,
             max_conversions: 2,
             conversion_wait: Duration::from_secs(60),
+            store: None,
         }
     }
 }
@@ -504,12 +512,21 @@ fn normalise_type(t: &DataType) -> DataType {
     }
 }
 
-/// The tables of every tenant, with their index. One server per data
-/// directory: the index is not shared between processes.
+/// The tables of every tenant. Index entries and Arrow files live in the
+/// shared [`BlobStore`] (`tables/{tenant}/{pointer}.json` and `.arrow`), so
+/// a table uploaded on one node resolves on every node of the store; each
+/// node keeps the files it used in a local cache (`{dir}/cache`) and hands
+/// the cached file to the worker. An index entry never changes once
+/// written, so a node may keep it in memory; whether it still exists
+/// (deleted on another node) is asked of the store on every use.
 #[derive(Debug)]
 pub struct TableStore {
     cfg: TableConfig,
-    index: Mutex<HashMap<String, TableMeta>>,
+    store: BlobStore,
+    /// Index entries read so far, by pointer (immutable once written).
+    metas: Mutex<HashMap<String, TableMeta>>,
+    /// When the whole store was last swept for expired tables.
+    swept: Mutex<Option<std::time::Instant>>,
     /// Conversions running now (at most `max_conversions`), and the
     /// uploads waiting for a turn.
     converting: Mutex<usize>,
@@ -526,23 +543,49 @@ impl Drop for Slot<'_> {
     }
 }
 
+/// How often a node sweeps the whole store for expired tables (each
+/// tenant's own are also dropped whenever its tables are listed).
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// A store key component for a tenant: its bytes in hex (tenant names are
+/// free text; keys must not be).
+fn tenant_key(tenant: &str) -> String {
+    tenant.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn store_err(e: BlobError) -> TableError {
+    TableError::Io(std::io::Error::other(e.to_string()))
+}
+
 impl TableStore {
-    /// Opens (or creates) the data directory and loads its index; expired
-    /// tables and files without an index entry are removed.
+    /// Opens (or creates) the data directory and the store (`cfg.store`,
+    /// else `{dir}/store`); expired tables and stray files are removed. A
+    /// data directory of the earlier layout (`index.json` beside the
+    /// Arrow files) is moved into the store once.
     pub fn open(cfg: TableConfig) -> Result<Self, std::io::Error> {
-        std::fs::create_dir_all(&cfg.dir)?;
-        let index: HashMap<String, TableMeta> = std::fs::read(cfg.dir.join("index.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        let store = Self {
+        std::fs::create_dir_all(cfg.dir.join("cache"))?;
+        let url = cfg
+            .store
+            .clone()
+            .unwrap_or_else(|| StoreUrl::Local(cfg.dir.join("store")));
+        let store = BlobStore::open(&url).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Self::with_store(cfg, store)
+    }
+
+    /// A table store over `store` (tests; a store shared in memory).
+    pub fn with_store(cfg: TableConfig, store: BlobStore) -> Result<Self, std::io::Error> {
+        std::fs::create_dir_all(cfg.dir.join("cache"))?;
+        let s = Self {
             cfg,
-            index: Mutex::new(index),
+            store,
+            metas: Mutex::new(HashMap::new()),
+            swept: Mutex::new(None),
             converting: Mutex::new(0),
             turn: std::sync::Condvar::new(),
         };
-        store.sweep();
-        Ok(store)
+        s.migrate_old_index()?;
+        s.sweep();
+        Ok(s)
     }
 
     /// The configuration.
@@ -550,54 +593,197 @@ impl TableStore {
         &self.cfg
     }
 
-    fn file(&self, pointer: &str) -> PathBuf {
-        self.cfg.dir.join(format!("{pointer}.arrow"))
+    /// The shared store (readiness asks it whether it answers).
+    pub fn store(&self) -> &BlobStore {
+        &self.store
     }
 
-    fn save(&self, index: &HashMap<String, TableMeta>) -> std::io::Result<()> {
-        let tmp = self.cfg.dir.join("index.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(index).unwrap_or_default())?;
-        std::fs::rename(tmp, self.cfg.dir.join("index.json"))
+    fn cached(&self, pointer: &str) -> PathBuf {
+        self.cfg.dir.join("cache").join(format!("{pointer}.arrow"))
     }
 
-    /// Removes expired tables and stray files.
+    fn meta_key(tenant: &str, pointer: &str) -> String {
+        format!("tables/{}/{pointer}.json", tenant_key(tenant))
+    }
+
+    fn file_key(tenant: &str, pointer: &str) -> String {
+        format!("tables/{}/{pointer}.arrow", tenant_key(tenant))
+    }
+
+    /// Moves tables of the one-node layout (before the shared store) in.
+    fn migrate_old_index(&self) -> std::io::Result<()> {
+        let old = self.cfg.dir.join("index.json");
+        let Ok(bytes) = std::fs::read(&old) else {
+            return Ok(());
+        };
+        let index: HashMap<String, TableMeta> = serde_json::from_slice(&bytes).unwrap_or_default();
+        for (p, m) in index {
+            let file = self.cfg.dir.join(format!("{p}.arrow"));
+            if m.expires_unix > unix_now() && file.is_file() {
+                self.store
+                    .put_file(&Self::file_key(&m.tenant, &p), &file)
+                    .and_then(|()| {
+                        self.store.put(
+                            &Self::meta_key(&m.tenant, &p),
+                            serde_json::to_vec(&m).unwrap_or_default(),
+                        )
+                    })
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                std::fs::rename(&file, self.cached(&p))?;
+            } else {
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+        std::fs::rename(&old, self.cfg.dir.join("index.json.migrated"))
+    }
+
+    /// Reads the index entry of `pointer` of `tenant` (memory, else the
+    /// store); `None` if the store has none.
+    fn meta(
+        &self,
+        tenant: &str,
+        pointer: &str,
+        known: bool,
+    ) -> Result<Option<TableMeta>, BlobError> {
+        if known {
+            if let Some(m) = self
+                .metas
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(pointer)
+            {
+                return Ok(Some(m.clone()));
+            }
+        }
+        let Some(b) = self.store.get(&Self::meta_key(tenant, pointer))? else {
+            self.metas
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(pointer);
+            return Ok(None);
+        };
+        let Ok(m) = serde_json::from_slice::<TableMeta>(&b.bytes) else {
+            return Ok(None);
+        };
+        if m.tenant != tenant || m.data_pointer != pointer {
+            return Ok(None);
+        }
+        self.metas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pointer.to_string(), m.clone());
+        Ok(Some(m))
+    }
+
+    /// Removes a table from the store, the memory and the cache.
+    fn remove(&self, tenant: &str, pointer: &str) {
+        let _ = self.store.delete(&Self::meta_key(tenant, pointer));
+        let _ = self.store.delete(&Self::file_key(tenant, pointer));
+        self.metas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(pointer);
+        let _ = std::fs::remove_file(self.cached(pointer));
+    }
+
+    /// The live tables of `tenant` (expired ones are removed on the way).
+    fn tenant_tables(&self, tenant: &str) -> Result<Vec<TableMeta>, BlobError> {
+        let listed = self.store.list(&format!("tables/{}", tenant_key(tenant)))?;
+        let now = unix_now();
+        let mut out = Vec::new();
+        for o in listed {
+            let Some(name) = o.key.rsplit('/').next() else {
+                continue;
+            };
+            let Some(pointer) = name.strip_suffix(".json") else {
+                continue;
+            };
+            match self.meta(tenant, pointer, true)? {
+                Some(m) if m.expires_unix > now => out.push(m),
+                Some(_) => self.remove(tenant, pointer),
+                None => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes expired tables and stray files: the whole store at most
+    /// every few minutes, the local directory every time.
     pub fn sweep(&self) {
         let now = unix_now();
-        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        let expired: Vec<String> = index
-            .iter()
-            .filter(|(_, m)| m.expires_unix <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for p in expired {
-            index.remove(&p);
-            let _ = std::fs::remove_file(self.file(&p));
+        let due = {
+            let mut s = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+            let due = s.is_none_or(|t| t.elapsed() >= SWEEP_EVERY);
+            if due {
+                *s = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            if let Ok(all) = self.store.list("tables") {
+                let metas: std::collections::HashSet<&str> = all
+                    .iter()
+                    .filter_map(|o| o.key.strip_suffix(".json"))
+                    .collect();
+                for o in &all {
+                    let mut parts = o.key.split('/');
+                    let (Some(_), Some(tk), Some(name)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        continue;
+                    };
+                    let tenant = tenant_from_key(tk);
+                    if let Some(p) = name.strip_suffix(".json") {
+                        if let Ok(Some(m)) = self.meta(&tenant, p, true) {
+                            if m.expires_unix <= now {
+                                self.remove(&tenant, p);
+                            }
+                        }
+                    } else if let Some(stem) = o.key.strip_suffix(".arrow") {
+                        // An Arrow file without its entry an hour after it
+                        // was written: an upload whose node died midway.
+                        let old = o.modified_unix.is_some_and(|t| t + 3600 < now);
+                        if !metas.contains(stem) && old {
+                            let _ = self.store.delete(&o.key);
+                        }
+                    }
+                }
+            }
         }
+        let hour = Duration::from_secs(3600);
+        let age = |e: &std::fs::DirEntry| {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+        };
         if let Ok(entries) = std::fs::read_dir(&self.cfg.dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                // A stray file (not in the index) is removed once it is an
-                // hour old: younger ones may be an upload in progress.
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > Duration::from_secs(3600));
-                if let Some(p) = name.strip_suffix(".arrow") {
-                    if !index.contains_key(p) && old {
-                        let _ = std::fs::remove_file(e.path());
-                    }
-                } else if (name.ends_with(".part")
-                    || name.ends_with(".tmp")
-                    || name.ends_with(".ndjson"))
-                    && old
+                // A stray file is removed once it is an hour old: younger
+                // ones may be an upload in progress.
+                if (name.ends_with(".part") || name.ends_with(".tmp") || name.ends_with(".ndjson"))
+                    && age(&e).is_some_and(|a| a > hour)
                 {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
         }
-        let _ = self.save(&index);
+        // A cached file outlives no pointer: pointers live `ttl`.
+        if let Ok(entries) = std::fs::read_dir(self.cfg.dir.join("cache")) {
+            for e in entries.flatten() {
+                let a = age(&e);
+                let name = e.file_name().to_string_lossy().into_owned();
+                let stale = if name.ends_with(".arrow") {
+                    a.is_some_and(|a| a > self.cfg.ttl)
+                } else {
+                    a.is_some_and(|a| a > hour)
+                };
+                if stale {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
     }
 
     /// Stores a table for `tenant` from bytes in memory (small uploads:
@@ -655,6 +841,8 @@ impl TableStore {
     /// quota are checked before, and the quota and the per-table limit
     /// while the output grows: a conversion stops as soon as it passes
     /// either. At most `max_conversions` run at once; more are `Busy`.
+    /// The converted file goes to the shared store (in parts), then its
+    /// index entry; the node keeps the file in its cache.
     pub fn put_file(
         &self,
         tenant: &str,
@@ -663,8 +851,7 @@ impl TableStore {
     ) -> Result<TableMeta, TableError> {
         self.sweep();
         let used = {
-            let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-            let mine: Vec<&TableMeta> = index.values().filter(|m| m.tenant == tenant).collect();
+            let mine = self.tenant_tables(tenant).map_err(store_err)?;
             if mine.len() >= self.cfg.max_tables_per_tenant {
                 return Err(TableError::Quota(format!(
                     "you have {} tables, the most allowed; delete some (DELETE /v1/tables/{{pointer}})",
@@ -694,7 +881,7 @@ impl TableStore {
             }
         };
         let pointer = format!("dp_{}", rvisor::ids::random_hex(24));
-        let path = self.file(&pointer);
+        let path = self.cached(&pointer);
         let (rows, columns) = convert(format, src, &path, Some(budget))?;
         let stored = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let expires = unix_now() + self.cfg.ttl.as_secs();
@@ -707,69 +894,131 @@ impl TableStore {
             tenant: tenant.to_string(),
             expires_unix: expires,
         };
-        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        // Another upload of the tenant may have finished meanwhile.
-        let used: u64 = index
-            .values()
-            .filter(|m| m.tenant == tenant)
+        let fail = |e: TableError| {
+            let _ = std::fs::remove_file(&path);
+            let _ = self.store.delete(&Self::file_key(tenant, &pointer));
+            e
+        };
+        // Another upload of the tenant (on any node) may have finished
+        // meanwhile.
+        let used: u64 = self
+            .tenant_tables(tenant)
+            .map_err(|e| fail(store_err(e)))?
+            .iter()
             .map(|m| m.bytes)
             .sum();
         if used + stored > self.cfg.max_bytes_per_tenant {
-            let _ = std::fs::remove_file(&path);
-            return Err(TableError::Quota(format!(
+            return Err(fail(TableError::Quota(format!(
                 "this table ({stored} bytes stored) would take your tables over {} bytes; delete some first",
                 self.cfg.max_bytes_per_tenant
-            )));
+            ))));
         }
-        index.insert(pointer, meta.clone());
-        self.save(&index)?;
+        // The file first, then the entry that makes it visible.
+        self.store
+            .put_file(&Self::file_key(tenant, &pointer), &path)
+            .map_err(|e| fail(store_err(e)))?;
+        self.store
+            .put_if_absent(
+                &Self::meta_key(tenant, &pointer),
+                serde_json::to_vec(&meta).unwrap_or_default(),
+            )
+            .map_err(|e| fail(store_err(e)))?;
+        self.metas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pointer, meta.clone());
         Ok(public(meta))
     }
 
     /// How many tables `tenant` keeps and the bytes they take.
     pub fn usage(&self, tenant: &str) -> (usize, u64) {
-        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        index
-            .values()
-            .filter(|m| m.tenant == tenant && m.expires_unix > unix_now())
+        self.tenant_tables(tenant)
+            .unwrap_or_default()
+            .iter()
             .fold((0, 0), |(n, b), m| (n + 1, b + m.bytes))
     }
 
     /// The table behind `pointer`, if `tenant` owns it and it has not
     /// expired. Another tenant's pointer looks exactly like an unknown one.
     pub fn get(&self, tenant: &str, pointer: &str) -> Option<TableMeta> {
-        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        index
-            .get(pointer)
-            .filter(|m| m.tenant == tenant && m.expires_unix > unix_now())
-            .cloned()
-            .map(public)
+        self.lookup(tenant, pointer).ok().flatten().map(public)
+    }
+
+    /// `get` with the store's failures (logged by callers that must not
+    /// say why a pointer did not resolve).
+    fn lookup(&self, tenant: &str, pointer: &str) -> Result<Option<TableMeta>, BlobError> {
+        // Pointers are ours to make: anything else is no key to ask for.
+        if !pointer.starts_with("dp_") || !pointer[3..].bytes().all(|c| c.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        let known = self
+            .metas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(pointer);
+        // Known here: still in the store (not deleted on another node)?
+        if known && self.store.head(&Self::meta_key(tenant, pointer))?.is_none() {
+            self.metas
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(pointer);
+            let _ = std::fs::remove_file(self.cached(pointer));
+            return Ok(None);
+        }
+        match self.meta(tenant, pointer, known)? {
+            Some(m) if m.expires_unix > unix_now() => Ok(Some(m)),
+            Some(_) => {
+                self.remove(tenant, pointer);
+                Ok(None)
+            }
+            None => Ok(None),
+        }
     }
 
     /// Deletes a table; false if `tenant` has no such table.
     pub fn delete(&self, tenant: &str, pointer: &str) -> bool {
-        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        if index.get(pointer).is_none_or(|m| m.tenant != tenant) {
+        if self.get(tenant, pointer).is_none() {
             return false;
         }
-        index.remove(pointer);
-        let _ = std::fs::remove_file(self.file(pointer));
-        let _ = self.save(&index);
+        self.remove(tenant, pointer);
         true
     }
 
-    /// The files of all `pointers` for `tenant`, or None if any does not
-    /// resolve (the caller must not say which).
+    /// The local files of all `pointers` for `tenant` (fetched from the
+    /// store into this node's cache when not there yet), or None if any
+    /// does not resolve (the caller must not say which).
     pub fn resolve(&self, tenant: &str, pointers: &[&str]) -> Option<Vec<PathBuf>> {
         pointers
             .iter()
             .map(|p| {
-                self.get(tenant, p)
-                    .map(|_| self.file(p))
-                    .filter(|f| f.is_file())
+                let found = self.lookup(tenant, p).and_then(|m| {
+                    let Some(_) = m else { return Ok(None) };
+                    let file = self.cached(p);
+                    if file.is_file() {
+                        return Ok(Some(file));
+                    }
+                    Ok(self
+                        .store
+                        .get_to_file(&Self::file_key(tenant, p), &file)?
+                        .then_some(file))
+                });
+                found
+                    .map_err(|e| {
+                        tracing::warn!(target: "rvisor::tables", pointer = %p, "the store failed: {e}");
+                    })
+                    .ok()
+                    .flatten()
             })
             .collect()
     }
+}
+
+/// The tenant a store key component names (see [`tenant_key`]).
+fn tenant_from_key(k: &str) -> String {
+    let bytes: Vec<u8> = (0..k.len() / 2)
+        .filter_map(|i| u8::from_str_radix(k.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn public(mut m: TableMeta) -> TableMeta {
@@ -823,14 +1072,22 @@ mod tests {
         out
     }
 
-    /// Files left in the store's directory besides the index.
+    /// Files left in the data directory and its cache, and objects in
+    /// the store, besides the stored tables' own.
     fn leftovers(dir: &Path) -> Vec<String> {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| !n.starts_with("index.json"))
-            .collect()
+        let files = |d: PathBuf| -> Vec<String> {
+            std::fs::read_dir(d)
+                .map(|r| {
+                    r.flatten()
+                        .filter(|e| e.path().is_file())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut out = files(dir.to_path_buf());
+        out.extend(files(dir.join("cache")));
+        out
     }
 
     #[test]
@@ -1034,6 +1291,92 @@ mod tests {
             ]
         );
         assert_eq!(m.rows, 2);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_table_stored_on_one_node_resolves_on_another_sharing_the_store() {
+        let shared =
+            std::env::temp_dir().join(format!("rvisor-shared-{}", rvisor::ids::random_hex(6)));
+        let node = |quota_tables: usize| {
+            let dir = std::env::temp_dir()
+                .join(format!("rvisor-tables-test-{}", rvisor::ids::random_hex(6)));
+            let s = TableStore::open(TableConfig {
+                dir: dir.clone(),
+                store: Some(StoreUrl::Local(shared.clone())),
+                max_tables_per_tenant: quota_tables,
+                ..TableConfig::default()
+            })
+            .unwrap();
+            (s, dir)
+        };
+        let (a, dir_a) = node(2);
+        let (b, dir_b) = node(2);
+        let m = a.put("t", TableFormat::Csv, b"x,y\n1,a\n2,b\n").unwrap();
+        // B has never seen it: the entry and the file come from the store.
+        assert_eq!(b.get("t", &m.data_pointer).map(|x| x.rows), Some(2));
+        assert!(b.get("other", &m.data_pointer).is_none());
+        assert!(b.resolve("other", &[&m.data_pointer]).is_none());
+        let files = b.resolve("t", &[&m.data_pointer]).unwrap();
+        assert!(files[0].starts_with(dir_b.join("cache")), "{files:?}");
+        assert_eq!(
+            std::fs::read(&files[0]).unwrap(),
+            std::fs::read(a.cached(&m.data_pointer)).unwrap()
+        );
+        // The quota counts the tenant's tables of every node.
+        b.put("t", TableFormat::Csv, b"x\n1\n").unwrap();
+        assert!(matches!(
+            a.put("t", TableFormat::Csv, b"x\n1\n"),
+            Err(TableError::Quota(_))
+        ));
+        // Deleted on B: gone on A too, though A had it in memory and cache.
+        assert!(b.delete("t", &m.data_pointer));
+        assert!(a.get("t", &m.data_pointer).is_none());
+        assert!(a.resolve("t", &[&m.data_pointer]).is_none());
+        assert!(!a.cached(&m.data_pointer).exists());
+        for d in [dir_a, dir_b, shared] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    fn tables_of_the_one_node_layout_move_into_the_store() {
+        let dir =
+            std::env::temp_dir().join(format!("rvisor-tables-test-{}", rvisor::ids::random_hex(6)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let arrow = dir.join("dp_00ff.arrow");
+        convert_file(
+            TableFormat::Csv,
+            &{
+                let src = dir.join("src.csv");
+                std::fs::write(&src, "a\n1\n").unwrap();
+                src
+            },
+            &arrow,
+        )
+        .unwrap();
+        let meta = TableMeta {
+            data_pointer: "dp_00ff".into(),
+            rows: 1,
+            columns: vec![],
+            expires_at: String::new(),
+            bytes: 10,
+            tenant: "t".into(),
+            expires_unix: unix_now() + 60,
+        };
+        std::fs::write(
+            dir.join("index.json"),
+            serde_json::to_vec(&HashMap::from([("dp_00ff".to_string(), meta)])).unwrap(),
+        )
+        .unwrap();
+        let s = TableStore::open(TableConfig {
+            dir: dir.clone(),
+            ..TableConfig::default()
+        })
+        .unwrap();
+        assert_eq!(s.get("t", "dp_00ff").map(|m| m.rows), Some(1));
+        assert!(s.resolve("t", &["dp_00ff"]).is_some());
+        assert!(!dir.join("index.json").exists() && !arrow.exists());
         let _ = std::fs::remove_dir_all(dir);
     }
 

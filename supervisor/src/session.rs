@@ -965,6 +965,12 @@ pub struct SupervisorConfig {
     /// docs/confinement.md). The supervisor refuses to start when the host
     /// cannot provide it.
     pub confinement: crate::Confinement,
+    /// The node this supervisor runs on, when several serve behind one
+    /// router (docs/scale-out.md): session ids then read `{node}.s-{hex}`,
+    /// so a router can send a session's calls to its node. `None`: ids
+    /// are `s-{hex}`. The caller checks the form (the server's
+    /// `cluster::NodeId`); it must not contain `/`.
+    pub node_id: Option<String>,
 }
 
 #[derive(Debug)]
@@ -1086,7 +1092,10 @@ impl Supervisor {
                 )));
             }
         }
-        let id = format!("s-{}", ids::random_hex(8));
+        let id = match &self.inner.cfg.node_id {
+            Some(node) => format!("{node}.s-{}", ids::random_hex(8)),
+            None => format!("s-{}", ids::random_hex(8)),
+        };
         let confined = self.inner.cfg.worker.confine.is_some();
         let (working_dir, owns) = match &opts.working_dir {
             Some(d) => {

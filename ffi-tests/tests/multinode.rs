@@ -1,0 +1,631 @@
+//! Many nodes behind nginx (docs/scale-out.md), on one machine: real
+//! `rvisor serve --node-id nK` processes on loopback ports, real nginx
+//! running deploy/nginx/rvisor.conf as shipped (addresses substituted) and
+//! a local S3 server (moto) as the shared store. nginx and moto are
+//! installed by scripts/setup.sh; without them these tests fail and say so.
+
+use rvisor_ffi_tests::{rvisor_bin, wait_for, TestDir};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const USER: &str = "user-token-0123456789abcdef";
+const OPS: &str = "ops-token-0123456789abcdef0";
+const BUCKET: &str = "rvisor-multinode";
+const START: Duration = Duration::from_secs(90);
+
+/// `name` on PATH (or in /usr/sbin, where Debian puts nginx), or a failure
+/// that says how to install it.
+fn tool(name: &str, package: &str) -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/usr/local/sbin"])
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| {
+        panic!(
+            "{name} is missing: the multi-node test needs it (run scripts/setup.sh, which \
+                 installs {package})"
+        )
+    })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An answer: status, the node nginx sent it to, the body as JSON.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    upstream: String,
+    retry_after: Option<String>,
+    body: Value,
+}
+
+fn call(method: &str, url: &str, token: &str, body: Option<(&str, Vec<u8>)>) -> Answer {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(120))
+        .build();
+    let req = agent
+        .request(method, url)
+        .set("Authorization", &format!("Bearer {token}"));
+    let r = match body {
+        Some((ct, bytes)) => req.set("Content-Type", ct).send_bytes(&bytes),
+        None => req.call(),
+    };
+    let res = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {url}: {e}"),
+    };
+    let status = res.status();
+    let upstream = res.header("X-Rvisor-Upstream").unwrap_or("").to_string();
+    let retry_after = res.header("Retry-After").map(str::to_string);
+    let text = res.into_string().unwrap_or_default();
+    Answer {
+        status,
+        upstream,
+        retry_after,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+fn post_json(url: &str, token: &str, v: Value) -> Answer {
+    call(
+        "POST",
+        url,
+        token,
+        Some(("application/json", v.to_string().into_bytes())),
+    )
+}
+
+/// moto's S3 server on a free loopback port, with our bucket.
+struct Moto {
+    _p: Proc,
+    endpoint: String,
+}
+
+impl Moto {
+    fn start() -> Self {
+        // pip may put the command outside PATH: the module runs the same.
+        let as_module = Command::new("python3")
+            .args(["-c", "import moto.server"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        let mut cmd = if as_module {
+            let mut c = Command::new("python3");
+            c.args(["-m", "moto.server"]);
+            c
+        } else {
+            Command::new(tool("moto_server", "moto[server] from PyPI"))
+        };
+        let port = free_port();
+        let p = Proc(
+            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("moto_server starts"),
+        );
+        let endpoint = format!("http://127.0.0.1:{port}");
+        // Answers once it listens: then make the bucket.
+        wait_for("moto to listen", START, || {
+            ureq::put(&format!("{endpoint}/{BUCKET}"))
+                .call()
+                .ok()
+                .map(|_| ())
+        });
+        Moto { _p: p, endpoint }
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", "multinode".into()),
+            ("AWS_SECRET_ACCESS_KEY", "multinode".into()),
+        ]
+    }
+}
+
+/// One `rvisor serve --node-id ID` on a free loopback port.
+struct Node {
+    id: String,
+    proc: Proc,
+    addr: String,
+    _dir: TestDir,
+}
+
+impl Node {
+    fn start(id: &str, moto: &Moto, tokens: &Path) -> Self {
+        let dir = TestDir::new(&format!("rvisor-multinode-{id}"));
+        let mut child = Command::new(rvisor_bin())
+            .args(["--unconfined", "serve", "--listen", "127.0.0.1:0"])
+            .arg("--tokens")
+            .arg(tokens)
+            .args(["--operator", "ops", "--node-id", id])
+            .args(["--store", &format!("s3://{BUCKET}/cluster")])
+            .args(["--drain-grace-secs", "60", "--style", "builtin"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .envs(moto.env())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("rvisor serve starts");
+        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut addr = None;
+        let mut line = String::new();
+        while addr.is_none() {
+            line.clear();
+            if err.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("node {id} ended before it listened");
+            }
+            addr = line
+                .split("listening on http://")
+                .nth(1)
+                .map(|a| a.trim().to_string());
+        }
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            let _ = err.read_to_string(&mut sink);
+        });
+        let node = Node {
+            id: id.to_string(),
+            proc: Proc(child),
+            addr: addr.unwrap_or_default(),
+            _dir: dir,
+        };
+        node.wait_ready();
+        node
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn wait_ready(&self) {
+        wait_for(&format!("node {} to be ready", self.id), START, || {
+            let r = ureq::get(&self.url("/readyz")).call().ok()?;
+            (r.status() == 200).then_some(())
+        });
+    }
+}
+
+/// nginx with the shipped config, the nodes' addresses put in. Stopped
+/// with SIGTERM (the master takes its workers down; a SIGKILL would leave
+/// them running with the port), SIGKILL only if it does not end.
+struct Nginx {
+    bin: PathBuf,
+    proc: Proc,
+    prefix: TestDir,
+    addr: String,
+}
+
+const SHIPPED: &str = include_str!("../../deploy/nginx/rvisor.conf");
+
+impl Nginx {
+    /// The shipped config with `nodes` (n1, n2, n3 and any more, each as
+    /// the comments of the file say to add one) at their addresses.
+    fn config(nodes: &[&Node], listen: &str) -> String {
+        let mut conf = SHIPPED.replace("127.0.0.1:8780", listen);
+        for (i, n) in nodes.iter().enumerate().take(3) {
+            assert_eq!(n.id, format!("n{}", i + 1));
+            conf = conf.replace(&format!("127.0.0.1:878{}", i + 1), &n.addr);
+        }
+        for n in nodes.iter().skip(3) {
+            let id = &n.id;
+            let a = &n.addr;
+            let last = &nodes[2].addr;
+            conf = conf
+                .replacen(
+                    &format!("    server {last} max_fails=1 fail_timeout=10s;\n"),
+                    &format!(
+                        "    server {last} max_fails=1 fail_timeout=10s;\n    server {a} max_fails=1 fail_timeout=10s;\n"
+                    ),
+                    1,
+                )
+                .replacen(
+                    "upstream rvisor_n3 {",
+                    &format!("upstream rvisor_{id} {{ server {a}; keepalive 8; }}\nupstream rvisor_n3 {{"),
+                    1,
+                )
+                .replacen("    n3 rvisor_n3;\n", &format!("    n3 rvisor_n3;\n    {id} rvisor_{id};\n"), 1);
+        }
+        conf
+    }
+
+    fn write(prefix: &Path, nodes: &[&Node], listen: &str) {
+        let p = prefix.display();
+        std::fs::write(prefix.join("rvisor.conf"), Self::config(nodes, listen)).unwrap();
+        std::fs::write(
+            prefix.join("nginx.conf"),
+            format!(
+                "daemon off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log info;\n\
+                 events {{ worker_connections 512; }}\n\
+                 http {{\n  access_log {p}/access.log;\n  client_body_temp_path {p}/body;\n  \
+                 proxy_temp_path {p}/proxy;\n  fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  \
+                 scgi_temp_path {p}/scgi;\n  include {p}/rvisor.conf;\n}}\n"
+            ),
+        )
+        .unwrap();
+    }
+
+    fn start(nodes: &[&Node]) -> Self {
+        let bin = tool("nginx", "the Debian package nginx");
+        let prefix = TestDir::new("rvisor-multinode-nginx");
+        let addr = format!("127.0.0.1:{}", free_port());
+        Self::write(prefix.path(), nodes, &addr);
+        let check = Command::new(&bin)
+            .arg("-t")
+            .arg("-p")
+            .arg(prefix.path())
+            .arg("-c")
+            .arg(prefix.path().join("nginx.conf"))
+            .arg("-e")
+            .arg(prefix.path().join("error.log"))
+            .output()
+            .expect("nginx -t runs");
+        assert!(
+            check.status.success(),
+            "nginx refuses the shipped config: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let proc = Proc(
+            Command::new(&bin)
+                .arg("-p")
+                .arg(prefix.path())
+                .arg("-c")
+                .arg(prefix.path().join("nginx.conf"))
+                .arg("-e")
+                .arg(prefix.path().join("error.log"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("nginx starts"),
+        );
+        let n = Nginx {
+            bin,
+            proc,
+            prefix,
+            addr,
+        };
+        wait_for("nginx to answer", START, || {
+            ureq::get(&n.url("/livez")).call().ok().map(|_| ())
+        });
+        n
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Rewrites the config for `nodes` and reloads (SIGHUP): new workers
+    /// take the new routes, connections in flight finish on the old ones.
+    fn reload(&self, nodes: &[&Node]) {
+        Self::write(self.prefix.path(), nodes, &self.addr);
+        let _ = &self.bin;
+        // SAFETY: kill only sends a signal to the nginx master, our child.
+        let r = unsafe { libc::kill(self.proc.0.id() as i32, libc::SIGHUP) };
+        assert_eq!(r, 0, "SIGHUP to nginx");
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: kill only sends a signal to the nginx master, our child,
+        // not reaped yet (so its pid is still its own).
+        unsafe { libc::kill(self.proc.0.id() as i32, libc::SIGTERM) };
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < end {
+            if self.proc.0.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // `Proc` then kills the master if it is still there.
+    }
+}
+
+fn node_of(id: &str) -> &str {
+    id.split_once(".s-").map(|(n, _)| n).unwrap_or("")
+}
+
+/// A new session through nginx: its id.
+fn new_session(nginx: &Nginx) -> String {
+    let a = post_json(&nginx.url("/v1/sessions"), USER, json!({}));
+    assert_eq!(a.status, 201, "{a:?}");
+    a.body["id"].as_str().expect("an id").to_string()
+}
+
+/// Runs `code` in session `id` through nginx: the printed console and the
+/// node that answered.
+fn session_run(nginx: &Nginx, id: &str, code: &str) -> (String, String) {
+    let a = post_json(
+        &nginx.url(&format!("/v1/sessions/{id}/run")),
+        USER,
+        json!({ "code": code }),
+    );
+    assert_eq!(a.status, 200, "{id}: {a:?}");
+    assert_eq!(a.body["outcome"], "complete", "{id}: {}", a.body);
+    (
+        a.body["console"].as_str().unwrap_or("").trim().to_string(),
+        a.upstream,
+    )
+}
+
+fn tokens_file(dir: &TestDir) -> PathBuf {
+    let f = dir.path().join("tokens");
+    std::fs::write(&f, format!("{USER} alice\n{OPS} ops\n")).unwrap();
+    f
+}
+
+#[test]
+fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_node_takes_some() {
+    let moto = Moto::start();
+    let dir = TestDir::new("rvisor-multinode");
+    let tokens = tokens_file(&dir);
+    let n1 = Node::start("n1", &moto, &tokens);
+    let n2 = Node::start("n2", &moto, &tokens);
+    let n3 = Node::start("n3", &moto, &tokens);
+    let nodes = [&n1, &n2, &n3];
+    let addr_of: BTreeMap<String, String> = nodes
+        .iter()
+        .map(|n| (n.id.clone(), n.addr.clone()))
+        .collect();
+    let nginx = Nginx::start(&nodes);
+
+    // 1. Sessions made through nginx spread over the nodes, and each keeps
+    // its state across calls, every call answered by the node in its id.
+    let mut sessions: Vec<(String, i64)> = Vec::new();
+    for k in 0..9 {
+        let id = new_session(&nginx);
+        let (_, up) = session_run(&nginx, &id, &format!("x <- {k}"));
+        assert_eq!(up, addr_of[node_of(&id)], "{id} answered by {up}");
+        sessions.push((id, k));
+    }
+    for (id, k) in &sessions {
+        let (out, up) = session_run(&nginx, id, "cat(x * 10)");
+        assert_eq!(out, (k * 10).to_string(), "{id}");
+        assert_eq!(up, addr_of[node_of(id)]);
+    }
+    let mut spread: BTreeMap<&str, usize> = BTreeMap::new();
+    for (id, _) in &sessions {
+        *spread.entry(node_of(id)).or_default() += 1;
+    }
+    assert_eq!(spread.len(), 3, "least_conn used every node: {spread:?}");
+
+    // 2. A table uploaded through nginx lands on one node and is used by
+    // one-shot runs on each of the others (asked directly).
+    let up = call(
+        "POST",
+        &nginx.url("/v1/tables"),
+        USER,
+        Some(("text/csv", b"v,w\n1,a\n2,b\n39,c\n".to_vec())),
+    );
+    assert_eq!(up.status, 201, "{up:?}");
+    let pointer = up.body["data_pointer"].as_str().unwrap().to_string();
+    let stored_on = up.upstream.clone();
+    let others: Vec<&&Node> = nodes.iter().filter(|n| n.addr != stored_on).collect();
+    assert_eq!(others.len(), 2, "stored on {stored_on}");
+    for n in others {
+        let r = post_json(
+            &n.url("/v1/run"),
+            USER,
+            json!({"script": "cat(sum(d$v), nrow(d))",
+                   "dataframes": [{"data_pointer": pointer, "name": "d"}]}),
+        );
+        assert_eq!(r.status, 200, "{}: {r:?}", n.id);
+        assert_eq!(
+            r.body["console"].as_str().unwrap_or("").trim(),
+            "42 3",
+            "{}",
+            n.id
+        );
+        // Another tenant's view of it: unknown, on every node.
+        let o = post_json(
+            &n.url("/v1/run"),
+            OPS,
+            json!({"script": "1", "dataframes": [{"data_pointer": pointer, "name": "d"}]}),
+        );
+        assert_eq!(o.status, 422, "{o:?}");
+    }
+
+    // 3. Drain n2: not ready, new work refused with a retryable 503, its
+    // sessions still answer with their state, and nginx sends new
+    // sessions elsewhere.
+    let forbidden = call("POST", &n2.url("/v1/admin/drain"), USER, None);
+    assert_eq!(forbidden.status, 403, "{forbidden:?}");
+    let d = call("POST", &n2.url("/v1/admin/drain"), OPS, None);
+    assert_eq!(d.status, 200, "{d:?}");
+    assert_eq!(d.body["draining"], true);
+    let ready = ureq::get(&n2.url("/readyz")).call();
+    match ready {
+        Err(ureq::Error::Status(503, r)) => {
+            let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+            assert_eq!(v["draining"], true, "{v}");
+        }
+        other => panic!("a draining node is not ready: {other:?}"),
+    }
+    for (path, body) in [
+        ("/v1/sessions", json!({})),
+        ("/v1/run", json!({"script": "1"})),
+    ] {
+        let r = post_json(&n2.url(path), USER, body);
+        assert_eq!(r.status, 503, "{path}: {r:?}");
+        assert_eq!(r.body["error"]["code"], "draining", "{path}");
+        assert!(r.retry_after.is_some(), "{path}: Retry-After");
+    }
+    for (id, k) in sessions.iter().filter(|(id, _)| node_of(id) == "n2") {
+        let (out, up) = session_run(&nginx, id, "cat(x + 1)");
+        assert_eq!(out, (k + 1).to_string(), "{id}");
+        assert_eq!(up, n2.addr);
+    }
+    for _ in 0..6 {
+        let id = new_session(&nginx);
+        assert_ne!(
+            node_of(&id),
+            "n2",
+            "a new session went to the draining node"
+        );
+        let r = post_json(&nginx.url("/v1/run"), USER, json!({"script": "cat(6 * 7)"}));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_ne!(r.upstream, n2.addr);
+        call(
+            "DELETE",
+            &nginx.url(&format!("/v1/sessions/{id}")),
+            USER,
+            None,
+        );
+    }
+
+    // 4. A fourth node joins (config and reload): it gets new sessions,
+    // and the existing ones stay where they were, with their state.
+    let n4 = Node::start("n4", &moto, &tokens);
+    nginx.reload(&[&n1, &n2, &n3, &n4]);
+    let on_n4 = wait_for("a new session on n4", START, || {
+        let id = new_session(&nginx);
+        if node_of(&id) == "n4" {
+            Some(id)
+        } else {
+            call(
+                "DELETE",
+                &nginx.url(&format!("/v1/sessions/{id}")),
+                USER,
+                None,
+            );
+            None
+        }
+    });
+    let (_, up) = session_run(&nginx, &on_n4, "x <- 'four'");
+    assert_eq!(up, n4.addr);
+    for (id, k) in &sessions {
+        let (out, up) = session_run(&nginx, id, "cat(x * 10)");
+        assert_eq!(out, (k * 10).to_string(), "{id} after the new node");
+        assert_eq!(up, addr_of[node_of(id)], "{id} moved");
+    }
+    drop(n4);
+}
+
+#[test]
+fn sigterm_lets_the_running_call_finish_then_the_nodes_sessions_answer_404_elsewhere() {
+    let moto = Moto::start();
+    let dir = TestDir::new("rvisor-multinode");
+    let tokens = tokens_file(&dir);
+    let n1 = Node::start("n1", &moto, &tokens);
+    let mut n2 = Node::start("n2", &moto, &tokens);
+    let n3 = Node::start("n3", &moto, &tokens);
+    let nginx = Nginx::start(&[&n1, &n2, &n3]);
+
+    // A session on n2, made directly there, with state.
+    let a = post_json(&n2.url("/v1/sessions"), USER, json!({}));
+    assert_eq!(a.status, 201, "{a:?}");
+    let id = a.body["id"].as_str().unwrap().to_string();
+    assert_eq!(node_of(&id), "n2");
+    session_run(&nginx, &id, "x <- 5");
+
+    // A call that is running when SIGTERM comes finishes with its result.
+    let running = {
+        let url = nginx.url(&format!("/v1/sessions/{id}/run"));
+        std::thread::spawn(move || {
+            post_json(&url, USER, json!({"code": "Sys.sleep(1.5); cat(x * 2)"}))
+        })
+    };
+    wait_for("the call to run on n2", START, || {
+        let s = call("GET", &n2.url(&format!("/v1/sessions/{id}")), USER, None);
+        (s.body["state"] == "running").then_some(())
+    });
+    // SAFETY: kill only sends a signal to the node, our child (not yet
+    // reaped, so its pid is still its own).
+    let sent = unsafe { libc::kill(n2.proc.0.id() as i32, libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    let done = running.join().unwrap();
+    assert_eq!(done.status, 200, "{done:?}");
+    assert_eq!(done.body["console"].as_str().unwrap_or("").trim(), "10");
+    let status = wait_for("n2 to exit after its drain", START, || {
+        n2.proc.0.try_wait().ok().flatten()
+    });
+    assert!(status.success(), "n2 exited {status:?}");
+
+    // n2 is gone: nginx sends the session's call to another node, which
+    // does not have it (until checkpoints): 404, not a 502.
+    let gone = post_json(
+        &nginx.url(&format!("/v1/sessions/{id}/run")),
+        USER,
+        json!({"code": "x"}),
+    );
+    assert_eq!(gone.status, 404, "{gone:?}");
+    assert_eq!(gone.body["error"]["code"], "not_found");
+    assert!(
+        gone.upstream.contains(&n1.addr) || gone.upstream.contains(&n3.addr),
+        "{gone:?}"
+    );
+    // New work still flows, to the nodes that are up.
+    let r = post_json(&nginx.url("/v1/run"), USER, json!({"script": "cat(1 + 1)"}));
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+#[test]
+fn leases_are_exclusive_on_the_s3_store() {
+    use rvisor_server::blob::{BlobStore, LeaseError, StoreUrl};
+    let moto = Moto::start();
+    for (k, v) in moto.env() {
+        std::env::set_var(k, v);
+    }
+    // A bucket that does not exist is a store that does not answer.
+    let missing = BlobStore::open(&StoreUrl::S3 {
+        bucket: "no-such-bucket".into(),
+        prefix: String::new(),
+    })
+    .expect("opening contacts nothing");
+    let e = missing.reachable(Duration::from_secs(10)).unwrap_err();
+    assert!(e.to_string().contains("NoSuchBucket"), "{e}");
+    let url = StoreUrl::S3 {
+        bucket: BUCKET.into(),
+        prefix: "leases".into(),
+    };
+    let a = BlobStore::open(&url).expect("the S3 store");
+    let b = BlobStore::open(&url).expect("the S3 store");
+    let ttl = Duration::from_secs(60);
+    let mut mine = a
+        .acquire_lease("session/s1", "n1", ttl)
+        .expect("a new lease");
+    match b.acquire_lease("session/s1", "n2", ttl) {
+        Err(LeaseError::Held { holder, .. }) => assert_eq!(holder, "n1"),
+        other => panic!("a live lease was taken: {other:?}"),
+    }
+    a.renew_lease(&mut mine, ttl)
+        .expect("renewed by its holder");
+    a.release_lease(mine).expect("released");
+    let theirs = b
+        .acquire_lease("session/s1", "n2", ttl)
+        .expect("free after release");
+    assert_eq!(theirs.record().holder, "n2");
+    // Conditional writes are the store's own: a stale e-tag is refused.
+    let t1 = a.put("k", b"1".to_vec()).unwrap().expect("an e-tag");
+    a.put("k", b"2".to_vec()).unwrap();
+    assert!(a.put_if_match("k", b"3".to_vec(), &t1).is_err());
+    assert!(a.put_if_absent("k", b"4".to_vec()).is_err());
+    assert_eq!(b.get("k").unwrap().unwrap().bytes, b"2");
+}
