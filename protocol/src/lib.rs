@@ -4,12 +4,14 @@
 //! defined here, so the contract in `CONTRACT.md` is written down once. The
 //! crate has no R and no I/O runtime: host programs may depend on it alone.
 
+pub mod event;
 pub mod fdpass;
 pub mod frame;
 pub mod result;
 pub mod worker;
 pub mod zygote;
 
+pub use event::*;
 pub use frame::{read_frame, write_frame, FrameDecoder, FrameError, MAX_FRAME_BYTES};
 pub use result::*;
 pub use worker::*;
@@ -18,7 +20,7 @@ pub use zygote::*;
 /// Version of the supervisor <-> worker frame protocol. Bump on every
 /// incompatible change of [`ToWorker`] or [`FromWorker`]; the hello exchange
 /// refuses a worker built with another version.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Version of the [`RunResult`] schema (the `schema_version` field).
 pub const SCHEMA_VERSION: u32 = 1;

@@ -1,0 +1,330 @@
+//! Live output end to end: a session call's events (console text,
+//! conditions, plot pages, progress) reach the library's event stream
+//! while the call still runs, and the final result is the one the call
+//! gives without streaming; `status` shows the running call.
+//!
+//! "While it still runs" is proved by a handshake, never by timing: R
+//! prints, then waits until the test says it received the event (a
+//! session tool, `tools$seen(n)`). Were the events held back until the
+//! call ended, the call would never end and the test would fail at its
+//! deadline.
+
+use rvisor::{
+    CallEvent, EventKind, Events, Outcome, Session, SessionOptions, Supervisor, SupervisorConfig,
+    Tool,
+};
+use serde_json::{json, Value};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long anything may take before the test calls it a hang.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn supervisor() -> Supervisor {
+    Supervisor::new(SupervisorConfig::default()).expect("supervisor starts")
+}
+
+/// A session with the tool `seen(n)`: TRUE once the test acknowledged
+/// event `n` (via the returned counter).
+fn session(sup: &Supervisor) -> (Session, Arc<AtomicU64>) {
+    let acked = Arc::new(AtomicU64::new(0));
+    let a = acked.clone();
+    let seen = Tool::new(
+        "seen",
+        "whether the test saw step n",
+        json!({}),
+        move |call| {
+            let n = call.args.get(0).and_then(Value::as_u64).unwrap_or(u64::MAX);
+            Ok(json!(a.load(Ordering::SeqCst) >= n))
+        },
+    )
+    .unwrap();
+    let s = sup
+        .session_with(SessionOptions {
+            tools: vec![seen],
+            ..SessionOptions::default()
+        })
+        .expect("session");
+    (s, acked)
+}
+
+/// R that waits for the test's acknowledgement of step `n`.
+fn wait_seen(n: u64) -> String {
+    format!("while (!tools$seen({n})) Sys.sleep(0.005)")
+}
+
+/// The next event other than `skip` kinds, within the deadline.
+fn next_event(ev: &mut Events) -> CallEvent {
+    ev.next_timeout(DEADLINE)
+        .expect("an event before the deadline (was it held back until the call ended?)")
+        .expect("the stream goes on until the result")
+}
+
+fn next_of(ev: &mut Events, kinds: &[&str]) -> CallEvent {
+    loop {
+        let e = next_event(ev);
+        if kinds.contains(&e.kind.name()) || e.kind.name() == "result" {
+            return e;
+        }
+    }
+}
+
+fn result_of(ev: &mut Events) -> rvisor::RunResult {
+    loop {
+        if let EventKind::Result { result } = next_event(ev).kind {
+            assert!(ev.try_next().is_none(), "the result is the last event");
+            return *result;
+        }
+    }
+}
+
+#[test]
+fn printed_lines_arrive_one_by_one_while_the_call_runs() {
+    let sup = supervisor();
+    let (s, acked) = session(&sup);
+    let code = format!(
+        "for (i in 1:3) {{ cat('line', i, '\\n'); {} }}",
+        wait_seen(0).replace("(0)", "(i)")
+    );
+    let h = s.run_streaming(&code).unwrap();
+    let mut ev = h.events();
+    let mut last_seq = 0;
+    for i in 1..=3u64 {
+        // cat() writes its pieces one by one: gather them up to the line's end.
+        let mut line = String::new();
+        while !line.ends_with('\n') {
+            let e = next_of(&mut ev, &["stdout"]);
+            assert!(e.seq > last_seq, "numbered in order");
+            last_seq = e.seq;
+            assert_eq!(e.execution_id, h.execution_id());
+            let EventKind::Stdout { text } = e.kind else {
+                panic!("the result came before line {i}: {e:?}");
+            };
+            line.push_str(&text);
+        }
+        assert_eq!(line, format!("line {i} \n"));
+        // The call is still running: it waits for this acknowledgement.
+        assert!(h.try_result().is_none());
+        acked.store(i, Ordering::SeqCst);
+    }
+    let r = result_of(&mut ev);
+    assert_eq!(r.outcome, Outcome::Complete);
+    assert_eq!(r.console, "line 1 \nline 2 \nline 3 \n");
+    assert_eq!(h.wait(), r, "the result event is the call's result");
+}
+
+#[test]
+fn streamed_result_is_the_same_as_without_streaming() {
+    let sup = supervisor();
+    let code = "cat('out\\n'); message('note'); x <- log(-1); warning('w!'); \
+                cat('err\\n', file = stderr()); print(1:3); cat(strrep('y', 70000), '\\n'); \
+                rvisor_result(list(a = 1)); stop('boom')";
+    let plain = sup.session().unwrap().run(code).unwrap().wait();
+    let s = sup.session().unwrap();
+    let h = s.run_streaming(code).unwrap();
+    let events: Vec<CallEvent> = h.events().collect();
+    let Some(EventKind::Result { result }) = events.last().map(|e| e.kind.clone()) else {
+        panic!("the last event is the result");
+    };
+    let streamed = *result;
+    assert_eq!(streamed.outcome, Outcome::Error);
+    assert_eq!(streamed.console, plain.console);
+    assert_eq!(streamed.segments, plain.segments);
+    assert_eq!(streamed.warnings, plain.warnings);
+    assert_eq!(streamed.error, plain.error);
+    assert_eq!(streamed.result, plain.result);
+    // The text events are the console as R wrote it (with the result
+    // block, which the result takes out), in order.
+    let text: String = events
+        .iter()
+        .filter_map(|e| e.kind.console_text())
+        .collect();
+    let block = "<<<RVISOR_RESULT_START>>>\n{\"a\":1}\n<<<RVISOR_RESULT_END>>>\n";
+    let expected: String = plain
+        .segments
+        .iter()
+        .filter_map(|s| match s {
+            rvisor::Segment::Stdout { text }
+            | rvisor::Segment::Stderr { text }
+            | rvisor::Segment::Message { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    let text = text.replace(block, "");
+    assert!(
+        text == expected,
+        "streamed text ({} bytes) differs from the result's ({} bytes): {:?} vs {:?}",
+        text.len(),
+        expected.len(),
+        &text[..text.len().min(200)],
+        &expected[..expected.len().min(200)]
+    );
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.name()).collect();
+    for k in ["stdout", "stderr", "message", "warning", "error", "result"] {
+        assert!(kinds.contains(&k), "{k} in {kinds:?}");
+    }
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_plot_page_arrives_before_the_call_ends() {
+    let sup = supervisor();
+    let (s, acked) = session(&sup);
+    let code = format!("plot(1:10); plot(10:1); {}; plot(1:3)", wait_seen(1));
+    let h = s.run_streaming(&code).unwrap();
+    let mut ev = h.events();
+    let e = next_of(&mut ev, &["plot"]);
+    assert_eq!(e.kind, EventKind::Plot { index: 0 });
+    assert!(h.try_result().is_none(), "the call still runs");
+    acked.store(1, Ordering::SeqCst);
+    let e = next_of(&mut ev, &["plot"]);
+    assert_eq!(e.kind, EventKind::Plot { index: 1 });
+    let r = result_of(&mut ev);
+    assert_eq!(r.plots.len(), 3);
+}
+
+#[test]
+fn progress_from_rvisor_progress_and_txt_progress_bar() {
+    let sup = supervisor();
+    let (s, acked) = session(&sup);
+    let code = format!(
+        "rvisor_progress(1, 4, 'loading'); {}; \
+         pb <- txtProgressBar(max = 4, style = 3); setTxtProgressBar(pb, 2); {}; \
+         setTxtProgressBar(pb, 4); close(pb)",
+        wait_seen(1),
+        wait_seen(2)
+    );
+    let h = s.run_streaming(&code).unwrap();
+    let mut ev = h.events();
+    let e = next_of(&mut ev, &["progress"]);
+    assert_eq!(
+        e.kind,
+        EventKind::Progress {
+            value: 1.0,
+            total: Some(4.0),
+            message: Some("loading".into())
+        }
+    );
+    acked.store(1, Ordering::SeqCst);
+    // The bar is drawn at 0% first, then 50%.
+    loop {
+        let e = next_of(&mut ev, &["progress"]);
+        let EventKind::Progress { value, total, .. } = e.kind else {
+            panic!("the bar's progress comes before the result: {e:?}");
+        };
+        assert_eq!(total, Some(100.0));
+        if value == 50.0 {
+            break;
+        }
+        assert_eq!(value, 0.0);
+    }
+    assert!(h.try_result().is_none(), "the call still runs");
+    acked.store(2, Ordering::SeqCst);
+    let e = next_of(&mut ev, &["progress"]);
+    assert!(
+        matches!(e.kind, EventKind::Progress { value, .. } if value == 100.0),
+        "{e:?}"
+    );
+    let r = result_of(&mut ev);
+    assert_eq!(r.outcome, Outcome::Complete);
+    // Not streamed, the helper does nothing and says nothing.
+    let quiet = s.run("rvisor_progress(3)").unwrap().wait();
+    assert_eq!(
+        (quiet.outcome, quiet.console.as_str()),
+        (Outcome::Complete, "")
+    );
+    let bad = s.run("rvisor_progress('x')").unwrap().wait();
+    assert_eq!(bad.outcome, Outcome::Error);
+    assert!(bad.error.unwrap().message.contains("one finite number"));
+}
+
+#[test]
+fn status_shows_the_running_call_and_what_it_printed() {
+    let sup = supervisor();
+    let (s, acked) = session(&sup);
+    assert!(s.status().running.is_none());
+    // Not streamed: status still sees the output of a call that runs a while.
+    let code = format!("for (i in 1:30) cat('row', i, '\\n'); {}", wait_seen(1));
+    let h = s.run(&code).unwrap();
+    let end = Instant::now() + DEADLINE;
+    let running = loop {
+        if let Some(r) = s.status().running {
+            if r.output_tail.contains("row 30") {
+                break r;
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "status never showed the call's output"
+        );
+        std::thread::yield_now();
+    };
+    assert_eq!(running.execution_id, h.execution_id());
+    assert!(running.output_tail.ends_with("row 30 \n"));
+    assert_eq!(running.output_tail.lines().count(), 20, "the last 20 lines");
+    assert!(running.elapsed_ms > 0.0);
+    assert!(running.cpu_ms.is_some());
+    let json = serde_json::to_value(s.status()).unwrap();
+    assert_eq!(json["running"]["execution_id"], h.execution_id());
+    acked.store(1, Ordering::SeqCst);
+    let r = h.wait();
+    assert_eq!(r.outcome, Outcome::Complete);
+    assert!(s.status().running.is_none());
+    assert_eq!(
+        serde_json::to_value(s.status()).unwrap()["running"],
+        Value::Null
+    );
+}
+
+#[test]
+fn events_taken_after_the_call_hold_its_result() {
+    let sup = supervisor();
+    let s = sup.session().unwrap();
+    let h = s.run("cat('a\\n')").unwrap();
+    let r = h.clone().wait();
+    // Taken after the call ended: the result alone.
+    let events: Vec<CallEvent> = h.events().collect();
+    assert_eq!(events.len(), 1);
+    let EventKind::Result { result } = &events[0].kind else {
+        panic!("{events:?}")
+    };
+    assert_eq!(**result, r);
+    assert_eq!(result.console, "a\n");
+}
+
+#[test]
+fn events_can_be_awaited_without_a_runtime_of_ours() {
+    // A minimal executor: poll with a waker that unparks this thread.
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let sup = supervisor();
+    let s = sup.session().unwrap();
+    let mut ev = s
+        .run_streaming("cat('x\\n'); Sys.sleep(0.05); cat('y\\n')")
+        .unwrap()
+        .events();
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut names = Vec::new();
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let mut fut = std::pin::pin!(ev.next_event());
+        match fut.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Some(e)) => names.push(e.kind.name()),
+            std::task::Poll::Ready(None) => break,
+            std::task::Poll::Pending => {
+                assert!(Instant::now() < end, "no wake-up");
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+        }
+    }
+    assert_eq!(names.last(), Some(&"result"));
+    assert!(names.iter().filter(|n| **n == "stdout").count() >= 1);
+}
