@@ -328,3 +328,109 @@ fn events_can_be_awaited_without_a_runtime_of_ours() {
     assert_eq!(names.last(), Some(&"result"));
     assert!(names.iter().filter(|n| **n == "stdout").count() >= 1);
 }
+
+// ---------------------------------------------------------------------------
+// session --jsonl
+
+/// `rvisor session --jsonl` as a child: its output lines on a channel.
+struct Jsonl {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Jsonl {
+    fn start() -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+            .args(["session", "--jsonl"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start rvisor session --jsonl");
+        let stdin = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line).expect("each line is JSON");
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    fn send(&mut self, v: Value) {
+        use std::io::Write;
+        writeln!(self.stdin, "{v}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn line(&mut self) -> Value {
+        self.lines
+            .recv_timeout(DEADLINE)
+            .expect("a line before the deadline")
+    }
+}
+
+impl Drop for Jsonl {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn jsonl_stream_sends_event_lines_before_the_result_line() {
+    let mut cli = Jsonl::start();
+    cli.send(json!({"id": "st", "op": "status"}));
+    let st = cli.line();
+    let pid = st["status"]["pid"].as_u64();
+    // The worker starts with the first run: learn its pid and directory.
+    let pid = match pid {
+        Some(p) => p as u32,
+        None => {
+            cli.send(json!({"id": 0, "op": "run", "code": "1"}));
+            assert_eq!(cli.line()["result"]["outcome"], "complete");
+            cli.send(json!({"id": "st2", "op": "status"}));
+            cli.line()["status"]["pid"].as_u64().expect("a worker") as u32
+        }
+    };
+    cli.send(json!({"id": "st3", "op": "status"}));
+    let wd = cli.line()["status"]["working_dir"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ack = |n: u32| {
+        let p = rvisor_ffi_tests::inside(pid, &std::path::Path::new(&wd).join(format!("ack{n}")));
+        std::fs::write(p, "").expect("write the acknowledgement into the worker's directory");
+    };
+    cli.send(json!({"id": 7, "op": "run", "stream": true,
+        "code": "for (i in 1:2) { cat(sprintf('tick %d\\n', i)); \
+                 while (!file.exists(paste0('ack', i))) Sys.sleep(0.005) }"}));
+    for i in 1..=2u32 {
+        let l = cli.line();
+        assert_eq!(l["id"], 7, "{l}");
+        let ev = &l["event"];
+        assert_eq!(ev["kind"], "stdout", "{l}");
+        assert_eq!(ev["text"], format!("tick {i}\n"));
+        assert!(ev["execution_id"].is_string() && ev["seq"].as_u64().is_some());
+        ack(i);
+    }
+    let last = cli.line();
+    assert_eq!(last["id"], 7);
+    assert_eq!(last["result"]["outcome"], "complete", "{last}");
+    assert_eq!(last["result"]["console"], "tick 1\ntick 2\n");
+    // Without "stream", a run answers with its result line only.
+    cli.send(json!({"id": 8, "op": "run", "code": "cat('quiet\\n')"}));
+    let l = cli.line();
+    assert_eq!(l["id"], 8);
+    assert_eq!(l["result"]["console"], "quiet\n");
+}

@@ -89,6 +89,11 @@ impl EventFeed {
         (Self { feed: feed.clone() }, Events { feed, done: false })
     }
 
+    /// The call's execution id.
+    pub fn execution_id(&self) -> &str {
+        &self.feed.execution_id
+    }
+
     /// Queues one event (ignored once the result was queued).
     pub fn push(&self, kind: EventKind) {
         let wakers = {

@@ -1429,6 +1429,55 @@ impl Supervisor {
         network: Option<bool>,
         preamble: Option<&str>,
     ) -> RunResult {
+        self.run_once_events(
+            execution_id,
+            code,
+            opts,
+            ctx,
+            limits,
+            network,
+            preamble,
+            None,
+        )
+    }
+
+    /// [`Supervisor::run_once_limited`], handing the call's events to
+    /// `events` while it runs (the result is the same as without).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_once_streaming(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+        events: &EventSink,
+    ) -> RunResult {
+        self.run_once_events(
+            execution_id,
+            code,
+            opts,
+            ctx,
+            limits,
+            network,
+            None,
+            Some(events),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_once_events(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+        preamble: Option<&str>,
+        events: Option<&EventSink>,
+    ) -> RunResult {
         if let Err(e) = validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
@@ -1484,7 +1533,7 @@ impl Supervisor {
             }
         };
         let mut r = match prepared {
-            Ok(()) => worker.run_call(execution_id, code, opts, ctx),
+            Ok(()) => worker.run_call_with_events(execution_id, code, opts, ctx, events),
             Err(r) => r,
         };
         if let Some(t) = &ctx.cancel {
