@@ -434,3 +434,301 @@ fn jsonl_stream_sends_event_lines_before_the_result_line() {
     assert_eq!(l["id"], 8);
     assert_eq!(l["result"]["console"], "quiet\n");
 }
+
+// ---------------------------------------------------------------------------
+// HTTP: text/event-stream and application/x-ndjson
+
+/// The real router on 127.0.0.1:0, served by a runtime of its own.
+struct Http {
+    addr: std::net::SocketAddr,
+    _rt: tokio::runtime::Runtime,
+    _dir: rvisor_ffi_tests::TestDir,
+}
+
+impl Http {
+    fn start() -> Self {
+        let dir = rvisor_ffi_tests::TestDir::new("streaming-http");
+        let mut cfg = rvisor_server::http::ServeConfig::default();
+        cfg.tables.dir = dir.path().join("tables");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = rvisor_server::http::router(supervisor(), cfg).unwrap();
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Self {
+            addr,
+            _rt: rt,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn post(&self, path: &str, body: Value) -> Value {
+        ureq::post(&self.url(path))
+            .send_json(body)
+            .expect("a 2xx answer")
+            .into_json()
+            .unwrap()
+    }
+
+    fn get(&self, path: &str) -> Value {
+        ureq::get(&self.url(path))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap()
+    }
+
+    /// Sends a POST with `accept` and returns the open connection, its
+    /// status and headers read.
+    fn open_stream(&self, path: &str, accept: &str, body: Value) -> Stream {
+        use std::io::{BufRead, Write};
+        let mut tcp = std::net::TcpStream::connect(self.addr).unwrap();
+        tcp.set_read_timeout(Some(DEADLINE)).unwrap();
+        let body = body.to_string();
+        write!(
+            tcp,
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut r = std::io::BufReader::new(tcp);
+        let mut status = String::new();
+        r.read_line(&mut status).unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut l = String::new();
+            r.read_line(&mut l).unwrap();
+            if l == "\r\n" || l.is_empty() {
+                break;
+            }
+            headers.push(l.trim().to_ascii_lowercase());
+        }
+        Stream {
+            status: status
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("")
+                .parse()
+                .unwrap_or(0),
+            headers,
+            r,
+            buf: String::new(),
+        }
+    }
+}
+
+/// A chunked HTTP response read as it arrives.
+struct Stream {
+    status: u16,
+    headers: Vec<String>,
+    r: std::io::BufReader<std::net::TcpStream>,
+    buf: String,
+}
+
+impl Stream {
+    /// Reads one more chunk into the buffer; false at the end.
+    fn chunk(&mut self) -> bool {
+        use std::io::{BufRead, Read};
+        let mut size = String::new();
+        self.r
+            .read_line(&mut size)
+            .expect("a chunk before the deadline");
+        let n = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if n == 0 {
+            return false;
+        }
+        let mut data = vec![0; n + 2];
+        self.r.read_exact(&mut data).unwrap();
+        self.buf.push_str(std::str::from_utf8(&data[..n]).unwrap());
+        true
+    }
+
+    /// The next piece ending with `sep` (an SSE event, a JSON line).
+    fn next_piece(&mut self, sep: &str) -> Option<String> {
+        loop {
+            if let Some(i) = self.buf.find(sep) {
+                let piece = self.buf[..i].to_string();
+                self.buf.drain(..i + sep.len());
+                return Some(piece);
+            }
+            if !self.chunk() {
+                return None;
+            }
+        }
+    }
+
+    /// The next SSE event (comments skipped): (id, event, data).
+    fn sse(&mut self) -> (u64, String, Value) {
+        loop {
+            let piece = self.next_piece("\n\n").expect("an event before the end");
+            let (mut id, mut event, mut data) = (0, String::new(), Value::Null);
+            for line in piece.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = v.parse().unwrap();
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    event = v.to_string();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(v).unwrap();
+                }
+            }
+            if !event.is_empty() {
+                return (id, event, data);
+            }
+        }
+    }
+}
+
+#[test]
+fn http_sse_streams_a_session_call_line_by_line() {
+    let http = Http::start();
+    let s = http.post("/v1/sessions", json!({}));
+    let sid = s["id"].as_str().unwrap().to_string();
+    let first = http.post(
+        &format!("/v1/sessions/{sid}/run"),
+        json!({"code": "kept <- 42"}),
+    );
+    assert_eq!(first["outcome"], "complete");
+    let st = http.get(&format!("/v1/sessions/{sid}"));
+    let pid = st["pid"].as_u64().unwrap() as u32;
+    let wd = st["working_dir"].as_str().unwrap().to_string();
+    let ack = |n: u32| {
+        let p = rvisor_ffi_tests::inside(pid, &std::path::Path::new(&wd).join(format!("ack{n}")));
+        std::fs::write(p, "").unwrap();
+    };
+    let code = "for (i in 1:2) { cat(sprintf('tick %d\\n', i)); \
+                while (!file.exists(paste0('ack', i))) Sys.sleep(0.005) }; kept";
+    let mut st = http.open_stream(
+        &format!("/v1/sessions/{sid}/run"),
+        "text/event-stream",
+        json!({ "code": code }),
+    );
+    assert_eq!(st.status, 200);
+    assert!(
+        st.headers
+            .iter()
+            .any(|h| h == "content-type: text/event-stream"),
+        "{:?}",
+        st.headers
+    );
+    let mut last_id = 0;
+    for i in 1..=2u32 {
+        let (id, event, data) = st.sse();
+        assert!(id > last_id);
+        last_id = id;
+        assert_eq!(event, "stdout");
+        assert_eq!(data["kind"], "stdout");
+        assert_eq!(data["text"], format!("tick {i}\n"));
+        // Still running: status shows it.
+        let running = http.get(&format!("/v1/sessions/{sid}"));
+        assert_eq!(running["state"], "running");
+        assert_eq!(running["running"]["execution_id"], data["execution_id"]);
+        ack(i);
+    }
+    let (id, event, result) = loop {
+        let e = st.sse();
+        if e.1 == "result" {
+            break e;
+        }
+        assert_eq!(e.1, "stdout", "only the result may follow: {e:?}");
+    };
+    assert!(id > last_id);
+    assert_eq!(event, "result");
+    assert_eq!(result["outcome"], "complete", "{result}");
+    assert_eq!(result["console"], "tick 1\ntick 2\n[1] 42\n");
+    assert!(
+        st.next_piece("\n\n").is_none(),
+        "the stream ends after the result"
+    );
+}
+
+#[test]
+fn http_ndjson_streams_a_one_shot_run_and_errors_stay_errors() {
+    let http = Http::start();
+    let mut st = http.open_stream(
+        "/v1/run",
+        "application/x-ndjson",
+        json!({"script": "cat('a\\n'); rvisor_progress(1, 2); message('m'); 1 + 1"}),
+    );
+    assert_eq!(st.status, 200);
+    assert!(st
+        .headers
+        .iter()
+        .any(|h| h == "content-type: application/x-ndjson"));
+    let mut kinds = Vec::new();
+    let result = loop {
+        let line = st.next_piece("\n").expect("a line before the end");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert!(v["seq"].as_u64().unwrap() as usize == kinds.len() + 1);
+        kinds.push(v["kind"].as_str().unwrap().to_string());
+        if v["kind"] == "result" {
+            break v["result"].clone();
+        }
+    };
+    assert_eq!(result["outcome"], "complete");
+    assert_eq!(result["console"], "a\nm\n[1] 2\n");
+    for k in ["stdout", "progress", "message"] {
+        assert!(kinds.iter().any(|x| x == k), "{k} in {kinds:?}");
+    }
+    // A request refused before anything runs is an ordinary error answer.
+    let mut bad = http.open_stream(
+        "/v1/run",
+        "text/event-stream",
+        json!({"script": "1", "timeout_seconds": 0}),
+    );
+    assert_eq!(bad.status, 422);
+    assert!(bad
+        .headers
+        .iter()
+        .any(|h| h.starts_with("content-type: application/json")));
+    let _ = &mut bad;
+}
+
+#[test]
+fn http_client_that_closes_the_stream_cancels_the_call_and_the_session_keeps_its_state() {
+    let http = Http::start();
+    let s = http.post("/v1/sessions", json!({}));
+    let sid = s["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        http.post(
+            &format!("/v1/sessions/{sid}/run"),
+            json!({"code": "kept <- 42"})
+        )["outcome"],
+        "complete"
+    );
+    let generation = http.get(&format!("/v1/sessions/{sid}"))["generation"].clone();
+    let mut st = http.open_stream(
+        &format!("/v1/sessions/{sid}/run"),
+        "text/event-stream",
+        json!({"code": "repeat { cat('.\\n'); Sys.sleep(0.02) }"}),
+    );
+    let (_, event, _) = st.sse();
+    assert_eq!(event, "stdout");
+    drop(st); // the client leaves
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let status = http.get(&format!("/v1/sessions/{sid}"));
+        if status["state"] == "idle" {
+            assert_eq!(
+                status["generation"], generation,
+                "the worker was not replaced"
+            );
+            assert!(status["last_reset"].is_null(), "{status}");
+            break;
+        }
+        assert!(Instant::now() < end, "the call was not cancelled: {status}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = http.post(&format!("/v1/sessions/{sid}/run"), json!({"code": "kept"}));
+    assert_eq!(r["console"], "[1] 42\n");
+}

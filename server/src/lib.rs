@@ -7,11 +7,13 @@
 //! serve`), [`nng`] (`serve --nng`), [`mcp`] (`rvisor mcp`) and [`jsonl`]
 //! (`rvisor session --jsonl`). [`tables`] is the table store behind data
 //! pointers. [`listen`] keeps the listeners' connection caps, timeouts and
-//! shutdown deadline, and the one-server-per-data-directory lock.
+//! shutdown deadline, and the one-server-per-data-directory lock; [`live`]
+//! streams a run's events as an HTTP body (SSE or JSON lines).
 
 pub mod http;
 pub mod jsonl;
 pub mod listen;
+pub mod live;
 pub mod mcp;
 pub mod nng;
 pub mod service;

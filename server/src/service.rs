@@ -837,6 +837,7 @@ impl PendingCall {
             guard: Some(CancelOnDrop::new(cancel.clone())),
             cancel,
             done: Some((published, service, tenant, started)),
+            ahead: None,
         }
     }
 
@@ -867,9 +868,28 @@ pub struct ServiceEvents {
     guard: Option<CancelOnDrop>,
     cancel: CancelToken,
     done: Option<(Published, Service, String, Instant)>,
+    /// An event read ahead (see [`ServiceEvents::put_back`]).
+    ahead: Option<CallEvent>,
 }
 
 impl ServiceEvents {
+    /// The events of a one-shot run fed by [`Service::run_script_streaming`]
+    /// with `cancel`: dropping them before the result cancels the run.
+    pub fn of_run(events: Events, cancel: CancelToken) -> Self {
+        Self {
+            events,
+            guard: Some(CancelOnDrop::new(cancel.clone())),
+            cancel,
+            done: None,
+            ahead: None,
+        }
+    }
+
+    /// Makes `e` (just read) the next event again.
+    pub fn put_back(&mut self, e: CallEvent) {
+        self.ahead = Some(e);
+    }
+
     /// The call's execution id.
     pub fn execution_id(&self) -> &str {
         self.events.execution_id()
@@ -894,12 +914,18 @@ impl ServiceEvents {
 
     /// Blocks until the next event; `None` after the result.
     pub fn next_blocking(&mut self) -> Option<CallEvent> {
+        if let Some(e) = self.ahead.take() {
+            return Some(e);
+        }
         let e = self.events.next()?;
         Some(self.finish(e))
     }
 
     /// The next event without blocking a thread; `None` after the result.
     pub async fn next(&mut self) -> Option<CallEvent> {
+        if let Some(e) = self.ahead.take() {
+            return Some(e);
+        }
         let e = self.events.next_event().await?;
         Some(self.finish(e))
     }
@@ -909,6 +935,9 @@ impl ServiceEvents {
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<CallEvent>> {
+        if let Some(e) = self.ahead.take() {
+            return std::task::Poll::Ready(Some(e));
+        }
         match self.events.poll_next(cx) {
             std::task::Poll::Ready(Some(e)) => std::task::Poll::Ready(Some(self.finish(e))),
             other => other,
