@@ -54,6 +54,8 @@ struct FeedState {
     queue: VecDeque<CallEvent>,
     next_seq: u64,
     done: bool,
+    /// Every writer is gone: no result will come.
+    closed: bool,
     wakers: Vec<Waker>,
 }
 
@@ -73,6 +75,26 @@ fn lock(m: &Mutex<FeedState>) -> MutexGuard<'_, FeedState> {
 #[derive(Debug, Clone)]
 pub struct EventFeed {
     feed: Arc<Feed>,
+    _writers: Arc<Writers>,
+}
+
+/// Ends the reader's wait when the last writer is dropped without a
+/// result (a request refused before it ran).
+#[derive(Debug)]
+struct Writers(Arc<Feed>);
+
+impl Drop for Writers {
+    fn drop(&mut self) {
+        let wakers = {
+            let mut s = lock(&self.0.m);
+            s.closed = true;
+            std::mem::take(&mut s.wakers)
+        };
+        self.0.cv.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
 }
 
 impl EventFeed {
@@ -86,7 +108,13 @@ impl EventFeed {
             }),
             cv: Condvar::new(),
         });
-        (Self { feed: feed.clone() }, Events { feed, done: false })
+        (
+            Self {
+                feed: feed.clone(),
+                _writers: Arc::new(Writers(feed.clone())),
+            },
+            Events { feed, done: false },
+        )
     }
 
     /// The call's execution id.
@@ -164,8 +192,15 @@ impl Events {
         &self.feed.execution_id
     }
 
+    /// The next queued event; `None` when none is queued. Marks the end
+    /// when the writers are gone and nothing is left.
     fn take(&mut self, s: &mut FeedState) -> Option<CallEvent> {
-        let e = s.queue.pop_front()?;
+        let Some(e) = s.queue.pop_front() else {
+            if s.closed {
+                self.done = true;
+            }
+            return None;
+        };
         if matches!(e.kind, EventKind::Result { .. }) {
             self.done = true;
         }
@@ -196,6 +231,9 @@ impl Events {
             if let Some(e) = self.take(&mut s) {
                 return Ok(Some(e));
             }
+            if self.done {
+                return Ok(None);
+            }
             let now = Instant::now();
             if now >= end {
                 return Err(());
@@ -217,6 +255,7 @@ impl Events {
         let mut s = lock(&feed.m);
         match self.take(&mut s) {
             Some(e) => Poll::Ready(Some(e)),
+            None if self.done => Poll::Ready(None),
             None => {
                 if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
                     s.wakers.push(cx.waker().clone());
@@ -245,6 +284,9 @@ impl Iterator for Events {
         loop {
             if let Some(e) = self.take(&mut s) {
                 return Some(e);
+            }
+            if self.done {
+                return None;
             }
             s = feed.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
@@ -321,6 +363,18 @@ mod tests {
         assert_eq!((all[0].seq, all[1].seq), (1, 2));
         assert!(matches!(all[1].kind, EventKind::Result { .. }));
         assert_eq!(events.try_next(), None);
+    }
+
+    #[test]
+    fn reader_ends_when_the_writers_are_gone() {
+        let (feed, mut events) = EventFeed::new("e2");
+        let writer = feed.clone();
+        feed.push(EventKind::Stdout { text: "a".into() });
+        drop(feed);
+        let t = std::thread::spawn(move || drop(writer));
+        assert!(events.next().is_some());
+        assert_eq!(events.next(), None, "no result, and no hang");
+        t.join().unwrap();
     }
 
     #[test]
