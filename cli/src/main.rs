@@ -345,8 +345,8 @@ pub(crate) fn print_rest(
     let all: String = r.segments.iter().filter_map(|s| s.console_text()).collect();
     let streamed = without_result_block(printed);
     if let Some(at) = all.find(streamed.as_str()) {
-        err.write_all(all[..at].as_bytes())?;
-        err.write_all(all[at + streamed.len()..].as_bytes())?;
+        err.write_all(&all.as_bytes()[..at])?;
+        err.write_all(&all.as_bytes()[at + streamed.len()..])?;
     }
     for p in &r.plots {
         on_plot(p, &mut err)?;
