@@ -629,6 +629,7 @@ fn finish(
     quit_status: Option<c_int>,
 ) -> RunResult {
     let plots = collect_plots(&call.plot_files, req.plot_width, req.plot_height);
+    stream::plots_kept(plots.len());
     let Capture {
         mut segments,
         bytes,

@@ -30,6 +30,8 @@ struct State {
     /// The link failed: nothing more is sent for this call (the result
     /// frame reports the failure, if it can).
     broken: bool,
+    /// Plot pages reported so far (indices below this).
+    plots: usize,
 }
 
 thread_local! {
@@ -41,6 +43,7 @@ thread_local! {
         started: Instant::now(),
         last_flush: None,
         broken: false,
+        plots: 0,
     });
 }
 
@@ -66,6 +69,7 @@ pub fn begin(mode: StreamMode, execution_id: &str) {
         s.started = Instant::now();
         s.last_flush = None;
         s.broken = false;
+        s.plots = 0;
     });
 }
 
@@ -132,7 +136,20 @@ pub fn segment(seg: &Segment) {
 
 /// A finished plot page, by its index in the final result's plots.
 pub fn plot(index: usize) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.plots = s.plots.max(index + 1);
+    });
     full_event(EventKind::Plot { index });
+}
+
+/// The call kept `n` plot pages: the ones not reported yet (the last page,
+/// finished when the call ended) are reported now, before the result.
+pub fn plots_kept(n: usize) {
+    let from = STATE.with(|s| s.borrow().plots);
+    for index in from..n {
+        plot(index);
+    }
 }
 
 /// Progress from `rvisor_progress()`.

@@ -182,6 +182,10 @@ fn a_plot_page_arrives_before_the_call_ends() {
     acked.store(1, Ordering::SeqCst);
     let e = next_of(&mut ev, &["plot"]);
     assert_eq!(e.kind, EventKind::Plot { index: 1 });
+    // The last page is finished by the end of the call: it comes before
+    // the result.
+    let e = next_of(&mut ev, &["plot"]);
+    assert_eq!(e.kind, EventKind::Plot { index: 2 });
     let r = result_of(&mut ev);
     assert_eq!(r.plots.len(), 3);
 }
