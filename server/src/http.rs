@@ -849,11 +849,14 @@ async fn run_streaming(
             .map(|_| ())
     });
     tokio::select! {
-        first = events.next() => {
-            if let Some(e) = first {
-                events.put_back(e);
+        first = events.next() => match first {
+            Some(e) => events.put_back(e),
+            // The feed was dropped without a result: the request was
+            // refused; the task says why.
+            None => {
+                (&mut task).await.map_err(|e| ApiError::new(ErrorCode::Internal, format!("the handler failed: {e}")))??;
             }
-        }
+        },
         done = &mut task => {
             done.map_err(|e| ApiError::new(ErrorCode::Internal, format!("the handler failed: {e}")))??;
         }
