@@ -302,6 +302,86 @@ fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
 /// Prints a result's segments in order: stdout text to stdout, everything
 /// else (stderr, messages, warnings, errors) to stderr; `on_plot` gets each
 /// plot segment's plot, with stdout flushed first.
+/// Prints a call's events as they come (stdout to stdout, the rest to
+/// stderr) and returns its result and the console text printed.
+/// `first`, if given, is an event already read from `events`.
+pub(crate) fn follow_events(
+    first: Option<rvisor::CallEvent>,
+    events: rvisor::Events,
+) -> Result<(RunResult, String)> {
+    let mut printed = String::new();
+    for e in first.into_iter().chain(events) {
+        let seg = match e.kind {
+            rvisor::EventKind::Result { result } => return Ok((*result, printed)),
+            rvisor::EventKind::Stdout { text } => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+                printed.push_str(&text);
+                continue;
+            }
+            rvisor::EventKind::Stderr { text } => Segment::Stderr { text },
+            rvisor::EventKind::Message { text } => Segment::Message { text },
+            rvisor::EventKind::Warning { message, call } => Segment::Warning { message, call },
+            rvisor::EventKind::Error {
+                message,
+                call,
+                traceback,
+            } => Segment::Error {
+                message,
+                call,
+                traceback,
+            },
+            _ => continue,
+        };
+        if let Some(t) = seg.console_text() {
+            let mut err = std::io::stderr().lock();
+            err.write_all(t.as_bytes())?;
+            err.flush()?;
+            printed.push_str(&t);
+        }
+    }
+    bail!("the call ended without a result")
+}
+
+/// After [`follow_events`]: the plots, and the console text the stream
+/// did not carry (a notice the supervisor put first, raw output of child
+/// processes and C code after), to stderr.
+pub(crate) fn print_rest(
+    r: &RunResult,
+    printed: &str,
+    mut on_plot: impl FnMut(&rvisor::Plot, &mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    let mut err = std::io::stderr().lock();
+    let all: String = r.segments.iter().filter_map(|s| s.console_text()).collect();
+    let streamed = without_result_block(printed);
+    if let Some(at) = all.find(streamed.as_str()) {
+        err.write_all(&all.as_bytes()[..at])?;
+        err.write_all(&all.as_bytes()[at + streamed.len()..])?;
+    }
+    for p in &r.plots {
+        on_plot(p, &mut err)?;
+    }
+    Ok(())
+}
+
+/// `text` without the structured result block (the result keeps it apart).
+fn without_result_block(text: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in text.split_inclusive('\n') {
+        let l = line.trim_end();
+        if l == "<<<RVISOR_RESULT_START>>>" || l == "<<<JUBE_RESULT_START>>>" {
+            inside = true;
+        } else if inside && (l == "<<<RVISOR_RESULT_END>>>" || l == "<<<JUBE_RESULT_END>>>") {
+            inside = false;
+        } else if !inside {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
 pub(crate) fn print_console(
     r: &RunResult,
     mut on_plot: impl FnMut(&rvisor::Plot, &mut dyn Write) -> Result<()>,
@@ -870,6 +950,8 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         ..CallOptions::default()
     };
     let execution_id = rvisor::ids::execution_id();
+    // The console text printed while the run went on (not with --json).
+    let mut streamed: Option<String> = None;
     // The library's own call checks (one definition): a bad plot size is a
     // flag error; empty or oversize code is a rejected run, no R started.
     let checked = rvisor::validate_call(&code, &opts);
@@ -888,7 +970,28 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
             Some(c) => cwd.filter(|d| c.read_only.iter().any(|r| d.starts_with(r))),
         };
         opts.working_dir = working_dir;
-        let mut r = sup.run_once_with(execution_id, &code, &opts, &ctx);
+        let mut r = if json {
+            sup.run_once_with(execution_id, &code, &opts, &ctx)
+        } else {
+            // Printed as it comes.
+            let (feed, events) = rvisor::EventFeed::new(&execution_id);
+            let run = {
+                let (sup, code, opts) = (sup.clone(), code.clone(), opts.clone());
+                std::thread::spawn(move || {
+                    let sink = feed.sink();
+                    let r =
+                        sup.run_once_streaming(execution_id, &code, &opts, &ctx, None, None, &sink);
+                    feed.finish(&r);
+                    r
+                })
+            };
+            let (_, printed) = follow_events(None, events)?;
+            let r = run
+                .join()
+                .map_err(|_| anyhow::anyhow!("the run failed inside rvisor"))?;
+            streamed = Some(printed);
+            r
+        };
         r.session.id = "run".into();
         sup.shutdown();
         r
@@ -912,7 +1015,10 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         serde_json::to_writer(&mut out, &result)?;
         writeln!(out)?;
     } else {
-        print_console(&result, |_, _| Ok(()))?;
+        match &streamed {
+            Some(printed) => print_rest(&result, printed, |_, _| Ok(()))?,
+            None => print_console(&result, |_, _| Ok(()))?,
+        }
         let mut err = std::io::stderr().lock();
         if result.truncated {
             writeln!(err, "rvisor: output truncated at the output limit")?;

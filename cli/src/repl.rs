@@ -26,8 +26,35 @@ fn incomplete(r: &RunResult) -> bool {
         })
 }
 
-fn print_result(r: &RunResult, plots_dir: &Path, counter: &mut usize) -> Result<()> {
-    super::print_console(r, |p, err| {
+/// Follows a call's events, printing them as they come, except for code
+/// that does not parse (nothing runs then: its error is printed only if
+/// the input is not merely incomplete).
+fn follow_quiet_if_incomplete(handle: &rvisor::CallHandle) -> Result<(RunResult, Option<String>)> {
+    let mut events = handle.events();
+    // A parse error is known before anything else is printed: look at the
+    // first event.
+    let Some(first) = events.next() else {
+        anyhow::bail!("the call ended without a result");
+    };
+    if let rvisor::EventKind::Result { result } = first.kind {
+        return Ok((*result, None));
+    }
+    if matches!(&first.kind, rvisor::EventKind::Stderr { text } if text.starts_with("Error: parse error"))
+    {
+        let r = handle.clone().wait();
+        return Ok((r, None));
+    }
+    let (r, printed) = super::follow_events(Some(first), events)?;
+    Ok((r, Some(printed)))
+}
+
+fn print_result(
+    r: &RunResult,
+    printed: &Option<String>,
+    plots_dir: &Path,
+    counter: &mut usize,
+) -> Result<()> {
+    let on_plot = |p: &rvisor::Plot, err: &mut dyn Write| -> Result<()> {
         std::fs::create_dir_all(plots_dir)
             .with_context(|| format!("failed to create {}", plots_dir.display()))?;
         *counter += 1;
@@ -37,7 +64,11 @@ fn print_result(r: &RunResult, plots_dir: &Path, counter: &mut usize) -> Result<
             .with_context(|| format!("failed to write {}", path.display()))?;
         writeln!(err, "[plot saved to {}]", path.display())?;
         Ok(())
-    })?;
+    };
+    match printed {
+        Some(printed) => super::print_rest(r, printed, on_plot)?,
+        None => super::print_console(r, on_plot)?,
+    }
     let mut err = std::io::stderr().lock();
     if r.truncated {
         writeln!(err, "[output truncated at the output limit]")?;
@@ -105,7 +136,7 @@ pub fn run(session: Session, plots_dir: PathBuf) -> Result<ExitCode> {
             buffer.push('\n');
         }
         buffer.push_str(&line);
-        let handle = match session.run(&buffer) {
+        let handle = match session.run_streaming(&buffer) {
             Ok(h) => h,
             Err(e) => {
                 eprintln!("rvisor: {e}");
@@ -114,14 +145,16 @@ pub fn run(session: Session, plots_dir: PathBuf) -> Result<ExitCode> {
             }
         };
         *current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
-        let result = handle.wait();
+        // Output is printed as it comes; an incomplete input prints only
+        // R's parse error, which is not shown (more input follows).
+        let (result, printed) = follow_quiet_if_incomplete(&handle)?;
         *current.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if incomplete(&result) {
             continue; // keep reading: R needs more input
         }
         let _ = rl.add_history_entry(buffer.as_str());
         buffer.clear();
-        print_result(&result, &plots_dir, &mut counter)?;
+        print_result(&result, &printed, &plots_dir, &mut counter)?;
     }
     if let Some(h) = &history {
         let _ = rl.save_history(h);

@@ -5,7 +5,8 @@
 //! the R thread, in one ordered list of segments, so stdout, stderr and
 //! conditions keep the order in which they happened. Everything counts
 //! against the call's byte cap; what was cut is recorded by field name
-//! (`RunResult::truncated_fields`).
+//! (`RunResult::truncated_fields`). What is kept is also handed to
+//! `stream`, which sends it on while the call runs when the call asked.
 
 use rvisor_protocol::Segment;
 use std::cell::RefCell;
@@ -90,6 +91,7 @@ pub fn write_text(stream: Stream, bytes: &[u8]) {
             c.mark("console");
         }
         let Some(text) = admitted else { return };
+        crate::stream::text(stream == Stream::Stderr, &text);
         match (stream, c.segments.last_mut()) {
             (Stream::Stdout, Some(Segment::Stdout { text: t }))
             | (Stream::Stderr, Some(Segment::Stderr { text: t })) => t.push_str(&text),
@@ -109,7 +111,9 @@ pub fn push(seg: Segment) {
         CAPTURE.with(|c| {
             let mut c = c.borrow_mut();
             if let Some(text) = c.admit(&text) {
-                c.segments.push(Segment::Message { text });
+                let seg = Segment::Message { text };
+                crate::stream::segment(&seg);
+                c.segments.push(seg);
             }
         });
         return;
@@ -126,6 +130,7 @@ pub fn push(seg: Segment) {
             return;
         }
         c.bytes += len;
+        crate::stream::segment(&seg);
         c.segments.push(seg);
     });
 }

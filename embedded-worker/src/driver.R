@@ -15,6 +15,7 @@ state$replayed <- FALSE    # the open device started by replaying state$last
 state$replay_len <- 0L
 state$drop_first <- FALSE  # the replayed page got nothing new: do not report it
 state$plot_dir <- ""
+state$page_n <- 0L         # pages begun on our device in this call
 state$width <- 1000L
 state$height <- 650L
 state$warnings <- list()   # warnings of the current top-level expression
@@ -176,12 +177,15 @@ open_device <- function() {
   grDevices::dev.control("enable")
   state$dev <- grDevices::dev.cur()
   state$replayed <- FALSE
+  # A page begun before the device opened (grid) is the device's first.
+  state$page_n <- if (state$newpage_pending) 1L else 0L
   if (!state$newpage_pending && !is.null(state$last) && !high_level_caller()) {
     ok <- tryCatch({ grDevices::replayPlot(state$last); TRUE },
                    error = function(e) FALSE)
     if (ok) {
       state$replayed <- TRUE
       state$replay_len <- dl_len()
+      state$page_n <- 1L
     }
   }
   state$newpage_pending <- FALSE
@@ -197,6 +201,14 @@ on_new_page <- function(...) {
   cur <- grDevices::dev.cur()
   if (cur == 1L) state$newpage_pending <- TRUE
   else if (state$replayed && cur == state$dev) check_replay()
+  if (cur > 1L && cur == state$dev) {
+    # The page before this one is finished: its index among the pages the
+    # call reports (a replayed page that got nothing new is not reported).
+    done <- state$page_n - as.integer(state$drop_first)
+    if (done > 0L && done <= caps$plots)
+      .Call(emit, "plot_page", as.character(done - 1L), NULL, NULL)
+    state$page_n <- state$page_n + 1L
+  }
   invisible()
 }
 
@@ -340,6 +352,23 @@ helpers$rvisor_result <- function(x) {
   invisible(x)
 }
 helpers$.rvisor_to_json <- to_json
+
+## Reports progress to a client that streams the call (an event of kind
+## "progress"); does nothing otherwise. `value` out of `total`, with an
+## optional message.
+helpers$rvisor_progress <- function(value, total = NULL, message = NULL) {
+  num <- function(x, what) {
+    v <- suppressWarnings(as.numeric(x))
+    if (length(v) != 1L || !is.finite(v))
+      stop(sprintf("rvisor_progress(): '%s' must be one finite number", what), call. = FALSE)
+    format(v, digits = 15L, scientific = FALSE)
+  }
+  v <- num(value, "value")
+  t <- if (is.null(total)) NULL else num(total, "total")
+  m <- if (is.null(message)) NULL else clip(as.character(message), caps$message)
+  .Call(emit, "progress", v, t, m)
+  invisible(NULL)
+}
 
 ## --- tools from the host ---------------------------------------------------
 

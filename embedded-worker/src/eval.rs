@@ -4,7 +4,7 @@
 use crate::console::{self, Capture};
 use crate::r::sys::*;
 use crate::r::{self, RThread, R};
-use crate::{ffi, hydrate, interrupt, link, result_block, tools, values};
+use crate::{ffi, hydrate, interrupt, link, result_block, stream, tools, values};
 use base64::Engine;
 use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
@@ -165,6 +165,20 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
             CALL.with(|s| s.borrow_mut().interrupted = true);
         }
         "status" => CALL.with(|s| s.borrow_mut().status = first(&a)),
+        "plot_page" => {
+            if let Some(i) = first(&a).and_then(|s| s.parse().ok()) {
+                stream::plot(i);
+            }
+        }
+        "progress" => {
+            if let Some(value) = first(&a).and_then(|s| s.parse().ok()) {
+                let total = first(&b).and_then(|s| s.parse().ok());
+                // Cut, not recorded: progress is not part of the result.
+                let message =
+                    first(&c).map(|m| cut(&m, bounds::WARNING_MESSAGE_BYTES).0.to_string());
+                stream::progress(value, total, message);
+            }
+        }
         _ => {}
     }
 }
@@ -243,6 +257,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     let started = Instant::now();
     let before = rusage();
     console::begin(req.max_output_bytes);
+    stream::begin(req.stream, &req.execution_id);
     // No string the driver reports is copied past what the call may keep.
     r::set_emit_limit(
         usize::try_from(req.max_output_bytes)
@@ -358,7 +373,10 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
         })
     });
     tools::begin_call(req.execution_id.clone());
+    // Sys.sleep() wakes up to send waiting events when the call streams.
+    r::set_event_wait(tok, stream::wait_usec(req.stream));
     let escaped = evaluate(tok, r, &req).is_err();
+    r::set_event_wait(tok, 0);
     RUNNING.with(|x| x.borrow_mut().take());
     tools::end_call();
     interrupt::end_call();
@@ -594,6 +612,7 @@ pub fn on_quit(status: c_int) {
         false,
         Some(status),
     );
+    stream::end();
     link::flush_stdio();
     if let Ok(payload) = result_frame(res, running.request.max_output_bytes) {
         let _ = link::send_payload(&payload);
@@ -610,6 +629,7 @@ fn finish(
     quit_status: Option<c_int>,
 ) -> RunResult {
     let plots = collect_plots(&call.plot_files, req.plot_width, req.plot_height);
+    stream::plots_kept(plots.len());
     let Capture {
         mut segments,
         bytes,

@@ -23,6 +23,8 @@ pub type ReadConsole = unsafe extern "C" fn(
     len: c_int,
     add_history: c_int,
 ) -> c_int;
+/// `ptr_R_ProcessEvents` and `ptr_R_FlushConsole`: no arguments.
+pub type NoArgs = unsafe extern "C" fn();
 /// `ptr_R_CleanUp(SA_TYPE save, int status, int runLast)`.
 pub type CleanUp = unsafe extern "C" fn(save: c_int, status: c_int, run_last: c_int);
 
@@ -45,6 +47,14 @@ extern "C" {
     pub static mut ptr_R_ReadConsole: Option<ReadConsole>;
     /// Called by `quit()`.
     pub static mut ptr_R_CleanUp: Option<CleanUp>;
+    /// Called whenever R checks for events (`R_CheckUserInterrupt`, and
+    /// between the waits of `Sys.sleep()`).
+    pub static mut ptr_R_ProcessEvents: Option<NoArgs>;
+    /// Called by `flush.console()`.
+    pub static mut ptr_R_FlushConsole: Option<NoArgs>;
+    /// The longest `Sys.sleep()` waits between event checks, in
+    /// microseconds (0: no limit); `R_ext/eventloop.h`.
+    pub static mut R_wait_usec: c_int;
     /// R's session temporary directory (what `tempdir()` returns); a
     /// forked worker points it at a directory of its own.
     pub static mut R_TempDir: *mut c_char;

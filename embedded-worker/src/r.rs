@@ -280,6 +280,11 @@ pub struct Hooks {
     /// Registered as the native routine `rvisor_tool` (2 arguments), which
     /// the driver calls for `tools$name(...)`. Must not unwind.
     pub tool: unsafe extern "C" fn(name: SEXP, args: SEXP) -> SEXP,
+    /// R checks for events (`R_ProcessEvents`): often during evaluation.
+    /// Must be cheap and must not call R.
+    pub poll: fn(),
+    /// `flush.console()`. Must not call R.
+    pub flush: fn(),
 }
 
 static HOOKS: OnceLock<Hooks> = OnceLock::new();
@@ -307,6 +312,31 @@ unsafe extern "C" fn read_console(
     _hist: c_int,
 ) -> c_int {
     0
+}
+
+/// Event hook: R calls it whenever it checks for interrupts.
+unsafe extern "C" fn process_events() {
+    if let Some(h) = HOOKS.get() {
+        (h.poll)();
+    }
+}
+
+/// `flush.console()` hook.
+unsafe extern "C" fn flush_console() {
+    if let Some(h) = HOOKS.get() {
+        (h.flush)();
+    }
+    // SAFETY: fflush(NULL) flushes every C stdio stream (what R's own hook
+    // does for its console stream).
+    unsafe { libc::fflush(ptr::null_mut()) };
+}
+
+/// Sets how long `Sys.sleep()` may wait between two calls of the event
+/// hook (microseconds; 0: as long as it sleeps).
+pub fn set_event_wait(_tok: RThread, usec: c_int) {
+    // SAFETY: R_wait_usec is a plain int R reads on the R thread, which the
+    // token proves this is.
+    unsafe { ffi::R_wait_usec = usec };
 }
 
 /// `quit()` hook: report the call's result, then end the process.
@@ -604,6 +634,8 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         ffi::ptr_R_WriteConsoleEx = Some(write_console_ex);
         ffi::ptr_R_ReadConsole = Some(read_console);
         ffi::ptr_R_CleanUp = Some(clean_up);
+        ffi::ptr_R_ProcessEvents = Some(process_events);
+        ffi::ptr_R_FlushConsole = Some(flush_console);
         setup_Rmainloop();
     }
 

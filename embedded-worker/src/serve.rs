@@ -6,7 +6,7 @@
 //! Sits above `eval` and `tools` (it connects R's hooks to them) and below
 //! `main` and `zygote`, which both use it.
 
-use crate::{console, eval, link, r, tools};
+use crate::{console, eval, link, r, stream, tools};
 use rvisor_protocol::{FrameError, FromWorker, ToWorker, WorkerHello, PROTOCOL_VERSION};
 
 /// Starts R with its hooks delivering to this worker's modules: console
@@ -19,6 +19,8 @@ pub fn start_r() -> Result<r::R, String> {
         quit: eval::on_quit,
         emit: eval::on_emit,
         tool: tools::rvisor_tool,
+        poll: stream::poll,
+        flush: stream::flush_console,
     });
     rvisor_protocol::timing::mark("worker.r_started");
     r
@@ -80,6 +82,7 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                 let cap = req.max_output_bytes;
                 let res = eval::run(r, req, files);
                 let payload = eval::result_frame(res, cap)?;
+                stream::end();
                 link::flush_stdio();
                 link::send_payload(&payload).map_err(|e| e.to_string())?;
             }
@@ -138,6 +141,7 @@ fn warm_up_with(r: &r::R, codes: &[&str]) {
             tools: Vec::new(),
             variables: Vec::new(),
             tables: Vec::new(),
+            stream: rvisor_protocol::StreamMode::Off,
         };
         let _ = eval::run(r, req, Vec::new());
     }

@@ -52,6 +52,7 @@ fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
             tools: Vec::new(),
             variables: Vec::new(),
             tables: Vec::new(),
+            stream: rvisor_protocol::StreamMode::Off,
         },
         Vec::new(),
     )

@@ -305,4 +305,41 @@ fn bench_prints_the_startup_and_batch_rows() {
     assert!(batch["rscript"]["median_ms"].as_f64().is_some(), "{batch}");
     // The chosen scripts all succeed under Rscript.
     assert_eq!(batch["rscript_ok"], 3, "{batch}");
+
+/// `rvisor run` prints output as it comes: R prints a line, then waits
+/// for a file the test writes only after it has read that line from the
+/// command's stdout (a run that printed at the end would never end).
+#[test]
+fn run_prints_output_as_it_comes() {
+    use std::io::BufRead;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rvisor-cli-live-{}", rvisor::ids::random_hex(6)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = script(
+        "cat('first\\n'); while (!file.exists('go')) Sys.sleep(0.005); \
+         cat('second\\n'); message('note'); 1 + 1\n",
+    );
+    let mut child = rvisor()
+        .args(["--unconfined", "run"])
+        .arg(&f)
+        .args(["--timeout", "60"])
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "first\n");
+    std::fs::write(dir.join("go"), "").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert_eq!(rest, "second\n[1] 2\n");
+    assert_eq!(err.matches("note\n").count(), 1, "printed once: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -233,3 +233,76 @@ fn protocol_errors_are_json_rpc_errors() {
         "the server goes on"
     );
 }
+
+/// Progress (with the call's progress token) and console text (after
+/// `logging/setLevel`) arrive while the call runs: the test cancels the
+/// endless call only once it has heard both, so a server that held them
+/// back until the call ended would leave it running to its timeout.
+#[test]
+fn progress_and_log_notifications_arrive_while_a_call_runs() {
+    for tool in ["run_r_code", "run_r_script"] {
+        let mut c = Client::start();
+        c.initialize();
+        let r = c.request("logging/setLevel", json!({"level": "info"}));
+        assert_eq!(r["result"], json!({}), "{r}");
+        let code = "rvisor_progress(1, 2, 'half'); cat('ready\\n'); repeat Sys.sleep(0.02)";
+        let key = if tool == "run_r_code" {
+            "code"
+        } else {
+            "script"
+        };
+        c.send(
+            &json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+            "name": tool, "arguments": {key: code, "timeout_seconds": 120},
+            "_meta": {"progressToken": "tok-1"}}}),
+        );
+        let mut progress = None;
+        let mut ready = false;
+        while progress.is_none() || !ready {
+            let m = c.read();
+            assert!(m.get("id").is_none(), "{tool}: the call ended first: {m}");
+            match m["method"].as_str() {
+                Some("notifications/progress") => progress = Some(m["params"].clone()),
+                Some("notifications/message") => {
+                    assert_eq!(m["params"]["logger"], "r");
+                    if m["params"]["data"] == "ready\n" {
+                        assert_eq!(m["params"]["level"], "info");
+                        ready = true;
+                    }
+                }
+                other => panic!("{tool}: unexpected {other:?}: {m}"),
+            }
+        }
+        assert_eq!(
+            progress.unwrap(),
+            json!({"progressToken": "tok-1", "progress": 1.0, "total": 2.0, "message": "half"})
+        );
+        c.send(
+            &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                       "params": {"requestId": 99, "reason": "enough"}}),
+        );
+        let r = loop {
+            let m = c.read();
+            if m.get("id").is_some() {
+                break m;
+            }
+        };
+        assert_eq!(r["id"], 99);
+        assert_eq!(
+            r["result"]["structuredContent"]["outcome"], "cancelled",
+            "{tool}: {r}"
+        );
+        assert_eq!(r["result"]["isError"], true);
+    }
+}
+
+#[test]
+fn without_a_token_or_a_log_level_a_call_sends_no_notifications() {
+    let mut c = Client::start();
+    c.initialize();
+    let r = c.call(
+        "run_r_code",
+        json!({"code": "rvisor_progress(1); cat('x\\n')"}),
+    );
+    assert_eq!(r["structuredContent"]["console"], "x\n", "{r}");
+}

@@ -1103,3 +1103,33 @@ with pynng.Pair0(send_timeout=1000, recv_timeout=1000) as s:
     assert_eq!(h["status"], "ok");
     assert_eq!(console(&p.run("6 * 7")), "[1] 42\n");
 }
+
+/// REQ/REP cannot push: a client follows a long call through `status`,
+/// whose `running` shows the call and the last lines it printed.
+#[test]
+fn status_shows_the_output_of_the_running_call_so_far() {
+    let s = Server::ipc();
+    let mut p = s.peer();
+    p.run("1");
+    let run = p.send(json!({"op": "run", "token": TOK_A,
+        "code": "for (i in 1:25) cat('row', i, '\\n'); repeat Sys.sleep(0.05)"}));
+    let running = wait_for("status to show the call's output", || {
+        let st = ok(&p.call(TOK_A, json!({"op": "status"})), "status");
+        let r = st["running"].clone();
+        r["output_tail"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("row 25 \n"))
+            .then_some(r)
+    });
+    let tail = running["output_tail"].as_str().unwrap();
+    assert_eq!(tail.lines().count(), 20, "the last 20 lines: {tail}");
+    assert!(tail.starts_with("row 6 \n"), "{tail}");
+    assert!(running["elapsed_ms"].as_f64().unwrap() > 0.0);
+    assert!(running["execution_id"].is_string());
+    ok(&p.call(TOK_A, json!({"op": "cancel"})), "status");
+    let r = result(&p.wait(&run));
+    assert_eq!(r["outcome"], "cancelled");
+    assert_eq!(r["execution_id"], running["execution_id"]);
+    let st = ok(&p.call(TOK_A, json!({"op": "status"})), "status");
+    assert!(st["running"].is_null(), "{st}");
+}

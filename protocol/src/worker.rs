@@ -1,6 +1,6 @@
 //! Messages between the supervisor and a worker over their socketpair.
 
-use crate::RunResult;
+use crate::{EventKind, RunResult, StreamMode};
 use serde::{Deserialize, Serialize};
 
 /// Name of the environment variable that carries the worker's end of the
@@ -87,6 +87,9 @@ pub struct RunRequest {
     /// one per name, in order: a confined worker cannot open the store.
     #[serde(default)]
     pub tables: Vec<String>,
+    /// Which events to send while the call runs ([`FromWorker::Events`]).
+    #[serde(default)]
+    pub stream: StreamMode,
 }
 
 /// What a tool handler produced.
@@ -117,6 +120,14 @@ pub enum FromWorker {
         name: String,
         /// Arguments as JSON (an object for named arguments, an array otherwise).
         args: serde_json::Value,
+    },
+    /// Events of the running call, in order (sent only when its
+    /// [`RunRequest::stream`] asked for them), always before its result.
+    Events {
+        /// The call they belong to.
+        execution_id: String,
+        /// What happened, oldest first.
+        events: Vec<EventKind>,
     },
     /// The answer to [`ToWorker::Validate`]: JSON with `problems`,
     /// `warnings` and `style` lists.

@@ -546,6 +546,8 @@ fn media_types(doc: &mut serde_json::Value) {
     for path in ["/v1/run", "/v1/sessions/{id}/run"] {
         if let Some(ok) = operation(doc, "post", path).and_then(|op| op.get_mut("responses")) {
             ok["200"]["content"]["text/html"] = json!({"schema": {"type": "string", "description": "A self-contained HTML fragment"}});
+            ok["200"]["content"]["text/event-stream"] = json!({"schema": {"type": "string", "description": "Server-Sent Events while the call runs: `id` is the event's seq, `event` its kind (stdout, stderr, message, warning, error, plot, progress), `data` the event's JSON ({execution_id, seq, kind, ...}); the last event, named `result`, carries the RunResult. Closing the stream cancels the call"}});
+            ok["200"]["content"]["application/x-ndjson"] = json!({"schema": {"type": "string", "description": "One event per line while the call runs ({execution_id, seq, kind, ...}); the last line has kind `result` and the RunResult in `result`. Closing the stream cancels the call"}});
         }
     }
     if let Some(paths) = doc
@@ -835,6 +837,9 @@ async fn run(
     headers: HeaderMap,
     ApiJson(b): ApiJson<RunScript>,
 ) -> Result<Response, ApiError> {
+    if let Some(format) = crate::live::Format::wanted(&headers) {
+        return run_streaming(st, tenant, b, format).await;
+    }
     let svc = st.service.clone();
     // A client that closes its connection drops this future: the run is
     // then cancelled instead of running to its timeout.
@@ -843,6 +848,40 @@ async fn run(
     let r = blocking(move || svc.run_script(&tenant, b, Surface::Http, &cancel)).await;
     guard.disarm();
     Ok(result_response(&headers, r??))
+}
+
+/// `/v1/run` streamed: the run's events as they happen. A request the
+/// service refuses (nothing ran) is an ordinary error response: the
+/// answer starts once the first event (or the result) is there.
+async fn run_streaming(
+    st: Handlers,
+    tenant: String,
+    b: RunScript,
+    format: crate::live::Format,
+) -> Result<Response, ApiError> {
+    let svc = st.service.clone();
+    let (feed, events) = rvisor::EventFeed::new(&rvisor::ids::execution_id());
+    let cancel = CancelToken::new();
+    // Dropped with this future or the body: the run is cancelled.
+    let mut events = crate::service::ServiceEvents::of_run(events, cancel.clone());
+    let mut task = tokio::task::spawn_blocking(move || {
+        svc.run_script_streaming(&tenant, b, Surface::Http, &cancel, &feed)
+            .map(|_| ())
+    });
+    tokio::select! {
+        first = events.next() => match first {
+            Some(e) => events.put_back(e),
+            // The feed was dropped without a result: the request was
+            // refused; the task says why.
+            None => {
+                (&mut task).await.map_err(|e| ApiError::new(ErrorCode::Internal, format!("the handler failed: {e}")))??;
+            }
+        },
+        done = &mut task => {
+            done.map_err(|e| ApiError::new(ErrorCode::Internal, format!("the handler failed: {e}")))??;
+        }
+    }
+    Ok(crate::live::response(events, format))
 }
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<NewSession>, description = "Optional session options: no body, an empty one or `null` mean the defaults"), responses((status = 201, description = "The new session", body = rvisor::SessionStatus)))]
@@ -903,6 +942,10 @@ async fn session_run(
     headers: HeaderMap,
     ApiJson(b): ApiJson<SessionRun>,
 ) -> Result<Response, ApiError> {
+    if let Some(format) = crate::live::Format::wanted(&headers) {
+        let call = st.service.session_run_streaming(&tenant, &id, &b)?;
+        return Ok(crate::live::response(call.events(), format));
+    }
     let call = st.service.session_run(&tenant, &id, &b)?;
     Ok(result_response(&headers, call.finish().await))
 }

@@ -31,6 +31,10 @@ struct Request {
     plot_height: Option<u32>,
     #[serde(default)]
     session: Option<String>,
+    /// A run sends `{"id", "event"}` lines while it runs, before its
+    /// result line.
+    #[serde(default)]
+    stream: bool,
 }
 
 /// Largest accepted request line (the code limit plus room for JSON).
@@ -71,6 +75,19 @@ fn status_line(id: &Value, s: &rvisor::SessionStatus) -> Value {
 }
 
 /// Serialises through a raw string so field order is kept.
+/// `{"id", "event"}`, in that order.
+fn event_line(id: &Value, e: &rvisor::CallEvent) -> Value {
+    #[derive(Serialize)]
+    struct Line<'a> {
+        id: &'a Value,
+        event: &'a rvisor::CallEvent,
+    }
+    match serde_json::to_string(&Line { id, event: e }) {
+        Ok(s) => Value::String(s),
+        Err(e) => error_line(id, "internal", &format!("failed to encode an event: {e}")),
+    }
+}
+
 fn to_line(r: &Response<'_>) -> Value {
     match serde_json::to_string(r)
         .and_then(|s| serde_json::from_str::<Box<serde_json::value::RawValue>>(&s))
@@ -221,13 +238,31 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                     plot_width: req.plot_width,
                     plot_height: req.plot_height,
                 };
-                match service.session_run(tenant, &sid, &run) {
+                let queued = if req.stream {
+                    service.session_run_streaming(tenant, &sid, &run)
+                } else {
+                    service.session_run(tenant, &sid, &run)
+                };
+                match queued {
                     Ok(call) => {
                         let emit = emit.clone();
                         let id = req.id.clone();
+                        let stream = req.stream;
                         waiters.push(std::thread::spawn(move || {
-                            let r = call.wait();
-                            emit(&result_line(&id, &r));
+                            if !stream {
+                                let r = call.wait();
+                                emit(&result_line(&id, &r));
+                                return;
+                            }
+                            let mut events = call.events();
+                            while let Some(e) = events.next_blocking() {
+                                match &e.kind {
+                                    rvisor::EventKind::Result { result } => {
+                                        emit(&result_line(&id, result))
+                                    }
+                                    _ => emit(&event_line(&id, &e)),
+                                }
+                            }
                         }));
                         waiters.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
                         continue;

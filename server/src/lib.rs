@@ -9,13 +9,15 @@
 //! pointers, kept in
 //! the shared [`blob`] store; [`cluster`] holds the node id and the drain
 //! state of a node behind a router. [`listen`] keeps the listeners' connection caps, timeouts and
-//! shutdown deadline, and the one-server-per-data-directory lock.
+//! shutdown deadline, and the one-server-per-data-directory lock; [`live`]
+//! streams a run's events as an HTTP body (SSE or JSON lines).
 
 pub mod blob;
 pub mod cluster;
 pub mod http;
 pub mod jsonl;
 pub mod listen;
+pub mod live;
 pub mod mcp;
 pub mod nng;
 pub mod service;

@@ -5,11 +5,16 @@
 //! variables and data pointers), and one persistent session per connection.
 //! Results come back as MCP content: console text, plots as images, the
 //! RunResult as structured content, `isError` when the R code failed, timed
-//! out or was refused.
+//! out or was refused. While a run goes on, a call with
+//! `_meta.progressToken` gets `notifications/progress` (from
+//! `rvisor_progress()` and text progress bars), and after
+//! `logging/setLevel` the console text comes as `notifications/message`
+//! (logger `r`: stdout and messages `info`, stderr `notice`, warnings
+//! `warning`, errors `error`).
 
 use crate::service::{RunScript, Service, ServiceConfig, ServiceError, SessionRun, Surface};
 use crate::tables::TableConfig;
-use rvisor::{CancelToken, RunResult, Supervisor};
+use rvisor::{CallEvent, CancelToken, EventFeed, EventKind, RunResult, Supervisor};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -137,14 +142,80 @@ struct State {
     service: Service,
 }
 
+/// What a client asked to hear while a tool call runs.
+#[derive(Debug, Clone, Default)]
+struct Follow {
+    /// `_meta.progressToken` of the call: progress notifications.
+    progress_token: Option<Value>,
+    /// The level set with `logging/setLevel`: console text as log messages.
+    log_level: Option<usize>,
+}
+
+/// MCP's log levels, lowest first.
+const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+impl Follow {
+    fn wanted(&self) -> bool {
+        self.progress_token.is_some() || self.log_level.is_some()
+    }
+
+    /// The notification for `e`, if the client asked for its kind.
+    fn notification(&self, e: &CallEvent) -> Option<Value> {
+        if let EventKind::Progress {
+            value,
+            total,
+            message,
+        } = &e.kind
+        {
+            let token = self.progress_token.as_ref()?;
+            let mut p = json!({"progressToken": token, "progress": value});
+            if let Some(t) = total {
+                p["total"] = json!(t);
+            }
+            if let Some(m) = message {
+                p["message"] = json!(m);
+            }
+            return Some(
+                json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": p}),
+            );
+        }
+        let (level, data) = match &e.kind {
+            EventKind::Stdout { text } => (1, json!(text)),
+            EventKind::Message { text } => (1, json!(text)),
+            EventKind::Stderr { text } => (2, json!(text)),
+            EventKind::Warning { message, call } => (3, json!({"warning": message, "call": call})),
+            EventKind::Error { message, call, .. } => (4, json!({"error": message, "call": call})),
+            EventKind::Plot { index } => (1, json!({"plot": index})),
+            _ => return None,
+        };
+        if level < self.log_level? {
+            return None;
+        }
+        Some(json!({"jsonrpc": "2.0", "method": "notifications/message",
+                    "params": {"level": LOG_LEVELS[level], "logger": "r", "data": data}}))
+    }
+}
+
 impl State {
     /// Runs one tool call; `Err` is a protocol error (unknown tool, bad
-    /// arguments), `Ok` a tool result (which may be `isError`).
+    /// arguments), `Ok` a tool result (which may be `isError`). While it
+    /// runs, `notify` gets the notifications `follow` asks for.
     fn call(
         &mut self,
         name: &str,
         args: &Value,
         cancel: &CancelToken,
+        follow: &Follow,
+        notify: &mut dyn FnMut(&Value),
     ) -> Result<Value, (i64, String)> {
         let svc = &self.service;
         svc.count_request(Surface::Mcp);
@@ -168,7 +239,29 @@ impl State {
                     args,
                     &["script", "timeout_seconds", "variables", "dataframes"],
                 )?;
-                match svc.run_script(TENANT, req, Surface::Mcp, cancel) {
+                let ran = if follow.wanted() {
+                    let (feed, mut events) = EventFeed::new(&rvisor::ids::execution_id());
+                    let (svc, cancel) = (svc.clone(), cancel.clone());
+                    let run = std::thread::spawn(move || {
+                        svc.run_script_streaming(TENANT, req, Surface::Mcp, &cancel, &feed)
+                    });
+                    // A refused request feeds nothing: the loop ends with
+                    // the thread (the feed is dropped), without a result.
+                    for e in events.by_ref() {
+                        if let Some(n) = follow.notification(&e) {
+                            notify(&n);
+                        }
+                    }
+                    run.join().unwrap_or_else(|_| {
+                        Err(ServiceError::new(
+                            crate::service::ErrorCode::Internal,
+                            "the run failed inside the server",
+                        ))
+                    })
+                } else {
+                    svc.run_script(TENANT, req, Surface::Mcp, cancel)
+                };
+                match ran {
                     Ok(r) => Ok(result_content(&r)),
                     Err(e) => Ok(error_result(&e)),
                 }
@@ -177,9 +270,27 @@ impl State {
                 let req: SessionRun = decode(args, &["code", "timeout_seconds"])?;
                 let call = svc.named_session(TENANT, "main", true).and_then(|id| {
                     let id = id.unwrap_or_default();
-                    svc.session_run(TENANT, &id, &req)
+                    if follow.wanted() {
+                        svc.session_run_streaming(TENANT, &id, &req)
+                    } else {
+                        svc.session_run(TENANT, &id, &req)
+                    }
                 });
                 match call {
+                    Ok(call) if follow.wanted() => {
+                        let token = call.cancel_token();
+                        cancel.on_cancel(move || token.cancel());
+                        let mut events = call.events();
+                        while let Some(e) = events.next_blocking() {
+                            if let EventKind::Result { result } = &e.kind {
+                                return Ok(result_content(result));
+                            }
+                            if let Some(n) = follow.notification(&e) {
+                                notify(&n);
+                            }
+                        }
+                        Err((-32603, "the call ended without a result".to_string()))
+                    }
                     Ok(call) => {
                         let token = call.cancel_token();
                         cancel.on_cancel(move || token.cancel());
@@ -293,6 +404,7 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
     let gone = Arc::new(AtomicBool::new(false));
     let lines = read_input(input, in_flight.clone(), gone.clone());
     let mut st = State { service };
+    let mut log_level: Option<usize> = None;
     for line in lines {
         if gone.load(Ordering::SeqCst) {
             break;
@@ -330,12 +442,28 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                     .unwrap_or(&PROTOCOL_VERSIONS[0]);
                 Ok(json!({
                     "protocolVersion": version,
-                    "capabilities": {"tools": {"listChanged": false}},
+                    "capabilities": {"tools": {"listChanged": false}, "logging": {}},
                     "serverInfo": {"name": "rvisor", "version": env!("CARGO_PKG_VERSION")},
                     "instructions": INSTRUCTIONS,
                 }))
             }
             "ping" => Ok(json!({})),
+            "logging/setLevel" => {
+                match params
+                    .get("level")
+                    .and_then(Value::as_str)
+                    .and_then(|l| LOG_LEVELS.iter().position(|x| *x == l))
+                {
+                    Some(i) => {
+                        log_level = Some(i);
+                        Ok(json!({}))
+                    }
+                    None => Err((
+                        -32602,
+                        format!("level must be one of {}", LOG_LEVELS.join(", ")),
+                    )),
+                }
+            }
             "tools/list" => Ok(json!({ "tools": tools(st.service.rules()) })),
             "tools/call" => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or("");
@@ -345,7 +473,20 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                 if gone.load(Ordering::SeqCst) {
                     cancel.cancel();
                 }
-                let r = st.call(name, &args, &cancel);
+                let follow = Follow {
+                    progress_token: params
+                        .get("_meta")
+                        .and_then(|m| m.get("progressToken"))
+                        .cloned(),
+                    log_level,
+                };
+                let out = &mut output;
+                let mut notify = |n: &Value| {
+                    let _ = serde_json::to_writer(&mut *out, n);
+                    let _ = out.write_all(b"\n");
+                    let _ = out.flush();
+                };
+                let r = st.call(name, &args, &cancel, &follow, &mut notify);
                 lock(&in_flight).retain(|(i, _)| *i != id);
                 r
             }

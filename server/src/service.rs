@@ -11,8 +11,9 @@
 
 use crate::tables::{TableConfig, TableError, TableFormat, TableMeta, TableStore};
 use rvisor::{
-    CallContext, CallHandle, CallOptions, CancelOnDrop, CancelToken, Outcome, RunOptions,
-    RunResult, SafetyRules, Session, SessionOptions, SessionStatus, Supervisor,
+    CallContext, CallEvent, CallHandle, CallOptions, CancelOnDrop, CancelToken, EventFeed,
+    EventKind, Events, Outcome, RunOptions, RunResult, SafetyRules, Session, SessionOptions,
+    SessionStatus, Supervisor,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -860,6 +861,31 @@ impl PendingCall {
         )
     }
 
+    /// The call's events as they happen, ending with its result (with the
+    /// tables it published; the metrics are recorded then). Dropping the
+    /// stream before the result cancels the call (a client that left).
+    /// Only a call queued with [`Service::session_run_streaming`] streams
+    /// its events; others give their result alone.
+    pub fn events(self) -> ServiceEvents {
+        let PendingCall {
+            handle,
+            published,
+            started,
+            service,
+            cancel,
+            tenant,
+            in_flight,
+        } = self;
+        ServiceEvents {
+            events: handle.events(),
+            guard: Some(CancelOnDrop::new(cancel.clone())),
+            cancel,
+            done: Some((published, service, tenant, started)),
+            ahead: None,
+            in_flight: Some(in_flight),
+        }
+    }
+
     /// Waits for the call without blocking a thread. If this future is
     /// dropped before the call ends (an HTTP client that closed its
     /// connection), the call is cancelled.
@@ -879,6 +905,95 @@ impl PendingCall {
         cancel.clear();
         drop(in_flight);
         Self::complete(&published, &service, &tenant, started, r)
+    }
+}
+
+/// The events of a session call ([`PendingCall::events`]).
+#[derive(Debug)]
+pub struct ServiceEvents {
+    events: Events,
+    guard: Option<CancelOnDrop>,
+    cancel: CancelToken,
+    done: Option<(Published, Service, String, Instant)>,
+    /// An event read ahead (see [`ServiceEvents::put_back`]).
+    ahead: Option<CallEvent>,
+    /// A session call counts as in flight (a drain waits for it) until its
+    /// result has passed.
+    in_flight: Option<crate::cluster::InFlight>,
+}
+
+impl ServiceEvents {
+    /// The events of a one-shot run fed by [`Service::run_script_streaming`]
+    /// with `cancel`: dropping them before the result cancels the run.
+    pub fn of_run(events: Events, cancel: CancelToken) -> Self {
+        Self {
+            events,
+            guard: Some(CancelOnDrop::new(cancel.clone())),
+            cancel,
+            done: None,
+            in_flight: None,
+            ahead: None,
+        }
+    }
+
+    /// Makes `e` (just read) the next event again.
+    pub fn put_back(&mut self, e: CallEvent) {
+        self.ahead = Some(e);
+    }
+
+    /// The call's execution id.
+    pub fn execution_id(&self) -> &str {
+        self.events.execution_id()
+    }
+
+    fn finish(&mut self, mut e: CallEvent) -> CallEvent {
+        if let EventKind::Result { result } = &mut e.kind {
+            if let Some(g) = self.guard.take() {
+                g.disarm();
+            }
+            self.cancel.clear();
+            self.in_flight = None;
+            if let Some((published, service, tenant, started)) = self.done.take() {
+                let r = std::mem::replace(
+                    result.as_mut(),
+                    RunResult::empty(String::new(), String::new()),
+                );
+                **result = PendingCall::complete(&published, &service, &tenant, started, r);
+            }
+        }
+        e
+    }
+
+    /// Blocks until the next event; `None` after the result.
+    pub fn next_blocking(&mut self) -> Option<CallEvent> {
+        if let Some(e) = self.ahead.take() {
+            return Some(e);
+        }
+        let e = self.events.next()?;
+        Some(self.finish(e))
+    }
+
+    /// The next event without blocking a thread; `None` after the result.
+    pub async fn next(&mut self) -> Option<CallEvent> {
+        if let Some(e) = self.ahead.take() {
+            return Some(e);
+        }
+        let e = self.events.next_event().await?;
+        Some(self.finish(e))
+    }
+
+    /// The poll form of [`ServiceEvents::next`].
+    pub fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<CallEvent>> {
+        if let Some(e) = self.ahead.take() {
+            return std::task::Poll::Ready(Some(e));
+        }
+        match self.events.poll_next(cx) {
+            std::task::Poll::Ready(Some(e)) => std::task::Poll::Ready(Some(self.finish(e))),
+            other => other,
+        }
     }
 }
 
@@ -1110,6 +1225,33 @@ impl Service {
         surface: Surface,
         cancel: &CancelToken,
     ) -> Result<RunResult, ServiceError> {
+        self.run_script_events(tenant, req, surface, cancel, None)
+    }
+
+    /// [`Service::run_script`] streamed: the run's events go to `feed`
+    /// while it runs, its result last (also when it was rejected). `Err`
+    /// (nothing ran, nothing was fed): the request itself was refused.
+    pub fn run_script_streaming(
+        &self,
+        tenant: &str,
+        req: RunScript,
+        surface: Surface,
+        cancel: &CancelToken,
+        feed: &EventFeed,
+    ) -> Result<RunResult, ServiceError> {
+        let r = self.run_script_events(tenant, req, surface, cancel, Some(feed))?;
+        feed.finish(&r);
+        Ok(r)
+    }
+
+    fn run_script_events(
+        &self,
+        tenant: &str,
+        req: RunScript,
+        surface: Surface,
+        cancel: &CancelToken,
+        feed: Option<&EventFeed>,
+    ) -> Result<RunResult, ServiceError> {
         let _ = surface;
         self.admit()?;
         let _in_flight = self.inner.drain.enter();
@@ -1142,7 +1284,10 @@ impl Service {
             names.iter().map(|n| n.to_string()).zip(files).collect();
         let started = Instant::now();
         let script = req.script;
-        let id = rvisor::ids::execution_id();
+        let id = match feed {
+            Some(f) => f.execution_id().to_string(),
+            None => rvisor::ids::execution_id(),
+        };
         // A run checks problems only; style notes are for validation.
         let v = sup.validate_with(&script, rvisor::StyleEngine::None);
         if !v.valid {
@@ -1181,7 +1326,12 @@ impl Service {
             cancel: Some(cancel.clone()),
             ..CallContext::default()
         };
-        let mut r = sup.run_once_limited(id, &script, &opts, &ctx, limits.as_ref(), None);
+        let mut r = match feed {
+            None => sup.run_once_limited(id, &script, &opts, &ctx, limits.as_ref(), None),
+            Some(f) => {
+                sup.run_once_streaming(id, &script, &opts, &ctx, limits.as_ref(), None, &f.sink())
+            }
+        };
         r.published = take_published(&published, &r.execution_id.clone());
         self.inner.metrics.record(tenant, &r, started.elapsed());
         if matches!(r.outcome, Outcome::StartupFailed | Outcome::StartupTimedOut) {
@@ -1315,6 +1465,27 @@ impl Service {
         id: &str,
         req: &SessionRun,
     ) -> Result<PendingCall, ServiceError> {
+        self.queue_session_run(tenant, id, req, false)
+    }
+
+    /// [`Service::session_run`] for a caller that follows the call as it
+    /// runs ([`PendingCall::events`]).
+    pub fn session_run_streaming(
+        &self,
+        tenant: &str,
+        id: &str,
+        req: &SessionRun,
+    ) -> Result<PendingCall, ServiceError> {
+        self.queue_session_run(tenant, id, req, true)
+    }
+
+    fn queue_session_run(
+        &self,
+        tenant: &str,
+        id: &str,
+        req: &SessionRun,
+        stream: bool,
+    ) -> Result<PendingCall, ServiceError> {
         let (s, published) = self.find(tenant, id)?;
         // Counted from here: a drain waits for calls already accepted.
         let in_flight = self.inner.drain.enter();
@@ -1323,20 +1494,21 @@ impl Service {
             t => Some(check_timeout(t, self.rules())?),
         };
         let started = Instant::now();
-        let handle = s
-            .run_with(
-                &req.code,
-                &RunOptions {
-                    timeout,
-                    plot_width: req.plot_width,
-                    plot_height: req.plot_height,
-                },
-            )
-            .map_err(|e| match e {
-                // A session closed under the caller is gone for it.
-                rvisor::Rejection::Closed => ServiceError::not_found("session"),
-                other => other.into(),
-            })?;
+        let over = RunOptions {
+            timeout,
+            plot_width: req.plot_width,
+            plot_height: req.plot_height,
+        };
+        let queued = if stream {
+            s.run_streaming_with(&req.code, &over)
+        } else {
+            s.run_with(&req.code, &over)
+        };
+        let handle = queued.map_err(|e| match e {
+            // A session closed under the caller is gone for it.
+            rvisor::Rejection::Closed => ServiceError::not_found("session"),
+            other => other.into(),
+        })?;
         let cancel = CancelToken::new();
         {
             let id = handle.execution_id().to_string();

@@ -34,6 +34,7 @@ mod cancel;
 pub mod clock;
 pub mod confine;
 mod error;
+pub mod events;
 pub mod html;
 pub mod ids;
 pub mod ops;
@@ -57,6 +58,7 @@ pub use error::{
     CallError, CgroupMissing, ConfineError, Error, LimitsError, ReadOnlyRefusal, ValidateError,
     VariableError, WorkerFileError,
 };
+pub use events::{EventFeed, EventSink, Events, NextEvent};
 pub use ops::{
     Health, Package, PackagesError, Problem, SafetyRules, StyleEngine, StyleNote, Validation,
 };
@@ -64,12 +66,13 @@ pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use process::{locate_worker, ExitInfo, WorkerConfig};
 pub use rvisor_protocol::timing;
 pub use rvisor_protocol::{
-    ErrorInfo, Outcome, Plot, RunResult, Segment, SessionInfo, Usage, DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,
+    CallEvent, ErrorInfo, EventKind, Outcome, Plot, RunResult, Segment, SessionInfo, StreamMode,
+    Usage, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE,
+    RUN_RESULT_FIELDS,
 };
 pub use session::{
-    CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, Session, SessionOptions, SessionState,
-    SessionStatus, Supervisor, SupervisorConfig,
+    CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, RunningCall, Session, SessionOptions,
+    SessionState, SessionStatus, Supervisor, SupervisorConfig,
 };
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
 pub use worker::{Canceller, Interrupter, Worker};

@@ -14,12 +14,13 @@
 use crate::call::{validate_call, CallOptions};
 use crate::cancel::CancelToken;
 use crate::error::{ConfineError, Error, ValidateError};
+use crate::events::{EventFeed, EventSink, Events, Tail};
 use crate::ids;
 use crate::process::{ExitInfo, WorkerConfig};
 use crate::tools::{CallContext, Tool};
 use crate::worker::{Canceller, Interrupter, Worker, WorkerSource};
 use rvisor_protocol::timing::mark;
-use rvisor_protocol::{Outcome, RunResult};
+use rvisor_protocol::{Outcome, RunResult, StreamMode};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -153,6 +154,64 @@ pub struct SessionStatus {
     pub pid: Option<u32>,
     /// The directory calls run in.
     pub working_dir: String,
+    /// The call running now, if any: its id, how long it has run, the CPU
+    /// it used and the last lines it printed.
+    #[serde(default)]
+    pub running: Option<RunningCall>,
+}
+
+/// The running call of a session, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunningCall {
+    /// The call's execution id.
+    pub execution_id: String,
+    /// Milliseconds since the call started in its worker.
+    pub elapsed_ms: f64,
+    /// CPU milliseconds the worker used since (10 ms steps), when known.
+    pub cpu_ms: Option<f64>,
+    /// The last lines it printed (at most 20 lines and 4 KiB; sent by the
+    /// worker at most every 250 ms, once the call has run that long).
+    pub output_tail: String,
+}
+
+/// What `status` reads of the running call while it runs.
+#[derive(Debug)]
+struct LiveCall {
+    execution_id: String,
+    started: Instant,
+    pid: u32,
+    cpu_at_start: Option<f64>,
+    tail: Mutex<Tail>,
+}
+
+impl LiveCall {
+    fn report(&self) -> RunningCall {
+        let cpu_ms = match (self.cpu_at_start, proc_cpu_ms(self.pid)) {
+            (Some(a), Some(b)) => Some((b - a).max(0.0)),
+            _ => None,
+        };
+        RunningCall {
+            execution_id: self.execution_id.clone(),
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            cpu_ms,
+            output_tail: self.tail.lock().unwrap_or_else(|e| e.into_inner()).get(),
+        }
+    }
+}
+
+/// CPU time (user + system) process `pid` used, in milliseconds, from
+/// `/proc/PID/stat` (clock ticks).
+fn proc_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count after its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) * 1000.0 / ticks as f64)
 }
 
 /// Why a call was refused before it was queued.
@@ -188,6 +247,10 @@ impl Rejection {
 struct SlotState {
     result: Option<RunResult>,
     wakers: Vec<Waker>,
+    /// Where a streaming call's events go (its result last).
+    feed: Option<EventFeed>,
+    /// Their reader, until [`CallHandle::events`] takes it.
+    events: Option<Events>,
 }
 
 #[derive(Debug, Default)]
@@ -202,6 +265,9 @@ impl Slot {
             let mut s = lock(&self.m);
             if s.result.is_some() {
                 return;
+            }
+            if let Some(feed) = s.feed.take() {
+                feed.finish(&r);
             }
             s.result = Some(r);
             std::mem::take(&mut s.wakers)
@@ -272,6 +338,28 @@ impl CallHandle {
     pub fn try_result(&self) -> Option<RunResult> {
         lock(&self.slot.m).result.clone()
     }
+
+    /// The call's events as they happen, ending with its result (see
+    /// [`Events`]). A call queued with [`Session::run_streaming`] streams
+    /// everything; another call streams what happens after its events were
+    /// asked for before it started, and holds its result only when asked
+    /// for later (or a second time).
+    pub fn events(&self) -> Events {
+        let mut s = lock(&self.slot.m);
+        if let Some(ev) = s.events.take() {
+            return ev;
+        }
+        let (feed, ev) = EventFeed::new(&self.execution_id);
+        match &s.result {
+            Some(r) => feed.finish(r),
+            None => {
+                if s.feed.is_none() {
+                    s.feed = Some(feed);
+                }
+            }
+        }
+        ev
+    }
 }
 
 impl Future for CallHandle {
@@ -320,6 +408,8 @@ struct Inner {
     interrupter: Option<Interrupter>,
     reset_requested: bool,
     closed: bool,
+    /// The running call's progress, for status.
+    live: Option<Arc<LiveCall>>,
 }
 
 #[derive(Debug)]
@@ -559,6 +649,7 @@ impl Shared {
                 interrupter: None,
                 reset_requested: false,
                 closed: false,
+                live: None,
             }),
             cv: Condvar::new(),
         })
@@ -584,6 +675,7 @@ impl Shared {
                 Some(d) => d.display().to_string(),
                 None => i.worker_dir.clone().unwrap_or_default(),
             },
+            running: i.live.as_ref().map(|l| l.report()),
         }
     }
 
@@ -643,6 +735,33 @@ impl Shared {
         call.slot.resolve(r);
     }
 
+    /// The running call's sink: its console text feeds `status`; a
+    /// streaming call's events also go to its feed.
+    fn live_sink(&self, call: &Pending, pid: u32) -> EventSink {
+        let live = Arc::new(LiveCall {
+            execution_id: call.execution_id.clone(),
+            started: Instant::now(),
+            pid,
+            cpu_at_start: proc_cpu_ms(pid),
+            tail: Mutex::new(Tail::default()),
+        });
+        lock(&self.inner).live = Some(live.clone());
+        let feed = lock(&call.slot.m).feed.clone();
+        let mode = if feed.is_some() {
+            StreamMode::Full
+        } else {
+            StreamMode::Tail
+        };
+        EventSink::new(mode, move |e| {
+            if let Some(t) = e.console_text() {
+                live.tail.lock().unwrap_or_else(|e| e.into_inner()).push(t);
+            }
+            if let Some(f) = &feed {
+                f.push(e);
+            }
+        })
+    }
+
     /// The runner thread: owns the worker, runs calls in order.
     fn runner(self: Arc<Self>, mut source: impl WorkerSource) {
         let mut worker: Option<Worker> = None;
@@ -676,12 +795,20 @@ impl Shared {
                 }
             }
             let Some(w) = worker.as_mut() else { continue };
-            let mut res = w.run_call(call.execution_id.clone(), &call.code, &call.opts, &self.ctx);
+            let sink = self.live_sink(&call, w.pid());
+            let mut res = w.run_call_with_events(
+                call.execution_id.clone(),
+                &call.code,
+                &call.opts,
+                &self.ctx,
+                Some(&sink),
+            );
             let alive = w.is_alive();
             let exit = if alive { None } else { w.exit_status() };
 
             let mut i = lock(&self.inner);
             i.running = None;
+            i.live = None;
             i.stamp(&self.id, &mut res);
             if alive {
                 i.state = if i.queue.is_empty() {
@@ -811,6 +938,32 @@ impl Session {
 
     /// [`Session::run`] with per-call overrides.
     pub fn run_with(&self, code: &str, over: &RunOptions) -> Result<CallHandle, Rejection> {
+        self.queue_call(code, over, false)
+    }
+
+    /// [`Session::run`] for a caller that follows the call as it runs:
+    /// [`CallHandle::events`] gives its console text, conditions, plot
+    /// pages and progress while it runs, then its result (the same result
+    /// as without streaming).
+    pub fn run_streaming(&self, code: &str) -> Result<CallHandle, Rejection> {
+        self.queue_call(code, &RunOptions::default(), true)
+    }
+
+    /// [`Session::run_streaming`] with per-call overrides.
+    pub fn run_streaming_with(
+        &self,
+        code: &str,
+        over: &RunOptions,
+    ) -> Result<CallHandle, Rejection> {
+        self.queue_call(code, over, true)
+    }
+
+    fn queue_call(
+        &self,
+        code: &str,
+        over: &RunOptions,
+        stream: bool,
+    ) -> Result<CallHandle, Rejection> {
         let s = self.shared();
         let opts = CallOptions {
             timeout: Some(over.timeout.unwrap_or(s.opts.timeout)),
@@ -825,6 +978,12 @@ impl Session {
         validate_call(code, &opts).map_err(|e| Rejection::Invalid(e.to_string()))?;
         let slot = Arc::new(Slot::default());
         let execution_id = ids::execution_id();
+        if stream {
+            let (feed, events) = EventFeed::new(&execution_id);
+            let mut st = lock(&slot.m);
+            st.feed = Some(feed);
+            st.events = Some(events);
+        }
         {
             let mut i = lock(&s.inner);
             if i.closed {
@@ -1285,6 +1444,55 @@ impl Supervisor {
         network: Option<bool>,
         preamble: Option<&str>,
     ) -> RunResult {
+        self.run_once_events(
+            execution_id,
+            code,
+            opts,
+            ctx,
+            limits,
+            network,
+            preamble,
+            None,
+        )
+    }
+
+    /// [`Supervisor::run_once_limited`], handing the call's events to
+    /// `events` while it runs (the result is the same as without).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_once_streaming(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+        events: &EventSink,
+    ) -> RunResult {
+        self.run_once_events(
+            execution_id,
+            code,
+            opts,
+            ctx,
+            limits,
+            network,
+            None,
+            Some(events),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_once_events(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+        preamble: Option<&str>,
+        events: Option<&EventSink>,
+    ) -> RunResult {
         if let Err(e) = validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
@@ -1344,7 +1552,7 @@ impl Supervisor {
         };
         mark("run_once.call");
         let mut r = match prepared {
-            Ok(()) => worker.run_call(execution_id, code, opts, ctx),
+            Ok(()) => worker.run_call_with_events(execution_id, code, opts, ctx, events),
             Err(r) => r,
         };
         mark("run_once.result");

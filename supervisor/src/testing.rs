@@ -10,6 +10,8 @@
 //! - `crash`: writes to stderr and dies by SIGSEGV;
 //! - `quit`: reports `worker_exited` as R's `quit()` does, then exits;
 //! - `tool:NAME`: calls host tool NAME and prints its answer;
+//! - `events`: sends two event frames (one of another call, which must be
+//!   ignored), then completes;
 //! - anything else: completes and prints `ran CODE`.
 
 use crate::error::Error;
@@ -270,6 +272,22 @@ impl FakeProcess {
                 self.crash();
                 false
             }
+            "events" => {
+                for (id, text) in [
+                    ("another-call", "stray\n"),
+                    (execution_id.as_str(), "live\n"),
+                ] {
+                    self.frame(FromWorker::Events {
+                        execution_id: id.to_string(),
+                        events: vec![
+                            rvisor_protocol::EventKind::Stdout { text: text.into() },
+                            rvisor_protocol::EventKind::Plot { index: 0 },
+                        ],
+                    });
+                }
+                self.result(execution_id, code, Outcome::Complete, "live");
+                true
+            }
             "quit" => {
                 let mut r = RunResult::empty(execution_id, code.into());
                 r.outcome = Outcome::WorkerExited;
@@ -509,6 +527,27 @@ mod worker_tests {
         assert_eq!(r.outcome, Outcome::Complete);
         assert_eq!(r.console, "ran x\n");
         assert!(w.is_alive());
+    }
+
+    #[test]
+    fn event_frames_of_the_call_reach_its_sink_and_others_are_ignored() {
+        let fake = Fake::new();
+        let mut w = fake.worker().unwrap();
+        let (feed, events) = crate::EventFeed::new("e-1");
+        let r = w.run_call_with_events(
+            "e-1".into(),
+            "events",
+            &CallOptions::default(),
+            &CallContext::default(),
+            Some(&feed.sink()),
+        );
+        feed.finish(&r);
+        let got: Vec<_> = events.map(|e| (e.seq, e.kind.name())).collect();
+        assert_eq!(got, vec![(1, "stdout"), (2, "plot"), (3, "result")]);
+        // Without a sink the frames are skipped and the result is the same.
+        let plain = w.run_with_id("e-2".into(), "events", &CallOptions::default());
+        assert_eq!(plain.console, r.console);
+        assert_eq!(plain.outcome, Outcome::Complete);
     }
 
     #[test]

@@ -9,13 +9,14 @@
 
 use crate::call::{cpu_limit_result, mark_stopped, push_raw, validate_call, Stop};
 use crate::error::{Error, ValidateError};
+use crate::events::EventSink;
 use crate::ids;
 use crate::process::{launch, OsTransport, Proc, TempDir, Transport};
 use crate::tools::{CallContext, ToolCall};
 use rvisor_protocol::bounds::{self, result_frame_limit};
 use rvisor_protocol::{
-    ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment, ToWorker, WorkerHello,
-    ENV_WORKER_FD, PROTOCOL_VERSION,
+    ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment, StreamMode, ToWorker,
+    WorkerHello, ENV_WORKER_FD, PROTOCOL_VERSION,
 };
 use rvisor_protocol::{ToolOutcome, DEFAULT_MAX_OUTPUT_BYTES, MAX_TOOL_RESULT_BYTES};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -404,6 +405,20 @@ impl Worker {
         opts: &CallOptions,
         ctx: &CallContext,
     ) -> RunResult {
+        self.run_call_with_events(execution_id, code, opts, ctx, None)
+    }
+
+    /// [`Worker::run_call`], handing the call's events to `events` while
+    /// it runs (the worker sends those its mode asks for; see
+    /// [`crate::EventSink`]). The result is the same as without events.
+    pub fn run_call_with_events(
+        &mut self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        events: Option<&EventSink>,
+    ) -> RunResult {
         if let Err(e) = validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
@@ -417,10 +432,11 @@ impl Worker {
         }
         self.call_seq += 1;
         let seq = self.call_seq;
-        if let Err(failed) = self.send_call(seq, &execution_id, code, opts, ctx) {
+        let mode = events.map_or(StreamMode::Off, EventSink::mode);
+        if let Err(failed) = self.send_call(seq, &execution_id, code, opts, ctx, mode) {
             return *failed;
         }
-        self.call_loop(seq, execution_id, code, opts, ctx)
+        self.call_loop(seq, execution_id, code, opts, ctx, events)
     }
 
     /// Sends call `seq`, with its tables as open files (a confined worker
@@ -432,6 +448,7 @@ impl Worker {
         code: &str,
         opts: &CallOptions,
         ctx: &CallContext,
+        stream: StreamMode,
     ) -> Result<(), Box<RunResult>> {
         let refuse = |outcome, message| {
             Box::new(RunResult::failed(
@@ -484,6 +501,7 @@ impl Worker {
             tools: ctx.tools.iter().map(|t| t.name.clone()).collect(),
             variables: ctx.variables.clone(),
             tables: ctx.tables.iter().map(|(n, _)| n.clone()).collect(),
+            stream,
         };
         let fds: Vec<std::os::fd::RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let sent = self.transport.send(&ToWorker::Run(req), &fds);
@@ -507,6 +525,7 @@ impl Worker {
         code: &str,
         opts: &CallOptions,
         ctx: &CallContext,
+        events: Option<&EventSink>,
     ) -> RunResult {
         let started = Instant::now();
         let deadline = opts.timeout.map(|t| started + t);
@@ -567,6 +586,16 @@ impl Worker {
                         continue; // the call is ending; R will not wait for this
                     }
                     self.start_tool(ctx, eid, call_id, name, args);
+                }
+                Ok(LinkEvent::Frame(Ok(FromWorker::Events {
+                    execution_id: eid,
+                    events: batch,
+                }))) => {
+                    if let (Some(sink), true) = (events, eid == execution_id) {
+                        for e in batch {
+                            sink.emit(e);
+                        }
+                    }
                 }
                 Ok(LinkEvent::ToolDone { call_id, outcome }) => {
                     // Sent while stopping too: R may still wait for it (an

@@ -8,6 +8,8 @@
 //! hits all systems alike. Medians, p90 and p99 per system, and the ratio
 //! peer/rvisor of the medians. A peer that cannot do a workload says so.
 
+mod streaming;
+
 use rvisor::{
     CallOptions, Outcome, PoolConfig, RunOptions, Session, SessionOptions, Supervisor,
     SupervisorConfig,
@@ -930,6 +932,9 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         direct,
         Some("Worker::run, no session queue".into()),
     ));
+
+    progress("measuring streaming: latency to clients, cost");
+    extra.extend(streaming::figures(&session, quick));
 
     Ok(Report {
         machine: machine(),
