@@ -305,6 +305,7 @@ fn bench_prints_the_startup_and_batch_rows() {
     assert!(batch["rscript"]["median_ms"].as_f64().is_some(), "{batch}");
     // The chosen scripts all succeed under Rscript.
     assert_eq!(batch["rscript_ok"], 3, "{batch}");
+}
 
 /// `rvisor run` prints output as it comes: R prints a line, then waits
 /// for a file the test writes only after it has read that line from the
