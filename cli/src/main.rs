@@ -524,9 +524,10 @@ struct ServeArgs {
     store: Option<String>,
     /// At SIGTERM: seconds calls in flight get to finish while the node
     /// drains (readiness false, new sessions and runs refused with 503,
-    /// existing sessions still answered) before it stops.
-    #[arg(long, default_value_t = 30.0, value_name = "SECS", value_parser = non_negative_secs)]
-    drain_grace_secs: f64,
+    /// existing sessions still answered) before it stops. Default: the
+    /// shutdown grace (one knob unless the two are set apart).
+    #[arg(long, value_name = "SECS", value_parser = non_negative_secs)]
+    drain_grace_secs: Option<f64>,
 }
 
 /// The node id of `serve`: the flag, else $RVISOR_NODE_ID; `hostname`
@@ -636,7 +637,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             max_connections_per_ip: a.max_connections_per_ip as usize,
             shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
         },
-        drain_grace: Duration::from_secs_f64(a.drain_grace_secs),
+        drain_grace: Duration::from_secs_f64(a.drain_grace_secs.unwrap_or(a.shutdown_grace_secs)),
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
