@@ -173,3 +173,157 @@ fn hibernate_and_restore_bring_back_objects_packages_options_rng_and_files() {
     drop(sup);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn objects_that_cannot_be_saved_are_named_and_the_rest_comes_back() {
+    let dir = state_dir("unsaved");
+    let (sup, _store) = supervisor(&dir);
+    let s = sup.session_with(manual()).unwrap();
+    ok(
+        &s,
+        "keep <- 1:3; con <- textConnection('abc'); xp <- methods:::.newExternalptr()
+         nested <- list(a = 1, p = xp)",
+    );
+    let info = s.checkpoint().unwrap();
+    let mut unsaved: Vec<(String, String)> = info
+        .manifest
+        .unsaved
+        .iter()
+        .map(|u| (u.name.clone(), u.reason.clone()))
+        .collect();
+    unsaved.sort();
+    assert_eq!(
+        unsaved,
+        vec![
+            ("con".to_string(), "connection".to_string()),
+            ("nested".to_string(), "external pointer".to_string()),
+            ("xp".to_string(), "external pointer".to_string()),
+        ]
+    );
+    s.hibernate();
+    wait_state(&s, SessionState::Hibernated);
+    let r = ok(
+        &s,
+        "cat(sum(keep), exists('con'), exists('xp'), exists('nested'), '\\n')",
+    );
+    let restored = r.session.restored.expect("restored");
+    let mut lost = restored.lost.clone();
+    lost.sort();
+    assert_eq!(lost, vec!["con", "nested", "xp"]);
+    assert!(r.console.contains("not restored: "), "{}", r.console);
+    assert!(
+        r.console.ends_with("6 FALSE FALSE FALSE \n"),
+        "{}",
+        r.console
+    );
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_call_killed_at_its_timeout_restores_the_last_checkpoint() {
+    let dir = state_dir("kill");
+    let (sup, _store) = supervisor(&dir);
+    let s = sup
+        .session_with(SessionOptions {
+            grace: Duration::from_millis(300),
+            ..manual()
+        })
+        .unwrap();
+    ok(&s, "a <- 'checkpointed'; set.seed(1)");
+    let info = s.checkpoint().unwrap();
+    ok(&s, "b <- 'after the checkpoint'");
+    // R holds interrupts off: the timeout's interrupt goes unanswered and
+    // the worker is killed after the grace period.
+    let killed = s
+        .run_with(
+            "suspendInterrupts(repeat {})",
+            &rvisor::RunOptions {
+                timeout: Some(Duration::from_millis(500)),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .wait();
+    assert_eq!(killed.outcome, Outcome::TimedOut, "{}", killed.console);
+    let r = ok(&s, "cat(a, exists('b'), runif(1), '\\n')");
+    assert_eq!(r.session.reset_reason.as_deref(), Some("timeout"));
+    assert!(!r.session.fresh);
+    assert_eq!(r.session.generation, 2);
+    let restored = r.session.restored.clone().expect("restored");
+    assert_eq!(restored.reason, "timeout");
+    assert_eq!(restored.checkpoint_at, info.manifest.taken_at());
+    assert!(
+        r.console
+            .contains("restored the state from the checkpoint of"),
+        "{}",
+        r.console
+    );
+    assert!(
+        r.console.ends_with("checkpointed FALSE 0.2655087 \n"),
+        "{}",
+        r.console
+    );
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_damaged_checkpoint_gives_a_fresh_session_that_says_why() {
+    let dir = state_dir("damaged");
+    let (sup, store) = supervisor(&dir);
+    let s = sup.session_with(manual()).unwrap();
+    ok(&s, "x <- rnorm(1000)");
+    let info = s.checkpoint().unwrap();
+    s.hibernate();
+    wait_state(&s, SessionState::Hibernated);
+    let mut bytes = store.get(&info.key).unwrap().unwrap();
+    // Flip bytes inside the compressed state (after the magic, before the
+    // manifest): the frame's checksum no longer matches.
+    for b in &mut bytes[20..40] {
+        *b ^= 0x5a;
+    }
+    store.put(&info.key, &bytes).unwrap();
+    let r = ok(&s, "exists('x')");
+    let reason = r.session.reset_reason.clone().unwrap_or_default();
+    assert!(reason.starts_with("restore_failed: "), "{reason}");
+    assert!(reason.contains("damaged"), "{reason}");
+    assert!(r.session.fresh);
+    assert!(r.session.restored.is_none());
+    assert!(r.console.contains("could not be restored"), "{}", r.console);
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    // The session goes on.
+    assert_eq!(ok(&s, "1 + 1").console, "[1] 2\n");
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_idle_session_hibernates_by_itself_and_a_closed_one_leaves_no_checkpoint() {
+    let dir = state_dir("idle");
+    let (sup, store) = supervisor(&dir);
+    let s = sup
+        .session_with(SessionOptions {
+            hibernate_after: Some(Duration::from_millis(300)),
+            checkpoint_after: Some(Duration::from_millis(100)),
+            ..SessionOptions::default()
+        })
+        .unwrap();
+    ok(&s, "v <- 'slept'");
+    wait_state(&s, SessionState::Hibernated);
+    assert_eq!(store.list().unwrap(), vec![s.id().to_string()]);
+    let r = ok(&s, "v");
+    assert_eq!(r.session.restored.expect("restored").reason, "hibernated");
+    assert!(r.console.ends_with("[1] \"slept\"\n"), "{}", r.console);
+    s.close();
+    let end = Instant::now() + DEADLINE;
+    while !store.list().unwrap().is_empty() {
+        assert!(
+            Instant::now() < end,
+            "the checkpoint of a closed session stays"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
