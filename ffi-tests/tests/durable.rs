@@ -327,3 +327,56 @@ fn an_idle_session_hibernates_by_itself_and_a_closed_one_leaves_no_checkpoint() 
     drop(sup);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn session_jsonl_checkpoints_and_rolls_back_to_the_checkpoint() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = state_dir("jsonl");
+    let mut child = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .args(["session", "--jsonl", "--state-dir"])
+        .arg(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the CLI");
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut ask = move |req: serde_json::Value| -> serde_json::Value {
+        writeln!(stdin, "{req}").unwrap();
+        let line = lines.recv_timeout(DEADLINE).expect("an answer");
+        serde_json::from_str(&line).unwrap()
+    };
+    let r = ask(serde_json::json!({"id": 1, "op": "run", "code": "v <- 'saved'"}));
+    assert_eq!(r["result"]["outcome"], "complete", "{r}");
+    let c = ask(serde_json::json!({"id": 2, "op": "checkpoint"}));
+    assert_eq!(c["checkpoint"]["written"], true, "{c}");
+    assert!(
+        c["checkpoint"]["manifest"]["objects"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("v")),
+        "{c}"
+    );
+    ask(serde_json::json!({"id": 3, "op": "run", "code": "v <- 'changed'; w <- 1"}));
+    let st = ask(serde_json::json!({"id": 4, "op": "restore"}));
+    assert!(st.get("error").is_none(), "{st}");
+    let r = ask(serde_json::json!({"id": 5, "op": "run", "code": "cat(v, exists('w'))"}));
+    let r = &r["result"];
+    assert_eq!(r["session"]["restored"]["reason"], "restore", "{r}");
+    assert_eq!(r["session"]["reset_reason"], "restore", "{r}");
+    assert!(
+        r["console"].as_str().unwrap().ends_with("saved FALSE"),
+        "{r}"
+    );
+    drop(ask);
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}

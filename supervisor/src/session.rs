@@ -373,6 +373,8 @@ struct Inner {
     checkpoint_waiters: Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, String>>>,
     /// Set by [`Session::hibernate`].
     hibernate_requested: bool,
+    /// Set by [`Session::restore`] (with `reset_requested`).
+    restore_requested: bool,
 }
 
 #[derive(Debug)]
@@ -453,6 +455,7 @@ fn reset_words(reason: &str) -> &'static str {
         "killed" => "the previous worker was killed from outside (possibly out of memory)",
         "quit" => "the code called quit()",
         "reset" => "the session was reset on request",
+        "restore" => "the session was rolled back to its checkpoint on request",
         "exited" => "the previous worker exited",
         r if r.starts_with("restore_failed") => "its checkpoint could not be restored",
         _ => "the previous worker ended",
@@ -654,6 +657,7 @@ impl Shared {
                 restore_failure: None,
                 checkpoint_waiters: Vec::new(),
                 hibernate_requested: false,
+                restore_requested: false,
             }),
             cv: Condvar::new(),
             store: None,
@@ -699,9 +703,15 @@ impl Shared {
                 i.reset_requested = false;
                 // The queue was dropped by reset() itself: calls queued
                 // after it belong to the fresh session.
-                i.record_reset("reset");
-                i.restore_next = None;
-                if i.checkpoint.take().is_some() {
+                if std::mem::take(&mut i.restore_requested) && i.checkpoint.is_some() {
+                    i.record_reset("restore");
+                    i.restore_next = Some("restore".into());
+                    i.dirty = false;
+                } else {
+                    i.record_reset("reset");
+                    i.restore_next = None;
+                }
+                if i.restore_next.is_none() && i.checkpoint.take().is_some() {
                     if let Some(store) = &self.store {
                         let _ = store.delete(&self.checkpoint_key());
                     }
@@ -1273,6 +1283,33 @@ impl Session {
         s.cv.notify_all();
         rx.recv()
             .map_err(|_| "the session closed before the checkpoint was taken".to_string())?
+    }
+
+    /// Rolls the session back to its last checkpoint: like
+    /// [`Session::reset`] (the running call is cancelled, queued calls
+    /// become `not_executed`), but the next worker loads the checkpoint.
+    /// Fails when the session has none.
+    pub fn restore(&self) -> Result<(), String> {
+        let s = self.shared();
+        let mut i = lock(&s.inner);
+        if i.closed {
+            return Err("the session is closed".into());
+        }
+        if i.checkpoint.is_none() {
+            return Err("the session has no checkpoint to restore; take one first".into());
+        }
+        i.reset_requested = true;
+        i.restore_requested = true;
+        i.drop_queue(
+            Outcome::NotExecuted,
+            "not executed: the session was rolled back to its checkpoint before this call ran",
+        );
+        if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
+            c.cancel(&id);
+        }
+        drop(i);
+        s.cv.notify_all();
+        Ok(())
     }
 
     /// Hibernates the session as soon as it is idle: checkpoint, worker
