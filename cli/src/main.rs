@@ -485,9 +485,11 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         Some(dir) => Some(state_store(dir)?),
         None => None,
     };
-    let mut defaults = rvisor::SessionOptions::default();
-    defaults.hibernate_after =
-        (a.hibernate_after_secs > 0.0).then(|| Duration::from_secs_f64(a.hibernate_after_secs));
+    let defaults = rvisor::SessionOptions {
+        hibernate_after: (a.hibernate_after_secs > 0.0)
+            .then(|| Duration::from_secs_f64(a.hibernate_after_secs)),
+        ..Default::default()
+    };
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
         style: rvisor::StyleEngine::parse(&a.style).unwrap_or_default(),
         checkpoints,
