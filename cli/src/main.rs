@@ -249,6 +249,11 @@ struct SessionArgs {
     /// Directory calls run in (default: a private one per session).
     #[arg(long)]
     working_dir: Option<PathBuf>,
+    /// Where the session keeps its checkpoints: with it, the `checkpoint`
+    /// op works and a killed call restores the last checkpoint
+    /// (docs/sessions.md).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 impl SessionArgs {
@@ -258,6 +263,13 @@ impl SessionArgs {
         let mut cfg = base_config();
         cfg.worker.libpath = self.libpath.clone();
         cfg
+    }
+
+    /// The checkpoint store of `--state-dir`.
+    fn checkpoints(
+        &self,
+    ) -> Result<Option<std::sync::Arc<dyn rvisor::checkpoint::CheckpointStore>>> {
+        self.state_dir.as_deref().map(state_store).transpose()
     }
 
     fn options(&self) -> Result<rvisor::SessionOptions> {
@@ -285,6 +297,7 @@ impl SessionArgs {
 fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
     let mut cfg = args.supervisor_config();
     cfg.defaults = args.options()?;
+    cfg.checkpoints = args.checkpoints()?;
     // The per-call timeout range: the rules' own, stretched to the
     // session's timeout when that is longer (a local harness may run long
     // fits).
@@ -473,6 +486,16 @@ struct ServeArgs {
     /// How long a data pointer lives, in hours.
     #[arg(long, default_value_t = 24.0)]
     table_ttl_hours: f64,
+    /// Where sessions keep their checkpoints (docs/sessions.md): with it,
+    /// sessions are checkpointed when idle, hibernate (worker released)
+    /// after --hibernate-after-secs, and a killed call restores the last
+    /// checkpoint; POST /v1/sessions/{id}/checkpoint takes one now.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// With --state-dir: seconds a session may be idle before it hibernates
+    /// (0: never).
+    #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
+    hibernate_after_secs: f64,
     /// Style notes of /v1/validate: `auto` or `rvisor` (lintr's default
     /// linters in Rust, rvisor-lint: ~1 ms for 100 lines), `lintr` (lintr
     /// itself when installed: the thorough engine and the reference, ~1-2 s
@@ -601,9 +624,20 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
+    let checkpoints = match &a.state_dir {
+        Some(dir) => Some(state_store(dir)?),
+        None => None,
+    };
+    let defaults = rvisor::SessionOptions {
+        hibernate_after: (a.hibernate_after_secs > 0.0)
+            .then(|| Duration::from_secs_f64(a.hibernate_after_secs)),
+        ..Default::default()
+    };
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
         style: rvisor::StyleEngine::parse(&a.style).unwrap_or_default(),
         node_id,
+        checkpoints,
+        defaults,
         ..base_config()
     })?;
     let mut tables = rvisor_server::tables::TableConfig::default();
@@ -650,6 +684,15 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
     rt.shutdown_timeout(Duration::from_secs(5));
     served.context("the server failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The checkpoint store of `--state-dir DIR`.
+fn state_store(
+    dir: &std::path::Path,
+) -> Result<std::sync::Arc<dyn rvisor::checkpoint::CheckpointStore>> {
+    let store = rvisor::checkpoint::DirStore::new(dir)
+        .with_context(|| format!("--state-dir {}: cannot create or open it", dir.display()))?;
+    Ok(std::sync::Arc::new(store))
 }
 
 fn mcp(data_dir: Option<PathBuf>) -> Result<ExitCode> {

@@ -566,3 +566,155 @@ validate <- function(script, forbidden, max_depth, style_mode = "auto") {
   }
   to_json(list(problems = problems, warnings = warns, style = style, style_engine = engine), unbox = TRUE)
 }
+
+## --- checkpoints ------------------------------------------------------------
+## A session's state as one R object, serialised by checkpoint_state() and
+## loaded into a fresh worker by restore_state() (the worker compresses it
+## and writes the file; eval.rs). Options and environment variables are
+## saved as they differ from what they were when this worker started
+## serving (mark_start()).
+
+mark_start <- function() {
+  state$start_options <- options()
+  state$start_env <- as.list(Sys.getenv())
+  invisible()
+}
+
+## Objects that cannot cross into another process faithfully: a connection
+## would silently name whatever connection has its number there; an
+## external pointer comes back NULL (data.table's self-reference repairs
+## itself, so a data.table is kept).
+unsafe_kind <- function(v) {
+  if (inherits(v, "connection")) return("connection")
+  found <- FALSE
+  hook <- function(x) {
+    if (typeof(x) == "externalptr") found <<- TRUE
+    NULL
+  }
+  if (typeof(v) == "externalptr" && !inherits(v, "data.table")) return("external pointer")
+  if (inherits(v, "data.table")) return("")
+  invisible(serialize(v, NULL, version = 3L, xdr = FALSE, refhook = hook))
+  if (found) "external pointer" else ""
+}
+
+## Files of `dir` (recursive, hidden ones too), up to `max_bytes` in all;
+## R's own temporary directory is left out.
+wd_files <- function(dir, max_bytes) {
+  out <- list()
+  skipped <- character()
+  if (!nzchar(dir) || !dir.exists(dir)) return(list(files = out, skipped = skipped))
+  tmp <- normalizePath(tempdir(), mustWork = FALSE)
+  rel <- list.files(dir, recursive = TRUE, all.files = TRUE, no.. = TRUE)
+  total <- 0
+  for (f in rel) {
+    full <- file.path(dir, f)
+    np <- normalizePath(full, mustWork = FALSE)
+    if (startsWith(np, tmp)) next
+    size <- file.size(full)
+    if (is.na(size) || dir.exists(full)) next
+    if (total + size > max_bytes) { skipped <- c(skipped, f); next }
+    data <- tryCatch(readBin(full, "raw", n = size), error = function(e) NULL)
+    if (is.null(data)) { skipped <- c(skipped, f); next }
+    total <- total + size
+    out[[length(out) + 1L]] <- list(path = f, data = data)
+  }
+  list(files = out, skipped = skipped)
+}
+
+## The state (a raw vector) and what the manifest says about it.
+checkpoint_state <- function(dir, max_file_bytes) {
+  g <- globalenv()
+  nms <- ls(g, all.names = TRUE, sorted = TRUE)
+  unsaved <- list()
+  keep <- character()
+  found <- FALSE
+  hook <- function(x) {
+    if (typeof(x) == "externalptr") found <<- TRUE
+    NULL
+  }
+  for (n in nms) {
+    v <- get(n, envir = g, inherits = FALSE)
+    if (inherits(v, "connection")) {
+      unsaved[[length(unsaved) + 1L]] <- list(name = n, reason = "connection")
+    } else keep <- c(keep, n)
+  }
+  objects <- mget(keep, envir = g, inherits = FALSE)
+  blob <- serialize(objects, NULL, version = 3L, xdr = FALSE, refhook = hook)
+  if (found) {
+    # Rare: find which objects hold an external pointer, drop them, again.
+    bad <- keep[vapply(keep, function(n) nzchar(unsafe_kind(objects[[n]])), NA)]
+    for (n in bad) unsaved[[length(unsaved) + 1L]] <- list(name = n, reason = "external pointer")
+    objects <- objects[setdiff(keep, bad)]
+    blob <- serialize(objects, NULL, version = 3L, xdr = FALSE)
+  }
+  opts <- options()
+  start <- state$start_options
+  changed <- names(opts)[!vapply(names(opts), function(k)
+    identical(opts[[k]], start[[k]]) && k %in% names(start), NA)]
+  removed <- setdiff(names(start), names(opts))
+  env <- as.list(Sys.getenv())
+  senv <- state$start_env
+  env_changed <- names(env)[!vapply(names(env), function(k) identical(env[[k]], senv[[k]]), NA)]
+  env_removed <- setdiff(names(senv), names(env))
+  search_path <- search()
+  attached <- sub("^package:", "", search_path[startsWith(search_path, "package:")])
+  ns <- loadedNamespaces()
+  versions <- vapply(ns, function(p) tryCatch(as.character(getNamespaceVersion(p)),
+                                               error = function(e) ""), "")
+  files <- wd_files(dir, max_file_bytes)
+  st <- list(
+    format = 1L,
+    objects = blob,
+    options = opts[changed],
+    options_removed = removed,
+    env = env[env_changed],
+    env_removed = env_removed,
+    attached = attached,
+    namespaces = ns,
+    rng_kind = RNGkind(),
+    files = files$files
+  )
+  raw <- serialize(st, NULL, version = 3L, xdr = FALSE)
+  # The worker writes the manifest (JSON) from these vectors.
+  list(raw, names(objects), length(blob),
+       vapply(unsaved, function(u) u$name, ""), vapply(unsaved, function(u) u$reason, ""),
+       attached, ns, unname(versions),
+       vapply(files$files, function(f) f$path, ""), files$skipped,
+       changed, c(env_changed, env_removed))
+}
+
+## Loads a checkpoint's state (a raw vector) into this worker, before any
+## call ran in it. Checks the packages it needs first, so that a checkpoint
+## naming a package that is gone changes nothing.
+restore_state <- function(raw, dir) {
+  st <- unserialize(raw)
+  if (!is.list(st) || !identical(st$format, 1L))
+    stop("the checkpoint's format is not one this worker reads")
+  missing <- st$namespaces[!vapply(st$namespaces, function(p)
+    nzchar(system.file(package = p)), NA)]
+  if (length(missing))
+    stop(sprintf("package(s) %s are no longer installed",
+                 paste(missing, collapse = ", ")))
+  objects <- unserialize(st$objects)
+  for (p in setdiff(st$namespaces, loadedNamespaces()))
+    loadNamespace(p)
+  now <- sub("^package:", "", search()[startsWith(search(), "package:")])
+  for (p in rev(setdiff(st$attached, now)))
+    suppressPackageStartupMessages(library(p, character.only = TRUE))
+  if (length(st$options)) options(st$options)
+  for (k in st$options_removed) options(structure(list(NULL), names = k))
+  if (length(st$env)) do.call(Sys.setenv, st$env)
+  if (length(st$env_removed)) Sys.unsetenv(st$env_removed)
+  k <- st$rng_kind
+  suppressWarnings(RNGkind(k[[1L]], k[[2L]], if (length(k) > 2L) k[[3L]]))
+  g <- globalenv()
+  for (n in names(objects)) assign(n, objects[[n]], envir = g)
+  if (nzchar(dir)) {
+    for (f in st$files) {
+      full <- file.path(dir, f$path)
+      dir.create(dirname(full), recursive = TRUE, showWarnings = FALSE)
+      writeBin(f$data, full)
+    }
+  }
+  invisible(TRUE)
+}

@@ -595,6 +595,11 @@ pub fn set_home_dir(dir: Option<String>) {
     HOME_DIR.with(|h| *h.borrow_mut() = dir);
 }
 
+/// The directory calls without a working directory run in.
+pub fn home_dir() -> Option<String> {
+    HOME_DIR.with(|h| h.borrow().clone())
+}
+
 /// Called from R's clean-up hook when the code calls `quit()`: reports the
 /// call as `worker_exited` (with the output so far) before the process ends.
 pub fn on_quit(status: c_int) {

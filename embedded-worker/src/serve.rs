@@ -6,8 +6,10 @@
 //! Sits above `eval` and `tools` (it connects R's hooks to them) and below
 //! `main` and `zygote`, which both use it.
 
-use crate::{console, eval, link, r, stream, tools};
-use rvisor_protocol::{FrameError, FromWorker, ToWorker, WorkerHello, PROTOCOL_VERSION};
+use crate::{console, eval, link, r, state, stream, tools};
+use rvisor_protocol::{
+    FrameError, FromWorker, StateOutcome, ToWorker, WorkerHello, PROTOCOL_VERSION,
+};
 
 /// Starts R with its hooks delivering to this worker's modules: console
 /// text to the capture, `quit()` and the driver's reports to the call, and
@@ -75,6 +77,10 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
             .ok()
             .map(|d| d.display().to_string()),
     );
+    // What options and environment variables are at the start: a
+    // checkpoint saves only what the session changed.
+    // SAFETY: on the R thread, R started; the driver is preserved.
+    let _ = unsafe { r::call_driver(r.driver, c"mark_start", &[]) };
     loop {
         match link::recv_with_fds() {
             Ok((ToWorker::Run(req), fds)) => {
@@ -98,12 +104,45 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                 let json = eval::validate(r, &script, &forbidden, max_nesting_depth, &style);
                 link::send(&FromWorker::Validation { json }).map_err(|e| e.to_string())?;
             }
+            Ok((
+                ToWorker::Checkpoint {
+                    working_dir,
+                    max_file_bytes,
+                },
+                fds,
+            )) => {
+                let outcome = match fds.into_iter().next() {
+                    Some(fd) => state::checkpoint(r, fd.into(), working_dir, max_file_bytes),
+                    None => Err("no file to write the checkpoint into was passed".into()),
+                };
+                let msg = FromWorker::Checkpointed {
+                    outcome: state_outcome(outcome),
+                };
+                link::send(&msg).map_err(|e| e.to_string())?;
+            }
+            Ok((ToWorker::Restore { working_dir }, fds)) => {
+                let outcome = match fds.into_iter().next() {
+                    Some(fd) => state::restore(r, fd.into(), working_dir),
+                    None => Err("no checkpoint file was passed".into()),
+                };
+                let msg = FromWorker::Restored {
+                    outcome: state_outcome(outcome),
+                };
+                link::send(&msg).map_err(|e| e.to_string())?;
+            }
             // An answer to a tool call that was given up (interrupted).
             Ok((ToWorker::ToolResult { .. }, _)) => {}
             Ok((ToWorker::Shutdown, _)) | Err(FrameError::Closed) => return Ok(()),
             Ok((ToWorker::Hello { .. }, _)) => return Err("unexpected second hello".into()),
             Err(e) => return Err(e.to_string()),
         }
+    }
+}
+
+fn state_outcome(r: Result<String, String>) -> StateOutcome {
+    match r {
+        Ok(json) => StateOutcome::Done(json),
+        Err(why) => StateOutcome::Failed(why),
     }
 }
 

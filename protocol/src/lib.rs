@@ -4,6 +4,7 @@
 //! defined here, so the contract in `CONTRACT.md` is written down once. The
 //! crate has no R and no I/O runtime: host programs may depend on it alone.
 
+pub mod checkpoint;
 pub mod event;
 pub mod fdpass;
 pub mod frame;

@@ -198,6 +198,27 @@ pub struct SessionInfo {
     pub fresh: bool,
     /// Why the previous worker was replaced, if it was.
     pub reset_reason: Option<String>,
+    /// Set on the first result after the session's state was restored from
+    /// a checkpoint into a new worker (after hibernation or a kill); null
+    /// otherwise.
+    #[serde(default)]
+    pub restored: Option<Restored>,
+}
+
+/// What a restore brought back (see `SessionInfo::restored`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Restored {
+    /// Seconds between the checkpoint and the restore.
+    pub checkpoint_age_seconds: f64,
+    /// When the checkpoint was taken (RFC 3339, UTC).
+    pub checkpoint_at: String,
+    /// Objects of the global environment that were not saved faithfully and
+    /// so are missing (external pointers, connections), by name.
+    pub lost: Vec<String>,
+    /// Why the session was restored: `hibernated`, or the reset reason of
+    /// the worker that ended (`timeout`, `crash`, `killed`, ...).
+    pub reason: String,
 }
 
 /// Resources the call used.

@@ -50,6 +50,25 @@ pub enum ToWorker {
     },
     /// Finish and exit cleanly.
     Shutdown,
+    /// Save the session's state (global environment, attached packages,
+    /// loaded namespaces, changed options and environment variables, RNG
+    /// state, working-directory files) into the file that travels with this
+    /// frame as a descriptor (SCM_RIGHTS). Answered by
+    /// [`FromWorker::Checkpointed`].
+    Checkpoint {
+        /// The directory whose files are saved (the session's working
+        /// directory; `None`: the worker's own directory).
+        working_dir: Option<String>,
+        /// Most bytes of working-directory files saved (larger files and
+        /// those past the cap are listed in the manifest as skipped).
+        max_file_bytes: u64,
+    },
+    /// Load a checkpoint (the file travels as a descriptor) into this fresh
+    /// worker before its first call. Answered by [`FromWorker::Restored`].
+    Restore {
+        /// Where the saved files are written back (as for `Checkpoint`).
+        working_dir: Option<String>,
+    },
 }
 
 /// One call, as the worker receives it (already validated).
@@ -135,11 +154,35 @@ pub enum FromWorker {
         /// The findings, as JSON text.
         json: String,
     },
+    /// The answer to [`ToWorker::Checkpoint`].
+    Checkpointed {
+        /// The checkpoint's manifest (JSON text; see `rvisor::checkpoint`),
+        /// or why nothing was written.
+        #[serde(flatten)]
+        outcome: StateOutcome,
+    },
+    /// The answer to [`ToWorker::Restore`].
+    Restored {
+        /// Names of saved objects not restored (JSON array text), or why
+        /// the checkpoint could not be loaded.
+        #[serde(flatten)]
+        outcome: StateOutcome,
+    },
     /// The worker cannot go on (e.g. protocol version mismatch).
     Fatal {
         /// Why.
         message: String,
     },
+}
+
+/// How a checkpoint or restore went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateOutcome {
+    /// JSON text (the manifest, or the names of what was lost).
+    Done(String),
+    /// Why it failed.
+    Failed(String),
 }
 
 /// What a ready worker tells about itself.

@@ -196,6 +196,7 @@ pub struct PackagesBody {
         session_status,
         session_cancel,
         session_reset,
+        session_checkpoint,
         session_delete,
         table_create,
         table_get,
@@ -274,6 +275,11 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             "post",
             "/v1/sessions/{id}/reset",
             &[E::BadRequest, E::NotFound],
+        ),
+        (
+            "post",
+            "/v1/sessions/{id}/checkpoint",
+            &[E::BadRequest, E::NotFound, E::Invalid, E::Internal],
         ),
         ("delete", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
         (
@@ -977,6 +983,17 @@ async fn session_reset(
     Ok(Json(st.service.reset(&tenant, &id)?).into_response())
 }
 
+#[utoipa::path(post, path = "/v1/sessions/{id}/checkpoint", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Checkpointed (after the running call) into the server's state directory: the key, the bytes stored, whether it was written (false: nothing ran since the last one) and its manifest", body = rvisor::checkpoint::CheckpointInfo)))]
+async fn session_checkpoint(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    ApiPath(id): ApiPath,
+) -> Result<Response, ApiError> {
+    let svc = st.service.clone();
+    let info = blocking(move || svc.checkpoint(&tenant, &id)).await??;
+    Ok(Json(info).into_response())
+}
+
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 204, description = "Closed")))]
 async fn session_delete(
     State(st): State<Handlers>,
@@ -1231,6 +1248,7 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .route("/v1/sessions/{id}/run", post(session_run))
         .route("/v1/sessions/{id}/cancel", post(session_cancel))
         .route("/v1/sessions/{id}/reset", post(session_reset))
+        .route("/v1/sessions/{id}/checkpoint", post(session_checkpoint))
         .route("/v1/tables/{pointer}", get(table_get).delete(table_delete))
         .route("/metrics", get(metrics))
         .route("/v1/usage", get(usage))

@@ -193,13 +193,20 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
         };
         if !matches!(
             req.op.as_str(),
-            "run" | "status" | "cancel" | "reset" | "close"
+            "run"
+                | "status"
+                | "cancel"
+                | "reset"
+                | "close"
+                | "checkpoint"
+                | "restore"
+                | "hibernate"
         ) {
             emit(&error_line(
                 &req.id,
                 "bad_request",
                 &format!(
-                    "unknown op {:?}; use run, status, cancel, reset or close",
+                    "unknown op {:?}; use run, status, cancel, reset, close, checkpoint, restore or hibernate",
                     req.op
                 ),
             ));
@@ -270,6 +277,21 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                     Err(e) => Err(e),
                 }
             }
+            "checkpoint" => {
+                // Taken after the running call: answered from a thread so
+                // that requests (a cancel) are still read meanwhile.
+                let (emit, service) = (emit.clone(), service.clone());
+                let (id, tenant, sid) = (req.id.clone(), tenant.to_string(), sid.clone());
+                waiters.push(std::thread::spawn(move || {
+                    match service.checkpoint(&tenant, &sid) {
+                        Ok(info) => emit(&json!({"id": id, "checkpoint": info})),
+                        Err(e) => emit(&error_of(&id, &e)),
+                    }
+                }));
+                continue;
+            }
+            "restore" => service.restore(tenant, &sid),
+            "hibernate" => service.hibernate(tenant, &sid),
             "status" => service.session_status(tenant, &sid),
             "cancel" => service.cancel(tenant, &sid),
             "reset" => service.reset(tenant, &sid),

@@ -1547,6 +1547,47 @@ impl Service {
         Ok(s.status())
     }
 
+    /// Checkpoints session `id` now (after its running call) and says what
+    /// the checkpoint holds; `written: false` when nothing ran since the
+    /// last one. Blocks until it is done. `invalid` when the server keeps
+    /// no checkpoints (no `--state-dir`), `internal` when the worker or the
+    /// store failed.
+    pub fn checkpoint(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<rvisor::checkpoint::CheckpointInfo, ServiceError> {
+        let s = self.session(tenant, id)?;
+        if self.inner.sup.config().checkpoints.is_none() {
+            return Err(ServiceError::invalid(
+                "this server keeps no checkpoints; start it with --state-dir DIR",
+            ));
+        }
+        s.checkpoint()
+            .map_err(|e| ServiceError::new(ErrorCode::Internal, e))
+    }
+
+    /// Rolls session `id` back to its last checkpoint (the next worker
+    /// loads it); `invalid` when it has none.
+    pub fn restore(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        s.restore().map_err(ServiceError::invalid)?;
+        Ok(s.status())
+    }
+
+    /// Hibernates session `id` once it is idle (checkpoint, worker
+    /// released); the next call restores it.
+    pub fn hibernate(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        if self.inner.sup.config().checkpoints.is_none() {
+            return Err(ServiceError::invalid(
+                "this server keeps no checkpoints; start it with --state-dir DIR",
+            ));
+        }
+        s.hibernate();
+        Ok(s.status())
+    }
+
     /// Closes session `id`; its running and queued calls end as `closed`.
     /// The answer is the closed session's status.
     pub fn close(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {

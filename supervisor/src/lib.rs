@@ -31,6 +31,7 @@
 mod batch;
 mod call;
 mod cancel;
+pub mod checkpoint;
 pub mod clock;
 pub mod confine;
 mod error;

@@ -13,6 +13,7 @@
 
 use crate::call::{validate_call, CallOptions};
 use crate::cancel::CancelToken;
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, Manifest};
 use crate::error::{ConfineError, Error, ValidateError};
 use crate::events::{EventFeed, EventSink, Events, Tail};
 use crate::ids;
@@ -76,7 +77,35 @@ pub struct SessionOptions {
     pub limits: Option<crate::Limits>,
     /// Network access for this session (default: the supervisor's).
     pub network: Option<bool>,
+    /// With a checkpoint store ([`SupervisorConfig::checkpoints`]): how
+    /// long the session may be idle, after a call changed its state,
+    /// before it is checkpointed in the background (default 2 s; `None`:
+    /// only on request and at hibernation).
+    pub checkpoint_after: Option<Duration>,
+    /// With a checkpoint store: how long the session may be idle before it
+    /// is checkpointed and its worker released (state `hibernated`; the
+    /// next call restores it). Default 10 minutes; `None`: never.
+    pub hibernate_after: Option<Duration>,
+    /// With a checkpoint store: when a worker ends during a call (timeout
+    /// past the grace, cancel kill, crash, killed from outside), restore
+    /// the last checkpoint into the next worker instead of starting empty
+    /// (default true). `quit()` and [`Session::reset`] always start empty.
+    pub restore_after_kill: bool,
+    /// Most bytes of working-directory files a checkpoint saves (default
+    /// 64 MiB; files past it are listed in the manifest as skipped). A
+    /// session with an explicit `working_dir` saves none: the directory
+    /// outlives its workers.
+    pub checkpoint_file_bytes: u64,
+    /// The checkpoint store's key for this session (default: its id).
+    pub checkpoint_key: Option<String>,
 }
+
+/// Default of [`SessionOptions::hibernate_after`]: 10 minutes.
+pub const DEFAULT_HIBERNATE_AFTER: Duration = Duration::from_secs(600);
+/// Default of [`SessionOptions::checkpoint_after`]: 2 seconds.
+pub const DEFAULT_CHECKPOINT_AFTER: Duration = Duration::from_secs(2);
+/// Default of [`SessionOptions::checkpoint_file_bytes`]: 64 MiB.
+pub const DEFAULT_CHECKPOINT_FILE_BYTES: u64 = 64 << 20;
 
 impl Default for SessionOptions {
     fn default() -> Self {
@@ -94,6 +123,11 @@ impl Default for SessionOptions {
             tools: Vec::new(),
             limits: None,
             network: None,
+            checkpoint_after: Some(DEFAULT_CHECKPOINT_AFTER),
+            hibernate_after: Some(DEFAULT_HIBERNATE_AFTER),
+            restore_after_kill: true,
+            checkpoint_file_bytes: DEFAULT_CHECKPOINT_FILE_BYTES,
+            checkpoint_key: None,
         }
     }
 }
@@ -122,6 +156,8 @@ pub enum SessionState {
     Idle,
     /// A call is running.
     Running,
+    /// Checkpointed, no worker; the next call restores the state.
+    Hibernated,
     /// Closed for good.
     Closed,
 }
@@ -410,6 +446,26 @@ struct Inner {
     closed: bool,
     /// The running call's progress, for status.
     live: Option<Arc<LiveCall>>,
+    /// A call ran since the last checkpoint.
+    dirty: bool,
+    /// When the last call ended (or the worker started).
+    idle_since: Instant,
+    /// The manifest of the checkpoint in the store, if this session wrote
+    /// (or was resumed from) one.
+    checkpoint: Option<crate::checkpoint::Manifest>,
+    /// Restore the checkpoint into the next worker, and why (`hibernated`,
+    /// or the reset reason).
+    restore_next: Option<String>,
+    /// Set by a restore, reported (and cleared) by the next result.
+    unreported_restore: Option<rvisor_protocol::Restored>,
+    /// Why the last restore failed, for the next result's notice.
+    restore_failure: Option<String>,
+    /// Callers of [`Session::checkpoint`] waiting for the runner.
+    checkpoint_waiters: Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, String>>>,
+    /// Set by [`Session::hibernate`].
+    hibernate_requested: bool,
+    /// Set by [`Session::restore`] (with `reset_requested`).
+    restore_requested: bool,
 }
 
 #[derive(Debug)]
@@ -423,6 +479,8 @@ struct Shared {
     ctx: CallContext,
     inner: Mutex<Inner>,
     cv: Condvar,
+    /// Where checkpoints go (none: the session is not durable).
+    store: Option<Arc<dyn CheckpointStore>>,
 }
 
 /// Live workers of a supervisor, so they can be killed on host signals.
@@ -488,7 +546,9 @@ fn reset_words(reason: &str) -> &'static str {
         "killed" => "the previous worker was killed from outside (possibly out of memory)",
         "quit" => "the code called quit()",
         "reset" => "the session was reset on request",
+        "restore" => "the session was rolled back to its checkpoint on request",
         "exited" => "the previous worker exited",
+        r if r.starts_with("restore_failed") => "its checkpoint could not be restored",
         _ => "the previous worker ended",
     }
 }
@@ -584,13 +644,44 @@ impl Inner {
         res.session.id = id.to_string();
         res.session.generation = self.generation;
         res.session.fresh = std::mem::take(&mut self.fresh);
-        if let Some(reason) = self.unreported_reset.take() {
+        let restored = self.unreported_restore.take();
+        let reset = self.unreported_reset.take();
+        if let Some(reason) = &reset {
             res.session.reset_reason = Some(reason.clone());
+            if restored.is_none() {
+                res.prepend_notice(&format!(
+                    "rvisor: started a fresh R session (generation {}) because {}; earlier variables are gone.",
+                    self.generation,
+                    reset_words(reason)
+                ));
+            }
+        }
+        if let Some(why) = self.restore_failure.take() {
             res.prepend_notice(&format!(
-                "rvisor: started a fresh R session (generation {}) because {}; earlier variables are gone.",
-                self.generation,
-                reset_words(&reason)
+                "rvisor: the session's checkpoint could not be restored: {why}."
             ));
+        }
+        if let Some(r) = restored {
+            // The state came back: not a fresh session.
+            res.session.fresh = false;
+            let cause = match &reset {
+                Some(reason) => format!(
+                    "a new worker (generation {}) replaced the previous one because {}; ",
+                    self.generation,
+                    reset_words(reason)
+                ),
+                None => "woke the session from hibernation: ".to_string(),
+            };
+            let lost = if r.lost.is_empty() {
+                String::new()
+            } else {
+                format!("; not restored: {}", r.lost.join(", "))
+            };
+            res.prepend_notice(&format!(
+                "rvisor: {cause}restored the state from the checkpoint of {} ({:.1} s old){lost}.",
+                r.checkpoint_at, r.checkpoint_age_seconds
+            ));
+            res.session.restored = Some(r);
         }
     }
 }
@@ -650,8 +741,18 @@ impl Shared {
                 reset_requested: false,
                 closed: false,
                 live: None,
+                dirty: false,
+                idle_since: Instant::now(),
+                checkpoint: None,
+                restore_next: None,
+                unreported_restore: None,
+                restore_failure: None,
+                checkpoint_waiters: Vec::new(),
+                hibernate_requested: false,
+                restore_requested: false,
             }),
             cv: Condvar::new(),
+            store: None,
         })
     }
 
@@ -695,12 +796,34 @@ impl Shared {
                 i.reset_requested = false;
                 // The queue was dropped by reset() itself: calls queued
                 // after it belong to the fresh session.
-                i.record_reset("reset");
+                if std::mem::take(&mut i.restore_requested) && i.checkpoint.is_some() {
+                    i.record_reset("restore");
+                    i.restore_next = Some("restore".into());
+                    i.dirty = false;
+                } else {
+                    i.record_reset("reset");
+                    i.restore_next = None;
+                }
+                if i.restore_next.is_none() && i.checkpoint.take().is_some() {
+                    if let Some(store) = &self.store {
+                        let _ = store.delete(&self.checkpoint_key());
+                    }
+                }
                 if let Some(w) = worker.take() {
                     drop(i);
                     retire(source, w);
                     i = lock(&self.inner);
                 }
+                continue;
+            }
+            if !i.checkpoint_waiters.is_empty() {
+                let waiters = std::mem::take(&mut i.checkpoint_waiters);
+                drop(i);
+                let out = self.take_checkpoint(worker, source);
+                for w in waiters {
+                    let _ = w.send(out.clone());
+                }
+                i = lock(&self.inner);
                 continue;
             }
             if let Some(p) = i.queue.pop_front() {
@@ -715,8 +838,202 @@ impl Shared {
             if worker.is_some() {
                 i.state = SessionState::Idle;
             }
-            i = self.cv.wait(i).unwrap_or_else(|e| e.into_inner());
+            // Idle: checkpoint a changed state, hibernate a long-idle one.
+            let mut wake: Option<Duration> = None;
+            if self.store.is_some() && worker.is_some() {
+                let idle = i.idle_since.elapsed();
+                let hibernate_in = self.opts.hibernate_after.map(|h| h.saturating_sub(idle));
+                if i.hibernate_requested || hibernate_in == Some(Duration::ZERO) {
+                    i.hibernate_requested = false;
+                    drop(i);
+                    self.hibernate(worker, source);
+                    i = lock(&self.inner);
+                    continue;
+                }
+                let checkpoint_in = self
+                    .opts
+                    .checkpoint_after
+                    .filter(|_| i.dirty)
+                    .map(|c| c.saturating_sub(idle));
+                if checkpoint_in == Some(Duration::ZERO) {
+                    drop(i);
+                    if self.take_checkpoint(worker, source).is_err() {
+                        // Tried once; the next call makes it due again.
+                        lock(&self.inner).dirty = false;
+                    }
+                    i = lock(&self.inner);
+                    continue;
+                }
+                wake = [hibernate_in, checkpoint_in].into_iter().flatten().min();
+            }
+            i = match wake {
+                Some(d) => {
+                    self.cv
+                        .wait_timeout(i, d)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.cv.wait(i).unwrap_or_else(|e| e.into_inner()),
+            };
         }
+    }
+
+    /// The store's key of this session's checkpoint.
+    fn checkpoint_key(&self) -> String {
+        self.opts
+            .checkpoint_key
+            .clone()
+            .unwrap_or_else(|| self.id.clone())
+    }
+
+    /// Checkpoints the session's state into its store, unless no call ran
+    /// since the last checkpoint (then that one is the answer).
+    fn take_checkpoint(
+        &self,
+        worker: &mut Option<Worker>,
+        source: &mut impl WorkerSource,
+    ) -> Result<CheckpointInfo, String> {
+        let Some(store) = self.store.clone() else {
+            return Err(
+                "this session has no checkpoint store; start the supervisor with one \
+                        (SupervisorConfig::checkpoints, rvisor serve --state-dir)"
+                    .into(),
+            );
+        };
+        let key = self.checkpoint_key();
+        {
+            let i = lock(&self.inner);
+            if let (false, Some(m)) = (i.dirty, &i.checkpoint) {
+                return Ok(CheckpointInfo {
+                    key,
+                    bytes: m.compressed_bytes,
+                    written: false,
+                    manifest: m.clone(),
+                });
+            }
+        }
+        let Some(w) = worker.as_mut() else {
+            return Err("nothing to checkpoint: no call has run in this session yet".into());
+        };
+        // A directory given by the caller outlives the session's workers.
+        let file_bytes = if self.working_dir.is_some() && !self.owns_working_dir {
+            0
+        } else {
+            self.opts.checkpoint_file_bytes
+        };
+        let taken = w.checkpoint(
+            self.working_dir.as_deref(),
+            file_bytes,
+            self.opts.startup_timeout,
+        );
+        if let Some(status) = died_idle(w) {
+            if let Some(w) = worker.take() {
+                source.forget(&w);
+            }
+            let reason = exit_reason(Some(status));
+            let mut i = lock(&self.inner);
+            i.record_reset(reason);
+            if self.opts.restore_after_kill && i.checkpoint.is_some() {
+                i.restore_next = Some(reason.to_string());
+            }
+        }
+        let bytes = taken.map_err(|e| format!("the checkpoint failed: {e}"))?;
+        let manifest = Manifest::read(&bytes)?;
+        store
+            .put(&key, &bytes)
+            .map_err(|e| format!("could not store the checkpoint under {key:?} ({e})"))?;
+        let mut i = lock(&self.inner);
+        i.dirty = false;
+        i.checkpoint = Some(manifest.clone());
+        Ok(CheckpointInfo {
+            key,
+            bytes: bytes.len() as u64,
+            written: true,
+            manifest,
+        })
+    }
+
+    /// Checkpoints the session and releases its worker; the next call
+    /// restores it. If the checkpoint fails the worker stays.
+    fn hibernate(&self, worker: &mut Option<Worker>, source: &mut impl WorkerSource) {
+        if self.take_checkpoint(worker, source).is_err() {
+            // Try again after another idle period.
+            lock(&self.inner).idle_since = Instant::now();
+            return;
+        }
+        if let Some(w) = worker.take() {
+            retire(source, w);
+        }
+        let mut i = lock(&self.inner);
+        i.state = SessionState::Hibernated;
+        i.pid = None;
+        i.canceller = None;
+        i.interrupter = None;
+        i.restore_next = Some("hibernated".into());
+    }
+
+    /// A worker for the session's next generation, with the last
+    /// checkpoint loaded when the session comes back from hibernation or a
+    /// kill. A checkpoint that cannot be loaded gives a fresh worker (the
+    /// one that tried may hold part of it) and the next result says why.
+    fn start_worker(&self, source: &mut impl WorkerSource) -> Result<Worker, Error> {
+        let mut w = source.start()?;
+        let Some(reason) = lock(&self.inner).restore_next.take() else {
+            let mut i = lock(&self.inner);
+            i.install(&w);
+            i.dirty = false;
+            i.idle_since = Instant::now();
+            return Ok(w);
+        };
+        match self.load_checkpoint(&mut w) {
+            Ok(m) => {
+                let mut i = lock(&self.inner);
+                i.install(&w);
+                i.dirty = false;
+                i.idle_since = Instant::now();
+                i.unreported_restore = Some(rvisor_protocol::Restored {
+                    checkpoint_age_seconds: m.age_seconds(),
+                    checkpoint_at: m.taken_at(),
+                    lost: m.unsaved.iter().map(|u| u.name.clone()).collect(),
+                    reason,
+                });
+                Ok(w)
+            }
+            Err(why) => {
+                retire(source, w);
+                let w = source.start()?;
+                let mut i = lock(&self.inner);
+                if i.unreported_reset.is_none() {
+                    i.record_reset(&format!("restore_failed: {why}"));
+                }
+                i.install(&w);
+                i.restore_failure = Some(why);
+                i.checkpoint = None;
+                i.dirty = false;
+                i.idle_since = Instant::now();
+                Ok(w)
+            }
+        }
+    }
+
+    /// Loads the session's checkpoint from its store into `w`.
+    fn load_checkpoint(&self, w: &mut Worker) -> Result<Manifest, String> {
+        let store = self
+            .store
+            .as_ref()
+            .ok_or_else(|| "the session has no checkpoint store".to_string())?;
+        let key = self.checkpoint_key();
+        let bytes = store
+            .get(&key)
+            .map_err(|e| format!("could not read it from the store ({e})"))?
+            .ok_or_else(|| format!("the store has no checkpoint {key:?}"))?;
+        let m = Manifest::read(&bytes)?;
+        w.restore(
+            &bytes,
+            self.working_dir.as_deref(),
+            self.opts.startup_timeout,
+        )?;
+        Ok(m)
     }
 
     /// The result of `call` when no worker could start for it.
@@ -775,16 +1092,19 @@ impl Shared {
                     source.forget(&w);
                 }
                 let mut i = lock(&self.inner);
-                i.record_reset(exit_reason(Some(status)));
+                let reason = exit_reason(Some(status));
+                i.record_reset(reason);
+                if self.opts.restore_after_kill && i.checkpoint.is_some() {
+                    i.restore_next = Some(reason.to_string());
+                }
                 i.state = SessionState::Starting;
             }
 
             // Start a worker if there is none (lazily, or after a reset).
             if worker.is_none() {
-                match source.start() {
+                match self.start_worker(&mut source) {
                     Ok(w) => {
                         let mut i = lock(&self.inner);
-                        i.install(&w);
                         i.state = SessionState::Running;
                         worker = Some(w);
                     }
@@ -810,6 +1130,8 @@ impl Shared {
             i.running = None;
             i.live = None;
             i.stamp(&self.id, &mut res);
+            i.dirty = true;
+            i.idle_since = Instant::now();
             if alive {
                 i.state = if i.queue.is_empty() {
                     SessionState::Idle
@@ -820,7 +1142,11 @@ impl Shared {
                 if let Some(w) = worker.take() {
                     source.forget(&w);
                 }
-                i.note_reset(call_end_reason(&res, exit));
+                let reason = call_end_reason(&res, exit);
+                i.note_reset(reason);
+                if self.opts.restore_after_kill && i.checkpoint.is_some() && reason != "quit" {
+                    i.restore_next = Some(reason.to_string());
+                }
                 i.state = SessionState::Starting;
             }
             let respawn = !alive && !i.closed;
@@ -830,9 +1156,8 @@ impl Shared {
             // After a reset, start the next worker at once so the next call
             // does not pay for it (if it fails, the next call tries again).
             if respawn {
-                if let Ok(w) = source.start() {
+                if let Ok(w) = self.start_worker(&mut source) {
                     let mut i = lock(&self.inner);
-                    i.install(&w);
                     if i.running.is_none() && i.queue.is_empty() {
                         i.state = SessionState::Idle;
                     }
@@ -846,6 +1171,11 @@ impl Shared {
         let mut i = lock(&self.inner);
         i.state = SessionState::Closed;
         i.pid = None;
+        i.checkpoint_waiters.clear();
+        if let (Some(store), true) = (&self.store, i.checkpoint.is_some()) {
+            // A closed session's checkpoint is of no use to anyone.
+            let _ = store.delete(&self.checkpoint_key());
+        }
         i.drop_queue(
             Outcome::Closed,
             "the session was closed before this call ran",
@@ -1096,6 +1426,61 @@ impl Session {
         s.cv.notify_all();
     }
 
+    /// Checkpoints the session's state now (after the running call, before
+    /// the queued ones) into the supervisor's checkpoint store and returns
+    /// what it holds. Costs nothing when no call ran since the last
+    /// checkpoint (`written: false`). Blocks until it is done.
+    pub fn checkpoint(&self) -> Result<CheckpointInfo, String> {
+        let s = self.shared();
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let mut i = lock(&s.inner);
+            if i.closed {
+                return Err("the session is closed".into());
+            }
+            i.checkpoint_waiters.push(tx);
+        }
+        s.cv.notify_all();
+        rx.recv()
+            .map_err(|_| "the session closed before the checkpoint was taken".to_string())?
+    }
+
+    /// Rolls the session back to its last checkpoint: like
+    /// [`Session::reset`] (the running call is cancelled, queued calls
+    /// become `not_executed`), but the next worker loads the checkpoint.
+    /// Fails when the session has none.
+    pub fn restore(&self) -> Result<(), String> {
+        let s = self.shared();
+        let mut i = lock(&s.inner);
+        if i.closed {
+            return Err("the session is closed".into());
+        }
+        if i.checkpoint.is_none() {
+            return Err("the session has no checkpoint to restore; take one first".into());
+        }
+        i.reset_requested = true;
+        i.restore_requested = true;
+        i.drop_queue(
+            Outcome::NotExecuted,
+            "not executed: the session was rolled back to its checkpoint before this call ran",
+        );
+        if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
+            c.cancel(&id);
+        }
+        drop(i);
+        s.cv.notify_all();
+        Ok(())
+    }
+
+    /// Hibernates the session as soon as it is idle: checkpoint, worker
+    /// released, state `hibernated`; the next call restores it. Does
+    /// nothing without a checkpoint store or a worker.
+    pub fn hibernate(&self) {
+        let s = self.shared();
+        lock(&s.inner).hibernate_requested = true;
+        s.cv.notify_all();
+    }
+
     /// Closes the session for good: the running call is cancelled, queued
     /// calls resolve as `closed`, the worker ends.
     pub fn close(&self) {
@@ -1130,6 +1515,9 @@ pub struct SupervisorConfig {
     /// are `s-{hex}`. The caller checks the form (the server's
     /// `cluster::NodeId`); it must not contain `/`.
     pub node_id: Option<String>,
+    /// Where sessions keep their checkpoints (none: sessions are not
+    /// durable: no checkpoints, no hibernation, a kill starts empty).
+    pub checkpoints: Option<Arc<dyn CheckpointStore>>,
 }
 
 #[derive(Debug)]
@@ -1306,7 +1694,10 @@ impl Supervisor {
             EnvPolicy::Names(n) => worker_cfg.env.extend(n.iter().cloned()),
             EnvPolicy::Minimal => {}
         }
-        let shared = Shared::new(id.clone(), opts, working_dir, owns);
+        let mut shared = Shared::new(id.clone(), opts, working_dir, owns);
+        if let Some(s) = Arc::get_mut(&mut shared) {
+            s.store = self.inner.cfg.checkpoints.clone();
+        }
         let source = PoolSource {
             pool: self.inner.pool.clone(),
             cfg: worker_cfg,

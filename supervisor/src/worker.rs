@@ -15,8 +15,8 @@ use crate::process::{launch, OsTransport, Proc, TempDir, Transport};
 use crate::tools::{CallContext, ToolCall};
 use rvisor_protocol::bounds::{self, result_frame_limit};
 use rvisor_protocol::{
-    ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment, StreamMode, ToWorker,
-    WorkerHello, ENV_WORKER_FD, PROTOCOL_VERSION,
+    ErrorInfo, FromWorker, Outcome, RunRequest, RunResult, Segment, StateOutcome, StreamMode,
+    ToWorker, WorkerHello, ENV_WORKER_FD, PROTOCOL_VERSION,
 };
 use rvisor_protocol::{ToolOutcome, DEFAULT_MAX_OUTPUT_BYTES, MAX_TOOL_RESULT_BYTES};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -853,6 +853,100 @@ impl Worker {
         }
     }
 
+    /// Has the worker write its session's state (see
+    /// `ToWorker::Checkpoint`) and returns the checkpoint file's bytes. The
+    /// file is a memfd passed to the worker, so a confined worker writes it
+    /// without seeing any host path. The worker is killed if it does not
+    /// answer within `timeout`.
+    pub fn checkpoint(
+        &mut self,
+        working_dir: Option<&Path>,
+        max_file_bytes: u64,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, String> {
+        use std::io::{Read, Seek};
+        let mut file = memfd("rvisor-checkpoint")?;
+        let msg = ToWorker::Checkpoint {
+            working_dir: working_dir.map(|p| p.display().to_string()),
+            max_file_bytes,
+        };
+        self.state_exchange(&msg, &file, timeout)?;
+        let mut bytes = Vec::new();
+        file.rewind()
+            .and_then(|_| file.read_to_end(&mut bytes))
+            .map_err(|e| format!("could not read the checkpoint back ({e})"))?;
+        Ok(bytes)
+    }
+
+    /// Loads checkpoint `bytes` into this worker (before its first call).
+    pub fn restore(
+        &mut self,
+        bytes: &[u8],
+        working_dir: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        use std::io::{Seek, Write};
+        let mut file = memfd("rvisor-restore")?;
+        file.write_all(bytes)
+            .and_then(|_| file.rewind())
+            .map_err(|e| format!("could not stage the checkpoint ({e})"))?;
+        let msg = ToWorker::Restore {
+            working_dir: working_dir.map(|p| p.display().to_string()),
+        };
+        self.state_exchange(&msg, &file, timeout).map(|_| ())
+    }
+
+    /// Sends a checkpoint or restore request with `file` attached and waits
+    /// for its answer.
+    fn state_exchange(
+        &mut self,
+        msg: &ToWorker,
+        file: &std::fs::File,
+        timeout: Duration,
+    ) -> Result<String, String> {
+        if self.exited || self.link_closed() {
+            return Err("the worker is not running".into());
+        }
+        self.transport
+            .send(msg, &[file.as_raw_fd()])
+            .map_err(|e| format!("could not send the request to the worker ({e})"))?;
+        let end = Instant::now() + timeout;
+        loop {
+            match self
+                .events
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+            {
+                Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
+                Ok(LinkEvent::Frame(Ok(
+                    FromWorker::Checkpointed { outcome } | FromWorker::Restored { outcome },
+                ))) => {
+                    self.raw = [Vec::new(), Vec::new()];
+                    return match outcome {
+                        StateOutcome::Done(json) => Ok(json),
+                        StateOutcome::Failed(why) => Err(why),
+                    };
+                }
+                Ok(LinkEvent::Frame(Err(e))) => {
+                    self.link_closed = true;
+                    return Err(format!("the worker ended ({e})"));
+                }
+                Ok(LinkEvent::Oversized(why)) => {
+                    self.kill();
+                    self.link_closed = true;
+                    return Err(why);
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    self.kill();
+                    return Err(format!(
+                        "the worker did not answer within {} s and was killed",
+                        timeout.as_secs_f64()
+                    ));
+                }
+            }
+        }
+    }
+
     /// Asks the worker to exit and waits for it (kills it after `wait`).
     pub fn shutdown(mut self, wait: Duration) {
         let _ = self.transport.send(&ToWorker::Shutdown, &[]);
@@ -968,6 +1062,23 @@ impl Drop for Worker {
 const CPU_POLL: Duration = Duration::from_millis(100);
 
 /// CPU time (ns) in a cgroup's `cpuacct.usage`.
+/// An anonymous in-memory file (closed on exec).
+fn memfd(name: &str) -> Result<std::fs::File, String> {
+    use std::os::fd::FromRawFd;
+    let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: memfd_create with a NUL-terminated name we own; the returned
+    // descriptor, when valid, is owned by nobody else and moves into File.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!(
+            "could not create a file for the checkpoint ({})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by this call.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
 fn read_cpu_ns(f: &Path) -> Option<u64> {
     std::fs::read_to_string(f).ok()?.trim().parse().ok()
 }

@@ -271,6 +271,85 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
     Ok(report)
 }
 
+/// Durable sessions: a session holding 10 MB of R objects checkpointed
+/// (the call that takes it, the worker's own part in the note), then
+/// hibernated and woken by its next call (restore + the call's result).
+fn durable_rows(k: usize) -> Result<Vec<Stats>, String> {
+    let dir = std::env::temp_dir().join(format!("rvisor-bench-state-{}", std::process::id()));
+    let store = Arc::new(rvisor::checkpoint::DirStore::new(&dir).map_err(|e| e.to_string())?);
+    let sup = Supervisor::new(SupervisorConfig {
+        checkpoints: Some(store),
+        ..SupervisorConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    sup.pool().wait_ready(Duration::from_secs(120));
+    let s = sup
+        .session_with(SessionOptions {
+            checkpoint_after: None,
+            hibernate_after: None,
+            ..SessionOptions::default()
+        })
+        .map_err(|e| e.to_string())?;
+    let built = s
+        .run("big <- rnorm(1.25e6); invisible(gc())")
+        .map_err(|e| e.to_string())?
+        .wait();
+    if built.outcome != Outcome::Complete {
+        return Err(format!("the durable bench's state: {}", built.console));
+    }
+    let (mut checkpoint, mut worker_part, mut restore) = (Vec::new(), Vec::new(), Vec::new());
+    let mut bytes = 0;
+    for i in 0..k.max(3) {
+        s.run(&format!("big[1] <- {i}"))
+            .map_err(|e| e.to_string())?
+            .wait();
+        let t = Instant::now();
+        let info = s.checkpoint()?;
+        checkpoint.push(ms(t.elapsed()));
+        worker_part.push(info.manifest.checkpoint_ms);
+        bytes = info.bytes;
+        s.hibernate();
+        let end = Instant::now() + Duration::from_secs(30);
+        while s.status().state != rvisor::SessionState::Hibernated {
+            if Instant::now() > end {
+                return Err("the session did not hibernate".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sup.pool().wait_ready(Duration::from_secs(30));
+        let t = Instant::now();
+        let r = s.run("big[1]").map_err(|e| e.to_string())?.wait();
+        if r.outcome == Outcome::Complete && r.session.restored.is_some() {
+            restore.push(ms(t.elapsed()));
+        }
+    }
+    worker_part.sort_by(|a, b| a.total_cmp(b));
+    let worker_median = worker_part
+        .get(worker_part.len() / 2)
+        .copied()
+        .unwrap_or(0.0);
+    s.close();
+    drop(sup);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(vec![
+        summarise(
+            "checkpoint_10mb_session",
+            "rvisor",
+            checkpoint,
+            Some(format!(
+                "Session::checkpoint of 10 MB of doubles: {bytes} bytes stored; \
+                 the worker's serialise + LZ4 + write: {worker_median:.1} ms median"
+            )),
+        ),
+        summarise(
+            "restore_10mb_session_next_call",
+            "rvisor",
+            restore,
+            Some("hibernated session: spare + restore + the call's result".into()),
+        ),
+    ])
+}
+
 fn summarise(workload: &str, system: &str, mut ms: Vec<f64>, note: Option<String>) -> Stats {
     if ms.is_empty() {
         return Stats {
@@ -914,6 +993,7 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         kill,
         Some("reset (kill + spare hand-over), then 1+1".into()),
     ));
+    extra.extend(durable_rows(k)?);
     // The worker's own round trip (no session queue), for reference.
     let mut w = sup
         .pool()

@@ -1,0 +1,382 @@
+//! Durable sessions end to end against real R: checkpoints, hibernation
+//! and restore, restore after a kill, damaged checkpoints.
+//!
+//! Workers are confined (the default). Every wait is on a condition with a
+//! deadline; no test asserts a duration.
+
+use rvisor::checkpoint::{CheckpointStore, DirStore};
+use rvisor::{
+    Outcome, RunResult, Session, SessionOptions, SessionState, Supervisor, SupervisorConfig,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long anything may take before the test calls it a hang.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A fresh state directory under the system's temporary directory.
+fn state_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "rvisor-durable-{tag}-{}-{}",
+        std::process::id(),
+        rvisor::ids::random_hex(4)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A confined supervisor whose sessions checkpoint into `dir`.
+fn supervisor(dir: &std::path::Path) -> (Supervisor, Arc<DirStore>) {
+    let store = Arc::new(DirStore::new(dir).unwrap());
+    let sup = Supervisor::new(SupervisorConfig {
+        checkpoints: Some(store.clone()),
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor starts");
+    (sup, store)
+}
+
+/// Session options with no automatic checkpoints or hibernation: the tests
+/// ask for them.
+fn manual() -> SessionOptions {
+    SessionOptions {
+        checkpoint_after: None,
+        hibernate_after: None,
+        ..SessionOptions::default()
+    }
+}
+
+fn run(s: &Session, code: &str) -> RunResult {
+    let r = s.run(code).expect("queued").wait();
+    assert!(
+        matches!(r.outcome, Outcome::Complete | Outcome::Error),
+        "{code}: {:?} {:?} {}",
+        r.outcome,
+        r.error,
+        r.console
+    );
+    r
+}
+
+fn ok(s: &Session, code: &str) -> RunResult {
+    let r = run(s, code);
+    assert_eq!(
+        r.outcome,
+        Outcome::Complete,
+        "{code}: {:?} {}",
+        r.error,
+        r.console
+    );
+    r
+}
+
+fn wait_state(s: &Session, want: SessionState) {
+    let end = Instant::now() + DEADLINE;
+    while s.status().state != want {
+        assert!(Instant::now() < end, "state stayed {:?}", s.status().state);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The state every restore test builds: objects, a closure, an attached
+/// package, an option, an environment variable, the RNG mid-stream, a file.
+const BUILD: &str = r#"
+x <- 1:10
+df <- data.frame(a = 1:3, b = c("p", "q", "r"))
+f <- function(n) n + length(x)
+e <- new.env(); e$v <- 42; e2 <- e
+library(splines)
+options(digits = 4, rvisor.test = "kept")
+Sys.setenv(RVISOR_TEST_VAR = "yes")
+RNGkind("L'Ecuyer-CMRG")
+set.seed(7); invisible(runif(3))
+writeLines(c("line 1", "line 2"), "notes.txt")
+dir.create("sub"); saveRDS(1:3, "sub/v.rds")
+"#;
+
+/// What the state must look like (the same in a twin that never slept).
+const CHECK: &str = r#"cat(sum(x), nrow(df), f(1), identical(e, e2), e2$v,
+  "package:splines" %in% search(), getOption("digits"), getOption("rvisor.test"),
+  Sys.getenv("RVISOR_TEST_VAR"), RNGkind()[1], readLines("notes.txt")[2],
+  sum(readRDS("sub/v.rds")), "\n")
+cat(format(runif(3), digits = 15), "\n")"#;
+
+#[test]
+fn hibernate_and_restore_bring_back_objects_packages_options_rng_and_files() {
+    let dir = state_dir("hib");
+    let (sup, store) = supervisor(&dir);
+    let s = sup.session_with(manual()).unwrap();
+    let twin = sup.session_with(manual()).unwrap();
+    ok(&s, BUILD);
+    ok(&twin, BUILD);
+
+    let info = s.checkpoint().expect("checkpoint");
+    assert!(info.written);
+    let m = &info.manifest;
+    for name in ["x", "df", "f", "e", "e2", ".Random.seed"] {
+        assert!(
+            m.objects.iter().any(|o| o == name),
+            "{name} in {:?}",
+            m.objects
+        );
+    }
+    assert!(
+        m.attached.iter().any(|p| p == "splines"),
+        "{:?}",
+        m.attached
+    );
+    assert!(m.options_changed.iter().any(|o| o == "rvisor.test"));
+    assert!(m.env_changed.iter().any(|o| o == "RVISOR_TEST_VAR"));
+    assert!(m.files.iter().any(|f| f == "notes.txt"), "{:?}", m.files);
+    assert!(m.files.iter().any(|f| f == "sub/v.rds"), "{:?}", m.files);
+    assert!(store.get(&info.key).unwrap().is_some());
+
+    // Nothing ran since: the same checkpoint, not written again.
+    let again = s.checkpoint().unwrap();
+    assert!(!again.written);
+
+    s.hibernate();
+    wait_state(&s, SessionState::Hibernated);
+    assert_eq!(s.status().pid, None);
+
+    let back = ok(&s, CHECK);
+    let restored = back.session.restored.clone().expect("restored");
+    assert_eq!(restored.reason, "hibernated");
+    assert!(restored.lost.is_empty(), "{:?}", restored.lost);
+    assert!(!back.session.fresh);
+    assert!(
+        back.console.contains("woke the session from hibernation"),
+        "{}",
+        back.console
+    );
+    let want = ok(&twin, CHECK);
+    // The same values, the same RNG stream: the restored session's output
+    // equals the twin's that never slept (after the one notice line).
+    let body: String = back
+        .console
+        .lines()
+        .filter(|l| !l.starts_with("rvisor:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(body, want.console);
+    assert!(
+        want.console
+            .starts_with("55 3 11 TRUE 42 TRUE 4 kept yes L'Ecuyer-CMRG line 2 6"),
+        "{}",
+        want.console
+    );
+    // Only the first result after the restore says so.
+    assert!(ok(&s, "1").session.restored.is_none());
+    s.close();
+    twin.close();
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn objects_that_cannot_be_saved_are_named_and_the_rest_comes_back() {
+    let dir = state_dir("unsaved");
+    let (sup, _store) = supervisor(&dir);
+    let s = sup.session_with(manual()).unwrap();
+    ok(
+        &s,
+        "keep <- 1:3; con <- textConnection('abc'); xp <- methods:::.newExternalptr()
+         nested <- list(a = 1, p = xp)",
+    );
+    let info = s.checkpoint().unwrap();
+    let mut unsaved: Vec<(String, String)> = info
+        .manifest
+        .unsaved
+        .iter()
+        .map(|u| (u.name.clone(), u.reason.clone()))
+        .collect();
+    unsaved.sort();
+    assert_eq!(
+        unsaved,
+        vec![
+            ("con".to_string(), "connection".to_string()),
+            ("nested".to_string(), "external pointer".to_string()),
+            ("xp".to_string(), "external pointer".to_string()),
+        ]
+    );
+    s.hibernate();
+    wait_state(&s, SessionState::Hibernated);
+    let r = ok(
+        &s,
+        "cat(sum(keep), exists('con'), exists('xp'), exists('nested'), '\\n')",
+    );
+    let restored = r.session.restored.expect("restored");
+    let mut lost = restored.lost.clone();
+    lost.sort();
+    assert_eq!(lost, vec!["con", "nested", "xp"]);
+    assert!(r.console.contains("not restored: "), "{}", r.console);
+    assert!(
+        r.console.ends_with("6 FALSE FALSE FALSE \n"),
+        "{}",
+        r.console
+    );
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_call_killed_at_its_timeout_restores_the_last_checkpoint() {
+    let dir = state_dir("kill");
+    let (sup, _store) = supervisor(&dir);
+    let s = sup
+        .session_with(SessionOptions {
+            grace: Duration::from_millis(300),
+            ..manual()
+        })
+        .unwrap();
+    ok(&s, "a <- 'checkpointed'; set.seed(1)");
+    let info = s.checkpoint().unwrap();
+    ok(&s, "b <- 'after the checkpoint'");
+    // R holds interrupts off: the timeout's interrupt goes unanswered and
+    // the worker is killed after the grace period.
+    let killed = s
+        .run_with(
+            "suspendInterrupts(repeat {})",
+            &rvisor::RunOptions {
+                timeout: Some(Duration::from_millis(500)),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .wait();
+    assert_eq!(killed.outcome, Outcome::TimedOut, "{}", killed.console);
+    let r = ok(&s, "cat(a, exists('b'), runif(1), '\\n')");
+    assert_eq!(r.session.reset_reason.as_deref(), Some("timeout"));
+    assert!(!r.session.fresh);
+    assert_eq!(r.session.generation, 2);
+    let restored = r.session.restored.clone().expect("restored");
+    assert_eq!(restored.reason, "timeout");
+    assert_eq!(restored.checkpoint_at, info.manifest.taken_at());
+    assert!(
+        r.console
+            .contains("restored the state from the checkpoint of"),
+        "{}",
+        r.console
+    );
+    assert!(
+        r.console.ends_with("checkpointed FALSE 0.2655087 \n"),
+        "{}",
+        r.console
+    );
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_damaged_checkpoint_gives_a_fresh_session_that_says_why() {
+    let dir = state_dir("damaged");
+    let (sup, store) = supervisor(&dir);
+    let s = sup.session_with(manual()).unwrap();
+    ok(&s, "x <- rnorm(1000)");
+    let info = s.checkpoint().unwrap();
+    s.hibernate();
+    wait_state(&s, SessionState::Hibernated);
+    let mut bytes = store.get(&info.key).unwrap().unwrap();
+    // Flip bytes inside the compressed state (after the magic, before the
+    // manifest): the frame's checksum no longer matches.
+    for b in &mut bytes[20..40] {
+        *b ^= 0x5a;
+    }
+    store.put(&info.key, &bytes).unwrap();
+    let r = ok(&s, "exists('x')");
+    let reason = r.session.reset_reason.clone().unwrap_or_default();
+    assert!(reason.starts_with("restore_failed: "), "{reason}");
+    assert!(reason.contains("damaged"), "{reason}");
+    assert!(r.session.fresh);
+    assert!(r.session.restored.is_none());
+    assert!(r.console.contains("could not be restored"), "{}", r.console);
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    // The session goes on.
+    assert_eq!(ok(&s, "1 + 1").console, "[1] 2\n");
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_idle_session_hibernates_by_itself_and_a_closed_one_leaves_no_checkpoint() {
+    let dir = state_dir("idle");
+    let (sup, store) = supervisor(&dir);
+    let s = sup
+        .session_with(SessionOptions {
+            hibernate_after: Some(Duration::from_millis(300)),
+            checkpoint_after: Some(Duration::from_millis(100)),
+            ..SessionOptions::default()
+        })
+        .unwrap();
+    ok(&s, "v <- 'slept'");
+    wait_state(&s, SessionState::Hibernated);
+    assert_eq!(store.list().unwrap(), vec![s.id().to_string()]);
+    let r = ok(&s, "v");
+    assert_eq!(r.session.restored.expect("restored").reason, "hibernated");
+    assert!(r.console.ends_with("[1] \"slept\"\n"), "{}", r.console);
+    s.close();
+    let end = Instant::now() + DEADLINE;
+    while !store.list().unwrap().is_empty() {
+        assert!(
+            Instant::now() < end,
+            "the checkpoint of a closed session stays"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn session_jsonl_checkpoints_and_rolls_back_to_the_checkpoint() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = state_dir("jsonl");
+    let mut child = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .args(["session", "--jsonl", "--state-dir"])
+        .arg(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the CLI");
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut ask = move |req: serde_json::Value| -> serde_json::Value {
+        writeln!(stdin, "{req}").unwrap();
+        let line = lines.recv_timeout(DEADLINE).expect("an answer");
+        serde_json::from_str(&line).unwrap()
+    };
+    let r = ask(serde_json::json!({"id": 1, "op": "run", "code": "v <- 'saved'"}));
+    assert_eq!(r["result"]["outcome"], "complete", "{r}");
+    let c = ask(serde_json::json!({"id": 2, "op": "checkpoint"}));
+    assert_eq!(c["checkpoint"]["written"], true, "{c}");
+    assert!(
+        c["checkpoint"]["manifest"]["objects"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("v")),
+        "{c}"
+    );
+    ask(serde_json::json!({"id": 3, "op": "run", "code": "v <- 'changed'; w <- 1"}));
+    let st = ask(serde_json::json!({"id": 4, "op": "restore"}));
+    assert!(st.get("error").is_none(), "{st}");
+    let r = ask(serde_json::json!({"id": 5, "op": "run", "code": "cat(v, exists('w'))"}));
+    let r = &r["result"];
+    assert_eq!(r["session"]["restored"]["reason"], "restore", "{r}");
+    assert_eq!(r["session"]["reset_reason"], "restore", "{r}");
+    assert!(
+        r["console"].as_str().unwrap().ends_with("saved FALSE"),
+        "{r}"
+    );
+    drop(ask);
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
