@@ -25,7 +25,8 @@
 //! This is the bottom layer of the worker: it imports only `ffi` (and the
 //! protocol's caps), and is the only module that imports `libR-sys`; the
 //! R layer above (`values`, `hydrate`, `tools`, `eval`) reaches the raw API
-//! through [`sys`], inside closures run by [`protected`]. What R's hooks do
+//! through [`sys`], inside closures run by [`protected`], and `interrupt`
+//! raises R's interrupt flag through [`set_interrupt_pending`]. What R's hooks do
 //! with what they receive (capture, outcome, tool calls) is the business of
 //! the modules above, which hand it in as [`Hooks`].
 
@@ -472,6 +473,42 @@ pub unsafe fn mk_char(s: &str) -> SEXP {
             cetype_t::CE_UTF8,
         )
     }
+}
+
+/// Raises (true) or clears (false) R's pending-interrupt flag
+/// (`R_interrupts_pending`), which R polls in loops, `Sys.sleep` and long
+/// internals, then signals an `interrupt` condition.
+///
+/// Async-signal-safe, and the one R global touched from outside the R
+/// thread's normal flow: the SIGINT handler calls it (`interrupt`), on
+/// whichever thread the signal lands (the worker has one). Needs no
+/// [`RThread`]: it is one volatile store to an `int`, which R reads with
+/// no lock, and it allocates nothing and cannot raise an R error.
+pub fn set_interrupt_pending(on: bool) {
+    // SAFETY: R_interrupts_pending is a plain C `int` in libR (always
+    // present once the worker is linked); a volatile aligned store is
+    // atomic with respect to a signal handler and to R's own reads.
+    unsafe {
+        std::ptr::write_volatile(
+            std::ptr::addr_of_mut!(R_interrupts_pending),
+            c_int::from(on),
+        )
+    };
+}
+
+/// Binds `sym` to `v` in the base environment, as R's own REPL sets
+/// `.Last.value` and `last.warning`: R code cannot add a binding there
+/// (the base environment's frame is locked: "cannot add binding of
+/// 'last.warning' to the base environment"), so R's C code sets the
+/// symbol's value directly, which is what this does.
+///
+/// # Safety
+/// On the R thread; `sym` is a symbol and `v` a live object (the base
+/// environment keeps it reachable from then on).
+pub unsafe fn set_base_value(sym: SEXP, v: SEXP) {
+    // SAFETY: per the function's contract; SET_SYMVALUE only stores the
+    // pointer (with R's write barrier) and cannot raise an error.
+    unsafe { ffi::SET_SYMVALUE(sym, v) }
 }
 
 /// Parses `code` and evaluates each expression in `env` inside
