@@ -506,6 +506,9 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                         Rf_PrintValue(v);
                     }
                 }
+                // Then the task callbacks, as R's REPL runs them (after
+                // the value was printed, before the warnings are shown).
+                r::run_task_callbacks(VECTOR_ELT(exprs, i), v, visible);
             }
         });
         r::quiet_stderr(false);

@@ -496,6 +496,18 @@ pub fn set_interrupt_pending(on: bool) {
     };
 }
 
+/// Runs R's task callbacks (`addTaskCallback()`, `taskCallbackManager()`)
+/// for top-level expression `expr` that succeeded with `value`, as R's
+/// REPL (and Rscript) does after each expression has been printed.
+///
+/// # Safety
+/// On the R thread, inside a top-level context (a callback's error jumps
+/// to it); `expr` and `value` are protected.
+pub unsafe fn run_task_callbacks(expr: SEXP, value: SEXP, visible: bool) {
+    // SAFETY: per the function's contract.
+    unsafe { ffi::Rf_callToplevelHandlers(expr, value, 1, c_int::from(visible)) }
+}
+
 /// Binds `sym` to `v` in the base environment, as R's own REPL sets
 /// `.Last.value` and `last.warning`: R code cannot add a binding there
 /// (the base environment's frame is locked: "cannot add binding of

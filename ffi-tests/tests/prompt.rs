@@ -136,6 +136,34 @@ fn warnings_shows_the_last_expression_that_warned_as_at_the_prompt() {
 }
 
 #[test]
+fn task_callbacks_run_after_each_top_level_expression_as_in_r() {
+    // R's REPL and Rscript run them after each expression (its value
+    // printed first), from the one that added the callback on, across
+    // calls, until the callback returns FALSE. The expected text is
+    // Rscript's for the same lines.
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "n <- 0\n\
+         id <- addTaskCallback(function(expr, value, ok, visible) {\n\
+           n <<- n + 1; cat('after', deparse(expr)[1], visible, '\\n'); n < 4 })\n\
+         1 + 1\n\
+         invisible(2)",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(
+        r.console,
+        "after id <- addTaskCallback(function(expr, value, ok, visible) { FALSE \n\
+         [1] 2\nafter 1 + 1 TRUE \nafter invisible(2) FALSE \n"
+    );
+    let r = run(
+        &mut w,
+        "x <- 3\ny <- 4\ncat(n, getTaskCallbackNames(), '\\n')",
+    );
+    assert_eq!(r.console, "after x <- 3 FALSE \n4  \n");
+}
+
+#[test]
 fn user_global_calling_handlers_work_and_persist_across_calls() {
     let mut w = worker();
     let r = run(
