@@ -256,6 +256,27 @@ finish_plots <- function() {
   if (length(files)) .Call(emit, "plots", files, NULL, NULL)
 }
 
+## --- pager -------------------------------------------------------------------
+
+## R's pager, as R's file.show() on Unix feeds its external one: each
+## file's header (when given) and a blank line, then its contents, which
+## `less` copies as they are when its output is not a terminal (Rscript).
+show_files <- function(files, header = rep("", length(files)), title = "",
+                       delete.file = FALSE) {
+  for (i in seq_along(files)) {
+    f <- files[[i]]
+    if (length(header) >= i && nzchar(header[[i]])) cat(header[[i]], "\n\n", sep = "")
+    n <- file.size(f)
+    if (!is.na(n) && n > 0) {
+      bytes <- readBin(f, "raw", n)
+      bytes <- bytes[bytes != as.raw(0L)]
+      cat(rawToChar(bytes))
+    }
+    if (isTRUE(delete.file)) unlink(f)
+  }
+  invisible()
+}
+
 ## --- entry point ------------------------------------------------------------
 
 ## R's parse error `msg` for `code` as message, line, column and the lines
@@ -449,6 +470,10 @@ init <- function(plot_dir) {
   state$plot_dir <- plot_dir
   dir.create(plot_dir, showWarnings = FALSE, recursive = TRUE)
   options(device = open_device)
+  # help(), file.show(), data(), demo(), library() and the like print
+  # through it: to the console, in order, with no child process (a
+  # confined worker can run none).
+  options(pager = show_files)
   setHook("before.plot.new", on_new_page)
   setHook("before.grid.newpage", on_new_page)
   # attach() copies `helpers`; later changes (tools) go to the copy.

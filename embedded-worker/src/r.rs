@@ -608,11 +608,29 @@ pub unsafe fn set_max_out(driver: SEXP, bytes: u64) {
     });
 }
 
+/// The environment variables R's start-up set in this process (from
+/// `R_HOME/etc/Renviron` and the worker's own defaults: `PAGER`,
+/// `R_PAPERSIZE`, `R_UNZIPCMD`, `TAR`, `EDITOR`, `R_LIBS_SITE`...), with
+/// their values.
+static STARTUP_ENV: OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> = OnceLock::new();
+
+/// What R's start-up added to (or changed in) the environment: a worker
+/// forked from the zygote, whose environment is replaced by its own, sets
+/// these again, so that it has what a worker that started R itself has
+/// (without `PAGER`, `help()` and `file.show()` print nothing). Empty
+/// before [`start`]. `R_SESSION_TMPDIR` (the zygote's own temporary
+/// directory) is left out.
+pub fn startup_env() -> &'static [(std::ffi::OsString, std::ffi::OsString)] {
+    STARTUP_ENV.get().map(Vec::as_slice).unwrap_or(&[])
+}
+
 /// Starts R with `hooks` receiving what it reports. Must be called once, on
 /// the main thread, before anything else touches R.
 pub fn start(hooks: Hooks) -> Result<R, String> {
     // Only the first call's hooks count; there is no second start.
     let _ = HOOKS.set(hooks);
+    let env_before: std::collections::HashMap<std::ffi::OsString, std::ffi::OsString> =
+        std::env::vars_os().collect();
     if std::env::var_os("R_HOME").is_none() {
         std::env::set_var("R_HOME", env!("RVISOR_BUILD_R_HOME"));
     }
@@ -655,6 +673,10 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         ffi::ptr_R_CleanUp = Some(clean_up);
         setup_Rmainloop();
     }
+    let added: Vec<_> = std::env::vars_os()
+        .filter(|(k, v)| k != "R_SESSION_TMPDIR" && env_before.get(k) != Some(v))
+        .collect();
+    let _ = STARTUP_ENV.set(added);
 
     // SAFETY: R is initialised; on the R thread. The method table is
     // 'static and terminated by a null entry, as R_registerRoutines requires.
