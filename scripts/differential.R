@@ -53,15 +53,20 @@ if (n_want != "all") {
 
 profile <- file.path(work, "profile.R")
 writeLines(c(
-  "options(device = function(...) grDevices::png(file.path(Sys.getenv('DIFF_PLOTS'), 'p%03d.png'), type = 'cairo'))",
+  # rvisor's device: PNG pages of 1000 x 650 pixels (its default plot size).
+  "options(device = function(...) grDevices::png(file.path(Sys.getenv('DIFF_PLOTS'), 'p%03d.png'), width = 1000, height = 650, type = 'cairo'))",
   "set.seed(1)"), profile)
 
 run_rscript <- function(f) {
   plots <- tempfile("plots-"); dir.create(plots)
-  out <- suppressWarnings(system2("timeout", c("60", file.path(R.home("bin"), "Rscript"), f),
-                                  stdout = TRUE, stderr = FALSE,
-                                  env = c(paste0("R_PROFILE_USER=", profile),
-                                          paste0("DIFF_PLOTS=", plots))))
+  # A clean environment, as a worker gets: this R's own (R_PAPERSIZE,
+  # R_LIBS_SITE, PAGER... set by its Renviron) would otherwise leak in.
+  env <- c("-i", paste0("PATH=", Sys.getenv("PATH")), paste0("HOME=", Sys.getenv("HOME")),
+           "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "TZ=UTC",
+           paste0("R_PROFILE_USER=", profile), paste0("DIFF_PLOTS=", plots))
+  out <- suppressWarnings(system2("env", c(env, "timeout", "60",
+                                           file.path(R.home("bin"), "Rscript"), f),
+                                  stdout = TRUE, stderr = FALSE))
   status <- attr(out, "status")
   n_plots <- length(list.files(plots))
   unlink(plots, recursive = TRUE)
@@ -104,6 +109,9 @@ classify <- function(a, b) {
 
 keep <- Sys.getenv("DIFF_KEEP")  # a directory for both sides of each mismatch
 if (nzchar(keep)) dir.create(keep, showWarnings = FALSE, recursive = TRUE)
+# Both sides start in the same empty directory (examples list it).
+dir.create(file.path(work, "cwd"))
+setwd(file.path(work, "cwd"))
 rscript <- parallel::mclapply(snippets, run_rscript, mc.cores = jobs, mc.preschedule = FALSE)
 rvis <- run_rvisor_all(snippets)
 res <- data.frame(package = character(), topic = character(), class = character())
