@@ -259,7 +259,8 @@ finish_plots <- function() {
 ## --- pager -------------------------------------------------------------------
 
 ## R's pager, as R's file.show() on Unix feeds its external one: each
-## file's header (when given) and a blank line, then its contents, which
+## file's header (when given) and a blank line, then its contents and a
+## newline, which
 ## `less` copies as they are when its output is not a terminal (Rscript).
 show_files <- function(files, header = rep("", length(files)), title = "",
                        delete.file = FALSE) {
@@ -272,6 +273,7 @@ show_files <- function(files, header = rep("", length(files)), title = "",
       bytes <- bytes[bytes != as.raw(0L)]
       cat(rawToChar(bytes))
     }
+    cat("\n")  # R's own pager command gets one after each file
     if (isTRUE(delete.file)) unlink(f)
   }
   invisible()

@@ -529,7 +529,7 @@ fn forked_workers_keep_the_environment_r_s_start_up_set() {
     let out = lines(&r);
     assert_eq!(out[0], "TRUE TRUE TRUE TRUE ", "{}", r.console);
     assert_eq!(out[1], "TRUE ", "{}", r.console);
-    // The pager (a child process writing to fd 1) printed the page.
+    // rvisor's pager printed the page into the console.
     assert!(
         r.console.contains("R Documentation"),
         "no help page: {}",
