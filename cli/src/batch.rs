@@ -43,6 +43,12 @@ pub(crate) struct BatchArgs {
     /// usage) in the output, so two runs compare byte for byte.
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Workers load no packages beyond R's defaults before a script (as
+    /// `rvisor run` and `Rscript`): by default the zygote preloads ggplot2
+    /// and its dependencies, whose namespaces (and S3 methods) are then
+    /// already loaded when a script starts.
+    #[arg(long)]
+    no_preload: bool,
 }
 
 /// One output line.
@@ -223,6 +229,11 @@ fn write_plots(dir: &Path, id: &str, r: &RunResult) -> Result<()> {
             .with_context(|| format!("failed to write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The packages the zygote preloads for `a` (None: the pool's default).
+pub(crate) fn preload(a: &BatchArgs) -> Option<Vec<String>> {
+    a.no_preload.then(Vec::new)
 }
 
 /// The number of scripts `a` runs at once.

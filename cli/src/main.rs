@@ -891,6 +891,9 @@ fn command() -> ExitCode {
             // A spare per job slot, so each script starts on a ready worker.
             let mut cfg = base_config();
             cfg.pool.spares = batch::parallel(&args);
+            if let Some(p) = batch::preload(&args) {
+                cfg.pool.preload = Some(p);
+            }
             let sup = rvisor::Supervisor::new(cfg)?;
             sup.cleanup_on_signals()?;
             let code = batch::run(args, sup.clone());

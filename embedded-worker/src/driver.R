@@ -21,6 +21,8 @@ state$height <- 650L
 state$warnings <- list()   # warnings of the current top-level expression
 state$warn_n <- 0L         # warnings kept in this call
 state$warn_dropped <- 0    # warnings past caps$warnings in this call
+state$lastw <- list()      # R's record of the expression's deferred warnings: calls
+state$lastw_names <- character()  # ... and their messages (last.warning's names)
 
 ## Caps on what a call reports (rvisor_protocol::bounds); the worker
 ## replaces these with its own values when it loads the driver, and sets
@@ -63,6 +65,8 @@ on_warning <- function(w) {
   level <- getOption("warn", 0)
   if (is.numeric(level) && level >= 2) return(invisible())  # R turns it into an error
   if (!is.numeric(level) || level >= 0) {
+    pending <- length(state$warnings) > 0L || length(state$lastw) > 0L
+    msg <- clip(conditionMessage(w), caps$warning)
     if (state$warn_n >= caps$warnings) {
       # Counted, not kept (R keeps 50 too); a notice says how many.
       state$warn_dropped <- state$warn_dropped + 1
@@ -70,10 +74,19 @@ on_warning <- function(w) {
       state$warn_n <- state$warn_n + 1L
       # Shown after the top-level expression finishes, as at the R prompt.
       state$warnings[[length(state$warnings) + 1L]] <-
-        list(clip(conditionMessage(w), caps$warning), deparse_call(conditionCall(w)))
-      # The worker flushes them after the expression.
-      if (length(state$warnings) == 1L) .Call(emit, "warning_pending", NULL, NULL, NULL)
+        list(msg, deparse_call(conditionCall(w)))
     }
+    # What R keeps for warnings() (last.warning): the deferred warnings of
+    # the expression (warn = 0; warn = 1 prints at once and keeps none), at
+    # most getOption("nwarnings"), message as name and call as value.
+    nw <- getOption("nwarnings", 50L)
+    if (is.numeric(level) && level < 1 && length(state$lastw) < nw) {
+      state$lastw[length(state$lastw) + 1L] <- list(conditionCall(w))
+      state$lastw_names <- c(state$lastw_names, substr(msg, 1L, caps$warning))
+    }
+    # The worker flushes them after the expression.
+    if (!pending && (length(state$warnings) || length(state$lastw)))
+      .Call(emit, "warning_pending", NULL, NULL, NULL)
   }
   tryInvokeRestart("muffleWarning")
 }
@@ -139,10 +152,19 @@ report_html <- function(v) {
   invisible()
 }
 
+## Reports the expression's warnings and returns R's record of them for
+## last.warning (NULL when none was deferred: the previous one stays, as in
+## R). The worker binds it in the base environment, as R's REPL does (R
+## code cannot add a binding there).
 flush_warnings <- function() {
   for (w in state$warnings) .Call(emit, "warning", w[[1L]], w[[2L]], NULL)
   state$warnings <- list()
-  invisible()
+  lw <- state$lastw
+  if (!length(lw)) return(NULL)
+  names(lw) <- state$lastw_names
+  state$lastw <- list()
+  state$lastw_names <- character()
+  lw
 }
 
 ## --- plots ----------------------------------------------------------------
@@ -246,6 +268,29 @@ finish_plots <- function() {
   if (length(files)) .Call(emit, "plots", files, NULL, NULL)
 }
 
+## --- pager -------------------------------------------------------------------
+
+## R's pager, as R's file.show() on Unix feeds its external one: each
+## file's header (when given) and a blank line, then its contents and a
+## newline, which
+## `less` copies as they are when its output is not a terminal (Rscript).
+show_files <- function(files, header = rep("", length(files)), title = "",
+                       delete.file = FALSE) {
+  for (i in seq_along(files)) {
+    f <- files[[i]]
+    if (length(header) >= i && nzchar(header[[i]])) cat(header[[i]], "\n\n", sep = "")
+    n <- file.size(f)
+    if (!is.na(n) && n > 0) {
+      bytes <- readBin(f, "raw", n)
+      bytes <- bytes[bytes != as.raw(0L)]
+      cat(rawToChar(bytes))
+    }
+    cat("\n")  # R's own pager command gets one after each file
+    if (isTRUE(delete.file)) unlink(f)
+  }
+  invisible()
+}
+
 ## --- entry point ------------------------------------------------------------
 
 ## R's parse error `msg` for `code` as message, line, column and the lines
@@ -286,12 +331,16 @@ begin_call <- function(width, height, tools) {
   state$height <- height
   state$newpage_pending <- FALSE
   state$warnings <- list()
+  state$lastw <- list()
+  state$lastw_names <- character()
   state$warn_n <- 0L
   state$warn_dropped <- 0
   invisible()
 }
 
 end_call <- function() {
+  # Warnings raised outside the expressions (none normally) are reported;
+  # R's record is only of top-level expressions.
   if (length(state$warnings)) flush_warnings()
   # Only a call that opened our device can have pages to collect.
   if (state$dev > 1L)
@@ -452,6 +501,10 @@ init <- function(plot_dir) {
   state$plot_dir <- plot_dir
   dir.create(plot_dir, showWarnings = FALSE, recursive = TRUE)
   options(device = open_device)
+  # help(), file.show(), data(), demo(), library() and the like print
+  # through it: to the console, in order, with no child process (a
+  # confined worker can run none).
+  options(pager = show_files)
   setHook("before.plot.new", on_new_page)
   setHook("before.grid.newpage", on_new_page)
   # attach() copies `helpers`; later changes (tools) go to the copy.

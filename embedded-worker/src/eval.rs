@@ -507,7 +507,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                 Rf_eval(begin, driver);
                 let v = Rf_protect(Rf_eval(VECTOR_ELT(exprs, i), R_GlobalEnv));
                 let visible = ffi::R_Visible != 0;
-                ffi::SET_SYMVALUE(R_LastvalueSymbol, v);
+                r::set_base_value(R_LastvalueSymbol, v);
                 (*out).visible = visible;
                 if visible {
                     let html = HTML_CLASSES
@@ -524,12 +524,29 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                         Rf_PrintValue(v);
                     }
                 }
+                // Then the task callbacks, as R's REPL runs them (after
+                // the value was printed, before the warnings are shown).
+                r::run_task_callbacks(VECTOR_ELT(exprs, i), v, visible);
             }
         });
         r::quiet_stderr(false);
         if CALL.with(|s| std::mem::take(&mut s.borrow_mut().warning_pending)) {
-            // SAFETY: on the R thread; the driver's environment is preserved.
-            let _ = unsafe { r::call_driver(driver, c"flush_warnings", &[]) };
+            // The expression's warnings are reported, and R's record of
+            // them becomes `last.warning` (what warnings() shows), as at
+            // the prompt: an expression that warned replaces it, one that
+            // did not leaves it.
+            let _ = r::protected(tok, |scope| {
+                // SAFETY: on the R thread inside `protected`; the driver's
+                // environment is preserved and the record protected by
+                // `scope` until it is bound.
+                unsafe {
+                    let lw = scope.protect(r::call_driver(driver, c"flush_warnings", &[])?);
+                    if lw != R_NilValue {
+                        r::set_base_value(Rf_install(c"last.warning".as_ptr()), lw);
+                    }
+                }
+                Ok(())
+            });
         }
         if step.html {
             status = "unsupported";

@@ -68,4 +68,8 @@ extern "C" {
     /// Sets a symbol's value in the base environment (how R's REPL sets
     /// `.Last.value`).
     pub fn SET_SYMVALUE(x: SEXP, v: SEXP);
+    /// Runs the task callbacks (`addTaskCallback`) after a top-level
+    /// expression, as R's REPL does; `succeeded` and `visible` are
+    /// `Rboolean`s. A callback that returns FALSE is removed.
+    pub fn Rf_callToplevelHandlers(expr: SEXP, value: SEXP, succeeded: c_int, visible: c_int);
 }

@@ -12,6 +12,7 @@
 //! arrives early it waits for that call to start; if late, it is dropped.
 //! An untagged SIGINT (a person's `kill -INT`) hits whatever runs.
 
+use crate::r;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static SEEN: AtomicBool = AtomicBool::new(false);
@@ -22,8 +23,8 @@ static REQUESTED: AtomicU64 = AtomicU64::new(0);
 
 fn set_pending() {
     SEEN.store(true, Ordering::SeqCst);
-    // SAFETY: a volatile store to an int that R polls; async-signal-safe.
-    unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!(libR_sys::R_interrupts_pending), 1) };
+    // Async-signal-safe: atomics and one volatile store (r.rs).
+    r::set_interrupt_pending(true);
 }
 
 extern "C" fn on_sigint(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
@@ -65,8 +66,8 @@ pub fn install() {
 /// calls, and applies a tagged one that arrived before the call started.
 pub fn begin_call(seq: u64) {
     SEEN.store(false, Ordering::SeqCst);
-    // SAFETY: on the R thread, between evaluations.
-    unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!(libR_sys::R_interrupts_pending), 0) };
+    // On the R thread, between evaluations: no R code polls the flag now.
+    r::set_interrupt_pending(false);
     CURRENT.store(seq, Ordering::SeqCst);
     if seq != 0 && REQUESTED.load(Ordering::SeqCst) == seq {
         set_pending();

@@ -25,7 +25,8 @@
 //! This is the bottom layer of the worker: it imports only `ffi` (and the
 //! protocol's caps), and is the only module that imports `libR-sys`; the
 //! R layer above (`values`, `hydrate`, `tools`, `eval`) reaches the raw API
-//! through [`sys`], inside closures run by [`protected`]. What R's hooks do
+//! through [`sys`], inside closures run by [`protected`], and `interrupt`
+//! raises R's interrupt flag through [`set_interrupt_pending`]. What R's hooks do
 //! with what they receive (capture, outcome, tool calls) is the business of
 //! the modules above, which hand it in as [`Hooks`].
 
@@ -504,6 +505,54 @@ pub unsafe fn mk_char(s: &str) -> SEXP {
     }
 }
 
+/// Raises (true) or clears (false) R's pending-interrupt flag
+/// (`R_interrupts_pending`), which R polls in loops, `Sys.sleep` and long
+/// internals, then signals an `interrupt` condition.
+///
+/// Async-signal-safe, and the one R global touched from outside the R
+/// thread's normal flow: the SIGINT handler calls it (`interrupt`), on
+/// whichever thread the signal lands (the worker has one). Needs no
+/// [`RThread`]: it is one volatile store to an `int`, which R reads with
+/// no lock, and it allocates nothing and cannot raise an R error.
+pub fn set_interrupt_pending(on: bool) {
+    // SAFETY: R_interrupts_pending is a plain C `int` in libR (always
+    // present once the worker is linked); a volatile aligned store is
+    // atomic with respect to a signal handler and to R's own reads.
+    unsafe {
+        std::ptr::write_volatile(
+            std::ptr::addr_of_mut!(R_interrupts_pending),
+            c_int::from(on),
+        )
+    };
+}
+
+/// Runs R's task callbacks (`addTaskCallback()`, `taskCallbackManager()`)
+/// for top-level expression `expr` that succeeded with `value`, as R's
+/// REPL (and Rscript) does after each expression has been printed.
+///
+/// # Safety
+/// On the R thread, inside a top-level context (a callback's error jumps
+/// to it); `expr` and `value` are protected.
+pub unsafe fn run_task_callbacks(expr: SEXP, value: SEXP, visible: bool) {
+    // SAFETY: per the function's contract.
+    unsafe { ffi::Rf_callToplevelHandlers(expr, value, 1, c_int::from(visible)) }
+}
+
+/// Binds `sym` to `v` in the base environment, as R's own REPL sets
+/// `.Last.value` and `last.warning`: R code cannot add a binding there
+/// (the base environment's frame is locked: "cannot add binding of
+/// 'last.warning' to the base environment"), so R's C code sets the
+/// symbol's value directly, which is what this does.
+///
+/// # Safety
+/// On the R thread; `sym` is a symbol and `v` a live object (the base
+/// environment keeps it reachable from then on).
+pub unsafe fn set_base_value(sym: SEXP, v: SEXP) {
+    // SAFETY: per the function's contract; SET_SYMVALUE only stores the
+    // pointer (with R's write barrier) and cannot raise an error.
+    unsafe { ffi::SET_SYMVALUE(sym, v) }
+}
+
 /// Parses `code` and evaluates each expression in `env` inside
 /// [`protected`], returning the last value (unprotected) or R's error.
 ///
@@ -589,11 +638,29 @@ pub unsafe fn set_max_out(driver: SEXP, bytes: u64) {
     });
 }
 
+/// The environment variables R's start-up set in this process (from
+/// `R_HOME/etc/Renviron` and the worker's own defaults: `PAGER`,
+/// `R_PAPERSIZE`, `R_UNZIPCMD`, `TAR`, `EDITOR`, `R_LIBS_SITE`...), with
+/// their values.
+static STARTUP_ENV: OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> = OnceLock::new();
+
+/// What R's start-up added to (or changed in) the environment: a worker
+/// forked from the zygote, whose environment is replaced by its own, sets
+/// these again, so that it has what a worker that started R itself has
+/// (without `PAGER`, `help()` and `file.show()` print nothing). Empty
+/// before [`start`]. `R_SESSION_TMPDIR` (the zygote's own temporary
+/// directory) is left out.
+pub fn startup_env() -> &'static [(std::ffi::OsString, std::ffi::OsString)] {
+    STARTUP_ENV.get().map(Vec::as_slice).unwrap_or(&[])
+}
+
 /// Starts R with `hooks` receiving what it reports. Must be called once, on
 /// the main thread, before anything else touches R.
 pub fn start(hooks: Hooks) -> Result<R, String> {
     // Only the first call's hooks count; there is no second start.
     let _ = HOOKS.set(hooks);
+    let env_before: std::collections::HashMap<std::ffi::OsString, std::ffi::OsString> =
+        std::env::vars_os().collect();
     if std::env::var_os("R_HOME").is_none() {
         std::env::set_var("R_HOME", env!("RVISOR_BUILD_R_HOME"));
     }
@@ -638,6 +705,10 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         ffi::ptr_R_FlushConsole = Some(flush_console);
         setup_Rmainloop();
     }
+    let added: Vec<_> = std::env::vars_os()
+        .filter(|(k, v)| k != "R_SESSION_TMPDIR" && env_before.get(k) != Some(v))
+        .collect();
+    let _ = STARTUP_ENV.set(added);
 
     // SAFETY: R is initialised; on the R thread. The method table is
     // 'static and terminated by a null entry, as R_registerRoutines requires.

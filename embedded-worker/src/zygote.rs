@@ -106,12 +106,18 @@ fn preload(
     }
     phases.mark("preload");
     if plots {
-        // Warm base graphics, grid, and every loaded plotting package.
+        // Warm base graphics and every loaded plotting package.
         run_quiet(
             r,
             "plot(1:10, main = 'warm'); lines(1:10); hist(c(1, 2, 2, 3))",
         );
-        run_quiet(r, "grid::grid.newpage(); grid::grid.text('warm')");
+        // grid only when a preloaded package loaded it: otherwise a worker
+        // would start with a namespace (and S3 methods: Ops.unit,
+        // format.unit) that R started by Rscript does not have.
+        run_quiet(
+            r,
+            "if (isNamespaceLoaded('grid')) { grid::grid.newpage(); grid::grid.text('warm') }",
+        );
         if loaded.iter().any(|p| p == "ggplot2") {
             run_quiet(
                 r,
@@ -633,7 +639,9 @@ fn become_worker(
 
     // The worker's own environment and temporary directory. R's own
     // directories stay: R.home() reads them (the zygote set them when it
-    // started R).
+    // started R); so does what R's start-up set (PAGER, R_PAPERSIZE,
+    // R_UNZIPCMD...), as a worker that started R itself has it. The
+    // request's variables come after, and win.
     let r_dirs: Vec<(&str, std::ffi::OsString)> =
         ["R_HOME", "R_SHARE_DIR", "R_INCLUDE_DIR", "R_DOC_DIR"]
             .into_iter()
@@ -642,6 +650,9 @@ fn become_worker(
     // SAFETY: single-threaded child; clearenv/setenv do not race.
     unsafe { libc::clearenv() };
     for (k, v) in r_dirs {
+        std::env::set_var(k, v);
+    }
+    for (k, v) in r::startup_env() {
         std::env::set_var(k, v);
     }
     for (k, v) in &req.env {
@@ -690,6 +701,8 @@ fn become_worker(
         // C string that must live for the process: the CString is leaked.
         unsafe { ffi::R_TempDir = c.into_raw() };
     }
+    // As R sets it at start-up: where its session temporary directory is.
+    std::env::set_var("R_SESSION_TMPDIR", &rtmp);
     let plot_dir = format!("{rtmp}/rvisor-plots");
     // SAFETY: on the R thread; the driver environment is preserved.
     let _ = unsafe { r::eval_string(&format!("reinit({})", r_string(&plot_dir)), r.driver) };

@@ -1323,6 +1323,93 @@ fn attack_huge_allocations_fail_and_the_worker_survives() {
     sentinel.assert_unharmed();
 }
 
+/// A stored table whose hydration needs more memory than the worker may
+/// have (RLIMIT_AS at the 512 MiB minimum): the call is an error saying
+/// why and that nothing ran, and the same worker goes on to hydrate a
+/// small table and run code. The file is small (75 M booleans: ~9 MiB of
+/// bits in Arrow) but the R logical vector is 4 bytes a row (~286 MiB),
+/// more than the worker has left; R's allocation fails inside the
+/// worker's protected boundary (r::protected), not in Rust.
+#[test]
+fn works_a_table_too_large_for_the_memory_limit_is_an_error_and_the_worker_lives() {
+    use arrow_array::{BooleanArray, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+    let dir = host_dir("hydrate-oom");
+    let write = |name: &str, rows: usize, batch: usize| -> PathBuf {
+        let path = dir.path().join(name);
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "flag",
+            DataType::Boolean,
+            false,
+        )]));
+        let f = std::fs::File::create(&path).expect("the table file");
+        let mut w = arrow_ipc::writer::FileWriter::try_new(f, &schema).expect("a writer");
+        let mut left = rows;
+        while left > 0 {
+            let n = left.min(batch);
+            let col = BooleanArray::from(vec![true; n]);
+            let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(col)]).expect("a batch");
+            w.write(&b).expect("written");
+            left -= n;
+        }
+        w.finish().expect("finished");
+        path
+    };
+    let big = write("big.arrow", 75_000_000, 5_000_000);
+    let small = write("small.arrow", 1000, 1000);
+    let size = std::fs::metadata(&big).expect("the file").len();
+    assert!(size < 16 << 20, "the big table takes {size} bytes on disk");
+
+    let sup = supervisor_with(Confinement {
+        limits: Limits {
+            memory_bytes: 512 << 20,
+            ..Limits::default()
+        },
+        ..confinement()
+    });
+    let mut w = sup
+        .pool()
+        .acquire(&sup.config().worker)
+        .expect("a confined worker");
+    let call = |w: &mut rvisor::Worker, id: &str, code: &str, tables: Vec<(String, PathBuf)>| {
+        let ctx = CallContext {
+            tables,
+            ..CallContext::default()
+        };
+        let r = w.run_call(id.into(), code, &CallOptions::default(), &ctx);
+        show(code, &r);
+        r
+    };
+    let code = "cat('ran', nrow(df))";
+    let r = call(&mut w, "oom-1", code, vec![("df".into(), big)]);
+    assert_eq!(r.outcome, Outcome::Error, "{}", everything(&r));
+    let msg = r.error.map(|e| e.message).unwrap_or_default();
+    assert!(
+        msg.contains("could not be loaded")
+            && msg.contains("cannot allocate")
+            && msg.contains("nothing ran"),
+        "{msg}"
+    );
+    assert!(
+        !r.segments
+            .iter()
+            .any(|s| matches!(s, rvisor::Segment::Stdout { .. })),
+        "the code ran: {}",
+        r.console
+    );
+    // The same worker: nothing was bound, and it hydrates and runs on.
+    let r = call(
+        &mut w,
+        "oom-2",
+        "cat(exists('df', envir = globalenv(), inherits = FALSE), '\n')\n\
+         cat(nrow(small), sum(small$flag))",
+        vec![("small".into(), small)],
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    assert_eq!(r.console, "FALSE \n1000 1000");
+    assert!(w.is_alive());
+}
+
 /// The memory cap is for the worker, not per process: four forked children
 /// of a worker capped at 1 GiB cannot hold 400 MiB each (1.6 GiB in all).
 /// With a per-process RLIMIT_AS alone, a worker could hold `processes` x

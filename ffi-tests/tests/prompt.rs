@@ -1,5 +1,6 @@
 //! R as at the prompt: each top-level expression at frame 0 in the global
-//! environment, `.Last.value`, the user's global calling handlers kept,
+//! environment, `.Last.value`, `last.warning` (what `warnings()` shows),
+//! the user's global calling handlers kept,
 //! inputs R would refuse checked before R sees them, a failed table
 //! hydration that leaves the session alive, the working directory reset
 //! per confined call, and R's recommended packages under confinement.
@@ -72,6 +73,94 @@ fn last_value_is_set_within_and_across_calls() {
     assert_eq!(r.console, "");
     let r = run(&mut w, ".Last.value");
     assert_eq!(r.console, "[1] 10\n");
+}
+
+#[test]
+fn warnings_shows_the_last_expression_that_warned_as_at_the_prompt() {
+    // R (interactive and Rscript alike) sets last.warning after each
+    // top-level expression that deferred warnings; warnings() prints it.
+    let mut w = worker();
+    let r = run(&mut w, "exists('last.warning', envir = baseenv())");
+    assert_eq!(r.console, "[1] FALSE\n");
+    let r = run(&mut w, "x <- log(-1)");
+    assert_eq!(r.warnings, vec!["In log(-1) : NaNs produced".to_string()]);
+    let r = run(&mut w, "warnings()");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(r.console, "Warning message:\nIn log(-1) : NaNs produced\n");
+    // A call, and an expression, without warnings leave it as it was.
+    let r = run(&mut w, "1 + 1\nnames(last.warning)");
+    assert_eq!(r.console, "[1] 2\n[1] \"NaNs produced\"\n");
+    // An expression that warns replaces it, within the same call too,
+    // with every warning it deferred and their calls.
+    let r = run(
+        &mut w,
+        "f <- function() { warning('a'); warning('b') }\nf()\n\
+         str(last.warning)",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert!(
+        r.console
+            .ends_with("List of 2\n $ a: language f()\n $ b: language f()\n"),
+        "{:?}",
+        r.console
+    );
+    // An error after a warning: the warning is still R's record.
+    let r = run(
+        &mut w,
+        "g <- function() { warning('before'); stop('boom') }\ng()",
+    );
+    assert_eq!(r.outcome, Outcome::Error);
+    let r = run(&mut w, "cat(names(last.warning))");
+    assert_eq!(r.console, "before");
+    // warn = 1 prints at once and keeps no record; warn < 0 ignores.
+    let r = run(
+        &mut w,
+        "options(warn = 1); warning('now'); options(warn = -1); warning('never')\n\
+         options(warn = 0); cat(names(last.warning))",
+    );
+    assert!(r.console.ends_with("before"), "{:?}", r.console);
+    // At most getOption('nwarnings') per expression, as R keeps.
+    let r = run(
+        &mut w,
+        "for (i in 1:60) warning(paste('w', i))\ncat(length(last.warning), names(last.warning)[50])",
+    );
+    let out: String = r
+        .segments
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Stdout { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(out, "50 w 50", "{}", r.console);
+}
+
+#[test]
+fn task_callbacks_run_after_each_top_level_expression_as_in_r() {
+    // R's REPL and Rscript run them after each expression (its value
+    // printed first), from the one that added the callback on, across
+    // calls, until the callback returns FALSE. The expected text is
+    // Rscript's for the same lines.
+    let mut w = worker();
+    let r = run(
+        &mut w,
+        "n <- 0\n\
+         id <- addTaskCallback(function(expr, value, ok, visible) {\n\
+           n <<- n + 1; cat('after', deparse(expr)[1], visible, '\\n'); n < 4 })\n\
+         1 + 1\n\
+         invisible(2)",
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(
+        r.console,
+        "after id <- addTaskCallback(function(expr, value, ok, visible) { FALSE \n\
+         [1] 2\nafter 1 + 1 TRUE \nafter invisible(2) FALSE \n"
+    );
+    let r = run(
+        &mut w,
+        "x <- 3\ny <- 4\ncat(n, getTaskCallbackNames(), '\\n')",
+    );
+    assert_eq!(r.console, "after x <- 3 FALSE \n4  \n");
 }
 
 #[test]

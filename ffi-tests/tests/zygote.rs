@@ -676,6 +676,33 @@ fn extra_env_names_reach_forked_workers_only_when_asked_for() {
     assert_eq!(r.console, "<unset>");
 }
 
+/// A forked worker has what R's start-up put in the environment (from
+/// R_HOME/etc/Renviron: PAGER, R_PAPERSIZE, R_UNZIPCMD...), as a worker
+/// that started R itself has. And help() prints its page through rvisor's
+/// pager (an R function: a confined worker can run no program, and
+/// R's pager is a shell script), into the console in order.
+#[test]
+fn forked_workers_keep_the_environment_r_s_start_up_set() {
+    let sup = ready_supervisor();
+    let session = sup.session().expect("default session");
+    assert_forked(&sup, &session);
+    let r = call_ok(
+        &session,
+        "cat(nzchar(Sys.getenv(c('PAGER', 'R_PAPERSIZE', 'R_UNZIPCMD', 'R_SESSION_TMPDIR'))), '\\n')\n\
+         cat(normalizePath(Sys.getenv('R_SESSION_TMPDIR')) == normalizePath(tempdir()), '\\n')\n\
+         help('lapply', package = 'base', help_type = 'text')",
+    );
+    let out = lines(&r);
+    assert_eq!(out[0], "TRUE TRUE TRUE TRUE ", "{}", r.console);
+    assert_eq!(out[1], "TRUE ", "{}", r.console);
+    // rvisor's pager printed the page into the console.
+    assert!(
+        r.console.contains("R Documentation"),
+        "no help page: {}",
+        r.console
+    );
+}
+
 // ---------------------------------------------------------------------------
 // 8. Temp dir clean-up
 
