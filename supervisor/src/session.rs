@@ -1413,12 +1413,19 @@ impl Session {
     /// run in the fresh session.
     pub fn reset(&self) {
         let s = self.shared();
-        let mut i = lock(&s.inner);
-        i.reset_requested = true;
-        i.drop_queue(
-            Outcome::NotExecuted,
+        let i = lock(&s.inner);
+        Self::replace_worker(
+            s,
+            i,
             "not executed: the session was reset before this call ran",
         );
+    }
+
+    /// Asks the runner for a new worker: queued calls become `not_executed`
+    /// with `why`, the running call is cancelled.
+    fn replace_worker(s: &Shared, mut i: MutexGuard<'_, Inner>, why: &str) {
+        i.reset_requested = true;
+        i.drop_queue(Outcome::NotExecuted, why);
         if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
             c.cancel(&id);
         }
@@ -1458,17 +1465,12 @@ impl Session {
         if i.checkpoint.is_none() {
             return Err("the session has no checkpoint to restore; take one first".into());
         }
-        i.reset_requested = true;
         i.restore_requested = true;
-        i.drop_queue(
-            Outcome::NotExecuted,
+        Self::replace_worker(
+            s,
+            i,
             "not executed: the session was rolled back to its checkpoint before this call ran",
         );
-        if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
-            c.cancel(&id);
-        }
-        drop(i);
-        s.cv.notify_all();
         Ok(())
     }
 
