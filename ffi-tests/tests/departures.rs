@@ -180,27 +180,98 @@ fn busy_worker(pid: u32) -> bool {
     })
 }
 
-#[test]
-fn an_nng_peer_that_hangs_up_cancels_its_call() {
-    let dir = TestDir::new("rvisor-departures-nng");
+/// `rvisor serve` with an nng IPC socket in a new directory named `name`,
+/// once the socket exists.
+fn nng_server(name: &str) -> (ServeBin, std::path::PathBuf, TestDir) {
+    let dir = TestDir::new(name);
     let sock = dir.path().join("r.sock");
     let url = format!("ipc://{}", sock.display());
     let s = ServeBin::start(&["--nng", &url]);
     wait_for("the nng socket", STOPPED_WITHIN, || {
         sock.exists().then_some(())
     });
-    let mut c = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
+    (s, sock, dir)
+}
+
+/// An nng connection: the SP handshake of a REQ peer done.
+fn nng_connect(sock: &std::path::Path) -> std::os::unix::net::UnixStream {
+    let mut c = std::os::unix::net::UnixStream::connect(sock).expect("connect");
     c.write_all(&[0, b'S', b'P', 0, 0, 0x30, 0, 0])
         .expect("SP header");
     let mut head = [0u8; 8];
     c.read_exact(&mut head).expect("the server's SP header");
-    let body = json!({"id": 1, "op": "run_script", "script": "repeat {}", "timeout_seconds": 60})
-        .to_string();
+    c
+}
+
+/// Sends `body` as request `id` (REQ's header: the id with the top bit set).
+fn nng_send(c: &mut std::os::unix::net::UnixStream, id: u8, body: &Value) {
+    let body = body.to_string();
     let mut msg = vec![1u8];
     msg.extend_from_slice(&((4 + body.len()) as u64).to_be_bytes());
-    msg.extend_from_slice(&[0x80, 0, 0, 1]);
+    msg.extend_from_slice(&[0x80, 0, 0, id]);
     msg.extend_from_slice(body.as_bytes());
     c.write_all(&msg).expect("the request");
+}
+
+/// Reads one reply: its JSON body.
+fn nng_recv(c: &mut std::os::unix::net::UnixStream) -> Value {
+    let mut kind = [0u8; 1];
+    c.read_exact(&mut kind).expect("a reply");
+    let mut len = [0u8; 8];
+    c.read_exact(&mut len).expect("its length");
+    let mut msg = vec![0u8; u64::from_be_bytes(len) as usize];
+    c.read_exact(&mut msg).expect("its body");
+    serde_json::from_slice(&msg[4..]).expect("JSON")
+}
+
+/// A session call whose nng peer hangs up is cancelled, and the session
+/// (by name, for the same tenant) keeps its state for the next peer.
+#[test]
+fn an_nng_peer_that_hangs_up_cancels_its_session_call_and_the_session_keeps_its_state() {
+    let (s, sock, _dir) = nng_server("rvisor-departures-nng-session");
+    let mut c = nng_connect(&sock);
+    nng_send(
+        &mut c,
+        1,
+        &json!({"id": 1, "op": "run", "session": "keep", "code": "kept <- 42"}),
+    );
+    let r = nng_recv(&mut c);
+    assert_eq!(r["result"]["outcome"], "complete", "{r}");
+    nng_send(
+        &mut c,
+        2,
+        &json!({"id": 2, "op": "run", "session": "keep", "code": "repeat {}", "timeout_seconds": 60}),
+    );
+    wait_for("the call's worker to be busy", STOPPED_WITHIN, || {
+        busy_worker(s.child.id()).then_some(())
+    });
+    drop(c);
+    wait_for("the call to end as cancelled", STOPPED_WITHIN, || {
+        (s.metric("rvisor_calls_total{outcome=\"cancelled\"}") >= 1.0).then_some(())
+    });
+    let mut c = nng_connect(&sock);
+    nng_send(
+        &mut c,
+        3,
+        &json!({"id": 3, "op": "run", "session": "keep", "code": "cat(kept)"}),
+    );
+    let r = nng_recv(&mut c);
+    assert_eq!(r["result"]["console"], "42", "{r}");
+    assert_eq!(
+        r["result"]["session"]["generation"], 1,
+        "the same worker: {r}"
+    );
+}
+
+#[test]
+fn an_nng_peer_that_hangs_up_cancels_its_call() {
+    let (s, sock, _dir) = nng_server("rvisor-departures-nng");
+    let mut c = nng_connect(&sock);
+    nng_send(
+        &mut c,
+        1,
+        &json!({"id": 1, "op": "run_script", "script": "repeat {}", "timeout_seconds": 60}),
+    );
     wait_for("the run's worker", STOPPED_WITHIN, || {
         busy_worker(s.child.id()).then_some(())
     });

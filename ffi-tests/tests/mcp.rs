@@ -243,6 +243,14 @@ fn progress_and_log_notifications_arrive_while_a_call_runs() {
     for tool in ["run_r_code", "run_r_script"] {
         let mut c = Client::start();
         c.initialize();
+        if tool == "run_r_code" {
+            // State set before the call that is cancelled must survive it
+            // (set before logging is on: no notifications come with it).
+            assert_eq!(
+                c.call("run_r_code", json!({"code": "kept <- 42"}))["isError"],
+                false
+            );
+        }
         let r = c.request("logging/setLevel", json!({"level": "info"}));
         assert_eq!(r["result"], json!({}), "{r}");
         let code = "rvisor_progress(1, 2, 'half'); cat('ready\\n'); repeat Sys.sleep(0.02)";
@@ -293,6 +301,22 @@ fn progress_and_log_notifications_arrive_while_a_call_runs() {
             "{tool}: {r}"
         );
         assert_eq!(r["result"]["isError"], true);
+        if tool == "run_r_code" {
+            // Logging is on: the console text comes as notifications too.
+            c.send(&json!({"jsonrpc": "2.0", "id": 100, "method": "tools/call",
+                "params": {"name": "run_r_code", "arguments": {"code": "cat(kept)"}}}));
+            let after = loop {
+                let m = c.read();
+                if m.get("id").is_some() {
+                    break m;
+                }
+            };
+            assert_eq!(after["id"], 100);
+            assert!(
+                text(&after["result"]).contains("42"),
+                "the session kept its state after the cancel: {after}"
+            );
+        }
     }
 }
 
