@@ -486,12 +486,24 @@ struct ServeArgs {
     /// How long a data pointer lives, in hours.
     #[arg(long, default_value_t = 24.0)]
     table_ttl_hours: f64,
-    /// Where sessions keep their checkpoints (docs/sessions.md): with it,
-    /// sessions are checkpointed when idle, hibernate (worker released)
-    /// after --hibernate-after-secs, and a killed call restores the last
-    /// checkpoint; POST /v1/sessions/{id}/checkpoint takes one now.
-    #[arg(long, value_name = "DIR")]
+    /// Where sessions are kept durable on this host (docs/sessions.md):
+    /// with it, sessions are checkpointed when idle, hibernate (worker
+    /// released) after --hibernate-after-secs, a killed call restores the
+    /// last checkpoint, and a restart of the server (SIGTERM, SIGINT)
+    /// keeps every session: the same ids go on. Several nodes keep
+    /// sessions in the shared --store instead.
+    #[arg(long, value_name = "DIR", conflicts_with = "store")]
     state_dir: Option<PathBuf>,
+    /// With --state-dir or --store: days a session may go unused (no call,
+    /// not running on any node) before it is deleted (0: kept until
+    /// closed).
+    #[arg(long, default_value_t = 7.0, value_name = "DAYS", value_parser = non_negative_secs)]
+    session_ttl_days: f64,
+    /// With --store and a node id: seconds a node's lease on a session
+    /// lasts without renewal (renewed every third of it); after a node is
+    /// lost, another takes its sessions over once their leases expire.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = positive_secs)]
+    lease_secs: f64,
     /// With --state-dir: seconds a session may be idle before it hibernates
     /// (0: never).
     #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
@@ -539,10 +551,11 @@ struct ServeArgs {
     /// Default: $RVISOR_NODE_ID, else none (ids `s-...`).
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
-    /// The shared store of tables: `s3://BUCKET/PREFIX` (endpoint and
-    /// credentials from AWS_ENDPOINT, AWS_ALLOW_HTTP, AWS_REGION,
-    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a directory. Default:
-    /// $RVISOR_STORE, else DATA_DIR/store.
+    /// The store shared by several nodes, of tables and durable sessions:
+    /// `s3://BUCKET/PREFIX` (endpoint and credentials from AWS_ENDPOINT,
+    /// AWS_ALLOW_HTTP, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY) or a directory. Default: $RVISOR_STORE, else
+    /// tables in DATA_DIR/store and sessions durable only with --state-dir.
     #[arg(long, value_name = "URL")]
     store: Option<String>,
     /// At SIGTERM: seconds calls in flight get to finish while the node
@@ -624,10 +637,26 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
-    let checkpoints = match &a.state_dir {
-        Some(dir) => Some(state_store(dir)?),
-        None => None,
+    let durable = match (&a.state_dir, &store) {
+        (Some(dir), _) => Some(
+            rvisor_server::durable::SessionStore::open(
+                &rvisor_server::blob::StoreUrl::Local(dir.clone()),
+                None,
+                rvisor_server::durable::DEFAULT_LEASE_TTL,
+            )
+            .map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", dir.display()))?,
+        ),
+        (None, Some(url)) => Some(
+            rvisor_server::durable::SessionStore::open(
+                url,
+                node_id.clone(),
+                Duration::from_secs_f64(a.lease_secs),
+            )
+            .map_err(|e| anyhow::anyhow!("--store {url}: {e}"))?,
+        ),
+        (None, None) => None,
     };
+    let checkpoints = durable.as_ref().map(|d| d.checkpoints());
     let defaults = rvisor::SessionOptions {
         hibernate_after: (a.hibernate_after_secs > 0.0)
             .then(|| Duration::from_secs_f64(a.hibernate_after_secs)),
@@ -672,6 +701,9 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
         },
         drain_grace: Duration::from_secs_f64(a.drain_grace_secs.unwrap_or(a.shutdown_grace_secs)),
+        durable,
+        session_ttl: (a.session_ttl_days > 0.0)
+            .then(|| Duration::from_secs_f64(a.session_ttl_days * 86400.0)),
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -50,6 +50,12 @@ pub struct ServeConfig {
     /// At SIGTERM: how long calls in flight get to finish while the node
     /// drains (still serving its sessions) before the listeners stop.
     pub drain_grace: std::time::Duration,
+    /// Where sessions are kept durable (see
+    /// [`crate::service::ServiceConfig::durable`]); its checkpoint store
+    /// must be the supervisor's.
+    pub durable: Option<std::sync::Arc<crate::durable::SessionStore>>,
+    /// With `durable`: sessions unused this long are deleted.
+    pub session_ttl: Option<std::time::Duration>,
 }
 
 impl Default for ServeConfig {
@@ -66,6 +72,8 @@ impl Default for ServeConfig {
             drain_grace: std::time::Duration::from_secs(30),
             nng: None,
             connections: crate::listen::ConnectionLimits::default(),
+            durable: None,
+            session_ttl: Some(crate::service::DEFAULT_SESSION_TTL),
         }
     }
 }
@@ -948,11 +956,14 @@ async fn session_run(
     headers: HeaderMap,
     ApiJson(b): ApiJson<SessionRun>,
 ) -> Result<Response, ApiError> {
+    // Queueing may read the store (a session resumed from it) or wait for
+    // a worker to be released: off the async threads.
+    let svc = st.service.clone();
     if let Some(format) = crate::live::Format::wanted(&headers) {
-        let call = st.service.session_run_streaming(&tenant, &id, &b)?;
+        let call = blocking(move || svc.session_run_streaming(&tenant, &id, &b)).await??;
         return Ok(crate::live::response(call.events(), format));
     }
-    let call = st.service.session_run(&tenant, &id, &b)?;
+    let call = blocking(move || svc.session_run(&tenant, &id, &b)).await??;
     Ok(result_response(&headers, call.finish().await))
 }
 
@@ -962,7 +973,8 @@ async fn session_status(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.service.session_status(&tenant, &id)?).into_response())
+    let svc = st.service.clone();
+    Ok(Json(blocking(move || svc.session_status(&tenant, &id)).await??).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Cancelled: the running call and the queue; the status after", body = rvisor::SessionStatus)))]
@@ -971,7 +983,8 @@ async fn session_cancel(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.service.cancel(&tenant, &id)?).into_response())
+    let svc = st.service.clone();
+    Ok(Json(blocking(move || svc.cancel(&tenant, &id)).await??).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Started over with a fresh worker; the status after", body = rvisor::SessionStatus)))]
@@ -980,7 +993,8 @@ async fn session_reset(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.service.reset(&tenant, &id)?).into_response())
+    let svc = st.service.clone();
+    Ok(Json(blocking(move || svc.reset(&tenant, &id)).await??).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/checkpoint", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Checkpointed (after the running call) into the server's state directory: the key, the bytes stored, whether it was written (false: nothing ran since the last one) and its manifest", body = rvisor::checkpoint::CheckpointInfo)))]
@@ -1000,7 +1014,8 @@ async fn session_delete(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    st.service.close(&tenant, &id)?;
+    let svc = st.service.clone();
+    blocking(move || svc.close(&tenant, &id)).await??;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -1214,6 +1229,8 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             operators: cfg.operators.clone(),
             max_sessions_per_tenant: cfg.max_sessions_per_tenant,
             max_sessions: cfg.max_sessions,
+            durable: cfg.durable.clone(),
+            session_ttl: cfg.session_ttl,
         },
     )
 }
@@ -1280,6 +1297,13 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
 pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     // Held until this function returns; the kernel drops it if we die.
     let _lock = crate::listen::lock_data_dir(&cfg.tables.dir)?;
+    // Sessions kept in a local directory without leases: one server.
+    let _state_lock = match cfg.durable.as_ref().map(|d| (d.url(), d.uses_leases())) {
+        Some((crate::blob::StoreUrl::Local(dir), false)) if *dir != cfg.tables.dir => {
+            Some(crate::listen::lock_data_dir(dir)?)
+        }
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| {
@@ -1349,8 +1373,14 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     if let Some(task) = nng {
         let _ = task.await;
     }
+    // Durable sessions are kept (a drain has released them already);
+    // others end here.
     let s = sup.clone();
-    let _ = tokio::task::spawn_blocking(move || s.shutdown()).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        svc.release_all(std::time::Duration::from_secs(10));
+        s.shutdown()
+    })
+    .await;
     Ok(())
 }
 

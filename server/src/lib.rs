@@ -14,6 +14,7 @@
 
 pub mod blob;
 pub mod cluster;
+pub mod durable;
 pub mod http;
 pub mod jsonl;
 pub mod listen;
