@@ -17,6 +17,12 @@
 //! written while this node's lease is valid: a node that lost a session to
 //! another (its lease expired while it was cut off) cannot overwrite the
 //! new owner's checkpoint (docs/scale-out.md, "Ownership").
+//!
+//! A node asked for a session another live node holds (a router sent it
+//! there: the owner's node came back, or the router's choice changed)
+//! asks for it through the store (`handoff/{session id}`); the owner's
+//! maintenance pass releases it (checkpoint, lease given up) and the
+//! asking node takes it. Nodes never talk to each other directly.
 
 use crate::blob::{tenant_key, BlobError, BlobStore, Lease, LeaseError, StoreUrl};
 use crate::service::NewSession;
@@ -84,6 +90,10 @@ fn record_key(tenant: &str, id: &str) -> String {
 
 fn lease_key(id: &str) -> String {
     format!("leases/sessions/{id}")
+}
+
+fn handoff_key(id: &str) -> String {
+    format!("handoff/{id}")
 }
 
 /// The checkpoint key prefix of `tenant`'s sessions (the session adds its
@@ -217,20 +227,16 @@ impl SessionStore {
                     holder,
                     expires_unix,
                 }) => {
-                    let left = expires_unix
-                        .saturating_sub(rvisor::clock::unix_now())
-                        .max(1);
-                    let until = Instant::now() + Duration::from_secs(left);
-                    if until > deadline {
+                    let now = Instant::now();
+                    if now >= deadline {
                         return Err(TakeError::Held {
                             holder,
                             expires_unix,
                         });
                     }
-                    // The lease ends at a known time: wait for it (a
-                    // quarter second past, as the clock reads whole
-                    // seconds), then try again.
-                    std::thread::sleep(until - Instant::now() + Duration::from_millis(250));
+                    // It ends when its holder releases it (a hand-off
+                    // asked for) or stops renewing it: look again shortly.
+                    std::thread::sleep((deadline - now).min(Duration::from_millis(200)));
                 }
                 // Another node took it in the same instant: its lease is
                 // fresh now, so the next round waits for it or gives up.
@@ -238,6 +244,33 @@ impl SessionStore {
                 Err(LeaseError::Store(e)) => return Err(TakeError::Store(e.to_string())),
             }
         }
+    }
+
+    /// Asks the node holding session `id` to hand it over (see the module
+    /// docs).
+    pub fn request_handoff(&self, id: &str) -> Result<(), BlobError> {
+        let by = self.node.clone().unwrap_or_default();
+        self.blob.put(&handoff_key(id), by.into_bytes()).map(|_| ())
+    }
+
+    /// Sessions this node holds that another node asked for.
+    pub fn handoff_requests(&self) -> Result<Vec<String>, BlobError> {
+        if self.node.is_none() {
+            return Ok(Vec::new());
+        }
+        let held = lock(&self.leases);
+        Ok(self
+            .blob
+            .list("handoff")?
+            .into_iter()
+            .filter_map(|m| m.key.strip_prefix("handoff/").map(str::to_string))
+            .filter(|id| held.contains_key(id))
+            .collect())
+    }
+
+    /// A hand-off request answered (the session released).
+    pub fn handoff_done(&self, id: &str) {
+        let _ = self.blob.delete(&handoff_key(id));
     }
 
     /// Gives up this node's lease on `id` (the session was handed off):

@@ -1575,7 +1575,17 @@ impl Service {
             return Err(ServiceError::not_found("session"));
         };
         self.admit()?;
-        match d.take(id, d.lease_ttl() + Duration::from_secs(2)) {
+        // Held by a live node: ask it to hand the session over, then wait
+        // for its release (or for the lease of a dead one to run out).
+        let mut took = d.take(id, Duration::ZERO);
+        if matches!(took, Err(TakeError::Held { .. })) {
+            if let Err(e) = d.request_handoff(id) {
+                return Err(storage(e.to_string()));
+            }
+            took = d.take(id, d.lease_ttl() + Duration::from_secs(2));
+            d.handoff_done(id);
+        }
+        match took {
             Ok(()) => {}
             Err(TakeError::Held {
                 holder,
@@ -1683,6 +1693,7 @@ impl Service {
                     }
                     let Some(inner) = weak.upgrade() else { return };
                     let svc = Service { inner };
+                    svc.answer_handoffs(&d);
                     for id in d.renew() {
                         tracing::warn!(target: "rvisor::sessions", session = %id,
                             "another node took this session over (our lease lapsed): dropping our copy");
@@ -1701,6 +1712,30 @@ impl Service {
             });
         if let Err(e) = spawned {
             tracing::error!(target: "rvisor::sessions", "no lease renewal thread: {e}");
+        }
+    }
+
+    /// Releases the sessions other nodes asked for (after their running
+    /// call; see `durable`'s module docs).
+    fn answer_handoffs(&self, d: &SessionStore) {
+        let asked = match d.handoff_requests() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(target: "rvisor::sessions", "could not read hand-off requests: {e}");
+                return;
+            }
+        };
+        for id in asked {
+            let found = lock(&self.inner.sessions).remove(&id);
+            if let Some(e) = found {
+                lock(&self.inner.names).retain(|_, v| *v != id);
+                if let Err(why) = e.session.release(RELEASE_WITHIN) {
+                    tracing::warn!(target: "rvisor::sessions", session = %id,
+                        "handed off without a new checkpoint ({why})");
+                }
+                tracing::info!(target: "rvisor::sessions", session = %id, "handed off to another node on request");
+            }
+            d.release(&id);
         }
     }
 
