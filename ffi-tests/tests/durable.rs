@@ -433,10 +433,11 @@ fn a_checkpoint_whose_package_is_gone_gives_a_fresh_session_that_names_it() {
     // R's library path is fixed when R starts: the zygote gets it, and the
     // session asks for the same one.
     let store = Arc::new(DirStore::new(dir.join("state")).unwrap());
-    let mut worker = rvisor::WorkerConfig::default();
-    worker.libpath = vec![lib.clone()];
     let sup = Supervisor::new(SupervisorConfig {
-        worker,
+        worker: rvisor::WorkerConfig {
+            libpath: vec![lib.clone()],
+            ..rvisor::WorkerConfig::default()
+        },
         checkpoints: Some(store.clone()),
         ..SupervisorConfig::default()
     })
