@@ -100,7 +100,7 @@ fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
         let more = json!([
             {
                 "name": "checkpoint_r_session",
-                "description": "Save this conversation's R session now (objects, attached packages, options, RNG state, working-directory files), e.g. before a risky step; restore_r_session goes back to it. Names the objects that cannot be saved (connections, external pointers). With hibernate: true it also frees the session's memory until the next run_r_code brings it back.",
+                "description": "Save this conversation's R session now (objects, packages, options, RNG, working-directory files), e.g. before a risky step; restore_r_session goes back to it. Names objects that cannot be saved (connections, external pointers). hibernate: true also frees its memory until the next run_r_code.",
                 "inputSchema": {"type": "object", "properties": {
                     "hibernate": {"type": "boolean", "description": "Also release the R process until the next run_r_code (state kept). Default false."}
                 }}
