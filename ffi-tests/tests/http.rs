@@ -1989,6 +1989,20 @@ fn a_session_checkpoints_hibernates_wakes_on_its_next_run_and_rolls_back() {
         "{r}"
     );
 
+    // A hibernated session rolls back too: to the checkpoint hibernation
+    // took, without a worker in between.
+    c.session_run(&id, "late <- 2");
+    c.post(&format!("/v1/sessions/{id}/hibernate"), &json!({}))
+        .ok();
+    wait_hibernated(&c, &id);
+    let st = c
+        .post(&format!("/v1/sessions/{id}/restore"), &json!({}))
+        .ok();
+    assert!(st["pid"].is_null(), "{st}");
+    let r = c.session_run(&id, "cat(keep, late)");
+    assert_eq!(r["session"]["restored"]["reason"], "restore", "{r}");
+    assert!(r["console"].as_str().unwrap().ends_with("before 2"), "{r}");
+
     // Unknown sessions are 404 for every durable operation.
     for op in ["checkpoint", "hibernate", "restore"] {
         c.post(&format!("/v1/sessions/s-0000000000000000/{op}"), &json!({}))
