@@ -137,11 +137,23 @@ enum Cmd {
         args: ServeArgs,
     },
     /// MCP server over stdio for agents (tools: health, packages,
-    /// validate, run_r_script, run_r_code, reset_r_session).
+    /// validate, run_r_script, run_r_code, reset_r_session; with
+    /// --state-dir also checkpoint_r_session, restore_r_session).
     Mcp {
         /// Where tables (data pointers) are stored.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Where the session keeps its checkpoints (docs/sessions.md): with
+        /// it, the checkpoint_r_session and restore_r_session tools are
+        /// offered, the idle session hibernates after
+        /// --hibernate-after-secs, and a killed call restores the last
+        /// checkpoint.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// With --state-dir: seconds the session may be idle before it
+        /// hibernates (0: never).
+        #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
+        hibernate_after_secs: f64,
     },
     /// Liveness, versions, the live safety rules, workers.
     Health {
@@ -727,8 +739,22 @@ fn state_store(
     Ok(std::sync::Arc::new(store))
 }
 
-fn mcp(data_dir: Option<PathBuf>) -> Result<ExitCode> {
-    let sup = rvisor::Supervisor::new(base_config())?;
+fn mcp(
+    data_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    hibernate_after_secs: f64,
+) -> Result<ExitCode> {
+    let checkpoints = state_dir.as_deref().map(state_store).transpose()?;
+    let defaults = rvisor::SessionOptions {
+        hibernate_after: (hibernate_after_secs > 0.0)
+            .then(|| Duration::from_secs_f64(hibernate_after_secs)),
+        ..Default::default()
+    };
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
+        checkpoints,
+        defaults,
+        ..base_config()
+    })?;
     sup.cleanup_on_signals()?;
     // Without --data-dir the connection's tables live in a directory of its
     // own, removed at the end: two MCP servers (two agent windows) must not
@@ -859,7 +885,11 @@ fn command() -> ExitCode {
     }
     match cli.cmd {
         Cmd::Serve { args } => report(serve(args)),
-        Cmd::Mcp { data_dir } => report(mcp(data_dir)),
+        Cmd::Mcp {
+            data_dir,
+            state_dir,
+            hibernate_after_secs,
+        } => report(mcp(data_dir, state_dir, hibernate_after_secs)),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
         Cmd::Validate { file, json, style } => report(ops_validate(&file, json, &style)),

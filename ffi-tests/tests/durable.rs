@@ -529,3 +529,103 @@ fn a_restart_of_the_server_keeps_every_session_and_the_call_in_flight_finishes()
     drop(srv);
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// Installs a tiny package `name` (one exported function, `hello()`) into
+/// the library `lib` with `R CMD INSTALL`.
+fn install_tiny_package(lib: &std::path::Path, name: &str) {
+    let src = lib.with_extension("src").join(name);
+    std::fs::create_dir_all(src.join("R")).unwrap();
+    std::fs::write(
+        src.join("DESCRIPTION"),
+        format!(
+            "Package: {name}\nVersion: 0.1.0\nTitle: A Test Package\nDescription: Used by the durable tests.\n\
+             License: MIT\nAuthor: rvisor\nMaintainer: rvisor <rvisor@example.org>\nEncoding: UTF-8\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(src.join("NAMESPACE"), "export(hello)\n").unwrap();
+    std::fs::write(
+        src.join("R").join("hello.R"),
+        "hello <- function() 'hi from the package'\n",
+    )
+    .unwrap();
+    // `--library=LIB` in one argument: R CMD INSTALL reads `--library LIB`
+    // as a flag it does not know and installs into the site library.
+    let mut to = std::ffi::OsString::from("--library=");
+    to.push(lib);
+    let out = std::process::Command::new("R")
+        .args(["CMD", "INSTALL", "--no-test-load"])
+        .arg(to)
+        .arg(&src)
+        .output()
+        .expect("R CMD INSTALL runs");
+    assert!(
+        out.status.success(),
+        "R CMD INSTALL failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(lib.with_extension("src"));
+    assert!(
+        lib.join(name).join("DESCRIPTION").is_file(),
+        "{name} was not installed into {}",
+        lib.display()
+    );
+}
+
+#[test]
+fn a_checkpoint_whose_package_is_gone_gives_a_fresh_session_that_names_it() {
+    let dir = state_dir("pkg-gone");
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    install_tiny_package(&lib, "rvisortiny");
+    // R's library path is fixed when R starts: the zygote gets it, and the
+    // session asks for the same one.
+    let store = Arc::new(DirStore::new(dir.join("state")).unwrap());
+    let sup = Supervisor::new(SupervisorConfig {
+        worker: rvisor::WorkerConfig {
+            libpath: vec![lib.clone()],
+            ..rvisor::WorkerConfig::default()
+        },
+        checkpoints: Some(store.clone()),
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor starts");
+    let s = sup
+        .session_with(SessionOptions {
+            libpath: vec![lib.clone()],
+            ..manual()
+        })
+        .unwrap();
+    let r = ok(&s, "library(rvisortiny); kept <- hello(); cat(kept)");
+    assert!(r.console.ends_with("hi from the package"), "{}", r.console);
+    let info = s.checkpoint().unwrap();
+    assert!(
+        info.manifest.attached.iter().any(|p| p == "rvisortiny"),
+        "{:?}",
+        info.manifest.attached
+    );
+    s.hibernate();
+    wait_state(&s, SessionState::Hibernated);
+    std::fs::remove_dir_all(lib.join("rvisortiny")).unwrap();
+
+    let r = ok(&s, "exists('kept')");
+    let reason = r.session.reset_reason.clone().unwrap_or_default();
+    assert!(reason.starts_with("restore_failed: "), "{reason}");
+    assert!(
+        reason.contains("package rvisortiny is no longer installed; install it again"),
+        "the reason names the package and what to do: {reason}"
+    );
+    assert!(r.session.fresh, "{:?}", r.session);
+    assert!(r.session.restored.is_none());
+    assert!(
+        r.console.contains("could not be restored") && r.console.contains("rvisortiny"),
+        "{}",
+        r.console
+    );
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    // The fresh session goes on.
+    assert_eq!(ok(&s, "1 + 1").console, "[1] 2\n");
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -205,6 +205,8 @@ pub struct PackagesBody {
         session_cancel,
         session_reset,
         session_checkpoint,
+        session_hibernate,
+        session_restore,
         session_delete,
         table_create,
         table_get,
@@ -288,6 +290,16 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             "post",
             "/v1/sessions/{id}/checkpoint",
             &[E::BadRequest, E::NotFound, E::Invalid, E::Internal],
+        ),
+        (
+            "post",
+            "/v1/sessions/{id}/hibernate",
+            &[E::BadRequest, E::NotFound, E::Invalid],
+        ),
+        (
+            "post",
+            "/v1/sessions/{id}/restore",
+            &[E::BadRequest, E::NotFound, E::Invalid],
         ),
         ("delete", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
         (
@@ -1008,6 +1020,24 @@ async fn session_checkpoint(
     Ok(Json(info).into_response())
 }
 
+#[utoipa::path(post, path = "/v1/sessions/{id}/hibernate", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Hibernates the session once it is idle (after the running call): checkpointed, worker released, state `hibernated`; the next run restores it (`session.restored.reason` `hibernated`). The status when asked", body = rvisor::SessionStatus)))]
+async fn session_hibernate(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    ApiPath(id): ApiPath,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.service.hibernate(&tenant, &id)?).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/restore", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Rolled back to the session's last checkpoint: the running call is cancelled, queued calls are not executed, and the next run starts from the checkpoint (`session.restored.reason` `restore`); the status after", body = rvisor::SessionStatus)))]
+async fn session_restore(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    ApiPath(id): ApiPath,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.service.restore(&tenant, &id)?).into_response())
+}
+
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 204, description = "Closed")))]
 async fn session_delete(
     State(st): State<Handlers>,
@@ -1266,6 +1296,8 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .route("/v1/sessions/{id}/cancel", post(session_cancel))
         .route("/v1/sessions/{id}/reset", post(session_reset))
         .route("/v1/sessions/{id}/checkpoint", post(session_checkpoint))
+        .route("/v1/sessions/{id}/hibernate", post(session_hibernate))
+        .route("/v1/sessions/{id}/restore", post(session_restore))
         .route("/v1/tables/{pointer}", get(table_get).delete(table_delete))
         .route("/metrics", get(metrics))
         .route("/v1/usage", get(usage))

@@ -1957,6 +1957,11 @@ impl Service {
     /// loads it); `invalid` when it has none.
     pub fn restore(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
         let s = self.session(tenant, id)?;
+        if self.inner.sup.config().checkpoints.is_none() {
+            return Err(ServiceError::invalid(
+                "this server keeps no checkpoints; start it with --state-dir DIR",
+            ));
+        }
         s.restore().map_err(ServiceError::invalid)?;
         Ok(s.status())
     }
