@@ -629,3 +629,79 @@ fn a_checkpoint_whose_package_is_gone_gives_a_fresh_session_that_names_it() {
     drop(sup);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_session_unused_past_the_ttl_is_deleted_and_a_used_one_is_kept() {
+    let state = state_dir("ttl");
+    // A TTL of 5 s (in days, as the flag takes it).
+    let ttl = ["--session-ttl-days", "0.0000579"];
+    let start = |state: &std::path::Path| {
+        rvisor_ffi_tests::ServeBin::start(
+            &[
+                &[
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                    "--hibernate-after-secs",
+                    "0",
+                ][..],
+                &ttl[..],
+            ]
+            .concat(),
+        )
+    };
+    let srv = start(&state);
+    let base = format!("http://{}", srv.addr);
+    let (_, s) = http(
+        "POST",
+        &format!("{base}/v1/sessions"),
+        Some(serde_json::json!({})),
+    );
+    let old = s["id"].as_str().unwrap().to_string();
+    session_run(&base, &old, "x <- 1");
+    let (status, _) = http(
+        "POST",
+        &format!("{base}/v1/sessions/{old}/checkpoint"),
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(stop(srv).success());
+    let record = std::fs::read_dir(state.join("sessions"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join(&old)
+        .join("record.json");
+    assert!(record.exists(), "{}", record.display());
+    // Past the TTL with the server down, the session is deleted by the
+    // next server's sweep, from the store too.
+    rvisor_ffi_tests::wait_for("the TTL to pass", DEADLINE, || {
+        let age = std::fs::metadata(&record)
+            .ok()?
+            .modified()
+            .ok()?
+            .elapsed()
+            .ok()?;
+        (age > Duration::from_secs(6)).then_some(())
+    });
+    let srv = start(&state);
+    let base = format!("http://{}", srv.addr);
+    // A session used now is younger than the TTL when the sweep comes.
+    let (_, s) = http(
+        "POST",
+        &format!("{base}/v1/sessions"),
+        Some(serde_json::json!({})),
+    );
+    let used = s["id"].as_str().unwrap().to_string();
+    session_run(&base, &used, "y <- 2");
+    rvisor_ffi_tests::wait_for("the expired session to go", DEADLINE, || {
+        let (status, _) = http("GET", &format!("{base}/v1/sessions/{old}"), None);
+        (status == 404).then_some(())
+    });
+    assert!(!record.exists());
+    let (status, st) = http("GET", &format!("{base}/v1/sessions/{used}"), None);
+    assert_eq!(status, 200, "{st}");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&state);
+}

@@ -794,7 +794,8 @@ pub struct DrainStatus {
 /// drain or shutdown.
 const RELEASE_WITHIN: Duration = Duration::from_secs(30);
 
-/// How often the store is swept for sessions past the TTL.
+/// How often the store is swept for sessions past the TTL (at most; more
+/// often for a shorter TTL).
 const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// The tenant of every request when the service runs without tokens.
@@ -1703,7 +1704,8 @@ impl Service {
                             e.session.abandon();
                         }
                     }
-                    let sweep_due = last_sweep.is_none_or(|t| t.elapsed() >= SESSION_SWEEP_EVERY);
+                    let sweep_every = ttl.map_or(SESSION_SWEEP_EVERY, |t| t.min(SESSION_SWEEP_EVERY));
+                    let sweep_due = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
                     if let (Some(ttl), true) = (ttl, sweep_due) {
                         last_sweep = Some(Instant::now());
                         svc.sweep_expired(&d, ttl);
