@@ -25,7 +25,6 @@
 //! asking node takes it. Nodes never talk to each other directly.
 
 use crate::blob::{tenant_key, BlobError, BlobStore, Lease, LeaseError, StoreUrl};
-use crate::service::NewSession;
 use rvisor::checkpoint::CheckpointStore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -49,10 +48,10 @@ pub struct SessionRecord {
     pub name: Option<String>,
     /// When it was made (Unix seconds).
     pub created_unix: u64,
-    /// The options it was made with (`None`: the server's defaults, as for
-    /// named sessions).
+    /// The options it was made with, as the service's `NewSession` in
+    /// JSON (`None`: the server's defaults, as for named sessions).
     #[serde(default)]
-    pub options: Option<NewSession>,
+    pub options: Option<serde_json::Value>,
 }
 
 /// Why a session could not be taken over.
@@ -457,10 +456,7 @@ mod tests {
             tenant: tenant.into(),
             name: Some("main".into()),
             created_unix: 1,
-            options: Some(NewSession {
-                timeout_seconds: Some(5.0),
-                ..Default::default()
-            }),
+            options: Some(serde_json::json!({"timeout_seconds": 5.0})),
         }
     }
 

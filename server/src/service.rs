@@ -1455,7 +1455,7 @@ impl Service {
                 tenant: tenant.to_string(),
                 name: name.map(str::to_string),
                 created_unix: rvisor::clock::unix_now(),
-                options: req,
+                options: req.map(|r| serde_json::to_value(r).unwrap_or_default()),
             };
             let kept = d
                 .take(s.id(), Duration::ZERO)
@@ -1625,7 +1625,16 @@ impl Service {
         rec: &SessionRecord,
         reason: &str,
     ) -> Result<(Session, Published), ServiceError> {
-        let opts = self.session_options(rec.options.as_ref())?;
+        let req = match &rec.options {
+            Some(v) => Some(NewSession::deserialize(v).map_err(|e| {
+                ServiceError::new(
+                    ErrorCode::Storage,
+                    format!("the stored record of session {} is unreadable ({e})", rec.id),
+                )
+            })?),
+            None => None,
+        };
+        let opts = self.session_options(req.as_ref())?;
         let found = self.insert_session(tenant, opts, |sup, opts| {
             sup.resume_session(&rec.id, opts, reason)
         })?;

@@ -450,6 +450,10 @@ struct Inner {
     live: Option<Arc<LiveCall>>,
     /// A call ran since the last checkpoint.
     dirty: bool,
+    /// The idle checkpoint of the current state failed: not tried again
+    /// until the next call (the state stays dirty, so a hibernation or a
+    /// release tries once more rather than keep an older checkpoint).
+    idle_checkpoint_failed: bool,
     /// When the last call ended (or the worker started).
     idle_since: Instant,
     /// The manifest of the checkpoint in the store, if this session wrote
@@ -767,6 +771,7 @@ impl Shared {
                 closed: false,
                 live: None,
                 dirty: false,
+                idle_checkpoint_failed: false,
                 idle_since: Instant::now(),
                 checkpoint: None,
                 restore_next: None,
@@ -881,13 +886,15 @@ impl Shared {
                 let checkpoint_in = self
                     .opts
                     .checkpoint_after
-                    .filter(|_| i.dirty)
+                    .filter(|_| i.dirty && !i.idle_checkpoint_failed)
                     .map(|c| c.saturating_sub(idle));
                 if checkpoint_in == Some(Duration::ZERO) {
                     drop(i);
                     if self.take_checkpoint(worker, source).is_err() {
                         // Tried once; the next call makes it due again.
-                        lock(&self.inner).dirty = false;
+                        // Still dirty: the checkpoint in the store is
+                        // older than the state.
+                        lock(&self.inner).idle_checkpoint_failed = true;
                     }
                     i = lock(&self.inner);
                     continue;
@@ -1158,6 +1165,7 @@ impl Shared {
             i.live = None;
             i.stamp(&self.id, &mut res);
             i.dirty = true;
+            i.idle_checkpoint_failed = false;
             i.idle_since = Instant::now();
             if alive {
                 i.state = if i.queue.is_empty() {
