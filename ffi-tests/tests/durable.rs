@@ -380,3 +380,64 @@ fn session_jsonl_checkpoints_and_rolls_back_to_the_checkpoint() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// R code that waits until the test opens its gate ([`open_gate`]), then
+/// sets `kept`.
+const GATED: &str = "while (!file.exists('gate')) Sys.sleep(0.02); kept <- 'yes'";
+
+/// Opens the gate of the [`GATED`] call running in the session of `st`: a
+/// file in its working directory, reached through the worker's root.
+fn open_gate(st: &rvisor::SessionStatus) {
+    let pid = st.pid.expect("a worker runs the gated call");
+    let path = format!("/proc/{pid}/root{}/gate", st.working_dir);
+    std::fs::write(&path, "go").unwrap_or_else(|e| panic!("open the gate {path}: {e}"));
+}
+
+#[test]
+fn hibernate_and_wait_returns_once_the_worker_has_exited_and_idle_time_is_reported() {
+    let dir = state_dir("hwait");
+    let (sup, _store) = supervisor(&dir);
+    let s = sup.session_with(manual()).unwrap();
+    let busy = s.run(GATED).unwrap();
+    let end = Instant::now() + DEADLINE;
+    while s.status().running.is_none() {
+        assert!(Instant::now() < end, "the call never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        s.status().idle_seconds,
+        None,
+        "a running session is not idle"
+    );
+    open_gate(&s.status());
+    assert_eq!(busy.wait().outcome, Outcome::Complete);
+    let st = s.status();
+    assert!(st.idle_seconds.is_some(), "{st:?}");
+    let pid = st.pid.expect("a live worker");
+    s.hibernate_and_wait(DEADLINE).expect("it hibernates");
+    let st = s.status();
+    assert_eq!(st.state, SessionState::Hibernated);
+    assert_eq!(st.pid, None);
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "worker {pid} still runs after hibernate_and_wait"
+    );
+    // Already without a worker: nothing to wait for.
+    s.hibernate_and_wait(DEADLINE)
+        .expect("a second time is a no-op");
+    let r = ok(&s, "kept");
+    assert_eq!(r.session.restored.expect("restored").reason, "hibernated");
+    assert!(r.console.ends_with("[1] \"yes\"\n"), "{}", r.console);
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn hibernate_and_wait_without_a_store_says_so_and_keeps_the_worker() {
+    let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+    let s = sup.session().unwrap();
+    ok(&s, "1");
+    let e = s.hibernate_and_wait(DEADLINE).unwrap_err();
+    assert!(e.contains("no checkpoint store"), "{e}");
+    assert_eq!(s.status().state, SessionState::Idle);
+}
