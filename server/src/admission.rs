@@ -493,6 +493,9 @@ impl Admission {
             drop(seen);
             drop(gate);
             let left = deadline.saturating_duration_since(Instant::now());
+            // Each session is asked once per call: one that hibernated
+            // and still looks live (it got a call) is not asked again.
+            skip.insert(id.clone());
             match session.hibernate_and_wait(left) {
                 Ok(()) => {
                     *lock(&self.hibernations).entry(limit).or_default() += 1;
@@ -500,7 +503,6 @@ impl Admission {
                 }
                 Err(why) => {
                     tracing::debug!(target: "rvisor::admission", session = %id, %why, "could not hibernate");
-                    skip.insert(id);
                 }
             }
         }
@@ -526,17 +528,13 @@ impl Admission {
             };
             let (id, session) = (v.status.id.clone(), v.session.clone());
             drop(seen);
-            match session.hibernate_and_wait(HIBERNATE_WAIT) {
-                Ok(()) => {
-                    done += 1;
-                    *lock(&self.hibernations)
-                        .entry(Limit::MemoryBudget)
-                        .or_default() += 1;
-                    tracing::info!(target: "rvisor::admission", session = %id, used_mib = mib(m.bytes), budget_mib = mib(budget), "memory over budget: hibernated");
-                }
-                Err(_) => {
-                    skip.insert(id);
-                }
+            skip.insert(id.clone());
+            if session.hibernate_and_wait(HIBERNATE_WAIT).is_ok() {
+                done += 1;
+                *lock(&self.hibernations)
+                    .entry(Limit::MemoryBudget)
+                    .or_default() += 1;
+                tracing::info!(target: "rvisor::admission", session = %id, used_mib = mib(m.bytes), budget_mib = mib(budget), "memory over budget: hibernated");
             }
         }
     }
