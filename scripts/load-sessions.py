@@ -136,7 +136,8 @@ def main():
     data = tempfile.mkdtemp(prefix="rvisor-load-data-")
     server, base = start_server(args, state, data)
     stats = Stats()
-    peak = {"live": 0, "memory": 0, "hibernated": 0, "measured": None, "budget": None}
+    peak = {"live": 0, "memory": 0, "hibernated": 0, "measured": None, "budget": None,
+            "samples": 0, "over": 0}
     done = threading.Event()
 
     def sample():
@@ -149,6 +150,13 @@ def main():
                 peak["hibernated"] = max(peak["hibernated"], a["hibernated_sessions"])
                 peak["measured"] = a["worker_memory_measured"]
                 peak["budget"] = a["memory_budget_bytes"]
+                peak["samples"] += 1
+                if a["memory_budget_bytes"] is not None and \
+                        a["worker_memory_bytes"] > a["memory_budget_bytes"]:
+                    peak["over"] += 1
+                if os.environ.get("LOAD_TRACE"):
+                    print(json.dumps({k: a[k] for k in ("live_sessions", "worker_memory_bytes",
+                                                        "calls_in_flight")}), file=sys.stderr)
             done.wait(0.25)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -218,6 +226,8 @@ def main():
         "max_live_seen": peak["live"],
         "peak_worker_memory_mib": round(peak["memory"] / 2**20, 1),
         "worker_memory_measured": peak["measured"],
+        "health_samples": peak["samples"],
+        "samples_over_budget": peak["over"],
         "memory_budget_mib": None if peak["budget"] is None else round(peak["budget"] / 2**20),
         "fill_call_ms": {"p50": pct(stats.lat["fill"], 0.5), "p95": pct(stats.lat["fill"], 0.95)},
         "check_call_ms": {"p50": pct(stats.lat["check"], 0.5), "p95": pct(stats.lat["check"], 0.95)},

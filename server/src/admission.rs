@@ -30,6 +30,7 @@
 use rvisor::{Session, SessionState, SessionStatus};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -300,6 +301,8 @@ pub struct Admission {
     /// Hibernations admission asked for, by the limit that needed room
     /// (the monitor's under `memory_budget` too).
     hibernations: Mutex<BTreeMap<Limit, u64>>,
+    /// Moving average of the memory of idle workers picked to hibernate.
+    settled_worker_bytes: AtomicU64,
 }
 
 impl Admission {
@@ -312,6 +315,7 @@ impl Admission {
             gate: Mutex::new(()),
             refusals: Mutex::new(BTreeMap::new()),
             hibernations: Mutex::new(BTreeMap::new()),
+            settled_worker_bytes: AtomicU64::new(0),
         }
     }
 
@@ -443,9 +447,11 @@ impl Admission {
                 self.budget().and_then(|budget| {
                     let m = Self::memory(&seen);
                     // One more worker, estimated as the mean of the live
-                    // ones; with none live the call is let in (the
-                    // worker's own limits bound it).
-                    let more = m.bytes / m.workers().max(1) as u64;
+                    // ones or of the settled workers seen hibernating,
+                    // whichever is larger; with none live the call is let
+                    // in (the worker's own limits bound it).
+                    let more = (m.bytes / m.workers().max(1) as u64)
+                        .max(self.settled_worker_bytes.load(Ordering::Relaxed));
                     (m.workers() > 0 && m.bytes.saturating_add(more) > budget).then(|| {
                         (
                             Limit::MemoryBudget,
@@ -490,6 +496,9 @@ impl Admission {
                 ));
             };
             let (id, session) = (v.status.id.clone(), v.session.clone());
+            if let Some((bytes, _)) = v.status.pid.and_then(process_memory) {
+                self.note_settled(bytes);
+            }
             drop(seen);
             drop(gate);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -523,20 +532,62 @@ impl Admission {
             if m.bytes <= budget {
                 return done;
             }
-            let Some(v) = Self::victim(&seen, None, &skip) else {
-                return done;
-            };
-            let (id, session) = (v.status.id.clone(), v.session.clone());
+            // Idle sessions, least recently used first, until their memory
+            // covers the excess over 7/8 of the budget (room for the
+            // workers that grow after their calls): hibernated together,
+            // so the host is back under in about one hibernation's time.
+            let mut excess = m.bytes - budget / 8 * 7;
+            let mut batch = Vec::new();
+            while excess > 0 {
+                let Some(v) = Self::victim(&seen, None, &skip) else {
+                    break;
+                };
+                skip.insert(v.status.id.clone());
+                let bytes = v.status.pid.and_then(process_memory).map_or(0, |m| m.0);
+                self.note_settled(bytes);
+                excess = excess.saturating_sub(bytes.max(1));
+                batch.push((v.status.id.clone(), v.session.clone()));
+            }
             drop(seen);
-            skip.insert(id.clone());
-            if session.hibernate_and_wait(HIBERNATE_WAIT).is_ok() {
-                done += 1;
-                *lock(&self.hibernations)
-                    .entry(Limit::MemoryBudget)
-                    .or_default() += 1;
-                tracing::info!(target: "rvisor::admission", session = %id, used_mib = mib(m.bytes), budget_mib = mib(budget), "memory over budget: hibernated");
+            if batch.is_empty() {
+                return done;
+            }
+            let ok = std::thread::scope(|scope| {
+                let waits: Vec<_> = batch
+                    .iter()
+                    .map(|(_, s)| scope.spawn(move || s.hibernate_and_wait(HIBERNATE_WAIT).is_ok()))
+                    .collect();
+                waits
+                    .into_iter()
+                    .map(|w| w.join().unwrap_or(false))
+                    .collect::<Vec<bool>>()
+            });
+            for ((id, _), ok) in batch.iter().zip(ok) {
+                if ok {
+                    done += 1;
+                    *lock(&self.hibernations)
+                        .entry(Limit::MemoryBudget)
+                        .or_default() += 1;
+                    tracing::info!(target: "rvisor::admission", session = %id, used_mib = mib(m.bytes), budget_mib = mib(budget), "memory over budget: hibernated");
+                }
             }
         }
+    }
+
+    /// Remembers the memory of a worker that settled (idle after calls):
+    /// a moving average admission uses to estimate the next worker, since
+    /// a freshly forked one shares most pages and measures small at first.
+    fn note_settled(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let old = self.settled_worker_bytes.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            bytes
+        } else {
+            old / 4 * 3 + bytes / 4
+        };
+        self.settled_worker_bytes.store(new, Ordering::Relaxed);
     }
 
     /// Starts the memory monitor: a round every [`MONITOR_PERIOD`] until
