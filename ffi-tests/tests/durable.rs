@@ -578,6 +578,16 @@ mod admission {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// Threads of this process named as the admission's memory monitor
+    /// (`comm` holds 15 bytes of the name).
+    fn monitors() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|c| c.trim() == "rvisor-admissio")
+            .count()
+    }
+
     #[test]
     fn over_the_memory_budget_the_monitor_hibernates_idle_sessions() {
         let dir = state_dir("adm-mem");
@@ -620,7 +630,18 @@ mod admission {
         assert!(svc
             .metrics_text()
             .contains("rvisor_memory_budget_bytes 1048576\n"));
+        assert_eq!(monitors(), 1, "one monitor thread per service");
         svc.close_all();
+        // The monitor ends with the service.
+        drop(svc);
+        let end = Instant::now() + DEADLINE;
+        while monitors() > 0 {
+            assert!(
+                Instant::now() < end,
+                "the memory monitor outlived its service"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 
