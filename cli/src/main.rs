@@ -137,11 +137,23 @@ enum Cmd {
         args: Box<ServeArgs>,
     },
     /// MCP server over stdio for agents (tools: health, packages,
-    /// validate, run_r_script, run_r_code, reset_r_session).
+    /// validate, run_r_script, run_r_code, reset_r_session; with
+    /// --state-dir also checkpoint_r_session, restore_r_session).
     Mcp {
         /// Where tables (data pointers) are stored.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Where the session keeps its checkpoints (docs/sessions.md): with
+        /// it, the checkpoint_r_session and restore_r_session tools are
+        /// offered, the idle session hibernates after
+        /// --hibernate-after-secs, and a killed call restores the last
+        /// checkpoint.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// With --state-dir: seconds the session may be idle before it
+        /// hibernates (0: never).
+        #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
+        hibernate_after_secs: f64,
     },
     /// Liveness, versions, the live safety rules, workers.
     Health {
@@ -505,12 +517,24 @@ struct ServeArgs {
     /// How long a data pointer lives, in hours.
     #[arg(long, default_value_t = 24.0)]
     table_ttl_hours: f64,
-    /// Where sessions keep their checkpoints (docs/sessions.md): with it,
-    /// sessions are checkpointed when idle, hibernate (worker released)
-    /// after --hibernate-after-secs, and a killed call restores the last
-    /// checkpoint; POST /v1/sessions/{id}/checkpoint takes one now.
-    #[arg(long, value_name = "DIR")]
+    /// Where sessions are kept durable on this host (docs/sessions.md):
+    /// with it, sessions are checkpointed when idle, hibernate (worker
+    /// released) after --hibernate-after-secs, a killed call restores the
+    /// last checkpoint, and a restart of the server (SIGTERM, SIGINT)
+    /// keeps every session: the same ids go on. Several nodes keep
+    /// sessions in the shared --store instead.
+    #[arg(long, value_name = "DIR", conflicts_with = "store")]
     state_dir: Option<PathBuf>,
+    /// With --state-dir or --store: days a session may go unused (no call,
+    /// not running on any node) before it is deleted (0: kept until
+    /// closed).
+    #[arg(long, default_value_t = 7.0, value_name = "DAYS", value_parser = non_negative_secs)]
+    session_ttl_days: f64,
+    /// With --store and a node id: seconds a node's lease on a session
+    /// lasts without renewal (renewed every third of it); after a node is
+    /// lost, another takes its sessions over once their leases expire.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = positive_secs)]
+    lease_secs: f64,
     /// With --state-dir: seconds a session may be idle before it hibernates
     /// (0: never).
     #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
@@ -558,10 +582,11 @@ struct ServeArgs {
     /// Default: $RVISOR_NODE_ID, else none (ids `s-...`).
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
-    /// The shared store of tables: `s3://BUCKET/PREFIX` (endpoint and
-    /// credentials from AWS_ENDPOINT, AWS_ALLOW_HTTP, AWS_REGION,
-    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a directory. Default:
-    /// $RVISOR_STORE, else DATA_DIR/store.
+    /// The store shared by several nodes, of tables and durable sessions:
+    /// `s3://BUCKET/PREFIX` (endpoint and credentials from AWS_ENDPOINT,
+    /// AWS_ALLOW_HTTP, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY) or a directory. Default: $RVISOR_STORE, else
+    /// tables in DATA_DIR/store and sessions durable only with --state-dir.
     #[arg(long, value_name = "URL")]
     store: Option<String>,
     /// At SIGTERM: seconds calls in flight get to finish while the node
@@ -652,10 +677,26 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
-    let checkpoints = match &a.state_dir {
-        Some(dir) => Some(state_store(dir)?),
-        None => None,
+    let durable = match (&a.state_dir, &store) {
+        (Some(dir), _) => Some(
+            rvisor_server::durable::SessionStore::open(
+                &rvisor_server::blob::StoreUrl::Local(dir.clone()),
+                None,
+                rvisor_server::durable::DEFAULT_LEASE_TTL,
+            )
+            .map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", dir.display()))?,
+        ),
+        (None, Some(url)) => Some(
+            rvisor_server::durable::SessionStore::open(
+                url,
+                node_id.clone(),
+                Duration::from_secs_f64(a.lease_secs),
+            )
+            .map_err(|e| anyhow::anyhow!("--store {url}: {e}"))?,
+        ),
+        (None, None) => None,
     };
+    let checkpoints = durable.as_ref().map(|d| d.checkpoints());
     let defaults = rvisor::SessionOptions {
         hibernate_after: (a.hibernate_after_secs > 0.0)
             .then(|| Duration::from_secs_f64(a.hibernate_after_secs)),
@@ -710,6 +751,9 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
         },
         drain_grace: Duration::from_secs_f64(a.drain_grace_secs.unwrap_or(a.shutdown_grace_secs)),
+        durable,
+        session_ttl: (a.session_ttl_days > 0.0)
+            .then(|| Duration::from_secs_f64(a.session_ttl_days * 86400.0)),
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -733,8 +777,22 @@ fn state_store(
     Ok(std::sync::Arc::new(store))
 }
 
-fn mcp(data_dir: Option<PathBuf>) -> Result<ExitCode> {
-    let sup = rvisor::Supervisor::new(base_config())?;
+fn mcp(
+    data_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    hibernate_after_secs: f64,
+) -> Result<ExitCode> {
+    let checkpoints = state_dir.as_deref().map(state_store).transpose()?;
+    let defaults = rvisor::SessionOptions {
+        hibernate_after: (hibernate_after_secs > 0.0)
+            .then(|| Duration::from_secs_f64(hibernate_after_secs)),
+        ..Default::default()
+    };
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
+        checkpoints,
+        defaults,
+        ..base_config()
+    })?;
     sup.cleanup_on_signals()?;
     // Without --data-dir the connection's tables live in a directory of its
     // own, removed at the end: two MCP servers (two agent windows) must not
@@ -865,7 +923,11 @@ fn command() -> ExitCode {
     }
     match cli.cmd {
         Cmd::Serve { args } => report(serve(*args)),
-        Cmd::Mcp { data_dir } => report(mcp(data_dir)),
+        Cmd::Mcp {
+            data_dir,
+            state_dir,
+            hibernate_after_secs,
+        } => report(mcp(data_dir, state_dir, hibernate_after_secs)),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
         Cmd::Validate { file, json, style } => report(ops_validate(&file, json, &style)),

@@ -746,8 +746,13 @@ restore_state <- function(raw, dir) {
   missing <- st$namespaces[!vapply(st$namespaces, function(p)
     nzchar(system.file(package = p)), NA)]
   if (length(missing))
-    stop(sprintf("package(s) %s are no longer installed",
-                 paste(missing, collapse = ", ")))
+    stop(sprintf(
+      "%s no longer installed; install %s again to use %s",
+      if (length(missing) == 1L) sprintf("package %s is", missing)
+      else sprintf("packages %s are", paste(missing, collapse = ", ")),
+      if (length(missing) == 1L) "it" else "them",
+      if (length(missing) == 1L) "it" else "them"),
+      call. = FALSE)
   objects <- unserialize(st$objects)
   for (p in setdiff(st$namespaces, loadedNamespaces()))
     loadNamespace(p)

@@ -381,6 +381,331 @@ fn session_jsonl_checkpoints_and_rolls_back_to_the_checkpoint() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+// ---------------------------------------------------------------------------
+// Restarts of `rvisor serve`
+
+/// A JSON answer of the server (any status).
+fn http(method: &str, url: &str, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
+    let req = ureq::request(method, url).timeout(DEADLINE);
+    let r = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    let r = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {url}: {e}"),
+    };
+    let status = r.status();
+    let text = r.into_string().unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// `rvisor serve` keeping sessions in `state`.
+fn serve_with_state(state: &std::path::Path) -> rvisor_ffi_tests::ServeBin {
+    rvisor_ffi_tests::ServeBin::start(&[
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--hibernate-after-secs",
+        "0",
+    ])
+}
+
+/// Sends SIGTERM to the server.
+fn terminate(s: &rvisor_ffi_tests::ServeBin) {
+    // SAFETY: kill(2) of our own child process, which has not been reaped
+    // (we hold its Child); no memory is involved.
+    unsafe { libc::kill(s.child.id() as libc::pid_t, libc::SIGTERM) };
+}
+
+/// The server's exit (within the deadline).
+fn exited(mut s: rvisor_ffi_tests::ServeBin) -> std::process::ExitStatus {
+    rvisor_ffi_tests::wait_for("the server to exit after SIGTERM", DEADLINE, || {
+        s.child.try_wait().ok().flatten()
+    })
+}
+
+/// SIGTERM, then the exit.
+fn stop(s: rvisor_ffi_tests::ServeBin) -> std::process::ExitStatus {
+    terminate(&s);
+    exited(s)
+}
+
+fn session_run(base: &str, id: &str, code: &str) -> serde_json::Value {
+    let (status, r) = http(
+        "POST",
+        &format!("{base}/v1/sessions/{id}/run"),
+        Some(serde_json::json!({ "code": code })),
+    );
+    assert_eq!(status, 200, "{code}: {r}");
+    assert_eq!(r["outcome"], "complete", "{code}: {r}");
+    r
+}
+
+#[test]
+fn a_restart_of_the_server_keeps_every_session_and_the_call_in_flight_finishes() {
+    let state = state_dir("restart");
+    let gate = state.join("gate");
+    let srv = serve_with_state(&state);
+    let base = format!("http://{}", srv.addr);
+    let new_session = |base: &str, body: serde_json::Value| {
+        let (status, s) = http("POST", &format!("{base}/v1/sessions"), Some(body));
+        assert_eq!(status, 201, "{s}");
+        s["id"].as_str().unwrap().to_string()
+    };
+    // One session with state, one with its own options, one never used.
+    let a = new_session(&base, serde_json::json!({}));
+    let b = new_session(&base, serde_json::json!({"plot_width": 321}));
+    let unused = new_session(&base, serde_json::json!({}));
+    session_run(&base, &a, BUILD);
+    let before = session_run(&base, &a, CHECK)["console"].clone();
+    session_run(&base, &b, "kept <- 'b'");
+    // A call in flight at SIGTERM: the drain lets it finish.
+    let in_flight = {
+        let (base, a, gate) = (base.clone(), a.clone(), gate.display().to_string());
+        std::thread::spawn(move || {
+            session_run(
+                &base,
+                &a,
+                &format!("while (!file.exists('{gate}')) Sys.sleep(0.02); late <- 'done'"),
+            )
+        })
+    };
+    rvisor_ffi_tests::wait_for("the call to run", DEADLINE, || {
+        let (_, st) = http("GET", &format!("{base}/v1/sessions/{a}"), None);
+        (st["state"] == "running").then_some(())
+    });
+    terminate(&srv);
+    // Draining: new sessions are refused while the call still runs.
+    rvisor_ffi_tests::wait_for("the drain", DEADLINE, || {
+        let (status, _) = http(
+            "POST",
+            &format!("{base}/v1/sessions"),
+            Some(serde_json::json!({})),
+        );
+        (status == 503).then_some(())
+    });
+    std::fs::write(&gate, "").unwrap();
+    let finished = in_flight.join().unwrap();
+    assert_eq!(finished["outcome"], "complete", "{finished}");
+    assert!(exited(srv).success());
+
+    let srv = serve_with_state(&state);
+    let base = format!("http://{}", srv.addr);
+    let (_, st) = http("GET", &format!("{base}/v1/sessions/{a}"), None);
+    assert_eq!(st["state"], "hibernated", "{st}");
+    // The state, with the call that finished during the drain, comes back;
+    // the RNG stream goes on where it was.
+    let r = session_run(&base, &a, &format!("{CHECK}\ncat(late, '\\n')"));
+    let restored = &r["session"]["restored"];
+    assert_eq!(restored["reason"], "restarted", "{r}");
+    assert_eq!(r["session"]["fresh"], false, "{r}");
+    let console = r["console"].as_str().unwrap();
+    let before = before.as_str().unwrap();
+    assert!(
+        console.contains(before.lines().next().unwrap()),
+        "{console} vs {before}"
+    );
+    assert!(console.contains("the server restarted"), "{console}");
+    assert!(console.contains("done"), "{console}");
+    // Options of the session survive with it.
+    let r = session_run(&base, &b, "cat(kept); plot(1:3)");
+    assert!(r["console"].as_str().unwrap().ends_with("b"), "{r}");
+    assert_eq!(r["plots"][0]["width"], 321, "{r}");
+    let r = session_run(&base, &unused, "cat(exists('x'))");
+    assert!(r["console"].as_str().unwrap().contains("FALSE"), "{r}");
+    // A session closed after the restart stays closed after the next.
+    let (status, _) = http("DELETE", &format!("{base}/v1/sessions/{b}"), None);
+    assert_eq!(status, 204);
+    assert!(stop(srv).success());
+    let srv = serve_with_state(&state);
+    let base = format!("http://{}", srv.addr);
+    let (status, _) = http("GET", &format!("{base}/v1/sessions/{b}"), None);
+    assert_eq!(status, 404);
+    let r = session_run(&base, &a, "cat(sum(x))");
+    assert!(r["console"].as_str().unwrap().ends_with("55"), "{r}");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+/// Installs a tiny package `name` (one exported function, `hello()`) into
+/// the library `lib` with `R CMD INSTALL`.
+fn install_tiny_package(lib: &std::path::Path, name: &str) {
+    let src = lib.with_extension("src").join(name);
+    std::fs::create_dir_all(src.join("R")).unwrap();
+    std::fs::write(
+        src.join("DESCRIPTION"),
+        format!(
+            "Package: {name}\nVersion: 0.1.0\nTitle: A Test Package\nDescription: Used by the durable tests.\n\
+             License: MIT\nAuthor: rvisor\nMaintainer: rvisor <rvisor@example.org>\nEncoding: UTF-8\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(src.join("NAMESPACE"), "export(hello)\n").unwrap();
+    std::fs::write(
+        src.join("R").join("hello.R"),
+        "hello <- function() 'hi from the package'\n",
+    )
+    .unwrap();
+    // `--library=LIB` in one argument: R CMD INSTALL reads `--library LIB`
+    // as a flag it does not know and installs into the site library.
+    let mut to = std::ffi::OsString::from("--library=");
+    to.push(lib);
+    let out = std::process::Command::new("R")
+        .args(["CMD", "INSTALL", "--no-test-load"])
+        .arg(to)
+        .arg(&src)
+        .output()
+        .expect("R CMD INSTALL runs");
+    assert!(
+        out.status.success(),
+        "R CMD INSTALL failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(lib.with_extension("src"));
+    assert!(
+        lib.join(name).join("DESCRIPTION").is_file(),
+        "{name} was not installed into {}",
+        lib.display()
+    );
+}
+
+#[test]
+fn a_checkpoint_whose_package_is_gone_gives_a_fresh_session_that_names_it() {
+    let dir = state_dir("pkg-gone");
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    install_tiny_package(&lib, "rvisortiny");
+    // R's library path is fixed when R starts: the zygote gets it, and the
+    // session asks for the same one.
+    let store = Arc::new(DirStore::new(dir.join("state")).unwrap());
+    let sup = Supervisor::new(SupervisorConfig {
+        worker: rvisor::WorkerConfig {
+            libpath: vec![lib.clone()],
+            ..rvisor::WorkerConfig::default()
+        },
+        checkpoints: Some(store.clone()),
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor starts");
+    let s = sup
+        .session_with(SessionOptions {
+            libpath: vec![lib.clone()],
+            ..manual()
+        })
+        .unwrap();
+    let r = ok(&s, "library(rvisortiny); kept <- hello(); cat(kept)");
+    assert!(r.console.ends_with("hi from the package"), "{}", r.console);
+    let info = s.checkpoint().unwrap();
+    assert!(
+        info.manifest.attached.iter().any(|p| p == "rvisortiny"),
+        "{:?}",
+        info.manifest.attached
+    );
+    s.hibernate();
+    wait_state(&s, SessionState::Hibernated);
+    std::fs::remove_dir_all(lib.join("rvisortiny")).unwrap();
+
+    let r = ok(&s, "exists('kept')");
+    let reason = r.session.reset_reason.clone().unwrap_or_default();
+    assert!(reason.starts_with("restore_failed: "), "{reason}");
+    assert!(
+        reason.contains("package rvisortiny is no longer installed; install it again"),
+        "the reason names the package and what to do: {reason}"
+    );
+    assert!(r.session.fresh, "{:?}", r.session);
+    assert!(r.session.restored.is_none());
+    assert!(
+        r.console.contains("could not be restored") && r.console.contains("rvisortiny"),
+        "{}",
+        r.console
+    );
+    assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
+    // The fresh session goes on.
+    assert_eq!(ok(&s, "1 + 1").console, "[1] 2\n");
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_session_unused_past_the_ttl_is_deleted_and_a_used_one_is_kept() {
+    let state = state_dir("ttl");
+    // A TTL of 5 s (in days, as the flag takes it).
+    let ttl = ["--session-ttl-days", "0.0000579"];
+    let start = |state: &std::path::Path| {
+        rvisor_ffi_tests::ServeBin::start(
+            &[
+                &[
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                    "--hibernate-after-secs",
+                    "0",
+                ][..],
+                &ttl[..],
+            ]
+            .concat(),
+        )
+    };
+    let srv = start(&state);
+    let base = format!("http://{}", srv.addr);
+    let (_, s) = http(
+        "POST",
+        &format!("{base}/v1/sessions"),
+        Some(serde_json::json!({})),
+    );
+    let old = s["id"].as_str().unwrap().to_string();
+    session_run(&base, &old, "x <- 1");
+    let (status, _) = http(
+        "POST",
+        &format!("{base}/v1/sessions/{old}/checkpoint"),
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(stop(srv).success());
+    let record = std::fs::read_dir(state.join("sessions"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join(&old)
+        .join("record.json");
+    assert!(record.exists(), "{}", record.display());
+    // Past the TTL with the server down, the session is deleted by the
+    // next server's sweep, from the store too.
+    rvisor_ffi_tests::wait_for("the TTL to pass", DEADLINE, || {
+        let age = std::fs::metadata(&record)
+            .ok()?
+            .modified()
+            .ok()?
+            .elapsed()
+            .ok()?;
+        (age > Duration::from_secs(6)).then_some(())
+    });
+    let srv = start(&state);
+    let base = format!("http://{}", srv.addr);
+    // A session used now is younger than the TTL when the sweep comes.
+    let (_, s) = http(
+        "POST",
+        &format!("{base}/v1/sessions"),
+        Some(serde_json::json!({})),
+    );
+    let used = s["id"].as_str().unwrap().to_string();
+    session_run(&base, &used, "y <- 2");
+    rvisor_ffi_tests::wait_for("the expired session to go", DEADLINE, || {
+        let (status, _) = http("GET", &format!("{base}/v1/sessions/{old}"), None);
+        (status == 404).then_some(())
+    });
+    assert!(!record.exists());
+    let (status, st) = http("GET", &format!("{base}/v1/sessions/{used}"), None);
+    assert_eq!(status, 200, "{st}");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&state);
+}
+
 /// R code that waits until the test opens its gate ([`open_gate`]), then
 /// sets `kept`.
 const GATED: &str = "while (!file.exists('gate')) Sys.sleep(0.02); kept <- 'yes'";

@@ -1799,6 +1799,9 @@ fn the_openapi_document_lists_every_route_and_the_contract_types() {
         "/v1/sessions/{id}",
         "/v1/sessions/{id}/run",
         "/v1/sessions/{id}/cancel",
+        "/v1/sessions/{id}/checkpoint",
+        "/v1/sessions/{id}/hibernate",
+        "/v1/sessions/{id}/restore",
         "/v1/tables",
         "/v1/tables/{pointer}",
     ] {
@@ -1890,4 +1893,186 @@ fn a_cpu_bound_run_is_stopped_by_its_cpu_limit_too() {
         .run(&json!({"script": "repeat {}", "timeout_seconds": 1}));
     assert_eq!(r["outcome"], "timed_out", "{r}");
     assert_eq!(r["error"]["timed_out"], true);
+}
+
+// ---------------------------------------------------------------------------
+// Durable sessions: checkpoint, hibernate, restore
+
+/// A server whose sessions checkpoint into a state directory of the test's
+/// own (`dir/state`), with no automatic checkpoints or hibernation: the
+/// tests ask for them.
+fn durable_server(dir: &TestDir) -> Server {
+    let store = rvisor::checkpoint::DirStore::new(dir.path().join("state")).expect("a state dir");
+    let sup = Supervisor::new(SupervisorConfig {
+        pool: PoolConfig {
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
+        },
+        checkpoints: Some(std::sync::Arc::new(store)),
+        defaults: SessionOptions {
+            checkpoint_after: None,
+            hibernate_after: None,
+            ..SessionOptions::default()
+        },
+        ..SupervisorConfig::default()
+    })
+    .expect("the supervisor starts");
+    let mut cfg = ServeConfig::default();
+    cfg.tables.dir = dir.path().join("tables");
+    Server::start(sup, cfg)
+}
+
+/// Waits until session `id` is hibernated; its status then.
+fn wait_hibernated(c: &Client, id: &str) -> Value {
+    wait_for("the session to hibernate", || {
+        let st = c.get(&format!("/v1/sessions/{id}")).ok();
+        (st["state"] == "hibernated").then_some(st)
+    })
+}
+
+#[test]
+fn a_session_checkpoints_hibernates_wakes_on_its_next_run_and_rolls_back() {
+    let dir = TestDir::new("http-durable");
+    let srv = durable_server(&dir);
+    let c = srv.client();
+    let id = c.new_session();
+    let r = c.session_run(&id, "keep <- 'before'; library(splines)");
+    assert_eq!(r["outcome"], "complete", "{r}");
+
+    let info = c
+        .post(&format!("/v1/sessions/{id}/checkpoint"), &json!({}))
+        .ok();
+    assert_eq!(info["written"], true, "{info}");
+    assert!(
+        info["manifest"]["objects"]
+            .as_array()
+            .is_some_and(|o| o.contains(&json!("keep"))),
+        "{info}"
+    );
+    let st = c
+        .post(&format!("/v1/sessions/{id}/hibernate"), &json!({}))
+        .ok();
+    assert_eq!(st["id"], id.as_str(), "{st}");
+    let st = wait_hibernated(&c, &id);
+    assert!(
+        st["pid"].is_null(),
+        "a hibernated session has no worker: {st}"
+    );
+
+    // The next run wakes it: the objects and the attached package are back.
+    let r = c.session_run(&id, "cat(keep, 'package:splines' %in% search())");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["session"]["restored"]["reason"], "hibernated", "{r}");
+    assert!(r["session"]["reset_reason"].is_null(), "{r}");
+    assert_eq!(r["session"]["fresh"], false, "{r}");
+    assert!(
+        r["console"].as_str().unwrap().ends_with("before TRUE"),
+        "{r}"
+    );
+    let st = c.get(&format!("/v1/sessions/{id}")).ok();
+    assert_eq!(st["state"], "idle", "{st}");
+    assert!(st["pid"].as_u64().is_some(), "{st}");
+
+    // Roll back: what came after the checkpoint is gone, what was in it
+    // stays.
+    c.session_run(&id, "after <- 1; keep <- 'changed'");
+    let st = c
+        .post(&format!("/v1/sessions/{id}/restore"), &json!({}))
+        .ok();
+    assert_eq!(st["id"], id.as_str(), "{st}");
+    let r = c.session_run(&id, "cat(keep, exists('after'))");
+    assert_eq!(r["session"]["restored"]["reason"], "restore", "{r}");
+    assert_eq!(r["session"]["reset_reason"], "restore", "{r}");
+    assert!(
+        r["console"].as_str().unwrap().ends_with("before FALSE"),
+        "{r}"
+    );
+
+    // A hibernated session rolls back too: to the checkpoint hibernation
+    // took, without a worker in between.
+    c.session_run(&id, "late <- 2");
+    c.post(&format!("/v1/sessions/{id}/hibernate"), &json!({}))
+        .ok();
+    wait_hibernated(&c, &id);
+    let st = c
+        .post(&format!("/v1/sessions/{id}/restore"), &json!({}))
+        .ok();
+    assert!(st["pid"].is_null(), "{st}");
+    let r = c.session_run(&id, "cat(keep, late)");
+    assert_eq!(r["session"]["restored"]["reason"], "restore", "{r}");
+    assert!(r["console"].as_str().unwrap().ends_with("before 2"), "{r}");
+
+    // Unknown sessions are 404 for every durable operation.
+    for op in ["checkpoint", "hibernate", "restore"] {
+        c.post(&format!("/v1/sessions/s-0000000000000000/{op}"), &json!({}))
+            .error(404, "not_found");
+    }
+}
+
+#[test]
+fn restore_without_a_checkpoint_and_durable_operations_without_a_state_dir_are_422() {
+    let dir = TestDir::new("http-durable-422");
+    let srv = durable_server(&dir);
+    let c = srv.client();
+    let id = c.new_session();
+    c.session_run(&id, "x <- 1");
+    let m = c
+        .post(&format!("/v1/sessions/{id}/restore"), &json!({}))
+        .error(422, "invalid");
+    assert!(m.contains("no checkpoint"), "{m}");
+    // The session is untouched.
+    let r = c.session_run(&id, "x");
+    assert_eq!(r["console"], "[1] 1\n", "{r}");
+    assert!(r["session"]["restored"].is_null(), "{r}");
+
+    let plain = Server::open();
+    let c = plain.client();
+    let id = c.new_session();
+    c.session_run(&id, "x <- 1");
+    for op in ["checkpoint", "hibernate", "restore"] {
+        let m = c
+            .post(&format!("/v1/sessions/{id}/{op}"), &json!({}))
+            .error(422, "invalid");
+        assert!(m.contains("--state-dir"), "{op}: {m}");
+    }
+    let st = c.get(&format!("/v1/sessions/{id}")).ok();
+    assert_eq!(st["state"], "idle", "{st}");
+}
+
+#[test]
+fn a_checkpoint_file_cut_short_on_disk_gives_a_fresh_session_that_says_why() {
+    // durable.rs damages the compressed state through the store; here the
+    // file in the server's state directory is cut in half, so the manifest
+    // at its end is gone, and the reason travels over HTTP.
+    let dir = TestDir::new("http-durable-cut");
+    let srv = durable_server(&dir);
+    let c = srv.client();
+    let id = c.new_session();
+    c.session_run(&id, "x <- rnorm(1000)");
+    let info = c
+        .post(&format!("/v1/sessions/{id}/checkpoint"), &json!({}))
+        .ok();
+    let file = dir
+        .path()
+        .join("state")
+        .join(format!("{}.ckpt", info["key"].as_str().expect("a key")));
+    c.post(&format!("/v1/sessions/{id}/hibernate"), &json!({}))
+        .ok();
+    wait_hibernated(&c, &id);
+    let bytes = std::fs::read(&file).expect("the checkpoint file");
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).expect("cut the file");
+
+    let r = c.session_run(&id, "exists('x')");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let reason = r["session"]["reset_reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("restore_failed: "), "{r}");
+    assert!(reason.contains("damaged"), "{r}");
+    assert_eq!(r["session"]["fresh"], true, "{r}");
+    assert!(r["session"]["restored"].is_null(), "{r}");
+    let console = r["console"].as_str().unwrap();
+    assert!(console.contains("could not be restored"), "{console}");
+    assert!(console.ends_with("[1] FALSE\n"), "{console}");
+    // The fresh session goes on.
+    assert_eq!(c.session_run(&id, "1 + 1")["console"], "[1] 2\n");
 }

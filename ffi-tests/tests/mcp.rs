@@ -13,12 +13,18 @@ struct Client {
 
 impl Client {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// `rvisor mcp` with `extra` flags.
+    fn start_with(extra: &[&std::ffi::OsStr]) -> Self {
         let bin = rvisor_ffi_tests::rvisor_bin();
         let dir = std::env::temp_dir().join(format!("rvisor-mcp-{}", rvisor::ids::random_hex(6)));
         let mut child = Command::new(bin)
             .arg("mcp")
             .arg("--data-dir")
             .arg(dir)
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -329,4 +335,117 @@ fn without_a_token_or_a_log_level_a_call_sends_no_notifications() {
         json!({"code": "rvisor_progress(1); cat('x\\n')"}),
     );
     assert_eq!(r["structuredContent"]["console"], "x\n", "{r}");
+}
+
+/// Whether a process no longer runs (gone, or a zombie waiting to be
+/// reaped).
+fn process_gone(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+#[test]
+fn with_a_state_dir_the_session_checkpoints_rolls_back_and_hibernates() {
+    let state = rvisor_ffi_tests::TestDir::new("mcp-state");
+    let mut c = Client::start_with(&[
+        std::ffi::OsStr::new("--state-dir"),
+        state.path().as_os_str(),
+    ]);
+    let init = c.initialize();
+    let instructions = init["result"]["instructions"].as_str().unwrap();
+    assert!(
+        instructions.contains("checkpoint_r_session"),
+        "{instructions}"
+    );
+    let tools = c.request("tools/list", json!({}));
+    let names: Vec<&str> = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"checkpoint_r_session"), "{names:?}");
+    assert!(names.contains(&"restore_r_session"), "{names:?}");
+
+    // Nothing to checkpoint before the first run_r_code.
+    let none = c.call("checkpoint_r_session", json!({}));
+    assert_eq!(none["isError"], true, "{none}");
+    assert_eq!(
+        none["structuredContent"]["error"]["code"], "unknown_session",
+        "{none}"
+    );
+
+    c.call("run_r_code", json!({"code": "keep <- 'before'"}));
+    let cp = c.call("checkpoint_r_session", json!({}));
+    assert_eq!(cp["isError"], false, "{cp}");
+    assert_eq!(
+        cp["structuredContent"]["checkpoint"]["written"], true,
+        "{cp}"
+    );
+    assert!(
+        cp["structuredContent"]["checkpoint"]["manifest"]["objects"]
+            .as_array()
+            .is_some_and(|o| o.contains(&json!("keep"))),
+        "{cp}"
+    );
+
+    // Roll back: the object assigned after the checkpoint is gone.
+    c.call(
+        "run_r_code",
+        json!({"code": "after <- 1; keep <- 'changed'"}),
+    );
+    let back = c.call("restore_r_session", json!({}));
+    assert_eq!(back["isError"], false, "{back}");
+    assert_eq!(back["structuredContent"]["restored"], true, "{back}");
+    let r = c.call("run_r_code", json!({"code": "cat(keep, exists('after'))"}));
+    assert_eq!(
+        r["structuredContent"]["session"]["restored"]["reason"], "restore",
+        "{r}"
+    );
+    assert!(text(&r).ends_with("before FALSE"), "{}", text(&r));
+
+    // Checkpoint and hibernate: the worker goes, the next call brings the
+    // state back.
+    let h = c.call("checkpoint_r_session", json!({"hibernate": true}));
+    assert_eq!(h["isError"], false, "{h}");
+    assert_eq!(h["structuredContent"]["hibernating"], true, "{h}");
+    let pid = h["structuredContent"]["status"]["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("the worker's pid: {h}"));
+    rvisor_ffi_tests::wait_for(
+        "the hibernated session's worker to exit",
+        std::time::Duration::from_secs(60),
+        || process_gone(pid).then_some(()),
+    );
+    let r = c.call("run_r_code", json!({"code": "cat(keep)"}));
+    assert_eq!(
+        r["structuredContent"]["session"]["restored"]["reason"], "hibernated",
+        "{r}"
+    );
+    assert!(text(&r).ends_with("before"), "{}", text(&r));
+    let bad = c.request(
+        "tools/call",
+        json!({"name": "checkpoint_r_session", "arguments": {"hibernate": "yes"}}),
+    );
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+}
+
+#[test]
+fn without_a_state_dir_no_checkpoint_tools_are_offered() {
+    let mut c = Client::start();
+    c.initialize();
+    let tools = c.request("tools/list", json!({}));
+    let names: Vec<&str> = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"run_r_code"), "{names:?}");
+    assert!(!names.contains(&"checkpoint_r_session"), "{names:?}");
+    assert!(!names.contains(&"restore_r_session"), "{names:?}");
 }

@@ -165,6 +165,9 @@ impl Node {
             .args(["--operator", "ops", "--node-id", id])
             .args(["--store", &format!("s3://{BUCKET}/cluster")])
             .args(["--drain-grace-secs", "60", "--style", "builtin"])
+            // Short leases: a killed node's sessions are taken over within
+            // seconds (the default is 10 s).
+            .args(["--lease-secs", "3"])
             .arg("--data-dir")
             .arg(dir.path())
             .envs(moto.env())
@@ -238,12 +241,11 @@ impl Nginx {
             let a = &n.addr;
             let last = &nodes[2].addr;
             conf = conf
-                .replacen(
+                .replace(
                     &format!("    server {last} max_fails=1 fail_timeout=10s;\n"),
                     &format!(
                         "    server {last} max_fails=1 fail_timeout=10s;\n    server {a} max_fails=1 fail_timeout=10s;\n"
                     ),
-                    1,
                 )
                 .replacen(
                     "upstream rvisor_n3 {",
@@ -346,6 +348,15 @@ impl Drop for Nginx {
         }
         // `Proc` then kills the master if it is still there.
     }
+}
+
+/// The node that answered, from nginx's `$upstream_addr` (which lists
+/// every node tried: `a : b, c`).
+fn answered_by(upstream: &str) -> &str {
+    upstream
+        .rsplit([',', ' '])
+        .find(|p| !p.is_empty() && *p != ":")
+        .unwrap_or("")
 }
 
 fn node_of(id: &str) -> &str {
@@ -529,7 +540,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
 }
 
 #[test]
-fn sigterm_lets_the_running_call_finish_then_the_nodes_sessions_answer_404_elsewhere() {
+fn a_drained_node_lets_its_running_call_finish_and_hands_its_sessions_to_the_others() {
     let moto = Moto::start();
     let dir = TestDir::new("rvisor-multinode");
     let tokens = tokens_file(&dir);
@@ -538,18 +549,28 @@ fn sigterm_lets_the_running_call_finish_then_the_nodes_sessions_answer_404_elsew
     let n3 = Node::start("n3", &moto, &tokens);
     let nginx = Nginx::start(&[&n1, &n2, &n3]);
 
-    // A session on n2, made directly there, with state.
-    let a = post_json(&n2.url("/v1/sessions"), USER, json!({}));
-    assert_eq!(a.status, 201, "{a:?}");
-    let id = a.body["id"].as_str().unwrap().to_string();
-    assert_eq!(node_of(&id), "n2");
-    session_run(&nginx, &id, "x <- 5");
+    // Two sessions on n2, made directly there, with state.
+    let mut ids = Vec::new();
+    for k in [5, 6] {
+        let a = post_json(&n2.url("/v1/sessions"), USER, json!({}));
+        assert_eq!(a.status, 201, "{a:?}");
+        let id = a.body["id"].as_str().unwrap().to_string();
+        assert_eq!(node_of(&id), "n2");
+        session_run(&nginx, &id, &format!("x <- {k}; library(splines)"));
+        ids.push(id);
+    }
+    let id = ids[0].clone();
 
-    // A call that is running when SIGTERM comes finishes with its result.
+    // A call that is running when SIGTERM comes finishes with its result,
+    // and what it did is part of the state handed off.
     let running = {
         let url = nginx.url(&format!("/v1/sessions/{id}/run"));
         std::thread::spawn(move || {
-            post_json(&url, USER, json!({"code": "Sys.sleep(1.5); cat(x * 2)"}))
+            post_json(
+                &url,
+                USER,
+                json!({"code": "Sys.sleep(1.5); y <- x * 2; cat(y)"}),
+            )
         })
     };
     wait_for("the call to run on n2", START, || {
@@ -568,22 +589,121 @@ fn sigterm_lets_the_running_call_finish_then_the_nodes_sessions_answer_404_elsew
     });
     assert!(status.success(), "n2 exited {status:?}");
 
-    // n2 is gone: nginx sends the session's call to another node, which
-    // does not have it (until checkpoints): 404, not a 502.
-    let gone = post_json(
-        &nginx.url(&format!("/v1/sessions/{id}/run")),
-        USER,
-        json!({"code": "x"}),
-    );
-    assert_eq!(gone.status, 404, "{gone:?}");
-    assert_eq!(gone.body["error"]["code"], "not_found");
-    assert!(
-        gone.upstream.contains(&n1.addr) || gone.upstream.contains(&n3.addr),
-        "{gone:?}"
-    );
+    // n2 is gone: nginx sends each session's next call to another node,
+    // which takes it over from the store with its state.
+    for (k, id) in [5, 6].iter().zip(&ids) {
+        let t = std::time::Instant::now();
+        let r = post_json(
+            &nginx.url(&format!("/v1/sessions/{id}/run")),
+            USER,
+            json!({"code": "cat(x, 'package:splines' %in% search())"}),
+        );
+        eprintln!(
+            "hand-off after a drain: {id}'s next call answered in {:.0} ms by {}",
+            t.elapsed().as_secs_f64() * 1000.0,
+            r.upstream
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(
+            r.body["console"]
+                .as_str()
+                .unwrap_or("")
+                .ends_with(&format!("{k} TRUE")),
+            "{}",
+            r.body
+        );
+        assert_eq!(
+            r.body["session"]["restored"]["reason"], "moved",
+            "{}",
+            r.body
+        );
+        assert!(
+            r.upstream.contains(&n1.addr) || r.upstream.contains(&n3.addr),
+            "{r:?}"
+        );
+    }
+    let (out, _) = session_run(&nginx, &id, "cat(y)");
+    assert!(out.ends_with("10"), "{out}");
     // New work still flows, to the nodes that are up.
     let r = post_json(&nginx.url("/v1/run"), USER, json!({"script": "cat(1 + 1)"}));
     assert_eq!(r.status, 200, "{r:?}");
+}
+
+#[test]
+fn a_killed_nodes_sessions_go_on_elsewhere_from_their_last_checkpoint() {
+    let moto = Moto::start();
+    let dir = TestDir::new("rvisor-multinode");
+    let tokens = tokens_file(&dir);
+    let n1 = Node::start("n1", &moto, &tokens);
+    let n2 = Node::start("n2", &moto, &tokens);
+    let mut n3 = Node::start("n3", &moto, &tokens);
+    let nginx = Nginx::start(&[&n1, &n2, &n3]);
+
+    let a = post_json(&n3.url("/v1/sessions"), USER, json!({}));
+    assert_eq!(a.status, 201, "{a:?}");
+    let id = a.body["id"].as_str().unwrap().to_string();
+    session_run(&nginx, &id, "x <- 41; f <- function() x + 1");
+    let cp = call(
+        "POST",
+        &n3.url(&format!("/v1/sessions/{id}/checkpoint")),
+        USER,
+        None,
+    );
+    assert_eq!(cp.status, 200, "{cp:?}");
+    assert_eq!(cp.body["written"], true, "{cp:?}");
+
+    // SIGKILL: no drain, no hand-off; the lease stops being renewed.
+    n3.proc.0.kill().unwrap();
+    n3.proc.0.wait().unwrap();
+    let t = std::time::Instant::now();
+    let r = post_json(
+        &nginx.url(&format!("/v1/sessions/{id}/run")),
+        USER,
+        json!({"code": "cat(f())"}),
+    );
+    eprintln!(
+        "take-over after SIGKILL: the next call answered in {:.0} ms by {} (leases of 3 s)",
+        t.elapsed().as_secs_f64() * 1000.0,
+        r.upstream
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        r.body["console"].as_str().unwrap_or("").ends_with("42"),
+        "{}",
+        r.body
+    );
+    let restored = &r.body["session"]["restored"];
+    assert_eq!(restored["reason"], "moved", "{}", r.body);
+    assert!(restored["checkpoint_at"].is_string(), "{}", r.body);
+    let new_home = answered_by(&r.upstream).to_string();
+    assert!(new_home == n1.addr || new_home == n2.addr, "{r:?}");
+    // The new owner keeps it: the next calls stay there, state intact.
+    let (out, up) = session_run(&nginx, &id, "x <- x + 1; cat(f())");
+    assert!(out.ends_with("43"), "{out}");
+    assert_eq!(answered_by(&up), new_home);
+    // n3 comes back (same id, new address): calls go to it again, and it
+    // asks the takeover node for the session through the store.
+    let n3 = Node::start("n3", &moto, &tokens);
+    nginx.reload(&[&n1, &n2, &n3]);
+    // (nginx's reload takes effect when its old workers have finished.)
+    let back = wait_for("n3 to answer its session again", START, || {
+        let (out, up) = session_run(&nginx, &id, "cat(f())");
+        assert!(out.ends_with("43"), "{out}");
+        (answered_by(&up) == n3.addr).then_some(out)
+    });
+    assert!(back.contains("restored the state"), "{back}");
+    // Closing it deletes it from the store: no node finds it again.
+    let del = call(
+        "DELETE",
+        &nginx.url(&format!("/v1/sessions/{id}")),
+        USER,
+        None,
+    );
+    assert_eq!(del.status, 204, "{del:?}");
+    for n in [&n1, &n2, &n3] {
+        let g = call("GET", &n.url(&format!("/v1/sessions/{id}")), USER, None);
+        assert_eq!(g.status, 404, "{}: {g:?}", n.id);
+    }
 }
 
 #[test]

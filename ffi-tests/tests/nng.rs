@@ -79,6 +79,17 @@ impl Server {
         Self::start(|_| "tcp://127.0.0.1:0".to_string())
     }
 
+    /// A server on an IPC socket whose sessions checkpoint into its temp
+    /// dir (`--state-dir`).
+    fn durable() -> Self {
+        let dir = short_dir();
+        let url = format!("ipc://{}", dir.path().join("rvisor.sock").display());
+        let state = dir.path().join("state").display().to_string();
+        Self::try_start_with(dir, &url, &["--state-dir", &state]).unwrap_or_else(|(status, log)| {
+            panic!("rvisor serve --nng {url} exited early ({status}):\n{log}")
+        })
+    }
+
     fn start(url: impl FnOnce(&Path) -> String) -> Self {
         let dir = short_dir();
         let url = url(dir.path());
@@ -90,6 +101,15 @@ impl Server {
     /// Starts the server and waits for its "listening on nng" line; the
     /// exit status and stderr if it exits first.
     fn try_start(dir: TestDir, url: &str) -> Result<Self, (ExitStatus, String)> {
+        Self::try_start_with(dir, url, &[])
+    }
+
+    /// [`Server::try_start`] with `extra` flags for `rvisor serve`.
+    fn try_start_with(
+        dir: TestDir,
+        url: &str,
+        extra: &[&str],
+    ) -> Result<Self, (ExitStatus, String)> {
         let tokens = dir.path().join("tokens");
         std::fs::write(&tokens, format!("{TOK_A} alice\n{TOK_B} bob\n"))
             .expect("write the token file");
@@ -99,6 +119,7 @@ impl Server {
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args(["--nng", url])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -691,6 +712,65 @@ fn reset_gives_a_fresh_session() {
         &p.call(TOK_A, json!({"op": "reset", "session": "nope"})),
         "unknown_session",
     );
+}
+
+#[test]
+fn checkpoint_hibernate_and_restore_answer_as_in_jsonl() {
+    let mut s = Server::durable();
+    let mut p = s.peer();
+    p.run("keep <- 'before'");
+    let c = ok(&p.call(TOK_A, json!({"op": "checkpoint"})), "checkpoint");
+    assert_eq!(c["written"], true, "{c}");
+    assert!(
+        c["manifest"]["objects"]
+            .as_array()
+            .is_some_and(|o| o.contains(&json!("keep"))),
+        "{c}"
+    );
+    let st = ok(&p.call(TOK_A, json!({"op": "hibernate"})), "status");
+    let sid = st["id"].clone();
+    wait_for("the session to hibernate", || {
+        let st = ok(&p.call(TOK_A, json!({"op": "status"})), "status");
+        (st["state"] == "hibernated").then_some(())
+    });
+    let r = p.run("cat(keep)");
+    assert_eq!(r["session"]["id"], sid, "{r}");
+    assert_eq!(r["session"]["restored"]["reason"], "hibernated", "{r}");
+    assert!(console(&r).ends_with("before"), "{r}");
+
+    // Roll back to the checkpoint.
+    p.run("after <- 1");
+    ok(&p.call(TOK_A, json!({"op": "restore"})), "status");
+    let r = p.run("cat(keep, exists('after'))");
+    assert_eq!(r["session"]["restored"]["reason"], "restore", "{r}");
+    assert!(console(&r).ends_with("before FALSE"), "{r}");
+
+    // Another tenant's name is its own: bob has no session to restore.
+    err(&p.call(TOK_B, json!({"op": "restore"})), "unknown_session");
+    let m = err(
+        &p.call(TOK_A, json!({"op": "restore", "session": "fresh-one"})),
+        "unknown_session",
+    );
+    assert!(m.contains("fresh-one"), "{m}");
+    // A session with no checkpoint cannot be rolled back.
+    p.run_in(TOK_A, "other", "y <- 1");
+    let m = err(
+        &p.call(TOK_A, json!({"op": "restore", "session": "other"})),
+        "invalid",
+    );
+    assert!(m.contains("no checkpoint"), "{m}");
+    assert!(s.stop().success(), "{}", s.log());
+}
+
+#[test]
+fn without_a_state_dir_the_durable_ops_say_to_start_the_server_with_one() {
+    let s = Server::ipc();
+    let mut p = s.peer();
+    p.run("x <- 1");
+    for op in ["checkpoint", "hibernate", "restore"] {
+        let m = err(&p.call(TOK_A, json!({ "op": op })), "invalid");
+        assert!(m.contains("--state-dir"), "{op}: {m}");
+    }
 }
 
 #[test]

@@ -355,6 +355,10 @@ fn every_answer_of_every_operation_is_documented() {
         ("get", "/v1/sessions/{id}", "", 200),
         ("post", "/v1/sessions/{id}/cancel", "/cancel", 200),
         ("post", "/v1/sessions/{id}/reset", "/reset", 200),
+        // This server keeps no checkpoints: 422 with what to do.
+        ("post", "/v1/sessions/{id}/checkpoint", "/checkpoint", 422),
+        ("post", "/v1/sessions/{id}/hibernate", "/hibernate", 422),
+        ("post", "/v1/sessions/{id}/restore", "/restore", 422),
         ("delete", "/v1/sessions/{id}", "", 204),
     ] {
         check(

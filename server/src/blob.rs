@@ -27,6 +27,12 @@ use std::time::Duration;
 /// Files at least this large go up in parts of this size (bounded memory).
 const PART_BYTES: usize = 8 << 20;
 
+/// A store key component for a tenant: its bytes in hex (tenant names are
+/// free text; keys must not be).
+pub fn tenant_key(tenant: &str) -> String {
+    tenant.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {

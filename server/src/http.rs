@@ -52,6 +52,12 @@ pub struct ServeConfig {
     /// At SIGTERM: how long calls in flight get to finish while the node
     /// drains (still serving its sessions) before the listeners stop.
     pub drain_grace: std::time::Duration,
+    /// Where sessions are kept durable (see
+    /// [`crate::service::ServiceConfig::durable`]); its checkpoint store
+    /// must be the supervisor's.
+    pub durable: Option<std::sync::Arc<crate::durable::SessionStore>>,
+    /// With `durable`: sessions unused this long are deleted.
+    pub session_ttl: Option<std::time::Duration>,
 }
 
 impl Default for ServeConfig {
@@ -69,6 +75,8 @@ impl Default for ServeConfig {
             drain_grace: std::time::Duration::from_secs(30),
             nng: None,
             connections: crate::listen::ConnectionLimits::default(),
+            durable: None,
+            session_ttl: Some(crate::service::DEFAULT_SESSION_TTL),
         }
     }
 }
@@ -207,6 +215,8 @@ pub struct PackagesBody {
         session_cancel,
         session_reset,
         session_checkpoint,
+        session_hibernate,
+        session_restore,
         session_delete,
         table_create,
         table_get,
@@ -292,6 +302,16 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             "post",
             "/v1/sessions/{id}/checkpoint",
             &[E::BadRequest, E::NotFound, E::Invalid, E::Internal],
+        ),
+        (
+            "post",
+            "/v1/sessions/{id}/hibernate",
+            &[E::BadRequest, E::NotFound, E::Invalid],
+        ),
+        (
+            "post",
+            "/v1/sessions/{id}/restore",
+            &[E::BadRequest, E::NotFound, E::Invalid],
         ),
         ("delete", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
         (
@@ -960,8 +980,9 @@ async fn session_run(
     headers: HeaderMap,
     ApiJson(b): ApiJson<SessionRun>,
 ) -> Result<Response, ApiError> {
-    // Admission may wait for an idle session to hibernate: off the
-    // runtime's threads.
+    // Queueing may read the store (a session resumed from it), wait for a
+    // worker to be released, or (admission) wait for an idle session to
+    // hibernate: off the async threads.
     let svc = st.service.clone();
     if let Some(format) = crate::live::Format::wanted(&headers) {
         let call = blocking(move || svc.session_run_streaming(&tenant, &id, &b)).await??;
@@ -977,7 +998,8 @@ async fn session_status(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.service.session_status(&tenant, &id)?).into_response())
+    let svc = st.service.clone();
+    Ok(Json(blocking(move || svc.session_status(&tenant, &id)).await??).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Cancelled: the running call and the queue; the status after", body = rvisor::SessionStatus)))]
@@ -986,7 +1008,8 @@ async fn session_cancel(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.service.cancel(&tenant, &id)?).into_response())
+    let svc = st.service.clone();
+    Ok(Json(blocking(move || svc.cancel(&tenant, &id)).await??).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/reset", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Started over with a fresh worker; the status after", body = rvisor::SessionStatus)))]
@@ -995,7 +1018,8 @@ async fn session_reset(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.service.reset(&tenant, &id)?).into_response())
+    let svc = st.service.clone();
+    Ok(Json(blocking(move || svc.reset(&tenant, &id)).await??).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/checkpoint", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Checkpointed (after the running call) into the server's state directory: the key, the bytes stored, whether it was written (false: nothing ran since the last one) and its manifest", body = rvisor::checkpoint::CheckpointInfo)))]
@@ -1009,13 +1033,32 @@ async fn session_checkpoint(
     Ok(Json(info).into_response())
 }
 
+#[utoipa::path(post, path = "/v1/sessions/{id}/hibernate", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Hibernates the session once it is idle (after the running call): checkpointed, worker released, state `hibernated`; the next run restores it (`session.restored.reason` `hibernated`). The status when asked", body = rvisor::SessionStatus)))]
+async fn session_hibernate(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    ApiPath(id): ApiPath,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.service.hibernate(&tenant, &id)?).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/restore", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "Rolled back to the session's last checkpoint: the running call is cancelled, queued calls are not executed, and the next run starts from the checkpoint (`session.restored.reason` `restore`); the status after", body = rvisor::SessionStatus)))]
+async fn session_restore(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    ApiPath(id): ApiPath,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.service.restore(&tenant, &id)?).into_response())
+}
+
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 204, description = "Closed")))]
 async fn session_delete(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiPath(id): ApiPath,
 ) -> Result<Response, ApiError> {
-    st.service.close(&tenant, &id)?;
+    let svc = st.service.clone();
+    blocking(move || svc.close(&tenant, &id)).await??;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -1230,6 +1273,8 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             max_sessions_per_tenant: cfg.max_sessions_per_tenant,
             max_sessions: cfg.max_sessions,
             admission: cfg.admission.clone(),
+            durable: cfg.durable.clone(),
+            session_ttl: cfg.session_ttl,
         },
     )
 }
@@ -1265,6 +1310,8 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .route("/v1/sessions/{id}/cancel", post(session_cancel))
         .route("/v1/sessions/{id}/reset", post(session_reset))
         .route("/v1/sessions/{id}/checkpoint", post(session_checkpoint))
+        .route("/v1/sessions/{id}/hibernate", post(session_hibernate))
+        .route("/v1/sessions/{id}/restore", post(session_restore))
         .route("/v1/tables/{pointer}", get(table_get).delete(table_delete))
         .route("/metrics", get(metrics))
         .route("/v1/usage", get(usage))
@@ -1296,6 +1343,13 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
 pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     // Held until this function returns; the kernel drops it if we die.
     let _lock = crate::listen::lock_data_dir(&cfg.tables.dir)?;
+    // Sessions kept in a local directory without leases: one server.
+    let _state_lock = match cfg.durable.as_ref().map(|d| (d.url(), d.uses_leases())) {
+        Some((crate::blob::StoreUrl::Local(dir), false)) if *dir != cfg.tables.dir => {
+            Some(crate::listen::lock_data_dir(dir)?)
+        }
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| {
@@ -1365,8 +1419,14 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
     if let Some(task) = nng {
         let _ = task.await;
     }
+    // Durable sessions are kept (a drain has released them already);
+    // others end here.
     let s = sup.clone();
-    let _ = tokio::task::spawn_blocking(move || s.shutdown()).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        svc.release_all(std::time::Duration::from_secs(10));
+        s.shutdown()
+    })
+    .await;
     Ok(())
 }
 

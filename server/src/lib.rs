@@ -15,6 +15,7 @@
 pub mod admission;
 pub mod blob;
 pub mod cluster;
+pub mod durable;
 pub mod http;
 pub mod jsonl;
 pub mod listen;

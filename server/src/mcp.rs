@@ -2,7 +2,9 @@
 //!
 //! JSON-RPC 2.0, one message per line. The tools are thin wrappers over the
 //! [`Service`]'s operations, with the same checks as every other surface: health, packages, validation, one-shot runs (with
-//! variables and data pointers), and one persistent session per connection.
+//! variables and data pointers), and one persistent session per connection
+//! (with a checkpoint store, `rvisor mcp --state-dir`, also its checkpoint
+//! and roll-back: `checkpoint_r_session`, `restore_r_session`).
 //! Results come back as MCP content: console text, plots as images, the
 //! RunResult as structured content, `isError` when the R code failed, timed
 //! out or was refused. While a run goes on, a call with
@@ -12,7 +14,9 @@
 //! (logger `r`: stdout and messages `info`, stderr `notice`, warnings
 //! `warning`, errors `error`).
 
-use crate::service::{RunScript, Service, ServiceConfig, ServiceError, SessionRun, Surface};
+use crate::service::{
+    ErrorCode, RunScript, Service, ServiceConfig, ServiceError, SessionRun, Surface,
+};
 use crate::tables::TableConfig;
 use rvisor::{CallEvent, CancelToken, EventFeed, EventKind, RunResult, Supervisor};
 use serde_json::{json, Value};
@@ -33,7 +37,13 @@ to explore, shape and summarise data, not to fit or search for models; pass tabl
 never paste rows; omit variables that would be null. Use run_r_code for a conversation that keeps \
 its variables, and reset_r_session to start it over.";
 
-fn tools(rules: &rvisor::SafetyRules) -> Value {
+/// Added to [`INSTRUCTIONS`] when the server keeps checkpoints.
+const DURABLE_INSTRUCTIONS: &str = " The session is durable: checkpoint_r_session before a risky \
+step, restore_r_session to go back to it.";
+
+/// The tools; the checkpoint tools only when `durable` (the server keeps
+/// checkpoints), so a model is never offered a tool that cannot work.
+fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
     let t = &rules.timeout_seconds;
     let timeout = format!("{}..{} seconds; default {}", t.min, t.max, t.default);
     let vars = json!({
@@ -46,7 +56,7 @@ fn tools(rules: &rvisor::SafetyRules) -> Value {
         "description": "Tables to load as data frames, by data pointer (never paste rows).",
         "items": {"type": "object", "properties": {"data_pointer": {"type": "string"}, "name": {"type": "string"}}, "required": ["data_pointer", "name"]}
     });
-    json!([
+    let mut list = json!([
         {
             "name": "check_r_server_health",
             "description": "Call this first: liveness, R version, and the live safety rules (script size limit, nesting limit, forbidden functions, timeout default/min/max, data frame and variable limits).",
@@ -85,7 +95,27 @@ fn tools(rules: &rvisor::SafetyRules) -> Value {
             "description": "Start this conversation's R session over: all its variables are dropped.",
             "inputSchema": {"type": "object", "properties": {}}
         }
-    ])
+    ]);
+    if durable {
+        let more = json!([
+            {
+                "name": "checkpoint_r_session",
+                "description": "Save this conversation's R session now (objects, packages, options, RNG, working-directory files), e.g. before a risky step; restore_r_session goes back to it. Names objects that cannot be saved (connections, external pointers). hibernate: true also frees its memory until the next run_r_code.",
+                "inputSchema": {"type": "object", "properties": {
+                    "hibernate": {"type": "boolean", "description": "Also release the R process until the next run_r_code (state kept). Default false."}
+                }}
+            },
+            {
+                "name": "restore_r_session",
+                "description": "Roll this conversation's R session back to its last checkpoint_r_session: its objects and packages as they were then; everything done since is dropped.",
+                "inputSchema": {"type": "object", "properties": {}}
+            }
+        ]);
+        if let (Some(l), Value::Array(more)) = (list.as_array_mut(), more) {
+            l.extend(more);
+        }
+    }
+    list
 }
 
 /// A result as MCP tool content.
@@ -124,6 +154,14 @@ fn text_result(v: &Value, is_error: bool) -> Value {
 /// A service error as a tool result the model can read and act on.
 fn error_result(e: &ServiceError) -> Value {
     text_result(&json!({ "error": e.to_json() }), true)
+}
+
+/// The answer of a session tool called before `run_r_code` made the session.
+fn no_session(what: &str) -> Value {
+    error_result(&ServiceError::new(
+        ErrorCode::UnknownSession,
+        format!("no session yet: run_r_code starts one; there is nothing to {what}"),
+    ))
 }
 
 /// The arguments `keys` of a tool call decoded into a service request type
@@ -254,7 +292,7 @@ impl State {
                     }
                     run.join().unwrap_or_else(|_| {
                         Err(ServiceError::new(
-                            crate::service::ErrorCode::Internal,
+                            ErrorCode::Internal,
                             "the run failed inside the server",
                         ))
                     })
@@ -312,6 +350,42 @@ impl State {
                 };
                 Ok(text_result(&status, false))
             }
+            "checkpoint_r_session" => {
+                let hibernate = match args.get("hibernate") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => return Err((-32602, "hibernate must be a boolean".to_string())),
+                };
+                let id = match svc.named_session(TENANT, "main", false) {
+                    Ok(Some(id)) => id,
+                    Ok(None) => return Ok(no_session("checkpoint")),
+                    Err(e) => return Ok(error_result(&e)),
+                };
+                let info = match svc.checkpoint(TENANT, &id) {
+                    Ok(info) => info,
+                    Err(e) => return Ok(error_result(&e)),
+                };
+                let mut answer = json!({"checkpoint": info, "hibernating": hibernate});
+                if hibernate {
+                    match svc.hibernate(TENANT, &id) {
+                        Ok(status) => answer["status"] = json!(status),
+                        Err(e) => return Ok(error_result(&e)),
+                    }
+                }
+                Ok(text_result(&answer, false))
+            }
+            "restore_r_session" => match svc.named_session(TENANT, "main", false) {
+                Ok(Some(id)) => match svc.restore(TENANT, &id) {
+                    Ok(status) => Ok(text_result(
+                        &json!({"restored": true, "status": status,
+                                "message": "the next run_r_code starts from the last checkpoint"}),
+                        false,
+                    )),
+                    Err(e) => Ok(error_result(&e)),
+                },
+                Ok(None) => Ok(no_session("restore")),
+                Err(e) => Ok(error_result(&e)),
+            },
             other => Err((-32602, format!("unknown tool {other:?}; see tools/list"))),
         }
     }
@@ -403,6 +477,7 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
     let in_flight: InFlight = Arc::new(Mutex::new(Vec::new()));
     let gone = Arc::new(AtomicBool::new(false));
     let lines = read_input(input, in_flight.clone(), gone.clone());
+    let durable = sup.config().checkpoints.is_some();
     let mut st = State { service };
     let mut log_level: Option<usize> = None;
     for line in lines {
@@ -444,7 +519,11 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                     "protocolVersion": version,
                     "capabilities": {"tools": {"listChanged": false}, "logging": {}},
                     "serverInfo": {"name": "rvisor", "version": env!("CARGO_PKG_VERSION")},
-                    "instructions": INSTRUCTIONS,
+                    "instructions": if durable {
+                        format!("{INSTRUCTIONS}{DURABLE_INSTRUCTIONS}")
+                    } else {
+                        INSTRUCTIONS.to_string()
+                    },
                 }))
             }
             "ping" => Ok(json!({})),
@@ -464,7 +543,7 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                     )),
                 }
             }
-            "tools/list" => Ok(json!({ "tools": tools(st.service.rules()) })),
+            "tools/list" => Ok(json!({ "tools": tools(st.service.rules(), durable) })),
             "tools/call" => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or("");
                 let args = params.get("arguments").cloned().unwrap_or(json!({}));

@@ -335,9 +335,8 @@ impl Adapter {
                     blocking(move || svc.run_script(&tenant, run, Surface::Nng, &cancel)).await,
                 )
             }
-            "run" | "status" | "cancel" | "reset" | "close" => {
-                self.session_op(&req, tenant, cancel).await
-            }
+            "run" | "status" | "cancel" | "reset" | "close" | "checkpoint" | "restore"
+            | "hibernate" => self.session_op(&req, tenant, cancel).await,
             "put_table" => {
                 let (format, body) = match (&req.csv, &req.records) {
                     (Some(csv), None) => (TableFormat::Csv, csv.clone().into_bytes()),
@@ -368,16 +367,18 @@ impl Adapter {
                 id,
                 "bad_request",
                 &format!(
-                    "unknown op {other:?}; use run, status, cancel, reset, close (sessions), \
-                     health, packages, validate, run_script, put_table, get_table or delete_table"
+                    "unknown op {other:?}; use run, status, cancel, reset, close, checkpoint, \
+                     restore, hibernate (sessions), health, packages, validate, run_script, \
+                     put_table, get_table or delete_table"
                 ),
             ),
         }
     }
 
-    /// `run` (with code), `status`, `cancel`, `reset`, `close` on the
-    /// tenant's session named `session` (default `main`), made by the first
-    /// `run` or `status` as in `session --jsonl`.
+    /// `run` (with code), `status`, `cancel`, `reset`, `close`,
+    /// `checkpoint`, `restore`, `hibernate` on the tenant's session named
+    /// `session` (default `main`), made by the first `run` or `status` as in
+    /// `session --jsonl`.
     async fn session_op(&self, req: &NngRequest, tenant: String, cancel: &CancelToken) -> Vec<u8> {
         let id = &req.id;
         let name = req.session.clone().unwrap_or_else(|| "main".into());
@@ -429,6 +430,18 @@ impl Adapter {
             "status" => reply(id, "status", svc.session_status(&tenant, &sid)),
             "cancel" => reply(id, "status", svc.cancel(&tenant, &sid)),
             "reset" => reply(id, "status", svc.reset(&tenant, &sid)),
+            // Taken after the running call: off the connection's task, so
+            // the peer's other requests (a cancel) are answered meanwhile.
+            "checkpoint" => {
+                let svc = svc.clone();
+                reply(
+                    id,
+                    "checkpoint",
+                    blocking(move || svc.checkpoint(&tenant, &sid)).await,
+                )
+            }
+            "restore" => reply(id, "status", svc.restore(&tenant, &sid)),
+            "hibernate" => reply(id, "status", svc.hibernate(&tenant, &sid)),
             // close: answer with the closed session's status, as jsonl does.
             _ => reply(id, "status", svc.close(&tenant, &sid)),
         }

@@ -9,6 +9,7 @@
 //! metrics. An adapter decodes a request into the types of this module,
 //! calls the service, and encodes the answer; it holds no rule of its own.
 
+use crate::durable::{SessionRecord, SessionStore, TakeError};
 use crate::tables::{TableConfig, TableError, TableFormat, TableMeta, TableStore};
 use rvisor::{
     CallContext, CallEvent, CallHandle, CallOptions, CancelOnDrop, CancelToken, EventFeed,
@@ -20,7 +21,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
@@ -265,7 +266,7 @@ pub struct DataframeRef {
 }
 
 /// Limits a client may ask for: each at most the server's own.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     /// Address space, MiB.
@@ -306,7 +307,7 @@ pub struct RunScript {
 }
 
 /// Options of a new session.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewSession {
     /// Time limit per call, seconds (the rules' range).
@@ -768,7 +769,18 @@ pub struct ServiceConfig {
     /// Live sessions, calls per tenant and the workers' memory budget
     /// (`crate::admission`).
     pub admission: crate::admission::AdmissionConfig,
+    /// Where sessions are kept durable (records, checkpoints, leases;
+    /// docs/sessions.md). Its [`SessionStore::checkpoints`] must be the
+    /// supervisor's checkpoint store. With it, sessions survive a restart
+    /// (and move between nodes); without it they end with the process.
+    pub durable: Option<Arc<SessionStore>>,
+    /// With `durable`: a session unused this long (no checkpoint written,
+    /// not leased by a live node) is deleted. `None`: kept until closed.
+    pub session_ttl: Option<Duration>,
 }
+
+/// Default of [`ServiceConfig::session_ttl`]: 7 days.
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Default for ServiceConfig {
     fn default() -> Self {
@@ -779,6 +791,8 @@ impl Default for ServiceConfig {
             max_sessions_per_tenant: 32,
             max_sessions: 512,
             admission: crate::admission::AdmissionConfig::default(),
+            durable: None,
+            session_ttl: Some(DEFAULT_SESSION_TTL),
         }
     }
 }
@@ -813,6 +827,14 @@ pub struct DrainStatus {
     pub calls_in_flight: usize,
 }
 
+/// How long one session's release (its last checkpoint) may take at a
+/// drain or shutdown.
+const RELEASE_WITHIN: Duration = Duration::from_secs(30);
+
+/// How often the store is swept for sessions past the TTL (at most; more
+/// often for a shorter TTL).
+const SESSION_SWEEP_EVERY: Duration = Duration::from_secs(600);
+
 /// The tenant of every request when the service runs without tokens.
 pub const LOCAL_TENANT: &str = "local";
 
@@ -846,6 +868,22 @@ struct ServiceState {
     admission: Arc<crate::admission::Admission>,
     /// Dropped with the service: stops the admission's memory monitor.
     _monitor: std::sync::mpsc::Sender<()>,
+    /// Held while a session is resumed from the store, so that two
+    /// requests for it resume it once.
+    adopting: Mutex<()>,
+    /// Held while sessions are released, so that a shutdown racing a
+    /// drain's hand-off waits for its checkpoints.
+    releasing: Mutex<()>,
+    /// Tells the maintenance thread (leases, TTL sweep) to stop.
+    stop: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Drop for ServiceState {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.stop;
+        *lock(m) = true;
+        cv.notify_all();
+    }
 }
 
 /// A session call in flight: resolve it with [`PendingCall::wait`] or
@@ -1046,22 +1084,39 @@ impl Service {
             cfg.admission.clone(),
             sup.config().checkpoints.is_some(),
         ));
-        let (stop, stopped) = std::sync::mpsc::channel();
-        let inner = Arc::new(ServiceState {
-            sup,
-            cfg,
-            tables,
-            sessions: Mutex::new(HashMap::new()),
-            names: Mutex::new(HashMap::new()),
-            metrics: Metrics::default(),
-            drain: crate::cluster::Drain::default(),
-            store_check: Mutex::new(None),
-            admission: admission.clone(),
-            _monitor: stop,
-        });
-        let state = Arc::downgrade(&inner);
-        admission.spawn_monitor(move || state.upgrade().map(|st| live_view(&st)), stopped);
-        Ok(Self { inner })
+        let (stop_monitor, monitor_stopped) = std::sync::mpsc::channel();
+        let svc = Self {
+            inner: Arc::new(ServiceState {
+                sup,
+                cfg,
+                tables,
+                sessions: Mutex::new(HashMap::new()),
+                names: Mutex::new(HashMap::new()),
+                metrics: Metrics::default(),
+                drain: crate::cluster::Drain::default(),
+                store_check: Mutex::new(None),
+                admission: admission.clone(),
+                _monitor: stop_monitor,
+                adopting: Mutex::new(()),
+                releasing: Mutex::new(()),
+                stop: Arc::new((Mutex::new(false), Condvar::new())),
+            }),
+        };
+        if let Some(d) = svc.inner.cfg.durable.clone() {
+            svc.resume_all(&d).map_err(|e| {
+                std::io::Error::other(format!(
+                    "could not read the sessions kept in {}: {e}",
+                    d.url()
+                ))
+            })?;
+            svc.start_maintenance(d);
+        }
+        let state = Arc::downgrade(&svc.inner);
+        admission.spawn_monitor(
+            move || state.upgrade().map(|st| live_view(&st)),
+            monitor_stopped,
+        );
+        Ok(svc)
     }
 
     /// Every session with its tenant, for admission control.
@@ -1176,23 +1231,26 @@ impl Service {
                 "the drain grace ended with calls still running; they end with the process"
             );
         }
-        self.checkpoint_sessions_for_handoff();
+        self.hand_off();
         idle
     }
 
-    /// The drain's hand-off step: where every session is to be
-    /// checkpointed into the shared store and its lease released, so that
-    /// another node restores it on its next call (issue 15, durable
-    /// sessions). Until checkpoints exist a drained node's sessions end
-    /// with it, and their next call through the router answers 404 from
-    /// whichever node gets it (docs/scale-out.md).
-    fn checkpoint_sessions_for_handoff(&self) {
+    /// The drain's hand-off step: every session is checkpointed into the
+    /// store and its lease released, so that a restart of this node or
+    /// another node restores it on its next call. Without a store a
+    /// drained node's sessions end with it (their next call answers 404).
+    fn hand_off(&self) {
+        if self.inner.cfg.durable.is_some() {
+            self.release_all(RELEASE_WITHIN);
+            return;
+        }
         let n = lock(&self.inner.sessions).len();
         if n > 0 {
             tracing::warn!(
                 target: "rvisor::cluster",
                 sessions = n,
-                "sessions are not handed off (no checkpoints yet): they end with this node"
+                "sessions are not handed off (the server keeps no state: --state-dir or --store): \
+                 they end with this node"
             );
         }
     }
@@ -1413,9 +1471,20 @@ impl Service {
         tenant: &str,
         req: NewSession,
     ) -> Result<SessionStatus, ServiceError> {
+        let s = self.open(tenant, Some(req), None)?;
+        Ok(s.status())
+    }
+
+    /// The options of a session made with `req` (`None`: the server's
+    /// defaults, as for named sessions).
+    fn session_options(&self, req: Option<&NewSession>) -> Result<SessionOptions, ServiceError> {
+        let defaults = self.inner.sup.config().defaults.clone();
+        let Some(req) = req else {
+            return Ok(defaults);
+        };
         let mut opts = SessionOptions {
             timeout: check_timeout(req.timeout_seconds, self.rules())?,
-            ..self.inner.sup.config().defaults.clone()
+            ..defaults
         };
         if let Some(w) = req.plot_width {
             opts.plot_width = w;
@@ -1424,18 +1493,68 @@ impl Service {
             opts.plot_height = h;
         }
         opts.limits = tighter_limits(self.server_limits(), req.limits.as_ref())?;
-        let s = self.open(tenant, opts)?;
-        Ok(s.status())
+        Ok(opts)
     }
 
-    fn open(&self, tenant: &str, mut opts: SessionOptions) -> Result<Session, ServiceError> {
+    /// A new session of `tenant`, made with `req` and named `name`; kept
+    /// durable (record, lease) when the service has a store.
+    fn open(
+        &self,
+        tenant: &str,
+        req: Option<NewSession>,
+        name: Option<&str>,
+    ) -> Result<Session, ServiceError> {
         self.admit()?;
+        let opts = self.session_options(req.as_ref())?;
+        let (s, _) = self.insert_session(tenant, opts, |sup, opts| sup.session_with(opts))?;
+        if let Some(d) = &self.inner.cfg.durable {
+            let rec = SessionRecord {
+                id: s.id().to_string(),
+                tenant: tenant.to_string(),
+                name: name.map(str::to_string),
+                created_unix: rvisor::clock::unix_now(),
+                options: req,
+            };
+            let kept = d
+                .take(s.id(), Duration::ZERO)
+                .map_err(|e| format!("{e:?}"))
+                .and_then(|()| d.put_record(&rec).map_err(|e| e.to_string()));
+            if let Err(e) = kept {
+                lock(&self.inner.sessions).remove(s.id());
+                s.close();
+                d.delete_session(tenant, s.id());
+                return Err(ServiceError::new(
+                    ErrorCode::Storage,
+                    format!(
+                        "the session could not be recorded in the store {} ({e}); \
+                         nothing was kept, retry when the store answers",
+                        d.url()
+                    ),
+                ));
+            }
+        }
+        Ok(s)
+    }
+
+    /// Makes a session with `make` and enters it in the map of `tenant`,
+    /// within the session caps.
+    fn insert_session(
+        &self,
+        tenant: &str,
+        mut opts: SessionOptions,
+        make: impl FnOnce(&Supervisor, SessionOptions) -> Result<Session, rvisor::Error>,
+    ) -> Result<(Session, Published), ServiceError> {
         let published: Published = Arc::new(Mutex::new(Vec::new()));
         opts.tools.push(publish_tool(
             self.inner.tables.clone(),
             tenant.to_string(),
             published.clone(),
         ));
+        if self.inner.cfg.durable.is_some() {
+            // The store keys checkpoints by tenant (a bare supervisor
+            // store, as `session --jsonl` has, by session id).
+            opts.checkpoint_prefix = crate::durable::checkpoint_prefix(tenant);
+        }
         // Admission: counted and inserted under one lock, so racing
         // creations cannot pass the caps together.
         let mut sessions = lock(&self.inner.sessions);
@@ -1459,24 +1578,297 @@ impl Service {
                 ),
             ));
         }
-        let s = self.inner.sup.session_with(opts).map_err(session_error)?;
+        let s = make(&self.inner.sup, opts).map_err(session_error)?;
         sessions.insert(
             s.id().to_string(),
             Entry {
                 tenant: tenant.to_string(),
                 session: s.clone(),
-                published,
+                published: published.clone(),
             },
         );
-        Ok(s)
+        Ok((s, published))
     }
 
     fn find(&self, tenant: &str, id: &str) -> Result<(Session, Published), ServiceError> {
         match lock(&self.inner.sessions).get(id) {
-            Some(e) if e.tenant == tenant => Ok((e.session.clone(), e.published.clone())),
+            Some(e) if e.tenant == tenant => return Ok((e.session.clone(), e.published.clone())),
             // Another tenant's session answers exactly like an unknown one.
-            _ => Err(ServiceError::not_found("session")),
+            Some(_) => return Err(ServiceError::not_found("session")),
+            None => {}
         }
+        match &self.inner.cfg.durable {
+            Some(d) => self.adopt(d, tenant, id),
+            None => Err(ServiceError::not_found("session")),
+        }
+    }
+
+    /// A session this process does not hold but the store keeps (this
+    /// server restarted and lost it to another node earlier, or its node
+    /// was drained or lost): taken over (its lease, waiting for a dead
+    /// owner's to expire) and resumed from its checkpoint.
+    fn adopt(
+        &self,
+        d: &Arc<SessionStore>,
+        tenant: &str,
+        id: &str,
+    ) -> Result<(Session, Published), ServiceError> {
+        let _one = lock(&self.inner.adopting);
+        if let Some(e) = lock(&self.inner.sessions).get(id) {
+            return if e.tenant == tenant {
+                Ok((e.session.clone(), e.published.clone()))
+            } else {
+                Err(ServiceError::not_found("session"))
+            };
+        }
+        let storage = |e: String| {
+            ServiceError::new(
+                ErrorCode::Storage,
+                format!("the session store {} failed ({e}); retry shortly", d.url()),
+            )
+        };
+        let Some(rec) = d
+            .get_record(tenant, id)
+            .map_err(|e| storage(e.to_string()))?
+        else {
+            return Err(ServiceError::not_found("session"));
+        };
+        self.admit()?;
+        // Held by a live node: ask it to hand the session over, then wait
+        // for its release (or for the lease of a dead one to run out).
+        let mut took = d.take(id, Duration::ZERO);
+        if matches!(took, Err(TakeError::Held { .. })) {
+            if let Err(e) = d.request_handoff(id) {
+                return Err(storage(e.to_string()));
+            }
+            took = d.take(id, d.lease_ttl() + Duration::from_secs(2));
+            d.handoff_done(id);
+        }
+        match took {
+            Ok(()) => {}
+            Err(TakeError::Held {
+                holder,
+                expires_unix,
+            }) => {
+                return Err(ServiceError::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "session {id} is running on node {holder}, which holds it for {} s more; \
+                         retry, or send the request to that node",
+                        expires_unix.saturating_sub(rvisor::clock::unix_now())
+                    ),
+                ))
+            }
+            Err(TakeError::Store(e)) => return Err(storage(e)),
+        }
+        let reason = match (
+            crate::cluster::node_of(id),
+            &self.inner.sup.config().node_id,
+        ) {
+            (Some(n), Some(me)) if n != me => rvisor::RESUMED_MOVED,
+            _ => rvisor::RESUMED_RESTART,
+        };
+        let found = self.resume(tenant, &rec, reason);
+        if found.is_err() {
+            d.release(id);
+        }
+        found
+    }
+
+    /// Enters the session of `rec` from the store (its state is restored
+    /// by its next call).
+    fn resume(
+        &self,
+        tenant: &str,
+        rec: &SessionRecord,
+        reason: &str,
+    ) -> Result<(Session, Published), ServiceError> {
+        let opts = self.session_options(rec.options.as_ref())?;
+        let found = self.insert_session(tenant, opts, |sup, opts| {
+            sup.resume_session(&rec.id, opts, reason)
+        })?;
+        if let Some(name) = &rec.name {
+            lock(&self.inner.names).insert((tenant.to_string(), name.clone()), rec.id.clone());
+        }
+        tracing::info!(target: "rvisor::sessions", session = %rec.id, reason, "resumed from the store");
+        Ok(found)
+    }
+
+    /// At start: every session the store keeps for this node (all of them
+    /// for a server without a node id), resumed lazily (nothing is read
+    /// but the records until a session's next call). A session another
+    /// live node holds is left to it.
+    fn resume_all(&self, d: &Arc<SessionStore>) -> Result<(), crate::blob::BlobError> {
+        let me = self.inner.sup.config().node_id.clone();
+        let mut resumed = 0;
+        for rec in d.records()? {
+            let mine = match (&me, crate::cluster::node_of(&rec.id)) {
+                (Some(me), Some(n)) => n == me,
+                (None, _) => true,
+                (Some(_), None) => false,
+            };
+            if !mine || d.take(&rec.id, Duration::ZERO).is_err() {
+                continue;
+            }
+            match self.resume(&rec.tenant, &rec, rvisor::RESUMED_RESTART) {
+                Ok(_) => resumed += 1,
+                Err(e) => {
+                    d.release(&rec.id);
+                    tracing::warn!(target: "rvisor::sessions", session = %rec.id, "not resumed: {e}");
+                }
+            }
+        }
+        if resumed > 0 {
+            eprintln!(
+                "rvisor serve: {resumed} sessions kept in {} go on (restored at their next call)",
+                d.url()
+            );
+        }
+        Ok(())
+    }
+
+    /// The thread that renews this node's leases (dropping the sessions
+    /// another node took) and deletes sessions past the TTL. Ends with the
+    /// service.
+    fn start_maintenance(&self, d: Arc<SessionStore>) {
+        let weak = Arc::downgrade(&self.inner);
+        let stop = self.inner.stop.clone();
+        let ttl = self.inner.cfg.session_ttl;
+        let every = d.lease_ttl() / 3;
+        let spawned = std::thread::Builder::new()
+            .name("rvisor-durable".into())
+            .spawn(move || {
+                let mut last_sweep: Option<Instant> = None;
+                loop {
+                    {
+                        let (m, cv) = &*stop;
+                        let g = lock(m);
+                        let (g, _) = cv
+                            .wait_timeout_while(g, every, |stopped| !*stopped)
+                            .unwrap_or_else(|e| e.into_inner());
+                        if *g {
+                            return;
+                        }
+                    }
+                    let Some(inner) = weak.upgrade() else { return };
+                    let svc = Service { inner };
+                    svc.answer_handoffs(&d);
+                    for id in d.renew() {
+                        tracing::warn!(target: "rvisor::sessions", session = %id,
+                            "another node took this session over (our lease lapsed): dropping our copy");
+                        let gone = lock(&svc.inner.sessions).remove(&id);
+                        if let Some(e) = gone {
+                            lock(&svc.inner.names).retain(|_, v| *v != id);
+                            e.session.abandon();
+                        }
+                    }
+                    let sweep_every = ttl.map_or(SESSION_SWEEP_EVERY, |t| t.min(SESSION_SWEEP_EVERY));
+                    let sweep_due = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
+                    if let (Some(ttl), true) = (ttl, sweep_due) {
+                        last_sweep = Some(Instant::now());
+                        svc.sweep_expired(&d, ttl);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(target: "rvisor::sessions", "no lease renewal thread: {e}");
+        }
+    }
+
+    /// Releases the sessions other nodes asked for (after their running
+    /// call; see `durable`'s module docs).
+    fn answer_handoffs(&self, d: &SessionStore) {
+        let asked = match d.handoff_requests() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(target: "rvisor::sessions", "could not read hand-off requests: {e}");
+                return;
+            }
+        };
+        for id in asked {
+            let found = lock(&self.inner.sessions).remove(&id);
+            if let Some(e) = found {
+                lock(&self.inner.names).retain(|_, v| *v != id);
+                if let Err(why) = e.session.release(RELEASE_WITHIN) {
+                    tracing::warn!(target: "rvisor::sessions", session = %id,
+                        "handed off without a new checkpoint ({why})");
+                }
+                tracing::info!(target: "rvisor::sessions", session = %id, "handed off to another node on request");
+            }
+            d.release(&id);
+        }
+    }
+
+    /// Deletes sessions unused for `ttl` that no node runs.
+    fn sweep_expired(&self, d: &SessionStore, ttl: Duration) {
+        let expired = match d.expired(ttl) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(target: "rvisor::sessions", "the TTL sweep could not list the store: {e}");
+                return;
+            }
+        };
+        for (tenant_hex, id) in expired {
+            let live = lock(&self.inner.sessions).remove(&id);
+            if let Some(e) = live {
+                // Ours but unused that long (hibernated): closed for good.
+                lock(&self.inner.names).retain(|_, v| *v != id);
+                e.session.close();
+            }
+            d.delete_expired(&tenant_hex, &id);
+            tracing::info!(target: "rvisor::sessions", session = %id, "deleted: unused past the session TTL");
+        }
+    }
+
+    /// Ends every session in this process but keeps each in the store
+    /// (checkpointed if it changed, its lease released), so that a restart
+    /// or another node goes on with it. Without a store: closes them.
+    pub fn release_all(&self, within: Duration) {
+        let Some(d) = self.inner.cfg.durable.clone() else {
+            self.close_all();
+            return;
+        };
+        let _one = lock(&self.inner.releasing);
+        let all: Vec<(String, Entry)> = lock(&self.inner.sessions).drain().collect();
+        lock(&self.inner.names).clear();
+        if all.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let n = all.len();
+        let queue = Mutex::new(all);
+        let written = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::atomic::AtomicUsize::new(0);
+        // A few at a time: each checkpoint is one worker's work.
+        std::thread::scope(|sc| {
+            for _ in 0..4 {
+                sc.spawn(|| loop {
+                    let Some((id, e)) = lock(&queue).pop() else {
+                        return;
+                    };
+                    match e.session.release(within) {
+                        Ok(Some(_)) => {
+                            written.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(None) => {}
+                        Err(why) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(target: "rvisor::sessions", session = %id,
+                                "not checkpointed at release ({why}); its last checkpoint stays");
+                        }
+                    }
+                    d.release(&id);
+                });
+            }
+        });
+        eprintln!(
+            "rvisor serve: {n} sessions kept in {} ({} checkpointed now, {} kept their last \
+             checkpoint) in {:.2} s",
+            d.url(),
+            written.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed),
+            started.elapsed().as_secs_f64()
+        );
     }
 
     /// The session `id` of `tenant`.
@@ -1506,7 +1898,7 @@ impl Service {
         if !create {
             return Ok(None);
         }
-        let s = self.open(tenant, self.inner.sup.config().defaults.clone())?;
+        let s = self.open(tenant, None, Some(name))?;
         let id = s.id().to_string();
         names.insert(key, id.clone());
         Ok(Some(id))
@@ -1639,6 +2031,11 @@ impl Service {
     /// loads it); `invalid` when it has none.
     pub fn restore(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
         let s = self.session(tenant, id)?;
+        if self.inner.sup.config().checkpoints.is_none() {
+            return Err(ServiceError::invalid(
+                "this server keeps no checkpoints; start it with --state-dir DIR",
+            ));
+        }
         s.restore().map_err(ServiceError::invalid)?;
         Ok(s.status())
     }
@@ -1666,6 +2063,9 @@ impl Service {
         // which stays reachable).
         lock(&self.inner.names).retain(|_, v| v != id);
         s.close();
+        if let Some(d) = &self.inner.cfg.durable {
+            d.delete_session(tenant, id);
+        }
         Ok(s.status())
     }
 
@@ -1713,7 +2113,9 @@ impl Service {
         }
     }
 
-    /// Closes every session (at the end of a surface's life).
+    /// Closes every session for good (their checkpoints are deleted; at
+    /// the end of a surface that keeps nothing: see
+    /// [`Service::release_all`]).
     pub fn close_all(&self) {
         let all: Vec<Entry> = lock(&self.inner.sessions).drain().map(|(_, e)| e).collect();
         lock(&self.inner.names).clear();

@@ -547,11 +547,7 @@ impl Drop for Slot<'_> {
 /// tenant's own are also dropped whenever its tables are listed).
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
-/// A store key component for a tenant: its bytes in hex (tenant names are
-/// free text; keys must not be).
-fn tenant_key(tenant: &str) -> String {
-    tenant.bytes().map(|b| format!("{b:02x}")).collect()
-}
+use crate::blob::tenant_key;
 
 fn store_err(e: BlobError) -> TableError {
     TableError::Io(std::io::Error::other(e.to_string()))

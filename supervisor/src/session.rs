@@ -96,8 +96,10 @@ pub struct SessionOptions {
     /// session with an explicit `working_dir` saves none: the directory
     /// outlives its workers.
     pub checkpoint_file_bytes: u64,
-    /// The checkpoint store's key for this session (default: its id).
-    pub checkpoint_key: Option<String>,
+    /// Put before the session's id to make its key in the checkpoint
+    /// store (default: none, the key is the id). The service keys
+    /// checkpoints by tenant this way.
+    pub checkpoint_prefix: String,
 }
 
 /// Default of [`SessionOptions::hibernate_after`]: 10 minutes.
@@ -127,7 +129,7 @@ impl Default for SessionOptions {
             hibernate_after: Some(DEFAULT_HIBERNATE_AFTER),
             restore_after_kill: true,
             checkpoint_file_bytes: DEFAULT_CHECKPOINT_FILE_BYTES,
-            checkpoint_key: None,
+            checkpoint_prefix: String::new(),
         }
     }
 }
@@ -473,6 +475,13 @@ struct Inner {
     hibernate_waiters: Vec<std::sync::mpsc::Sender<Result<(), String>>>,
     /// Set by [`Session::restore`] (with `reset_requested`).
     restore_requested: bool,
+    /// Set by [`Session::release`]: the session ends here but stays
+    /// durable (checkpointed if it changed, the checkpoint kept).
+    keep_checkpoint: bool,
+    /// Set by [`Session::abandon`]: kept, but not written either.
+    abandoned: bool,
+    /// Callers of [`Session::release`] waiting for the runner to end.
+    release_waiters: Vec<std::sync::mpsc::Sender<Result<Option<CheckpointInfo>, String>>>,
 }
 
 #[derive(Debug)]
@@ -559,6 +568,22 @@ fn reset_words(reason: &str) -> &'static str {
         _ => "the previous worker ended",
     }
 }
+
+/// How a restore that followed no reset came about, for the notice.
+fn restore_cause(reason: &str) -> &'static str {
+    match reason {
+        RESUMED_RESTART => "the server restarted; ",
+        RESUMED_MOVED => "the session moved to this node (its node was drained or lost); ",
+        _ => "woke the session from hibernation: ",
+    }
+}
+
+/// [`Supervisor::resume_session`]'s reason when the same server (node)
+/// was restarted.
+pub const RESUMED_RESTART: &str = "restarted";
+/// [`Supervisor::resume_session`]'s reason when another node took the
+/// session over.
+pub const RESUMED_MOVED: &str = "moved";
 
 /// The reset reason for a worker that ended by itself.
 fn exit_reason(exit: Option<ExitInfo>) -> &'static str {
@@ -677,7 +702,7 @@ impl Inner {
                     self.generation,
                     reset_words(reason)
                 ),
-                None => "woke the session from hibernation: ".to_string(),
+                None => restore_cause(&r.reason).to_string(),
             };
             let lost = if r.lost.is_empty() {
                 String::new()
@@ -758,6 +783,9 @@ impl Shared {
                 hibernate_requested: false,
                 hibernate_waiters: Vec::new(),
                 restore_requested: false,
+                keep_checkpoint: false,
+                abandoned: false,
+                release_waiters: Vec::new(),
             }),
             cv: Condvar::new(),
             store: None,
@@ -912,10 +940,7 @@ impl Shared {
 
     /// The store's key of this session's checkpoint.
     fn checkpoint_key(&self) -> String {
-        self.opts
-            .checkpoint_key
-            .clone()
-            .unwrap_or_else(|| self.id.clone())
+        format!("{}{}", self.opts.checkpoint_prefix, self.id)
     }
 
     /// Checkpoints the session's state into its store, unless no call ran
@@ -1040,6 +1065,8 @@ impl Shared {
                     lost: m.unsaved.iter().map(|u| u.name.clone()).collect(),
                     reason,
                 });
+                // A resumed session knew only that a checkpoint existed.
+                i.checkpoint = Some(m);
                 Ok(w)
             }
             Err(why) => {
@@ -1208,6 +1235,20 @@ impl Shared {
                 }
             }
         }
+        // Released (not closed): the state that changed since the last
+        // checkpoint is saved before the worker goes.
+        let (keep, save) = {
+            let i = lock(&self.inner);
+            (
+                i.keep_checkpoint,
+                i.keep_checkpoint && !i.abandoned && i.dirty,
+            )
+        };
+        let released = if save && worker.is_some() {
+            self.take_checkpoint(&mut worker, &mut source).map(Some)
+        } else {
+            Ok(None)
+        };
         if let Some(w) = worker.take() {
             retire(&mut source, w);
         }
@@ -1216,9 +1257,12 @@ impl Shared {
         i.pid = None;
         i.checkpoint_waiters.clear();
         i.hibernate_waiters.clear();
-        if let (Some(store), true) = (&self.store, i.checkpoint.is_some()) {
+        if let (Some(store), true, false) = (&self.store, i.checkpoint.is_some(), keep) {
             // A closed session's checkpoint is of no use to anyone.
             let _ = store.delete(&self.checkpoint_key());
+        }
+        for w in std::mem::take(&mut i.release_waiters) {
+            let _ = w.send(released.clone());
         }
         i.drop_queue(
             Outcome::Closed,
@@ -1561,6 +1605,51 @@ impl Session {
     pub fn close(&self) {
         close(self.shared());
     }
+
+    /// Ends the session in this process without touching its checkpoint:
+    /// neither written nor deleted. For a node that lost the session to
+    /// another (which owns the checkpoint now). Returns at once.
+    pub fn abandon(&self) {
+        let s = self.shared();
+        {
+            let mut i = lock(&s.inner);
+            i.keep_checkpoint = true;
+            i.abandoned = true;
+        }
+        close(s);
+    }
+
+    /// Ends the session in this process but keeps it durable, for a
+    /// server that stops or hands the session to another node: like
+    /// [`Session::close`] (a running call is cancelled, queued calls end
+    /// as `closed`; wait for calls first), but the state is checkpointed
+    /// if it changed since the last checkpoint and the checkpoint stays in
+    /// the store, for [`Supervisor::resume_session`]. Blocks until the
+    /// worker is gone or `within` passed. The answer is the checkpoint
+    /// written (`None`: nothing had changed, or the session never ran).
+    pub fn release(&self, within: Duration) -> Result<Option<CheckpointInfo>, String> {
+        let s = self.shared();
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let mut i = lock(&s.inner);
+            if s.store.is_none() {
+                return Err("the session has no checkpoint store to keep it in".into());
+            }
+            if i.closed {
+                return Err("the session is closed".into());
+            }
+            i.keep_checkpoint = true;
+            i.release_waiters.push(tx);
+        }
+        close(s);
+        match rx.recv_timeout(within) {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "the session's worker did not stop within {:.1} s; its last checkpoint stays",
+                within.as_secs_f64()
+            )),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1718,6 +1807,54 @@ impl Supervisor {
             Some(node) => format!("{node}.s-{}", ids::random_hex(8)),
             None => format!("s-{}", ids::random_hex(8)),
         };
+        self.open_session(id, opts, None)
+    }
+
+    /// A session that goes on from its checkpoint in the store: the same
+    /// id, options as it had, and its state restored into the worker of
+    /// its first call (`session.restored.reason` is `reason`:
+    /// [`RESUMED_RESTART`] after a restart of this server,
+    /// [`RESUMED_MOVED`] when another node hands it over). Nothing is read
+    /// until that call, so resuming thousands of sessions is cheap; a
+    /// checkpoint that is missing or cannot be loaded then gives a fresh
+    /// session whose first result says why. Fails without a checkpoint
+    /// store, for an id that is not a session id, or one already open.
+    pub fn resume_session(
+        &self,
+        id: &str,
+        opts: SessionOptions,
+        reason: &str,
+    ) -> Result<Session, Error> {
+        if self.inner.shut.load(Ordering::SeqCst) {
+            return Err(Error::Invalid("the supervisor is shut down".into()));
+        }
+        if self.inner.cfg.checkpoints.is_none() {
+            return Err(Error::Invalid(
+                "sessions can only be resumed with a checkpoint store \
+                 (SupervisorConfig::checkpoints)"
+                    .into(),
+            ));
+        }
+        let ok = !id.is_empty()
+            && id.len() <= 100
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !ok {
+            return Err(Error::Invalid(format!("{id:?} is not a session id")));
+        }
+        if self.get(id).is_some() {
+            return Err(Error::Invalid(format!("session {id} is already open here")));
+        }
+        self.open_session(id.to_string(), opts, Some(reason))
+    }
+
+    fn open_session(
+        &self,
+        id: String,
+        opts: SessionOptions,
+        resume: Option<&str>,
+    ) -> Result<Session, Error> {
         let confined = self.inner.cfg.worker.confine.is_some();
         let (working_dir, owns) = match &opts.working_dir {
             Some(d) => {
@@ -1772,6 +1909,14 @@ impl Supervisor {
         let mut shared = Shared::new(id.clone(), opts, working_dir, owns);
         if let Some(s) = Arc::get_mut(&mut shared) {
             s.store = self.inner.cfg.checkpoints.clone();
+        }
+        if let Some(reason) = resume {
+            let mut i = lock(&shared.inner);
+            // Known to exist, not read yet: the first call's worker reads
+            // and loads it (see `start_worker`).
+            i.checkpoint = Some(Manifest::default());
+            i.restore_next = Some(reason.to_string());
+            i.state = SessionState::Hibernated;
         }
         let source = PoolSource {
             pool: self.inner.pool.clone(),

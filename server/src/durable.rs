@@ -1,0 +1,514 @@
+//! Durable sessions of the service (docs/sessions.md): where their records
+//! and checkpoints are kept, and which node owns each.
+//!
+//! Layout in the [`BlobStore`] (a local directory or a bucket shared by
+//! every node):
+//!
+//! ```text
+//! sessions/{tenant hex}/{session id}/record.json   what the service needs to resume it
+//! sessions/{tenant hex}/{session id}/checkpoint    its state (written by the worker)
+//! leases/sessions/{session id}                     the owning node and until when
+//! ```
+//!
+//! A record is written when a session is made and deleted when it is
+//! closed; checkpoints are written by the sessions themselves through
+//! [`SessionStore::checkpoints`]. With a node id, a node holds a lease on
+//! every session it runs, renews them together, and a checkpoint is only
+//! written while this node's lease is valid: a node that lost a session to
+//! another (its lease expired while it was cut off) cannot overwrite the
+//! new owner's checkpoint (docs/scale-out.md, "Ownership").
+//!
+//! A node asked for a session another live node holds (a router sent it
+//! there: the owner's node came back, or the router's choice changed)
+//! asks for it through the store (`handoff/{session id}`); the owner's
+//! maintenance pass releases it (checkpoint, lease given up) and the
+//! asking node takes it. Nodes never talk to each other directly.
+
+use crate::blob::{tenant_key, BlobError, BlobStore, Lease, LeaseError, StoreUrl};
+use crate::service::NewSession;
+use rvisor::checkpoint::CheckpointStore;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Default lease on a session: how long a node that stopped renewing
+/// (killed, cut off) keeps it before another node may take it over.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// What the service keeps about a session so that it can be resumed after
+/// a restart or on another node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// The session's id.
+    pub id: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its name, for surfaces that address sessions by name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// When it was made (Unix seconds).
+    pub created_unix: u64,
+    /// The options it was made with (`None`: the server's defaults, as for
+    /// named sessions).
+    #[serde(default)]
+    pub options: Option<NewSession>,
+}
+
+/// Why a session could not be taken over.
+#[derive(Debug)]
+pub enum TakeError {
+    /// Another node holds it until `expires_unix`.
+    Held {
+        /// The node.
+        holder: String,
+        /// Until when (Unix seconds).
+        expires_unix: u64,
+    },
+    /// The store failed.
+    Store(String),
+}
+
+/// The durable state of one service: records, checkpoints and leases.
+#[derive(Debug)]
+pub struct SessionStore {
+    blob: BlobStore,
+    /// This node's id; `None`: one node, no leases.
+    node: Option<String>,
+    lease_ttl: Duration,
+    /// Session id -> our lease on it.
+    leases: Mutex<HashMap<String, Lease>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn record_key(tenant: &str, id: &str) -> String {
+    format!("sessions/{}/{id}/record.json", tenant_key(tenant))
+}
+
+fn lease_key(id: &str) -> String {
+    format!("leases/sessions/{id}")
+}
+
+fn handoff_key(id: &str) -> String {
+    format!("handoff/{id}")
+}
+
+/// The checkpoint key prefix of `tenant`'s sessions (the session adds its
+/// id): see [`rvisor::SessionOptions::checkpoint_prefix`].
+pub fn checkpoint_prefix(tenant: &str) -> String {
+    format!("{}/", tenant_key(tenant))
+}
+
+impl SessionStore {
+    /// The durable state in the store at `url`, for node `node` (`None`:
+    /// a single server, no leases) with leases of `lease_ttl` (at least
+    /// 2 s; [`DEFAULT_LEASE_TTL`]).
+    pub fn open(
+        url: &StoreUrl,
+        node: Option<String>,
+        lease_ttl: Duration,
+    ) -> Result<Arc<Self>, BlobError> {
+        Ok(Self::with(BlobStore::open(url)?, node, lease_ttl))
+    }
+
+    /// Over an open store, with leases of `lease_ttl`.
+    pub fn with(blob: BlobStore, node: Option<String>, lease_ttl: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            blob,
+            node,
+            lease_ttl: lease_ttl.max(Duration::from_secs(2)),
+            leases: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Where it is.
+    pub fn url(&self) -> &StoreUrl {
+        self.blob.url()
+    }
+
+    /// The lease length.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+
+    /// Whether this node takes leases (it has a node id).
+    pub fn uses_leases(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// The checkpoint store to give the supervisor
+    /// ([`rvisor::SupervisorConfig::checkpoints`]): keys are
+    /// `{tenant hex}/{session id}`, written only under this node's lease.
+    pub fn checkpoints(self: &Arc<Self>) -> Arc<dyn CheckpointStore> {
+        Arc::new(Checkpoints(self.clone()))
+    }
+
+    /// Writes `rec`.
+    pub fn put_record(&self, rec: &SessionRecord) -> Result<(), BlobError> {
+        let bytes = serde_json::to_vec(rec).unwrap_or_default();
+        self.blob
+            .put(&record_key(&rec.tenant, &rec.id), bytes)
+            .map(|_| ())
+    }
+
+    /// The record of `tenant`'s session `id`, if there is one.
+    pub fn get_record(&self, tenant: &str, id: &str) -> Result<Option<SessionRecord>, BlobError> {
+        if !plausible_id(id) {
+            return Ok(None);
+        }
+        let Some(b) = self.blob.get(&record_key(tenant, id))? else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_slice::<SessionRecord>(&b.bytes)
+            .ok()
+            .filter(|r| r.id == id && r.tenant == tenant))
+    }
+
+    /// Every record in the store (unreadable ones are skipped with a
+    /// warning).
+    pub fn records(&self) -> Result<Vec<SessionRecord>, BlobError> {
+        let mut out = Vec::new();
+        for m in self.blob.list("sessions")? {
+            if !m.key.ends_with("/record.json") {
+                continue;
+            }
+            let Some(b) = self.blob.get(&m.key)? else {
+                continue;
+            };
+            match serde_json::from_slice::<SessionRecord>(&b.bytes) {
+                Ok(r) => out.push(r),
+                Err(e) => tracing::warn!(
+                    target: "rvisor::sessions",
+                    key = %m.key,
+                    "an unreadable session record is skipped: {e}"
+                ),
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// Deletes everything kept of a closed session: record, checkpoint and
+    /// lease.
+    pub fn delete_session(&self, tenant: &str, id: &str) {
+        let prefix = format!("sessions/{}/{id}", tenant_key(tenant));
+        for k in [format!("{prefix}/checkpoint"), record_key(tenant, id)] {
+            if let Err(e) = self.blob.delete(&k) {
+                tracing::warn!(target: "rvisor::sessions", key = %k, "could not delete: {e}");
+            }
+        }
+        if let Some(lease) = lock(&self.leases).remove(id) {
+            let _ = self.blob.release_lease(lease);
+            let _ = self.blob.delete(&lease_key(id));
+        }
+    }
+
+    /// Takes the lease on session `id` for this node (nothing to take
+    /// without a node id). A lease another node holds is waited for up to
+    /// `wait` (it expires when that node stopped renewing it).
+    pub fn take(&self, id: &str, wait: Duration) -> Result<(), TakeError> {
+        let Some(node) = &self.node else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + wait;
+        loop {
+            match self
+                .blob
+                .acquire_lease(&lease_key(id), node, self.lease_ttl)
+            {
+                Ok(l) => {
+                    lock(&self.leases).insert(id.to_string(), l);
+                    return Ok(());
+                }
+                Err(LeaseError::Held {
+                    holder,
+                    expires_unix,
+                }) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(TakeError::Held {
+                            holder,
+                            expires_unix,
+                        });
+                    }
+                    // It ends when its holder releases it (a hand-off
+                    // asked for) or stops renewing it: look again shortly.
+                    std::thread::sleep((deadline - now).min(Duration::from_millis(200)));
+                }
+                // Another node took it in the same instant: its lease is
+                // fresh now, so the next round waits for it or gives up.
+                Err(LeaseError::Lost(_)) => {}
+                Err(LeaseError::Store(e)) => return Err(TakeError::Store(e.to_string())),
+            }
+        }
+    }
+
+    /// Asks the node holding session `id` to hand it over (see the module
+    /// docs).
+    pub fn request_handoff(&self, id: &str) -> Result<(), BlobError> {
+        let by = self.node.clone().unwrap_or_default();
+        self.blob.put(&handoff_key(id), by.into_bytes()).map(|_| ())
+    }
+
+    /// Sessions this node holds that another node asked for.
+    pub fn handoff_requests(&self) -> Result<Vec<String>, BlobError> {
+        if self.node.is_none() {
+            return Ok(Vec::new());
+        }
+        let held = lock(&self.leases);
+        Ok(self
+            .blob
+            .list("handoff")?
+            .into_iter()
+            .filter_map(|m| m.key.strip_prefix("handoff/").map(str::to_string))
+            .filter(|id| held.contains_key(id))
+            .collect())
+    }
+
+    /// A hand-off request answered (the session released).
+    pub fn handoff_done(&self, id: &str) {
+        let _ = self.blob.delete(&handoff_key(id));
+    }
+
+    /// Gives up this node's lease on `id` (the session was handed off):
+    /// another node may take it at once.
+    pub fn release(&self, id: &str) {
+        if let Some(lease) = lock(&self.leases).remove(id) {
+            if let Err(e) = self.blob.release_lease(lease) {
+                tracing::warn!(target: "rvisor::sessions", session = id, "releasing the lease: {e}");
+            }
+        }
+    }
+
+    /// Renews every lease this node holds; the answer is the sessions whose
+    /// lease another node took (this node must drop them without writing).
+    pub fn renew(&self) -> Vec<String> {
+        let ids: Vec<(String, Lease)> = lock(&self.leases)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut lost = Vec::new();
+        for (id, mut lease) in ids {
+            match self.blob.renew_lease(&mut lease, self.lease_ttl) {
+                Ok(()) => {
+                    if let Some(l) = lock(&self.leases).get_mut(&id) {
+                        *l = lease;
+                    }
+                }
+                Err(LeaseError::Lost(_) | LeaseError::Held { .. }) => {
+                    lock(&self.leases).remove(&id);
+                    lost.push(id);
+                }
+                // The store did not answer: the lease runs on until it
+                // expires; writes check the expiry.
+                Err(LeaseError::Store(e)) => {
+                    tracing::warn!(target: "rvisor::sessions", session = %id, "renewing the lease: {e}")
+                }
+            }
+        }
+        lost
+    }
+
+    /// Whether this node may write session `id`'s checkpoint now: always
+    /// without leases; with them, while our lease has a second to run.
+    fn may_write(&self, id: &str) -> bool {
+        if self.node.is_none() {
+            return true;
+        }
+        lock(&self.leases)
+            .get(id)
+            .is_some_and(|l| l.record().expires_unix > rvisor::clock::unix_now() + 1)
+    }
+
+    /// Sessions whose newest object is older than `ttl` and not leased by
+    /// a live node: (tenant hex, id) of each, for the TTL sweep.
+    pub fn expired(&self, ttl: Duration) -> Result<Vec<(String, String)>, BlobError> {
+        let now = rvisor::clock::unix_now();
+        let mut newest: HashMap<(String, String), u64> = HashMap::new();
+        for m in self.blob.list("sessions")? {
+            let parts: Vec<&str> = m.key.split('/').collect();
+            if parts.len() != 4 {
+                continue;
+            }
+            let e = newest
+                .entry((parts[1].to_string(), parts[2].to_string()))
+                .or_default();
+            *e = (*e).max(m.modified_unix.unwrap_or(now));
+        }
+        let mut out = Vec::new();
+        for ((tenant, id), at) in newest {
+            if now.saturating_sub(at) < ttl.as_secs() {
+                continue;
+            }
+            if let Some(b) = self.blob.get(&lease_key(&id))? {
+                let live = serde_json::from_slice::<crate::blob::LeaseRecord>(&b.bytes)
+                    .is_ok_and(|l| l.expires_unix > now);
+                if live {
+                    continue;
+                }
+            }
+            out.push((tenant, id));
+        }
+        Ok(out)
+    }
+
+    /// Deletes a session found by [`SessionStore::expired`].
+    pub fn delete_expired(&self, tenant_hex: &str, id: &str) {
+        for k in [
+            format!("sessions/{tenant_hex}/{id}/checkpoint"),
+            format!("sessions/{tenant_hex}/{id}/record.json"),
+            lease_key(id),
+        ] {
+            let _ = self.blob.delete(&k);
+        }
+    }
+}
+
+/// A session id as the supervisor makes them (`s-hex` or `node.s-hex`):
+/// anything else is not looked up in the store.
+fn plausible_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 100
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// [`SessionStore::checkpoints`].
+#[derive(Debug)]
+struct Checkpoints(Arc<SessionStore>);
+
+impl Checkpoints {
+    /// `{tenant hex}/{id}` -> the blob key, and the id.
+    fn split(key: &str) -> std::io::Result<(String, &str)> {
+        match key.split_once('/') {
+            Some((t, id))
+                if !t.is_empty()
+                    && t.bytes().all(|b| b.is_ascii_hexdigit())
+                    && plausible_id(id) =>
+            {
+                Ok((format!("sessions/{t}/{id}/checkpoint"), id))
+            }
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("checkpoint key {key:?} is not TENANT/SESSION"),
+            )),
+        }
+    }
+}
+
+fn io_err(e: BlobError) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+impl CheckpointStore for Checkpoints {
+    fn put(&self, key: &str, bytes: &[u8]) -> std::io::Result<()> {
+        let (k, id) = Self::split(key)?;
+        if !self.0.may_write(id) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "this node no longer holds the session's lease (another node took it over)",
+            ));
+        }
+        self.0
+            .blob
+            .put(&k, bytes.to_vec())
+            .map(|_| ())
+            .map_err(io_err)
+    }
+
+    fn get(&self, key: &str) -> std::io::Result<Option<Vec<u8>>> {
+        let (k, _) = Self::split(key)?;
+        Ok(self.0.blob.get(&k).map_err(io_err)?.map(|b| b.bytes))
+    }
+
+    fn delete(&self, key: &str) -> std::io::Result<()> {
+        let (k, id) = Self::split(key)?;
+        if !self.0.may_write(id) {
+            // Not ours any more: the new owner's checkpoint stays.
+            return Ok(());
+        }
+        self.0.blob.delete(&k).map_err(io_err)
+    }
+
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for m in self.0.blob.list("sessions").map_err(io_err)? {
+            let parts: Vec<&str> = m.key.split('/').collect();
+            if parts.len() == 4 && parts[3] == "checkpoint" {
+                out.push(format!("{}/{}", parts[1], parts[2]));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(tenant: &str, id: &str) -> SessionRecord {
+        SessionRecord {
+            id: id.into(),
+            tenant: tenant.into(),
+            name: Some("main".into()),
+            created_unix: 1,
+            options: Some(NewSession {
+                timeout_seconds: Some(5.0),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn records_and_checkpoints_are_kept_by_tenant_and_deleted_together() {
+        let s = SessionStore::with(BlobStore::in_memory(), None, DEFAULT_LEASE_TTL);
+        s.put_record(&rec("a", "s-1")).unwrap();
+        s.put_record(&rec("b/c", "s-2")).unwrap();
+        let cp = s.checkpoints();
+        cp.put(&format!("{}s-1", checkpoint_prefix("a")), b"state")
+            .unwrap();
+        assert_eq!(s.get_record("a", "s-1").unwrap(), Some(rec("a", "s-1")));
+        // Another tenant's id answers like an unknown one.
+        assert_eq!(s.get_record("b/c", "s-1").unwrap(), None);
+        assert_eq!(s.get_record("a", "../x").unwrap(), None);
+        assert_eq!(s.records().unwrap().len(), 2);
+        assert_eq!(cp.list().unwrap(), vec![format!("{}/s-1", tenant_key("a"))]);
+        s.delete_session("a", "s-1");
+        assert_eq!(s.get_record("a", "s-1").unwrap(), None);
+        assert!(cp.list().unwrap().is_empty());
+        assert!(cp.put("no-tenant", b"x").is_err());
+    }
+
+    #[test]
+    fn a_node_writes_only_under_its_lease_and_loses_it_to_another() {
+        let blob = BlobStore::in_memory();
+        let ttl = Duration::from_secs(2);
+        let n1 = SessionStore::with(blob.clone(), Some("n1".into()), ttl);
+        let n2 = SessionStore::with(blob, Some("n2".into()), ttl);
+        let key = format!("{}n1.s-1", checkpoint_prefix("t"));
+        // No lease yet: no write.
+        assert!(n1.checkpoints().put(&key, b"x").is_err());
+        n1.take("n1.s-1", Duration::ZERO).unwrap();
+        n1.checkpoints().put(&key, b"one").unwrap();
+        // n2 cannot take a live lease without waiting for it.
+        assert!(matches!(
+            n2.take("n1.s-1", Duration::ZERO),
+            Err(TakeError::Held { ref holder, .. }) if holder == "n1"
+        ));
+        // Released (a drain): n2 takes it at once, and n1 finds it lost.
+        n1.release("n1.s-1");
+        n2.take("n1.s-1", Duration::ZERO).unwrap();
+        n2.checkpoints().put(&key, b"two").unwrap();
+        assert!(n1.checkpoints().put(&key, b"stale").is_err());
+        assert_eq!(
+            n1.checkpoints().get(&key).unwrap().as_deref(),
+            Some(&b"two"[..])
+        );
+        assert!(n2.renew().is_empty());
+    }
+}
