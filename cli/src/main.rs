@@ -134,7 +134,7 @@ enum Cmd {
     /// validate, run, sessions, metrics.
     Serve {
         #[command(flatten)]
-        args: ServeArgs,
+        args: Box<ServeArgs>,
     },
     /// MCP server over stdio for agents (tools: health, packages,
     /// validate, run_r_script, run_r_code, reset_r_session; with
@@ -489,6 +489,25 @@ struct ServeArgs {
     /// Sessions of all tenants together.
     #[arg(long, default_value_t = 512, value_name = "N")]
     max_sessions: usize,
+    /// Sessions holding a worker at once, host-wide (0: no cap). A call to
+    /// a session without one first hibernates the least recently used
+    /// idle session (with --state-dir), else is refused (503, Retry-After).
+    #[arg(long, default_value_t = rvisor_server::admission::DEFAULT_MAX_LIVE_SESSIONS, value_name = "N")]
+    max_live_sessions: usize,
+    /// Sessions of one tenant holding a worker at once (0: no cap); over
+    /// it that tenant's idle sessions hibernate first, else 429.
+    #[arg(long, default_value_t = rvisor_server::admission::DEFAULT_MAX_LIVE_SESSIONS_PER_TENANT, value_name = "N")]
+    max_live_sessions_per_tenant: usize,
+    /// Calls running or queued at once for one tenant, across its sessions
+    /// (0: no cap); one more is refused (429, Retry-After).
+    #[arg(long, default_value_t = rvisor_server::admission::DEFAULT_MAX_CALLS_PER_TENANT, value_name = "N")]
+    max_calls_per_tenant: usize,
+    /// Memory the live workers may use together, MiB (PSS, else RSS; 0: no
+    /// budget). Default: 3/4 of the cgroup's memory.max or of MemTotal,
+    /// whichever is smaller. Over it idle sessions hibernate, least
+    /// recently used first.
+    #[arg(long, value_name = "MIB")]
+    memory_budget_mb: Option<u64>,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -610,6 +629,15 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 }
 
 /// A number of seconds, 0 or more (and below a century).
+/// A cap flag: 0 means no cap.
+fn uncapped(n: usize) -> usize {
+    if n == 0 {
+        usize::MAX
+    } else {
+        n
+    }
+}
+
 fn non_negative_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.0..3.2e9).contains(&v) => Ok(v),
@@ -699,6 +727,16 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         operators: a.operators.clone(),
         max_sessions_per_tenant: a.max_sessions_per_tenant,
         max_sessions: a.max_sessions,
+        admission: rvisor_server::admission::AdmissionConfig {
+            max_live_sessions: uncapped(a.max_live_sessions),
+            max_live_sessions_per_tenant: uncapped(a.max_live_sessions_per_tenant),
+            max_calls_per_tenant: uncapped(a.max_calls_per_tenant),
+            memory_budget_bytes: match a.memory_budget_mb {
+                None => rvisor_server::admission::default_memory_budget().0,
+                Some(0) => u64::MAX,
+                Some(m) => m.saturating_mul(1 << 20),
+            },
+        },
         tokens,
         max_body_bytes: a.max_body_bytes,
         tables,
@@ -884,7 +922,7 @@ fn command() -> ExitCode {
         }
     }
     match cli.cmd {
-        Cmd::Serve { args } => report(serve(args)),
+        Cmd::Serve { args } => report(serve(*args)),
         Cmd::Mcp {
             data_dir,
             state_dir,

@@ -705,3 +705,445 @@ fn a_session_unused_past_the_ttl_is_deleted_and_a_used_one_is_kept() {
     drop(srv);
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// R code that waits until the test opens its gate ([`open_gate`]), then
+/// sets `kept`.
+const GATED: &str = "while (!file.exists('gate')) Sys.sleep(0.02); kept <- 'yes'";
+
+/// Opens the gate of the [`GATED`] call running in the session of `st`: a
+/// file in its working directory, reached through the worker's root.
+fn open_gate(st: &rvisor::SessionStatus) {
+    let pid = st.pid.expect("a worker runs the gated call");
+    let path = format!("/proc/{pid}/root{}/gate", st.working_dir);
+    std::fs::write(&path, "go").unwrap_or_else(|e| panic!("open the gate {path}: {e}"));
+}
+
+#[test]
+fn hibernate_and_wait_returns_once_the_worker_has_exited_and_idle_time_is_reported() {
+    let dir = state_dir("hwait");
+    let (sup, _store) = supervisor(&dir);
+    let s = sup.session_with(manual()).unwrap();
+    let busy = s.run(GATED).unwrap();
+    let end = Instant::now() + DEADLINE;
+    while s.status().running.is_none() {
+        assert!(Instant::now() < end, "the call never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        s.status().idle_seconds,
+        None,
+        "a running session is not idle"
+    );
+    open_gate(&s.status());
+    assert_eq!(busy.wait().outcome, Outcome::Complete);
+    let st = s.status();
+    assert!(st.idle_seconds.is_some(), "{st:?}");
+    let pid = st.pid.expect("a live worker");
+    s.hibernate_and_wait(DEADLINE).expect("it hibernates");
+    let st = s.status();
+    assert_eq!(st.state, SessionState::Hibernated);
+    assert_eq!(st.pid, None);
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "worker {pid} still runs after hibernate_and_wait"
+    );
+    // Already without a worker: nothing to wait for.
+    s.hibernate_and_wait(DEADLINE)
+        .expect("a second time is a no-op");
+    let r = ok(&s, "kept");
+    assert_eq!(r.session.restored.expect("restored").reason, "hibernated");
+    assert!(r.console.ends_with("[1] \"yes\"\n"), "{}", r.console);
+    drop(sup);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn hibernate_and_wait_without_a_store_says_so_and_keeps_the_worker() {
+    let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+    let s = sup.session().unwrap();
+    ok(&s, "1");
+    let e = s.hibernate_and_wait(DEADLINE).unwrap_err();
+    assert!(e.contains("no checkpoint store"), "{e}");
+    assert_eq!(s.status().state, SessionState::Idle);
+}
+
+// ---------------------------------------------------------------------------
+// Admission control (server/src/admission.rs) over a real supervisor
+
+mod admission {
+    use super::*;
+    use rvisor_server::admission::AdmissionConfig;
+    use rvisor_server::service::{ErrorCode, NewSession, Service, ServiceConfig, SessionRun};
+    use rvisor_server::tables::TableConfig;
+    use serde_json::{json, Value};
+
+    fn service(sup: Supervisor, dir: &std::path::Path, admission: AdmissionConfig) -> Service {
+        Service::new(
+            sup,
+            ServiceConfig {
+                tables: TableConfig {
+                    dir: dir.join("tables"),
+                    ..TableConfig::default()
+                },
+                admission,
+                ..ServiceConfig::default()
+            },
+        )
+        .expect("the service starts")
+    }
+
+    fn caps(live: usize, per_tenant: usize) -> AdmissionConfig {
+        AdmissionConfig {
+            max_live_sessions: live,
+            max_live_sessions_per_tenant: per_tenant,
+            max_calls_per_tenant: usize::MAX,
+            memory_budget_bytes: u64::MAX,
+        }
+    }
+
+    fn open(svc: &Service, tenant: &str) -> String {
+        svc.create_session(tenant, NewSession::default())
+            .expect("a session")
+            .id
+    }
+
+    fn call(svc: &Service, tenant: &str, id: &str, code: &str) -> RunResult {
+        let req = SessionRun {
+            code: code.into(),
+            timeout_seconds: None,
+            plot_width: None,
+            plot_height: None,
+        };
+        let r = svc
+            .session_run(tenant, id, &req)
+            .unwrap_or_else(|e| panic!("{code}: refused: {e}"))
+            .wait();
+        assert_eq!(r.outcome, Outcome::Complete, "{code}: {:?}", r.error);
+        r
+    }
+
+    fn state(svc: &Service, tenant: &str, id: &str) -> SessionState {
+        svc.session_status(tenant, id).unwrap().state
+    }
+
+    #[test]
+    fn a_third_session_hibernates_the_least_recently_used_idle_one_and_it_comes_back() {
+        let dir = state_dir("adm-lru");
+        let (sup, _store) = supervisor(&dir);
+        let svc = service(sup, &dir, caps(2, usize::MAX));
+        let t = "local";
+        let (a, b, c) = (open(&svc, t), open(&svc, t), open(&svc, t));
+        call(&svc, t, &a, "v <- 'from a'");
+        call(&svc, t, &b, "v <- 'from b'");
+        let h = svc.health();
+        assert_eq!(h["admission"]["live_sessions"], 2, "{h}");
+        assert!(
+            h["admission"]["worker_memory_bytes"].as_u64().unwrap() > 0,
+            "{h}"
+        );
+        let how = h["admission"]["worker_memory_measured"].as_str().unwrap();
+        assert!(["pss", "rss", "pss+rss"].contains(&how), "{h}");
+        // c needs a worker: a (idle longest) hibernates to make room.
+        call(&svc, t, &c, "v <- 'from c'");
+        assert_eq!(state(&svc, t, &a), SessionState::Hibernated);
+        assert_eq!(state(&svc, t, &b), SessionState::Idle);
+        // a comes back with its objects; b is now the least recently used.
+        let r = call(&svc, t, &a, "v");
+        assert_eq!(
+            r.session.restored.as_ref().expect("restored").reason,
+            "hibernated"
+        );
+        assert!(r.console.ends_with("[1] \"from a\"\n"), "{}", r.console);
+        assert_eq!(state(&svc, t, &b), SessionState::Hibernated);
+        assert_eq!(state(&svc, t, &c), SessionState::Idle);
+        let h = svc.health();
+        let adm = &h["admission"];
+        assert_eq!(adm["max_live_sessions"], 2, "{h}");
+        assert_eq!(adm["live_sessions"], 2, "{h}");
+        assert_eq!(adm["hibernated_sessions"], 1, "{h}");
+        assert_eq!(adm["hibernations"]["live_sessions"], 2, "{h}");
+        let m = svc.metrics_text();
+        for line in [
+            "rvisor_live_sessions 2\n",
+            "rvisor_hibernated_sessions 1\n",
+            "rvisor_admission_limit{limit=\"max_live_sessions\"} 2\n",
+            "rvisor_admission_hibernations_total{limit=\"live_sessions\"} 2\n",
+        ] {
+            assert!(m.contains(line), "{line:?} not in\n{m}");
+        }
+        assert!(m.contains("rvisor_worker_memory_bytes "), "{m}");
+        svc.close_all();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_per_tenant_cap_hibernates_only_that_tenants_sessions() {
+        let dir = state_dir("adm-tenant");
+        let (sup, _store) = supervisor(&dir);
+        let svc = service(sup, &dir, caps(usize::MAX, 1));
+        let bob = open(&svc, "bob");
+        let (a1, a2) = (open(&svc, "alice"), open(&svc, "alice"));
+        // bob's session is the least recently used of all.
+        call(&svc, "bob", &bob, "x <- 1");
+        call(&svc, "alice", &a1, "x <- 'a1'");
+        call(&svc, "alice", &a2, "x <- 'a2'");
+        assert_eq!(state(&svc, "alice", &a1), SessionState::Hibernated);
+        assert_eq!(state(&svc, "bob", &bob), SessionState::Idle);
+        let h = svc.health();
+        assert_eq!(h["admission"]["live_sessions_of_busiest_tenant"], 1, "{h}");
+        assert_eq!(
+            h["admission"]["hibernations"]["live_sessions_per_tenant"], 1,
+            "{h}"
+        );
+        let r = call(&svc, "alice", &a1, "x");
+        assert!(r.console.ends_with("[1] \"a1\"\n"), "{}", r.console);
+        assert_eq!(state(&svc, "alice", &a2), SessionState::Hibernated);
+        assert_eq!(state(&svc, "bob", &bob), SessionState::Idle);
+        svc.close_all();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Threads of this process named as the admission's memory monitor
+    /// (`comm` holds 15 bytes of the name).
+    fn monitors() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|c| c.trim() == "rvisor-admissio")
+            .count()
+    }
+
+    #[test]
+    fn over_the_memory_budget_the_monitor_hibernates_idle_sessions() {
+        let dir = state_dir("adm-mem");
+        let (sup, _store) = supervisor(&dir);
+        // Less than any worker: whatever is idle must go.
+        let svc = service(
+            sup,
+            &dir,
+            AdmissionConfig {
+                memory_budget_bytes: 1 << 20,
+                ..caps(usize::MAX, usize::MAX)
+            },
+        );
+        let t = "local";
+        let a = open(&svc, t);
+        // Nothing is live: the first call is let in whatever the budget.
+        call(&svc, t, &a, "kept <- 'through the squeeze'");
+        // Hibernated, and counted once its worker has exited.
+        let end = Instant::now() + DEADLINE;
+        let h = loop {
+            let h = svc.health();
+            if state(&svc, t, &a) == SessionState::Hibernated
+                && h["admission"]["hibernations"]["memory_budget"].as_u64() >= Some(1)
+            {
+                break h;
+            }
+            assert!(
+                Instant::now() < end,
+                "the monitor did not hibernate the session: {h}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(h["admission"]["memory_budget_bytes"], 1 << 20, "{h}");
+        let r = call(&svc, t, &a, "kept");
+        assert!(
+            r.console.ends_with("[1] \"through the squeeze\"\n"),
+            "{}",
+            r.console
+        );
+        assert!(svc
+            .metrics_text()
+            .contains("rvisor_memory_budget_bytes 1048576\n"));
+        assert_eq!(monitors(), 1, "one monitor thread per service");
+        svc.close_all();
+        // The monitor ends with the service.
+        drop(svc);
+        let end = Instant::now() + DEADLINE;
+        while monitors() > 0 {
+            assert!(
+                Instant::now() < end,
+                "the memory monitor outlived its service"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn without_a_store_a_live_cap_refuses_and_says_how_to_lift_it() {
+        let dir = state_dir("adm-nostore");
+        let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+        let svc = service(sup, &dir, caps(1, usize::MAX));
+        let t = "local";
+        let (a, b) = (open(&svc, t), open(&svc, t));
+        call(&svc, t, &a, "x <- 1");
+        let req = SessionRun {
+            code: "1".into(),
+            timeout_seconds: None,
+            plot_width: None,
+            plot_height: None,
+        };
+        let e = svc.session_run(t, &b, &req).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Busy, "{e}");
+        assert!(e.message.contains("max_live_sessions 1"), "{}", e.message);
+        assert!(e.message.contains("--state-dir"), "{}", e.message);
+        assert!(e.retry_after_seconds.is_some());
+        let j = e.to_json();
+        assert_eq!(j["code"], "busy");
+        assert_eq!(j["retry_after_seconds"], json!(e.retry_after_seconds));
+        assert_eq!(state(&svc, t, &a), SessionState::Idle);
+        // The live session itself is still served.
+        call(&svc, t, &a, "x");
+        let h: Value = svc.health();
+        assert_eq!(h["admission"]["refusals"]["live_sessions"], 1, "{h}");
+        assert_eq!(h["admission"]["can_hibernate"], false, "{h}");
+        svc.close_all();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Admission over HTTP: the real `rvisor serve`
+
+mod admission_http {
+    use super::*;
+    use rvisor_ffi_tests::ServeBin;
+    use serde_json::{json, Value};
+
+    /// An answer: status, Retry-After, body.
+    struct Answer {
+        status: u16,
+        retry_after: Option<String>,
+        body: Value,
+    }
+
+    fn post(base: &str, path: &str, body: &Value) -> Answer {
+        let r = match ureq::post(&format!("{base}{path}"))
+            .timeout(DEADLINE)
+            .send_json(body.clone())
+        {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("POST {path}: {e}"),
+        };
+        Answer {
+            status: r.status(),
+            retry_after: r.header("Retry-After").map(str::to_string),
+            body: r.into_json().unwrap_or(Value::Null),
+        }
+    }
+
+    fn get(base: &str, path: &str) -> String {
+        ureq::get(&format!("{base}{path}"))
+            .timeout(DEADLINE)
+            .call()
+            .expect("GET")
+            .into_string()
+            .unwrap()
+    }
+
+    fn status(base: &str, id: &str) -> rvisor::SessionStatus {
+        serde_json::from_str(&get(base, &format!("/v1/sessions/{id}"))).unwrap()
+    }
+
+    #[test]
+    fn with_every_live_session_busy_calls_get_503_or_429_with_retry_after() {
+        let dir = state_dir("adm-http");
+        let srv = ServeBin::start(&[
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "--max-live-sessions",
+            "2",
+            "--max-calls-per-tenant",
+            "3",
+        ]);
+        let base = format!("http://{}", srv.addr);
+        let ids: Vec<String> = (0..3)
+            .map(|_| {
+                let a = post(&base, "/v1/sessions", &json!({}));
+                assert_eq!(a.status, 201, "{}", a.body);
+                a.body["id"].as_str().unwrap().to_string()
+            })
+            .collect();
+        // Two sessions hold their workers with a call blocked on a gate.
+        let blocked: Vec<_> = ids[..2]
+            .iter()
+            .map(|id| {
+                let (base, path) = (base.clone(), format!("/v1/sessions/{id}/run"));
+                std::thread::spawn(move || post(&base, &path, &json!({"code": GATED})))
+            })
+            .collect();
+        let end = Instant::now() + DEADLINE;
+        while !ids[..2]
+            .iter()
+            .all(|id| status(&base, id).running.is_some())
+        {
+            assert!(Instant::now() < end, "the gated calls never ran");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // A third session needs a worker and none can hibernate: 503.
+        let run_c = format!("/v1/sessions/{}/run", ids[2]);
+        let a = post(&base, &run_c, &json!({"code": "1"}));
+        assert_eq!(a.status, 503, "{}", a.body);
+        assert_eq!(a.body["error"]["code"], "busy", "{}", a.body);
+        let msg = a.body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("max_live_sessions 2"), "{msg}");
+        assert!(msg.contains("retry"), "{msg}");
+        let secs = a.body["error"]["retry_after_seconds"]
+            .as_u64()
+            .expect("retry_after_seconds");
+        assert_eq!(a.retry_after, Some(secs.to_string()));
+        // A call queued behind a live session's call is admitted (three in
+        // flight, the tenant's most); one more is over the tenant's cap.
+        let queued = {
+            let (base, path) = (base.clone(), format!("/v1/sessions/{}/run", ids[0]));
+            std::thread::spawn(move || post(&base, &path, &json!({"code": "kept"})))
+        };
+        while status(&base, &ids[0]).queued == 0 {
+            assert!(Instant::now() < end, "the second call was not queued");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let a = post(
+            &base,
+            &format!("/v1/sessions/{}/run", ids[1]),
+            &json!({"code": "1"}),
+        );
+        assert_eq!(a.status, 429, "{}", a.body);
+        assert_eq!(a.body["error"]["code"], "quota", "{}", a.body);
+        let msg = a.body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("max_calls_per_tenant 3"), "{msg}");
+        assert!(a.retry_after.is_some(), "429 without Retry-After");
+        let h: Value = serde_json::from_str(&get(&base, "/v1/health")).unwrap();
+        let adm = &h["admission"];
+        assert_eq!(adm["calls_in_flight"], 3, "{h}");
+        assert_eq!(adm["live_sessions"], 2, "{h}");
+        assert_eq!(adm["max_calls_per_tenant"], 3, "{h}");
+        // The gates open: the calls finish, and the third session's call
+        // now hibernates an idle one to make room.
+        for id in &ids[..2] {
+            open_gate(&status(&base, id));
+        }
+        for b in blocked {
+            let a = b.join().unwrap();
+            assert_eq!(a.body["outcome"], "complete", "{}", a.body);
+        }
+        let a = queued.join().unwrap();
+        assert_eq!(a.body["console"], "[1] \"yes\"\n", "{}", a.body);
+        let a = post(&base, &run_c, &json!({"code": "1"}));
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.body["outcome"], "complete", "{}", a.body);
+        let m = get(&base, "/metrics");
+        for line in [
+            "rvisor_admission_refusals_total{limit=\"live_sessions\"} 1\n",
+            "rvisor_admission_refusals_total{limit=\"calls_per_tenant\"} 1\n",
+            "rvisor_admission_hibernations_total{limit=\"live_sessions\"} 1\n",
+            "rvisor_live_sessions 2\n",
+            "rvisor_hibernated_sessions 1\n",
+        ] {
+            assert!(m.contains(line), "{line:?} not in\n{m}");
+        }
+        drop(srv);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -36,6 +36,8 @@ pub struct ServeConfig {
     pub max_sessions_per_tenant: usize,
     /// Sessions of all tenants together.
     pub max_sessions: usize,
+    /// Live sessions, calls per tenant, the workers' memory budget.
+    pub admission: crate::admission::AdmissionConfig,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
     /// Largest table upload, in bytes.
@@ -66,6 +68,7 @@ impl Default for ServeConfig {
             operators: Vec::new(),
             max_sessions_per_tenant: 32,
             max_sessions: 512,
+            admission: crate::admission::AdmissionConfig::default(),
             max_body_bytes: 4 * 1024 * 1024,
             max_table_bytes: 256 * 1024 * 1024,
             tables: crate::tables::TableConfig::default(),
@@ -145,7 +148,10 @@ impl IntoResponse for ApiError {
         let status = StatusCode::from_u16(self.0.code.http_status())
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut res = (status, Json(json!({ "error": self.0.to_json() }))).into_response();
-        if matches!(self.0.code, ErrorCode::Busy | ErrorCode::Draining) {
+        if let Some(s) = self.0.retry_after_seconds {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(s));
+        } else if matches!(self.0.code, ErrorCode::Busy | ErrorCode::Draining) {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
@@ -176,6 +182,10 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     code: String,
     message: String,
+    /// With `quota` and `busy` from admission control: seconds until a
+    /// retry may succeed (also the `Retry-After` header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_seconds: Option<u64>,
 }
 
 /// The answer of GET /v1/packages.
@@ -273,6 +283,8 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::TooLarge,
                 E::Invalid,
                 E::QueueFull,
+                E::Quota,
+                E::Busy,
             ],
         ),
         ("get", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
@@ -968,8 +980,9 @@ async fn session_run(
     headers: HeaderMap,
     ApiJson(b): ApiJson<SessionRun>,
 ) -> Result<Response, ApiError> {
-    // Queueing may read the store (a session resumed from it) or wait for
-    // a worker to be released: off the async threads.
+    // Queueing may read the store (a session resumed from it), wait for a
+    // worker to be released, or (admission) wait for an idle session to
+    // hibernate: off the async threads.
     let svc = st.service.clone();
     if let Some(format) = crate::live::Format::wanted(&headers) {
         let call = blocking(move || svc.session_run_streaming(&tenant, &id, &b)).await??;
@@ -1259,6 +1272,7 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             operators: cfg.operators.clone(),
             max_sessions_per_tenant: cfg.max_sessions_per_tenant,
             max_sessions: cfg.max_sessions,
+            admission: cfg.admission.clone(),
             durable: cfg.durable.clone(),
             session_ttl: cfg.session_ttl,
         },

@@ -124,6 +124,7 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
             // each is one worker it asked for.
             max_sessions_per_tenant: usize::MAX,
             max_sessions: usize::MAX,
+            admission: crate::admission::AdmissionConfig::default().uncapped_sessions(),
             ..ServiceConfig::default()
         },
     )?;
@@ -134,7 +135,7 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
 }
 
 fn error_of(id: &Value, e: &ServiceError) -> Value {
-    error_line(id, e.code.as_str(), &e.message)
+    json!({"id": id, "error": e.to_json()})
 }
 
 fn serve_with<R: BufRead, W: Write + Send + 'static>(

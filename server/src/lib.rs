@@ -12,6 +12,7 @@
 //! shutdown deadline, and the one-server-per-data-directory lock; [`live`]
 //! streams a run's events as an HTTP body (SSE or JSON lines).
 
+pub mod admission;
 pub mod blob;
 pub mod cluster;
 pub mod durable;

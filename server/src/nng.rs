@@ -221,7 +221,7 @@ fn error_reply(id: &Value, code: &str, message: &str) -> Vec<u8> {
 fn reply<T: Serialize>(id: &Value, key: &str, answer: Result<T, ServiceError>) -> Vec<u8> {
     let value = match answer {
         Ok(v) => v,
-        Err(e) => return error_reply(id, e.code.as_str(), &e.message),
+        Err(e) => return format!("{{\"id\":{id},\"error\":{}}}", e.to_json()).into_bytes(),
     };
     match serde_json::to_vec(&value) {
         Ok(body) => {
@@ -413,7 +413,12 @@ impl Adapter {
                     Ok(r) => r,
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
                 };
-                match svc.session_run(&tenant, &sid, &run) {
+                // Admission may wait for an idle session to hibernate.
+                let queued = {
+                    let (svc, tenant, sid) = (svc.clone(), tenant.clone(), sid.clone());
+                    blocking(move || svc.session_run(&tenant, &sid, &run)).await
+                };
+                match queued {
                     Ok(call) => {
                         let token = call.cancel_token();
                         cancel.on_cancel(move || token.cancel());

@@ -148,6 +148,9 @@ pub struct ServiceError {
     pub code: ErrorCode,
     /// For a person or a model.
     pub message: String,
+    /// When a retry may succeed, seconds (admission refusals): HTTP sends
+    /// it as `Retry-After`, other surfaces in the error's JSON.
+    pub retry_after_seconds: Option<u64>,
 }
 
 impl ServiceError {
@@ -156,6 +159,22 @@ impl ServiceError {
         Self {
             code,
             message: message.into(),
+            retry_after_seconds: None,
+        }
+    }
+
+    /// An admission refusal: 429 `quota` for a tenant's cap, 503 `busy` for
+    /// a host cap, with when to retry.
+    pub fn refused(r: crate::admission::Refusal) -> Self {
+        let code = if r.limit.is_tenant_cap() {
+            ErrorCode::Quota
+        } else {
+            ErrorCode::Busy
+        };
+        Self {
+            code,
+            message: r.message,
+            retry_after_seconds: Some(r.retry_after_seconds),
         }
     }
 
@@ -174,9 +193,14 @@ impl ServiceError {
         Self::new(ErrorCode::BadRequest, message)
     }
 
-    /// `{"code", "message"}`, as every surface carries it.
+    /// `{"code", "message"}` (and `retry_after_seconds` when set), as
+    /// every surface carries it.
     pub fn to_json(&self) -> Value {
-        json!({"code": self.code.as_str(), "message": self.message})
+        let mut v = json!({"code": self.code.as_str(), "message": self.message});
+        if let Some(s) = self.retry_after_seconds {
+            v["retry_after_seconds"] = json!(s);
+        }
+        v
     }
 }
 
@@ -574,6 +598,15 @@ pub fn check_bindings(
 /// Tables published during calls: (execution id, table metadata).
 type Published = Arc<Mutex<Vec<(String, Value)>>>;
 
+/// Every session of `st` with its tenant (the map's lock is held only to
+/// copy the handles).
+fn live_view(st: &ServiceState) -> Vec<(String, Session)> {
+    lock(&st.sessions)
+        .values()
+        .map(|e| (e.tenant.clone(), e.session.clone()))
+        .collect()
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -733,6 +766,9 @@ pub struct ServiceConfig {
     pub max_sessions_per_tenant: usize,
     /// Sessions of all tenants together.
     pub max_sessions: usize,
+    /// Live sessions, calls per tenant and the workers' memory budget
+    /// (`crate::admission`).
+    pub admission: crate::admission::AdmissionConfig,
     /// Where sessions are kept durable (records, checkpoints, leases;
     /// docs/sessions.md). Its [`SessionStore::checkpoints`] must be the
     /// supervisor's checkpoint store. With it, sessions survive a restart
@@ -754,6 +790,7 @@ impl Default for ServiceConfig {
             operators: Vec::new(),
             max_sessions_per_tenant: 32,
             max_sessions: 512,
+            admission: crate::admission::AdmissionConfig::default(),
             durable: None,
             session_ttl: Some(DEFAULT_SESSION_TTL),
         }
@@ -828,6 +865,9 @@ struct ServiceState {
     drain: crate::cluster::Drain,
     /// The last answer of the shared store to readiness, and when.
     store_check: Mutex<Option<(Instant, Result<(), String>)>>,
+    admission: Arc<crate::admission::Admission>,
+    /// Dropped with the service: stops the admission's memory monitor.
+    _monitor: std::sync::mpsc::Sender<()>,
     /// Held while a session is resumed from the store, so that two
     /// requests for it resume it once.
     adopting: Mutex<()>,
@@ -1040,6 +1080,11 @@ impl Service {
     /// `cfg.tables.dir`.
     pub fn new(sup: Supervisor, cfg: ServiceConfig) -> std::io::Result<Self> {
         let tables = Arc::new(TableStore::open(cfg.tables.clone())?);
+        let admission = Arc::new(crate::admission::Admission::new(
+            cfg.admission.clone(),
+            sup.config().checkpoints.is_some(),
+        ));
+        let (stop_monitor, monitor_stopped) = std::sync::mpsc::channel();
         let svc = Self {
             inner: Arc::new(ServiceState {
                 sup,
@@ -1050,6 +1095,8 @@ impl Service {
                 metrics: Metrics::default(),
                 drain: crate::cluster::Drain::default(),
                 store_check: Mutex::new(None),
+                admission: admission.clone(),
+                _monitor: stop_monitor,
                 adopting: Mutex::new(()),
                 releasing: Mutex::new(()),
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
@@ -1064,7 +1111,17 @@ impl Service {
             })?;
             svc.start_maintenance(d);
         }
+        let state = Arc::downgrade(&svc.inner);
+        admission.spawn_monitor(
+            move || state.upgrade().map(|st| live_view(&st)),
+            monitor_stopped,
+        );
         Ok(svc)
+    }
+
+    /// Every session with its tenant, for admission control.
+    fn sessions_view(&self) -> Vec<(String, Session)> {
+        live_view(&self.inner)
     }
 
     /// The supervisor underneath.
@@ -1111,11 +1168,12 @@ impl Service {
         h.style_engine = style_engine(self.inner.sup.config().style);
         let mut v = serde_json::to_value(&h).unwrap_or_default();
         v["workers"]["sessions"] = json!(lock(&self.inner.sessions).len());
-        // The service's own admission limits, beside the request rules.
-        v["admission"] = json!({
-            "max_sessions_per_tenant": self.inner.cfg.max_sessions_per_tenant,
-            "max_sessions": self.inner.cfg.max_sessions,
-        });
+        // The service's own admission limits and their use, beside the
+        // request rules.
+        let mut admission = self.inner.admission.report(self.sessions_view());
+        admission["max_sessions_per_tenant"] = json!(self.inner.cfg.max_sessions_per_tenant);
+        admission["max_sessions"] = json!(self.inner.cfg.max_sessions);
+        v["admission"] = admission;
         v["node_id"] = json!(self.inner.sup.config().node_id);
         v["draining"] = json!(self.inner.drain.is_draining());
         v
@@ -1896,11 +1954,25 @@ impl Service {
             plot_width: req.plot_width,
             plot_height: req.plot_height,
         };
-        let queued = if stream {
-            s.run_streaming_with(&req.code, &over)
-        } else {
-            s.run_with(&req.code, &over)
-        };
+        // Admission: a session without a worker gets one only within the
+        // live caps and the memory budget (idle sessions hibernate to make
+        // room); a tenant's calls are capped. Checked and queued at once.
+        let queued = self
+            .inner
+            .admission
+            .admit(
+                || self.sessions_view(),
+                tenant,
+                id,
+                || {
+                    if stream {
+                        s.run_streaming_with(&req.code, &over)
+                    } else {
+                        s.run_with(&req.code, &over)
+                    }
+                },
+            )
+            .map_err(ServiceError::refused)?;
         let handle = queued.map_err(|e| match e {
             // A session closed under the caller is gone for it.
             rvisor::Rejection::Closed => ServiceError::not_found("session"),
@@ -2157,6 +2229,7 @@ impl Service {
             pool.spares,
             u8::from(pool.mode == rvisor::PoolMode::Zygote),
         ));
+        out.push_str(&self.inner.admission.metrics_text(self.sessions_view()));
         let requests = lock(&m.requests);
         out.push_str(
             "# HELP rvisor_requests_total Requests by surface.\n# TYPE rvisor_requests_total counter\n",

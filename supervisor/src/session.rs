@@ -196,6 +196,11 @@ pub struct SessionStatus {
     /// it used and the last lines it printed.
     #[serde(default)]
     pub running: Option<RunningCall>,
+    /// Seconds since the last call ended (or the worker started); `None`
+    /// while a call runs or calls are queued, and once closed. Admission
+    /// control hibernates the longest-idle live sessions first.
+    #[serde(default)]
+    pub idle_seconds: Option<f64>,
 }
 
 /// The running call of a session, as `status` shows it.
@@ -470,6 +475,8 @@ struct Inner {
     checkpoint_waiters: Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, String>>>,
     /// Set by [`Session::hibernate`].
     hibernate_requested: bool,
+    /// Callers of [`Session::hibernate_and_wait`] waiting for the runner.
+    hibernate_waiters: Vec<std::sync::mpsc::Sender<Result<(), String>>>,
     /// Set by [`Session::restore`] (with `reset_requested`).
     restore_requested: bool,
     /// Set by [`Session::release`]: the session ends here but stays
@@ -779,6 +786,7 @@ impl Shared {
                 restore_failure: None,
                 checkpoint_waiters: Vec::new(),
                 hibernate_requested: false,
+                hibernate_waiters: Vec::new(),
                 restore_requested: false,
                 keep_checkpoint: false,
                 abandoned: false,
@@ -810,6 +818,8 @@ impl Shared {
                 None => i.worker_dir.clone().unwrap_or_default(),
             },
             running: i.live.as_ref().map(|l| l.report()),
+            idle_seconds: (!i.closed && i.running.is_none() && i.queue.is_empty())
+                .then(|| i.idle_since.elapsed().as_secs_f64()),
         }
     }
 
@@ -860,6 +870,14 @@ impl Shared {
                 continue;
             }
             if let Some(p) = i.queue.pop_front() {
+                if !i.hibernate_waiters.is_empty() {
+                    // The session is busy again: a waiting hibernation is
+                    // called off (the caller picks another session).
+                    i.hibernate_requested = false;
+                    for w in std::mem::take(&mut i.hibernate_waiters) {
+                        let _ = w.send(Err("a call arrived before it could hibernate".into()));
+                    }
+                }
                 i.running = Some(p.execution_id.clone());
                 i.state = if worker.is_some() {
                     SessionState::Running
@@ -873,14 +891,28 @@ impl Shared {
             }
             // Idle: checkpoint a changed state, hibernate a long-idle one.
             let mut wake: Option<Duration> = None;
+            if !i.hibernate_waiters.is_empty() && (self.store.is_none() || worker.is_none()) {
+                let out = match (&self.store, worker.is_some()) {
+                    (None, _) => Err("the session has no checkpoint store".to_string()),
+                    // No worker: there is nothing to release.
+                    (Some(_), _) => Ok(()),
+                };
+                i.hibernate_requested = false;
+                for w in std::mem::take(&mut i.hibernate_waiters) {
+                    let _ = w.send(out.clone());
+                }
+            }
             if self.store.is_some() && worker.is_some() {
                 let idle = i.idle_since.elapsed();
                 let hibernate_in = self.opts.hibernate_after.map(|h| h.saturating_sub(idle));
                 if i.hibernate_requested || hibernate_in == Some(Duration::ZERO) {
                     i.hibernate_requested = false;
                     drop(i);
-                    self.hibernate(worker, source);
+                    let out = self.hibernate(worker, source);
                     i = lock(&self.inner);
+                    for w in std::mem::take(&mut i.hibernate_waiters) {
+                        let _ = w.send(out.clone());
+                    }
                     continue;
                 }
                 let checkpoint_in = self
@@ -985,23 +1017,34 @@ impl Shared {
         })
     }
 
-    /// Checkpoints the session and releases its worker; the next call
-    /// restores it. If the checkpoint fails the worker stays.
-    fn hibernate(&self, worker: &mut Option<Worker>, source: &mut impl WorkerSource) {
-        if self.take_checkpoint(worker, source).is_err() {
+    /// Checkpoints the session and releases its worker (it has exited
+    /// when this returns); the next call restores it. If the checkpoint
+    /// fails, or a call came in meanwhile, the worker stays.
+    fn hibernate(
+        &self,
+        worker: &mut Option<Worker>,
+        source: &mut impl WorkerSource,
+    ) -> Result<(), String> {
+        if let Err(e) = self.take_checkpoint(worker, source) {
             // Try again after another idle period.
             lock(&self.inner).idle_since = Instant::now();
-            return;
-        }
-        if let Some(w) = worker.take() {
-            retire(source, w);
+            return Err(e);
         }
         let mut i = lock(&self.inner);
+        if !i.queue.is_empty() || i.closed {
+            return Err("a call arrived before it could hibernate".into());
+        }
         i.state = SessionState::Hibernated;
         i.pid = None;
         i.canceller = None;
         i.interrupter = None;
         i.restore_next = Some("hibernated".into());
+        drop(i);
+        if let Some(w) = worker.take() {
+            source.forget(&w);
+            w.shutdown(Duration::from_millis(200));
+        }
+        Ok(())
     }
 
     /// A worker for the session's next generation, with the last
@@ -1221,6 +1264,7 @@ impl Shared {
         i.state = SessionState::Closed;
         i.pid = None;
         i.checkpoint_waiters.clear();
+        i.hibernate_waiters.clear();
         if let (Some(store), true, false) = (&self.store, i.checkpoint.is_some(), keep) {
             // A closed session's checkpoint is of no use to anyone.
             let _ = store.delete(&self.checkpoint_key());
@@ -1533,6 +1577,35 @@ impl Session {
         let s = self.shared();
         lock(&s.inner).hibernate_requested = true;
         s.cv.notify_all();
+    }
+
+    /// Hibernates the session now if it is idle, and waits (at most
+    /// `timeout`) until its worker has exited. `Ok` also when it holds no
+    /// worker. `Err` says why not: no checkpoint store, the checkpoint
+    /// failed, a call arrived first, the session closed, or the timeout
+    /// passed (the hibernation may still happen later).
+    pub fn hibernate_and_wait(&self, timeout: Duration) -> Result<(), String> {
+        let s = self.shared();
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let mut i = lock(&s.inner);
+            if i.closed {
+                return Err("the session is closed".into());
+            }
+            i.hibernate_requested = true;
+            i.hibernate_waiters.push(tx);
+        }
+        s.cv.notify_all();
+        match rx.recv_timeout(timeout) {
+            Ok(out) => out,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
+                "it did not hibernate within {:.1} s",
+                timeout.as_secs_f64()
+            )),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err("the session closed before it hibernated".into())
+            }
+        }
     }
 
     /// Closes the session for good: the running call is cancelled, queued
