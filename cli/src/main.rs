@@ -478,12 +478,17 @@ struct LoadArgs {
     #[arg(long, default_value_t = 2, value_name = "N")]
     rounds: u64,
     /// sessions-load: the server's --memory-budget-mb, checked against the
-    /// workers' memory (default: 80 per live session; 0: not passed).
+    /// workers' memory (default: 40 per live session; 0: not passed).
     #[arg(long, value_name = "MB")]
     memory_budget_mb: Option<u64>,
     /// sessions-load: no restart of the server in the middle.
     #[arg(long)]
     no_restart: bool,
+    /// sessions-load: before each round wait until every session has
+    /// hibernated, so every call restores its session (use with a short
+    /// --load-hibernate-after-secs).
+    #[arg(long)]
+    hibernate_between_rounds: bool,
     /// sessions-load: the server's --hibernate-after-secs (default: the
     /// server's).
     #[arg(long, value_name = "SECS")]
@@ -512,6 +517,7 @@ impl LoadArgs {
             rounds: self.rounds as usize,
             memory_budget_mb: budget,
             restart: !self.no_restart,
+            hibernate_between_rounds: self.hibernate_between_rounds,
             hibernate_after_secs: self.load_hibernate_after_secs,
             unconfined,
             ..bench::sessions_load::Config::issue_targets()

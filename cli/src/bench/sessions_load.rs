@@ -56,6 +56,10 @@ pub struct Config {
     pub memory_budget_mb: Option<u64>,
     /// Restart the server half-way through the rounds.
     pub restart: bool,
+    /// Before each round (and the check), wait until every session has
+    /// hibernated (with a short `hibernate_after_secs`), so every call
+    /// restores its session.
+    pub hibernate_between_rounds: bool,
     /// `--hibernate-after-secs` of the server; None: its default.
     pub hibernate_after_secs: Option<f64>,
     /// Start the server with `--unconfined`.
@@ -79,6 +83,7 @@ impl Config {
             rounds: 2,
             memory_budget_mb: Some(DEFAULT_BUDGET_PER_LIVE_MB * 50),
             restart: true,
+            hibernate_between_rounds: false,
             hibernate_after_secs: None,
             unconfined: false,
             work_parent: std::env::temp_dir(),
@@ -88,10 +93,10 @@ impl Config {
     }
 }
 
-/// The default memory budget per live session, MB: what a confined worker
-/// holding a few MB of state takes (PSS), with room for the zygotes and the
-/// spares.
-pub const DEFAULT_BUDGET_PER_LIVE_MB: u64 = 80;
+/// The default memory budget per live session, MB. Measured here (PSS,
+/// confined): a worker holding 1-5 MB of state takes 12-18 MB; 40 leaves
+/// room for the zygotes and the spares, which the sum includes.
+pub const DEFAULT_BUDGET_PER_LIVE_MB: u64 = 40;
 
 /// Latency percentiles of one kind of call.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -292,7 +297,16 @@ fn drive(load: &Arc<Load>, progress: &mut dyn FnMut(&str)) -> Result<LoadReport,
     } else {
         None
     };
+    let wait_hibernated = |progress: &mut dyn FnMut(&str)| {
+        if cfg.hibernate_between_rounds {
+            progress("sessions-load: waiting for every session to hibernate");
+            load.wait_all_hibernated()
+        } else {
+            Ok(())
+        }
+    };
     for round in 1..=cfg.rounds {
+        wait_hibernated(progress)?;
         progress(&format!("sessions-load: round {round} of {}", cfg.rounds));
         let order = rng.shuffled(cfg.sessions);
         load.phase(&order, &format!("round {round}"), |l, i| l.check(i));
@@ -306,6 +320,7 @@ fn drive(load: &Arc<Load>, progress: &mut dyn FnMut(&str)) -> Result<LoadReport,
         }
         None => None,
     };
+    wait_hibernated(progress)?;
     progress("sessions-load: checking every session");
     let order = rng.shuffled(cfg.sessions);
     load.phase(&order, "check", |l, i| l.check(i));
@@ -495,10 +510,13 @@ impl Load {
 
     fn attempt(&self, method: &str, path: &str, body: &Value) -> Attempt {
         let url = format!("http://{}{path}", self.addr);
-        let r = Self::agent()
-            .request(method, &url)
-            .set("Content-Type", "application/json")
-            .send_string(&body.to_string());
+        let req = Self::agent().request(method, &url);
+        let r = if body.is_null() {
+            req.call()
+        } else {
+            req.set("Content-Type", "application/json")
+                .send_string(&body.to_string())
+        };
         match r {
             Ok(res) => match res.into_string() {
                 Ok(text) => match serde_json::from_str(&text) {
@@ -731,6 +749,33 @@ impl Load {
                 }
             ))
         }
+    }
+
+    /// Waits until every session says `hibernated` (bounded: 5 minutes).
+    fn wait_all_hibernated(&self) -> Result<(), String> {
+        let end = Instant::now() + Duration::from_secs(300);
+        for (i, slot) in self.sessions.iter().enumerate() {
+            let Some(id) = slot.lock().ok().and_then(|s| s.id.clone()) else {
+                continue;
+            };
+            loop {
+                let state = match self.call("GET", &format!("/v1/sessions/{id}"), &Value::Null) {
+                    Ok((v, _)) => v["state"].as_str().unwrap_or("").to_string(),
+                    // Its calls report what is wrong with it.
+                    Err(_) => break,
+                };
+                if state == "hibernated" {
+                    break;
+                }
+                if Instant::now() > end {
+                    return Err(format!(
+                        "session {i} ({id}) is still {state:?} 5 minutes after its last call:                          --hibernate-between-rounds needs a server that hibernates idle                          sessions (--state-dir with a short --hibernate-after-secs)"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
     }
 
     /// Waits until `at` round calls are done, then restarts the server.
