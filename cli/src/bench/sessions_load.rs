@@ -758,18 +758,19 @@ impl Load {
             let Some(id) = slot.lock().ok().and_then(|s| s.id.clone()) else {
                 continue;
             };
-            loop {
-                let state = match self.call("GET", &format!("/v1/sessions/{id}"), &Value::Null) {
-                    Ok((v, _)) => v["state"].as_str().unwrap_or("").to_string(),
-                    // Its calls report what is wrong with it.
-                    Err(_) => break,
-                };
+            let status = |l: &Load| l.call("GET", &format!("/v1/sessions/{id}"), &Value::Null);
+            // A session whose status cannot be read is left to its calls,
+            // which report what is wrong with it.
+            while let Ok((v, _)) = status(self) {
+                let state = v["state"].as_str().unwrap_or("").to_string();
                 if state == "hibernated" {
                     break;
                 }
                 if Instant::now() > end {
                     return Err(format!(
-                        "session {i} ({id}) is still {state:?} 5 minutes after its last call:                          --hibernate-between-rounds needs a server that hibernates idle                          sessions (--state-dir with a short --hibernate-after-secs)"
+                        "session {i} ({id}) is still {state:?} 5 minutes after its last call: \
+                         --hibernate-between-rounds needs a server that hibernates idle \
+                         sessions (--state-dir with a short --hibernate-after-secs)"
                     ));
                 }
                 std::thread::sleep(Duration::from_millis(50));
