@@ -206,6 +206,13 @@ pub struct LoadReport {
     pub retried_503: u64,
     /// Connections refused and retried (the server down while it restarts).
     pub retried_unreachable: u64,
+    /// Calls whose connection broke, with no answer, while the server
+    /// restarted: retried, with the session's call counter allowed one
+    /// further (the broken attempt may have run). Outside a restart a
+    /// broken call is a failure.
+    pub cut_by_restart: u64,
+    /// Those calls, up to 20.
+    pub cut_list: Vec<String>,
     /// Sessions whose state did not survive (unknown id, state gone or
     /// wrong); the target is 0.
     pub lost_sessions: usize,
@@ -353,6 +360,8 @@ fn drive(load: &Arc<Load>, progress: &mut dyn FnMut(&str)) -> Result<LoadReport,
         retried_429: load.retried_429.load(Ordering::Relaxed),
         retried_503: load.retried_503.load(Ordering::Relaxed),
         retried_unreachable: load.retried_unreachable.load(Ordering::Relaxed),
+        cut_by_restart: load.cut_by_restart.load(Ordering::Relaxed),
+        cut_list: load.cut_list.lock().map(|l| l.clone()).unwrap_or_default(),
         lost_sessions: lost.len(),
         lost_list: lost.into_iter().take(100).collect(),
         restored_by_reason: st.restored_by_reason.clone(),
@@ -401,6 +410,11 @@ struct Stats {
 struct Load {
     cfg: Config,
     server: Mutex<Option<Server>>,
+    /// Odd while the server restarts (SIGTERM sent, the new one not ready).
+    restart_epoch: AtomicU64,
+    /// Calls whose connection broke while the server restarted, retried.
+    cut_by_restart: AtomicU64,
+    cut_list: Mutex<Vec<String>>,
     /// `IP:PORT` of the server (the same after the restart).
     addr: String,
     /// The server's pid, 0 while it is down.
@@ -449,6 +463,9 @@ impl Load {
             stats: Mutex::new(Stats::default()),
             memory: Mutex::new(MemoryFigures::default()),
             in_flight: AtomicUsize::new(0),
+            restart_epoch: AtomicU64::new(0),
+            cut_by_restart: AtomicU64::new(0),
+            cut_list: Mutex::new(Vec::new()),
             round_calls_done: AtomicUsize::new(0),
             restarted: AtomicBool::new(false),
             retried_429: AtomicU64::new(0),
@@ -557,18 +574,29 @@ impl Load {
 
     /// One call, retried on 429/503 (after `Retry-After`, at most 5 s per
     /// wait) and while the server cannot be reached, for at most
-    /// `retry_for`. Returns the answer and the time of the attempt that
-    /// got it.
-    fn call(&self, method: &str, path: &str, body: &Value) -> Result<(Value, f64), CallError> {
+    /// `retry_for`; a connection that broke while the server restarted is
+    /// retried too (a request the old server had accepted but not read is
+    /// reset when its listener closes; the client cannot tell whether it
+    /// ran). Returns the answer, the time of the attempt that got it, and
+    /// whether an earlier attempt may have run.
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<(Value, f64, bool), CallError> {
         let end = Instant::now() + self.cfg.retry_for;
+        let mut maybe_ran = false;
         loop {
             let t = Instant::now();
+            let epoch = self.restart_epoch.load(Ordering::SeqCst);
             self.in_flight.fetch_add(1, Ordering::SeqCst);
             let a = self.attempt(method, path, body);
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             let took = t.elapsed().as_secs_f64() * 1000.0;
+            let restarting = epoch % 2 == 1 || self.restart_epoch.load(Ordering::SeqCst) != epoch;
             let (wait, why) = match a {
-                Attempt::Answer(v) => return Ok((v, took)),
+                Attempt::Answer(v) => return Ok((v, took, maybe_ran)),
                 Attempt::Status(code @ (429 | 503), retry, msg) => {
                     if code == 429 {
                         self.retried_429.fetch_add(1, Ordering::Relaxed);
@@ -586,6 +614,19 @@ impl Load {
                     self.retried_unreachable.fetch_add(1, Ordering::Relaxed);
                     (Duration::from_millis(100), format!("unreachable: {e}"))
                 }
+                Attempt::Cut(e) if restarting => {
+                    maybe_ran = true;
+                    self.cut_by_restart.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut l) = self.cut_list.lock() {
+                        if l.len() < 20 {
+                            l.push(format!("{method} {path}: {e}"));
+                        }
+                    }
+                    (
+                        Duration::from_millis(100),
+                        format!("cut by the restart: {e}"),
+                    )
+                }
                 Attempt::Cut(e) => return Err(CallError::Cut(e)),
             };
             if Instant::now() + wait > end {
@@ -602,7 +643,7 @@ impl Load {
     fn create(&self, i: usize) -> Result<(), String> {
         let t = Instant::now();
         self.count_call();
-        let (status, _) = self
+        let (status, _, _) = self
             .call("POST", "/v1/sessions", &json!({}))
             .map_err(|e| format!("new session: {e}"))?;
         let id = status["id"]
@@ -618,7 +659,7 @@ impl Load {
         );
         let mut slot = self.sessions[i].lock().map_err(|_| "slot poisoned")?;
         slot.id = Some(id.clone());
-        let (r, _) = self
+        let (r, _, _) = self
             .call(
                 "POST",
                 &format!("/v1/sessions/{id}/run"),
@@ -679,7 +720,12 @@ impl Load {
                 Err(format!("session {id} is unknown (404): {msg}"))
             }
             Err(e) => Err(e.to_string()),
-            Ok((r, took)) => match self.verify(&mut slot, i, &r) {
+            Ok((r, took, maybe_ran)) => match {
+                // A retried attempt may have run: the counter may be one
+                // further.
+                slot.maybe_one_more |= maybe_ran;
+                self.verify(&mut slot, i, &r)
+            } {
                 Ok(()) => {
                     let restored = r["session"]["restored"]["reason"]
                         .as_str()
@@ -761,7 +807,7 @@ impl Load {
             let status = |l: &Load| l.call("GET", &format!("/v1/sessions/{id}"), &Value::Null);
             // A session whose status cannot be read is left to its calls,
             // which report what is wrong with it.
-            while let Ok((v, _)) = status(self) {
+            while let Ok((v, _, _)) = status(self) {
                 let state = v["state"].as_str().unwrap_or("").to_string();
                 if state == "hibernated" {
                     break;
@@ -795,14 +841,21 @@ impl Load {
             calls_in_flight: self.in_flight.load(Ordering::SeqCst),
             ..RestartFigures::default()
         };
+        self.restart_epoch.fetch_add(1, Ordering::SeqCst);
         let t = Instant::now();
-        let status = old.terminate(Duration::from_secs(180))?;
+        let status = old.terminate(Duration::from_secs(180));
+        // Calls see the restart as over even if it failed.
+        let status = status.inspect_err(|_| {
+            self.restart_epoch.fetch_add(1, Ordering::SeqCst);
+        })?;
         fig.sigterm_to_exit_ms = t.elapsed().as_secs_f64() * 1000.0;
         fig.exit_status = status;
         self.pid.store(0, Ordering::SeqCst);
         self.restarted.store(true, Ordering::SeqCst);
         let t = Instant::now();
-        let new = Server::start(&self.cfg, &old.dir, &self.addr)?;
+        let new = Server::start(&self.cfg, &old.dir, &self.addr);
+        self.restart_epoch.fetch_add(1, Ordering::SeqCst);
+        let new = new?;
         fig.start_to_ready_ms = t.elapsed().as_secs_f64() * 1000.0;
         self.pid.store(new.child.id(), Ordering::SeqCst);
         *guard = Some(new);
@@ -1301,10 +1354,10 @@ pub fn table(r: &LoadReport) -> String {
     row("failures", r.failures.to_string());
     row("lost sessions (target 0)", r.lost_sessions.to_string());
     row(
-        "retried: 429 / 503 / unreachable",
+        "retried: 429 / 503 / unreachable / cut by the restart",
         format!(
-            "{} / {} / {}",
-            r.retried_429, r.retried_503, r.retried_unreachable
+            "{} / {} / {} / {}",
+            r.retried_429, r.retried_503, r.retried_unreachable, r.cut_by_restart
         ),
     );
     for (name, l) in [
