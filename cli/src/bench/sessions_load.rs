@@ -720,12 +720,7 @@ impl Load {
                 Err(format!("session {id} is unknown (404): {msg}"))
             }
             Err(e) => Err(e.to_string()),
-            Ok((r, took, maybe_ran)) => match {
-                // A retried attempt may have run: the counter may be one
-                // further.
-                slot.maybe_one_more |= maybe_ran;
-                self.verify(&mut slot, i, &r)
-            } {
+            Ok((r, took, maybe_ran)) => match self.verify(&mut slot, i, &r, maybe_ran) {
                 Ok(()) => {
                     let restored = r["session"]["restored"]["reason"]
                         .as_str()
@@ -763,7 +758,16 @@ impl Load {
     }
 
     /// The state a result shows against what the session must hold.
-    fn verify(&self, slot: &mut SessionSlot, i: usize, r: &Value) -> Result<(), String> {
+    /// `maybe_ran`: an earlier attempt of this call may have run, so the
+    /// counter may be one further.
+    fn verify(
+        &self,
+        slot: &mut SessionSlot,
+        i: usize,
+        r: &Value,
+        maybe_ran: bool,
+    ) -> Result<(), String> {
+        slot.maybe_one_more |= maybe_ran;
         let (got_i, sum, calls, intact) = parse_ok(r)?;
         let s = &r["session"];
         if s["fresh"].as_bool() == Some(true) {
