@@ -332,6 +332,9 @@ fn drive(load: &Arc<Load>, progress: &mut dyn FnMut(&str)) -> Result<LoadReport,
     let order = rng.shuffled(cfg.sessions);
     load.phase(&order, "check", |l, i| l.check(i));
 
+    // The last size too (the sampler looks every 2 s).
+    load.state_dir_max
+        .fetch_max(dir_bytes(&load.state_dir), Ordering::Relaxed);
     let st = load.stats.lock().map_err(|_| "stats poisoned")?;
     let sessions = &load.sessions;
     let lost: Vec<usize> = (0..cfg.sessions)
