@@ -930,8 +930,8 @@ impl Load {
 
 /// Reads the workers' memory and live sessions from health's `admission`
 /// object without fixing its field names beyond their meaning: the first
-/// number whose key says memory (`..._bytes`, `..._mb`/`_mib`; not a
-/// maximum or budget), and the first whose key says live sessions (not a
+/// number whose key says memory (`memory`, `pss`, `rss`; `..._bytes` or
+/// else MB; not a maximum, budget or limit), and the first whose key says live sessions (not a
 /// maximum).
 fn admission_figures(a: &Value) -> (Option<f64>, Option<u64>) {
     let Some(obj) = a.as_object() else {
@@ -953,7 +953,7 @@ fn admission_figures(a: &Value) -> (Option<f64>, Option<u64>) {
         if limit(&k) {
             continue;
         }
-        if mem.is_none() && k.contains("memory") {
+        if mem.is_none() && (k.contains("memory") || k.contains("pss") || k.contains("rss")) {
             if let Some(x) = v.as_f64() {
                 mem = Some(if k.ends_with("bytes") {
                     x / 1048576.0
@@ -1033,7 +1033,8 @@ impl Server {
         if cfg.unconfined {
             cmd.arg("--unconfined");
         }
-        let n = cfg.sessions.to_string();
+        // Room above the sessions for one retried creation per client.
+        let n = (cfg.sessions + cfg.clients).to_string();
         cmd.args(["serve", "--no-auth", "--listen", listen, "--node-id", "n1"])
             .args(["--max-sessions", &n, "--max-sessions-per-tenant", &n])
             .arg("--data-dir")
