@@ -931,8 +931,8 @@ impl Load {
 /// Reads the workers' memory and live sessions from health's `admission`
 /// object without fixing its field names beyond their meaning: the first
 /// number whose key says memory (`memory`, `pss`, `rss`; `..._bytes` or
-/// else MB; not a maximum, budget or limit), and the first whose key says live sessions (not a
-/// maximum).
+/// else MB; not a maximum, budget or limit), and the first whose key says
+/// live sessions (not a maximum).
 fn admission_figures(a: &Value) -> (Option<f64>, Option<u64>) {
     let Some(obj) = a.as_object() else {
         return (None, None);
