@@ -214,7 +214,9 @@ pub struct LoadReport {
     /// Those calls, up to 20.
     pub cut_list: Vec<String>,
     /// Sessions whose state did not survive (unknown id, state gone or
-    /// wrong); the target is 0.
+    /// wrong: an R error, another sum or index, fewer calls counted than
+    /// answered); the target is 0. A call the server could not run is a
+    /// failure, not a loss.
     pub lost_sessions: usize,
     /// Their indices, up to 100.
     pub lost_list: Vec<usize>,
@@ -747,7 +749,14 @@ impl Load {
                     return Ok(());
                 }
                 Err(e) => {
-                    slot.lost = true;
+                    // An R error (`x` gone) or a wrong state is a lost
+                    // session; a call the server could not run (a worker
+                    // that did not start, a timeout) is a failure that may
+                    // or may not have counted.
+                    match r["outcome"].as_str() {
+                        Some("complete" | "error") => slot.lost = true,
+                        _ => slot.maybe_one_more = true,
+                    }
                     Err(e)
                 }
             },
