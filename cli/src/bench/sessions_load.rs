@@ -222,6 +222,9 @@ pub struct LoadReport {
     pub lost_list: Vec<usize>,
     /// Results that said `session.restored`, by reason.
     pub restored_by_reason: BTreeMap<String, u64>,
+    /// Results (failed calls too) that said `session.reset_reason`: the
+    /// session's worker had been replaced (killed, crashed, ...), by reason.
+    pub reset_by_reason: BTreeMap<String, u64>,
     /// Creation calls (new session + building its state).
     pub latency_create: Latency,
     /// Calls to a live session (result not restored).
@@ -370,6 +373,7 @@ fn drive(load: &Arc<Load>, progress: &mut dyn FnMut(&str)) -> Result<LoadReport,
         lost_sessions: lost.len(),
         lost_list: lost.into_iter().take(100).collect(),
         restored_by_reason: st.restored_by_reason.clone(),
+        reset_by_reason: st.reset_by_reason.clone(),
         latency_create: Latency::of(st.create_ms.clone()),
         latency_live: Latency::of(st.live_ms.clone()),
         latency_restored: Latency::of(st.restored_ms.clone()),
@@ -404,6 +408,7 @@ struct Stats {
     failures: usize,
     failure_list: Vec<Failure>,
     restored_by_reason: BTreeMap<String, u64>,
+    reset_by_reason: BTreeMap<String, u64>,
     first_after_restart: BTreeMap<String, u64>,
     create_ms: Vec<f64>,
     live_ms: Vec<f64>,
@@ -715,6 +720,13 @@ impl Load {
         if first_after {
             slot.seen_after_restart = true;
         }
+        if let Ok((r, _, _)) = &outcome {
+            if let Some(why) = r["session"]["reset_reason"].as_str() {
+                if let Ok(mut st) = self.stats.lock() {
+                    *st.reset_by_reason.entry(why.to_string()).or_default() += 1;
+                }
+            }
+        }
         let verdict = match outcome {
             Err(CallError::Cut(e)) => {
                 slot.maybe_one_more = true;
@@ -803,12 +815,14 @@ impl Load {
         } else {
             Err(format!(
                 "the session counted {calls} calls, want {want}{}: a restore from an older \
-                 checkpoint lost calls",
+                 checkpoint lost calls (restored {}, reset_reason {})",
                 if slot.maybe_one_more {
                     " or one more"
                 } else {
                     ""
-                }
+                },
+                s["restored"],
+                s["reset_reason"]
             ))
         }
     }
@@ -1414,6 +1428,10 @@ pub fn table(r: &LoadReport) -> String {
         }
     };
     row("restored results by reason", reasons(&r.restored_by_reason));
+    row(
+        "results after a worker was replaced, by reset_reason",
+        reasons(&r.reset_by_reason),
+    );
     let m = &r.memory;
     row(
         "workers' memory max: PSS sum / health (MB)",
