@@ -737,7 +737,7 @@ impl Load {
                 Err(format!("session {id} is unknown (404): {msg}"))
             }
             Err(e) => Err(e.to_string()),
-            Ok((r, took, maybe_ran)) => match self.verify(&mut slot, i, &r, maybe_ran) {
+            Ok((r, took, maybe_ran)) => match Self::verify(&mut slot, i, &r, maybe_ran) {
                 Ok(()) => {
                     let restored = r["session"]["restored"]["reason"]
                         .as_str()
@@ -784,13 +784,7 @@ impl Load {
     /// The state a result shows against what the session must hold.
     /// `maybe_ran`: an earlier attempt of this call may have run, so the
     /// counter may be one further.
-    fn verify(
-        &self,
-        slot: &mut SessionSlot,
-        i: usize,
-        r: &Value,
-        maybe_ran: bool,
-    ) -> Result<(), String> {
+    fn verify(slot: &mut SessionSlot, i: usize, r: &Value, maybe_ran: bool) -> Result<(), String> {
         slot.maybe_one_more |= maybe_ran;
         let (got_i, sum, calls, intact) = parse_ok(r)?;
         let s = &r["session"];
@@ -1504,6 +1498,40 @@ mod tests {
         let e = json!({"outcome": "error", "console": "", "error": {"message": "object 'x' not found"},
                        "session": {"reset_reason": null}});
         assert!(parse_ok(&e).unwrap_err().contains("object 'x' not found"));
+    }
+
+    fn answer(line: &str, fresh: bool) -> Value {
+        json!({"outcome": "complete", "console": format!("{line}\n"),
+               "session": {"fresh": fresh, "reset_reason": null, "restored": null}})
+    }
+
+    #[test]
+    fn verify_checks_index_sum_and_the_call_counter() {
+        let mut slot = SessionSlot {
+            sum: "-12.5".into(),
+            calls: 1,
+            ..SessionSlot::default()
+        };
+        assert!(Load::verify(&mut slot, 3, &answer("OK 3 -12.5 2 TRUE", false), false).is_ok());
+        assert_eq!(slot.calls, 2);
+        // Another session's state, another sum, a broken checksum, fresh.
+        for (line, fresh) in [
+            ("OK 4 -12.5 3 TRUE", false),
+            ("OK 3 -12.49 3 TRUE", false),
+            ("OK 3 -12.5 3 FALSE", false),
+            ("OK 3 -12.5 3 TRUE", true),
+        ] {
+            let e = Load::verify(&mut slot, 3, &answer(line, fresh), false);
+            assert!(e.is_err(), "{line} {fresh}");
+        }
+        // A restore from an older checkpoint: the counter went back.
+        let e = Load::verify(&mut slot, 3, &answer("OK 3 -12.5 2 TRUE", false), false);
+        assert!(e.unwrap_err().contains("lost calls"));
+        // A call that may have run: one further is accepted, once.
+        assert!(Load::verify(&mut slot, 3, &answer("OK 3 -12.5 4 TRUE", false), true).is_ok());
+        assert_eq!(slot.calls, 4);
+        assert!(!slot.maybe_one_more);
+        assert!(Load::verify(&mut slot, 3, &answer("OK 3 -12.5 6 TRUE", false), false).is_err());
     }
 
     #[test]
