@@ -198,6 +198,8 @@ enum Cmd {
         /// Scripts of the batch row (R help examples).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         scripts: Option<u64>,
+        #[command(flatten)]
+        load: LoadArgs,
     },
 }
 
@@ -464,6 +466,75 @@ fn supervisor_quiet_with(style: rvisor::StyleEngine) -> Result<rvisor::Superviso
         ..base_config()
     };
     Ok(rvisor::Supervisor::new(cfg)?)
+}
+
+/// The sessions-load row of `rvisor bench` (`--only sessions-load`):
+/// defaults are issue 15's targets.
+#[derive(Debug, clap::Args)]
+struct LoadArgs {
+    /// sessions-load: sessions to create and drive.
+    #[arg(long, default_value_t = 1000, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    sessions: u64,
+    /// sessions-load: MB of distinct state per session (random doubles).
+    #[arg(long, default_value_t = 5.0, value_name = "MB")]
+    state_mb: f64,
+    /// sessions-load: the server's --max-live-sessions (0: not passed, for a
+    /// server without admission control).
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    live: u64,
+    /// sessions-load: client threads.
+    #[arg(long, default_value_t = 4, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    clients: u64,
+    /// sessions-load: rounds of calls (each session once, random order)
+    /// before the check of every session.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    rounds: u64,
+    /// sessions-load: the server's --memory-budget-mb, checked against the
+    /// workers' memory (default: 40 per live session; 0: not passed).
+    #[arg(long, value_name = "MB")]
+    memory_budget_mb: Option<u64>,
+    /// sessions-load: no restart of the server in the middle.
+    #[arg(long)]
+    no_restart: bool,
+    /// sessions-load: before each round wait until every session has
+    /// hibernated, so every call restores its session (use with a short
+    /// --load-hibernate-after-secs).
+    #[arg(long)]
+    hibernate_between_rounds: bool,
+    /// sessions-load: the server's --hibernate-after-secs (default: the
+    /// server's).
+    #[arg(long, value_name = "SECS")]
+    load_hibernate_after_secs: Option<f64>,
+}
+
+impl LoadArgs {
+    fn config(&self, unconfined: bool) -> Result<bench::sessions_load::Config, String> {
+        if !(self.state_mb.is_finite() && self.state_mb > 0.0 && self.state_mb <= 1024.0) {
+            return Err(format!(
+                "--state-mb {}: give a size from 0 to 1024 MB",
+                self.state_mb
+            ));
+        }
+        let live = (self.live > 0).then_some(self.live as usize);
+        let budget = match self.memory_budget_mb {
+            Some(0) => None,
+            Some(b) => Some(b),
+            None => live.map(|l| l as u64 * bench::sessions_load::DEFAULT_BUDGET_PER_LIVE_MB),
+        };
+        Ok(bench::sessions_load::Config {
+            sessions: self.sessions as usize,
+            state_bytes: (self.state_mb * 1048576.0) as usize,
+            live,
+            clients: self.clients as usize,
+            rounds: self.rounds as usize,
+            memory_budget_mb: budget,
+            restart: !self.no_restart,
+            hibernate_between_rounds: self.hibernate_between_rounds,
+            hibernate_after_secs: self.load_hibernate_after_secs,
+            unconfined,
+            ..bench::sessions_load::Config::issue_targets()
+        })
+    }
 }
 
 /// Options of `rvisor serve`.
@@ -965,13 +1036,22 @@ fn command() -> ExitCode {
             only,
             reps,
             scripts,
+            load,
         } => {
             let mut progress = |m: &str| eprintln!("bench: {m}");
+            let load = match load.config(cli.confine.unconfined) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("rvisor bench: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let opts = bench::Options {
                 quick,
                 only,
                 reps: reps.map(|n| n as usize),
                 scripts: scripts.map(|n| n as usize),
+                load,
             };
             match bench::run_sections(&opts, &mut progress) {
                 Ok(report) => {

@@ -1687,7 +1687,10 @@ impl Service {
             Some(v) => Some(NewSession::deserialize(v).map_err(|e| {
                 ServiceError::new(
                     ErrorCode::Storage,
-                    format!("the stored record of session {} is unreadable ({e})", rec.id),
+                    format!(
+                        "the stored record of session {} is unreadable ({e})",
+                        rec.id
+                    ),
                 )
             })?),
             None => None,

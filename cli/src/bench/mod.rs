@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod batch_rows;
+pub mod sessions_load;
 mod startup;
 
 const PEER_DRIVER: &str = include_str!("peers.R");
@@ -216,10 +217,15 @@ pub struct Report {
     /// The same scripts through `rvisor batch` and Rscript per script.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<batch_rows::BatchRow>,
+    /// Many durable sessions through `rvisor serve` with a live cap and a
+    /// restart (`--only sessions-load`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions_load: Option<sessions_load::LoadReport>,
 }
 
-/// Parts of the benchmark (`rvisor bench --only`).
-pub const SECTIONS: [&str; 3] = ["latency", "startup", "batch"];
+/// Parts of the benchmark (`rvisor bench --only`). `sessions-load` runs
+/// only when named (minutes, and gigabytes of checkpoints at its defaults).
+pub const SECTIONS: [&str; 4] = ["latency", "startup", "batch", "sessions-load"];
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -233,11 +239,14 @@ pub struct Options {
     pub reps: Option<usize>,
     /// Scripts of the batch row (default 300, quick 40).
     pub scripts: Option<usize>,
+    /// The sessions-load row's settings.
+    pub load: sessions_load::Config,
 }
 
 impl Options {
     fn wants(&self, section: &str) -> bool {
-        self.only.is_empty() || self.only.iter().any(|s| s == section)
+        (self.only.is_empty() && section != "sessions-load")
+            || self.only.iter().any(|s| s == section)
     }
 }
 
@@ -255,6 +264,7 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
             extra: Vec::new(),
             startup: None,
             batch: None,
+            sessions_load: None,
         }
     };
     if o.wants("startup") {
@@ -267,6 +277,9 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
         let reps = o.reps.unwrap_or(if o.quick { 1 } else { 3 });
         let scripts = o.scripts.unwrap_or(if o.quick { 40 } else { 300 });
         report.batch = Some(batch_rows::run(scripts, reps, progress)?);
+    }
+    if o.wants("sessions-load") {
+        report.sessions_load = Some(sessions_load::run(&o.load, progress)?);
     }
     Ok(report)
 }
@@ -1025,6 +1038,7 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         extra,
         startup: None,
         batch: None,
+        sessions_load: None,
     })
 }
 
@@ -1045,6 +1059,9 @@ pub fn table(r: &Report) -> String {
     }
     if let Some(b) = &r.batch {
         s.push_str(&batch_rows::table(b));
+    }
+    if let Some(l) = &r.sessions_load {
+        s.push_str(&sessions_load::table(l));
     }
     s
 }
