@@ -671,7 +671,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             max_connections_per_ip: a.max_connections_per_ip as usize,
             shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
         },
-        drain_grace: Duration::from_secs_f64(a.drain_grace_secs.unwrap_or(a.shutdown_grace_secs)),
+        drain_grace: a.drain_grace_secs.map(Duration::from_secs_f64),
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
