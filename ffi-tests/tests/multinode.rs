@@ -4,10 +4,9 @@
 //! a local S3 server (moto) as the shared store. nginx and moto are
 //! installed by scripts/setup.sh; without them these tests fail and say so.
 
-use rvisor_ffi_tests::{rvisor_bin, wait_for, TestDir};
+use rvisor_ffi_tests::{wait_for, ServeBin, ServeOptions, TestDir};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -150,58 +149,38 @@ impl Moto {
 /// One `rvisor serve --node-id ID` on a free loopback port.
 struct Node {
     id: String,
-    proc: Proc,
-    addr: String,
-    _dir: TestDir,
+    serve: ServeBin,
 }
 
 impl Node {
     fn start(id: &str, moto: &Moto, tokens: &Path) -> Self {
-        let dir = TestDir::new(&format!("rvisor-multinode-{id}"));
-        let mut child = Command::new(rvisor_bin())
-            .args(["--unconfined", "serve", "--listen", "127.0.0.1:0"])
-            .arg("--tokens")
-            .arg(tokens)
-            .args(["--operator", "ops", "--node-id", id])
-            .args(["--store", &format!("s3://{BUCKET}/cluster")])
-            .args(["--drain-grace-secs", "60", "--style", "builtin"])
-            .arg("--data-dir")
-            .arg(dir.path())
-            .envs(moto.env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("rvisor serve starts");
-        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-        let mut addr = None;
-        let mut line = String::new();
-        while addr.is_none() {
-            line.clear();
-            if err.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("node {id} ended before it listened");
-            }
-            addr = line
-                .split("listening on http://")
-                .nth(1)
-                .map(|a| a.trim().to_string());
-        }
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            let _ = err.read_to_string(&mut sink);
+        let store = format!("s3://{BUCKET}/cluster");
+        let serve = ServeBin::start_with(ServeOptions {
+            tokens: Some(tokens),
+            args: &[
+                "--operator",
+                "ops",
+                "--node-id",
+                id,
+                "--store",
+                &store,
+                "--drain-grace-secs",
+                "60",
+                "--style",
+                "builtin",
+            ],
+            env: moto.env(),
         });
         let node = Node {
             id: id.to_string(),
-            proc: Proc(child),
-            addr: addr.unwrap_or_default(),
-            _dir: dir,
+            serve,
         };
         node.wait_ready();
         node
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("http://{}{path}", self.serve.addr)
     }
 
     fn wait_ready(&self) {
@@ -231,12 +210,12 @@ impl Nginx {
         let mut conf = SHIPPED.replace("127.0.0.1:8780", listen);
         for (i, n) in nodes.iter().enumerate().take(3) {
             assert_eq!(n.id, format!("n{}", i + 1));
-            conf = conf.replace(&format!("127.0.0.1:878{}", i + 1), &n.addr);
+            conf = conf.replace(&format!("127.0.0.1:878{}", i + 1), &n.serve.addr);
         }
         for n in nodes.iter().skip(3) {
             let id = &n.id;
-            let a = &n.addr;
-            let last = &nodes[2].addr;
+            let a = &n.serve.addr;
+            let last = &nodes[2].serve.addr;
             conf = conf
                 .replacen(
                     &format!("    server {last} max_fails=1 fail_timeout=10s;\n"),
@@ -392,7 +371,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
     let nodes = [&n1, &n2, &n3];
     let addr_of: BTreeMap<String, String> = nodes
         .iter()
-        .map(|n| (n.id.clone(), n.addr.clone()))
+        .map(|n| (n.id.clone(), n.serve.addr.clone()))
         .collect();
     let nginx = Nginx::start(&nodes);
 
@@ -427,7 +406,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
     assert_eq!(up.status, 201, "{up:?}");
     let pointer = up.body["data_pointer"].as_str().unwrap().to_string();
     let stored_on = up.upstream.clone();
-    let others: Vec<&&Node> = nodes.iter().filter(|n| n.addr != stored_on).collect();
+    let others: Vec<&&Node> = nodes.iter().filter(|n| n.serve.addr != stored_on).collect();
     assert_eq!(others.len(), 2, "stored on {stored_on}");
     for n in others {
         let r = post_json(
@@ -480,7 +459,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
     for (id, k) in sessions.iter().filter(|(id, _)| node_of(id) == "n2") {
         let (out, up) = session_run(&nginx, id, "cat(x + 1)");
         assert_eq!(out, (k + 1).to_string(), "{id}");
-        assert_eq!(up, n2.addr);
+        assert_eq!(up, n2.serve.addr);
     }
     for _ in 0..6 {
         let id = new_session(&nginx);
@@ -491,7 +470,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
         );
         let r = post_json(&nginx.url("/v1/run"), USER, json!({"script": "cat(6 * 7)"}));
         assert_eq!(r.status, 200, "{r:?}");
-        assert_ne!(r.upstream, n2.addr);
+        assert_ne!(r.upstream, n2.serve.addr);
         call(
             "DELETE",
             &nginx.url(&format!("/v1/sessions/{id}")),
@@ -519,7 +498,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
         }
     });
     let (_, up) = session_run(&nginx, &on_n4, "x <- 'four'");
-    assert_eq!(up, n4.addr);
+    assert_eq!(up, n4.serve.addr);
     for (id, k) in &sessions {
         let (out, up) = session_run(&nginx, id, "cat(x * 10)");
         assert_eq!(out, (k * 10).to_string(), "{id} after the new node");
@@ -558,13 +537,13 @@ fn sigterm_lets_the_running_call_finish_then_the_nodes_sessions_answer_404_elsew
     });
     // SAFETY: kill only sends a signal to the node, our child (not yet
     // reaped, so its pid is still its own).
-    let sent = unsafe { libc::kill(n2.proc.0.id() as i32, libc::SIGTERM) };
+    let sent = unsafe { libc::kill(n2.serve.child.id() as i32, libc::SIGTERM) };
     assert_eq!(sent, 0);
     let done = running.join().unwrap();
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(done.body["console"].as_str().unwrap_or("").trim(), "10");
     let status = wait_for("n2 to exit after its drain", START, || {
-        n2.proc.0.try_wait().ok().flatten()
+        n2.serve.child.try_wait().ok().flatten()
     });
     assert!(status.success(), "n2 exited {status:?}");
 
@@ -578,7 +557,7 @@ fn sigterm_lets_the_running_call_finish_then_the_nodes_sessions_answer_404_elsew
     assert_eq!(gone.status, 404, "{gone:?}");
     assert_eq!(gone.body["error"]["code"], "not_found");
     assert!(
-        gone.upstream.contains(&n1.addr) || gone.upstream.contains(&n3.addr),
+        gone.upstream.contains(&n1.serve.addr) || gone.upstream.contains(&n3.serve.addr),
         "{gone:?}"
     );
     // New work still flows, to the nodes that are up.
