@@ -1,5 +1,7 @@
 //! Helpers shared by the tests against real R.
 
+pub mod confined;
+
 use rvisor::{CallOptions, RunResult, Worker, WorkerConfig};
 use std::path::{Path, PathBuf};
 
