@@ -808,9 +808,9 @@ fn ops_validate(file: &str, json: bool, style: &str) -> Result<ExitCode> {
 fn main() -> ExitCode {
     // Start-up timing marks (off unless RVISOR_TIMING names a file):
     // `rvisor bench` splits a command's time with them.
-    rvisor::timing::mark("cli.main");
+    rvisor::timing::mark(rvisor::timing::CLI_MAIN);
     let code = command();
-    rvisor::timing::mark("cli.exit");
+    rvisor::timing::mark(rvisor::timing::CLI_EXIT);
     code
 }
 
