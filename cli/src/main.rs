@@ -821,7 +821,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             max_connections_per_ip: a.max_connections_per_ip as usize,
             shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
         },
-        drain_grace: Duration::from_secs_f64(a.drain_grace_secs.unwrap_or(a.shutdown_grace_secs)),
+        drain_grace: a.drain_grace_secs.map(Duration::from_secs_f64),
         durable,
         session_ttl: (a.session_ttl_days > 0.0)
             .then(|| Duration::from_secs_f64(a.session_ttl_days * 86400.0)),
@@ -975,9 +975,9 @@ fn ops_validate(file: &str, json: bool, style: &str) -> Result<ExitCode> {
 fn main() -> ExitCode {
     // Start-up timing marks (off unless RVISOR_TIMING names a file):
     // `rvisor bench` splits a command's time with them.
-    rvisor::timing::mark("cli.main");
+    rvisor::timing::mark(rvisor::timing::CLI_MAIN);
     let code = command();
-    rvisor::timing::mark("cli.exit");
+    rvisor::timing::mark(rvisor::timing::CLI_EXIT);
     code
 }
 

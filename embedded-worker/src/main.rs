@@ -80,7 +80,7 @@ fn ensure_stack() {
 }
 
 fn main() -> ExitCode {
-    rvisor_protocol::timing::mark("worker.main");
+    rvisor_protocol::timing::mark(rvisor_protocol::timing::WORKER_MAIN);
     ensure_stack();
     std::env::remove_var(ENV_REEXEC);
     if let Some(fd) = std::env::var(rvisor_protocol::ENV_ZYGOTE_FD)

@@ -8,14 +8,14 @@
 
 use crate::{console, eval, link, r, state, stream, tools};
 use rvisor_protocol::{
-    FrameError, FromWorker, StateOutcome, ToWorker, WorkerHello, PROTOCOL_VERSION,
+    timing, FrameError, FromWorker, StateOutcome, ToWorker, WorkerHello, PROTOCOL_VERSION,
 };
 
 /// Starts R with its hooks delivering to this worker's modules: console
 /// text to the capture, `quit()` and the driver's reports to the call, and
 /// `tools$name()` to the tools.
 pub fn start_r() -> Result<r::R, String> {
-    rvisor_protocol::timing::mark("worker.r_start");
+    timing::mark(timing::WORKER_R_START);
     let r = r::start(r::Hooks {
         console: console_text,
         quit: eval::on_quit,
@@ -24,7 +24,7 @@ pub fn start_r() -> Result<r::R, String> {
         poll: stream::poll,
         flush: stream::flush_console,
     });
-    rvisor_protocol::timing::mark("worker.r_started");
+    timing::mark(timing::WORKER_R_STARTED);
     r
 }
 
@@ -149,9 +149,9 @@ fn state_outcome(r: Result<String, String>) -> StateOutcome {
 /// Runs the driver a few times so R's JIT has compiled it before the first
 /// real call (a new closure's second call otherwise costs ~100 ms).
 pub fn warm_up(r: &r::R) {
-    rvisor_protocol::timing::mark("worker.warm_up");
+    timing::mark(timing::WORKER_WARM_UP);
     warm_up_with(r, &["invisible(NULL)", "1", "invisible(NULL)"]);
-    rvisor_protocol::timing::mark("worker.warmed_up");
+    timing::mark(timing::WORKER_WARMED_UP);
 }
 
 /// Runs the validation path twice (R's JIT compiles a closure on its

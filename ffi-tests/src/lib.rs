@@ -1,5 +1,7 @@
 //! Helpers shared by the tests against real R.
 
+pub mod confined;
+
 use rvisor::{CallOptions, RunResult, Worker, WorkerConfig};
 use std::path::{Path, PathBuf};
 
@@ -114,23 +116,43 @@ pub struct ServeBin {
     _dir: TestDir,
 }
 
+/// How [`ServeBin::start_with`] starts the server.
+#[derive(Debug, Default)]
+pub struct ServeOptions<'a> {
+    /// `--tokens FILE`; `None`: `--no-auth`.
+    pub tokens: Option<&'a Path>,
+    /// More flags, after the ones every test server gets.
+    pub args: &'a [&'a str],
+    /// Environment variables the server gets on top of the test's.
+    pub env: Vec<(&'static str, String)>,
+}
+
 impl ServeBin {
     /// Starts `rvisor --unconfined serve --no-auth` with `extra` flags and
     /// waits until it listens.
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_with(ServeOptions {
+            args: extra,
+            ..ServeOptions::default()
+        })
+    }
+
+    /// Starts `rvisor --unconfined serve` as `opts` say and waits until it
+    /// listens.
+    pub fn start_with(opts: ServeOptions<'_>) -> Self {
         use std::io::{BufRead, Read};
         let dir = TestDir::new("rvisor-serve-bin");
-        let mut child = std::process::Command::new(rvisor_bin())
-            .args([
-                "--unconfined",
-                "serve",
-                "--no-auth",
-                "--listen",
-                "127.0.0.1:0",
-            ])
+        let mut cmd = std::process::Command::new(rvisor_bin());
+        cmd.args(["--unconfined", "serve", "--listen", "127.0.0.1:0"]);
+        match opts.tokens {
+            Some(t) => cmd.arg("--tokens").arg(t),
+            None => cmd.arg("--no-auth"),
+        };
+        let mut child = cmd
             .arg("--data-dir")
             .arg(dir.path())
-            .args(extra)
+            .args(opts.args)
+            .envs(opts.env)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -142,7 +164,7 @@ impl ServeBin {
         while addr.is_none() {
             line.clear();
             if err.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("rvisor serve ended before it listened");
+                panic!("rvisor serve {:?} ended before it listened", opts.args);
             }
             addr = line
                 .split("listening on http://")

@@ -232,22 +232,28 @@ fn run_writes_timing_marks_in_causal_order_when_asked() {
     };
     // The CLI, the supervisor and the zygote (another process) all mark,
     // each step after the one it waits for.
+    // The labels are `rvisor::timing`'s, which `rvisor bench` splits by:
+    // every process must write the same ones.
+    use rvisor::timing as t;
     let order = [
-        "cli.main",
-        "supervisor.new",
-        "supervisor.probed",
-        "zygote.launch",
-        "worker.main",
-        "worker.r_start",
-        "worker.r_started",
-        "zygote.hello",
-        "fork.request",
-        "fork.ready",
-        "run_once.call",
-        "run_once.result",
-        "supervisor.shutdown",
-        "supervisor.shut",
-        "cli.exit",
+        t::CLI_MAIN,
+        t::SUPERVISOR_NEW,
+        t::SUPERVISOR_PROBED,
+        t::ZYGOTE_LAUNCH,
+        t::WORKER_MAIN,
+        t::WORKER_R_START,
+        t::WORKER_R_STARTED,
+        t::WORKER_WARM_UP,
+        t::WORKER_WARMED_UP,
+        t::ZYGOTE_HELLO,
+        t::FORK_REQUEST,
+        t::FORK_FORKED,
+        t::FORK_READY,
+        t::RUN_ONCE_CALL,
+        t::RUN_ONCE_RESULT,
+        t::SUPERVISOR_SHUTDOWN,
+        t::SUPERVISOR_SHUT,
+        t::CLI_EXIT,
     ];
     for w in order.windows(2) {
         assert!(at(w[0]) <= at(w[1]), "{} after {}:\n{text}", w[0], w[1]);
@@ -258,7 +264,14 @@ fn run_writes_timing_marks_in_causal_order_when_asked() {
             .and_then(|l| l.split_whitespace().nth(1))
             .map(str::to_string)
     };
-    assert_ne!(pid_of("cli.main"), pid_of("worker.r_started"));
+    assert_ne!(pid_of(t::CLI_MAIN), pid_of(t::WORKER_R_STARTED));
+    for label in [
+        t::SUPERVISOR_READY,
+        t::RUN_ONCE_ACQUIRE,
+        t::RUN_ONCE_ACQUIRED,
+    ] {
+        at(label);
+    }
 }
 
 #[test]

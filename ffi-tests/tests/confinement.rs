@@ -31,18 +31,18 @@ use rvisor::{
     CallContext, CallOptions, Confinement, Limits, Outcome, PoolConfig, RunOptions, RunResult,
     Session, SessionOptions, Supervisor, SupervisorConfig, Tool,
 };
-use rvisor_ffi_tests::TestDir;
+use rvisor_ffi_tests::confined::{
+    assert_denied, assert_nobody_harmed, console, everything, rootless, run, secret, show, uid_of,
+    verdicts, worker_pid, ATTEMPT, DEADLINE,
+};
+use rvisor_ffi_tests::{wait_for, TestDir};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How long anything may take before the test calls it a hang.
-const DEADLINE: Duration = Duration::from_secs(60);
 
 /// A new host directory of this test, outside the host's /tmp (which a
 /// confined worker cannot see), removed when dropped.
@@ -89,33 +89,6 @@ fn supervisor() -> Supervisor {
 
 fn session(sup: &Supervisor) -> Session {
     sup.session().expect("a session is created")
-}
-
-/// Runs `code` in a session and waits for its result (at most [`DEADLINE`]).
-fn run(s: &Session, code: &str) -> RunResult {
-    let h = s.run(code).expect("the call is accepted");
-    let r = h
-        .wait_timeout(DEADLINE)
-        .unwrap_or_else(|| panic!("no result within {DEADLINE:?} for {code:?}"));
-    show(code, &r);
-    r
-}
-
-/// Prints a call and its result (nextest shows it when a test fails).
-fn show(code: &str, r: &RunResult) {
-    eprintln!(
-        "--- code:\n{}\n--- outcome {:?}:\n{}",
-        code.trim(),
-        r.outcome,
-        everything(r)
-    );
-}
-
-/// Runs `code`, asserts it completed and returns its console.
-fn console(s: &Session, code: &str) -> String {
-    let r = run(s, code);
-    assert_eq!(r.outcome, Outcome::Complete, "{code}:\n{}", r.console);
-    r.console
 }
 
 /// Runs `code` once in a fresh confined worker (no validation: the library
@@ -165,58 +138,6 @@ fn r_path(p: &Path) -> String {
     r_str(p.to_str().expect("test paths are UTF-8"))
 }
 
-/// R helper every attack script starts with: `.attempt(label, expr)` prints
-/// one line `label => ALLOWED: <value>` or `label => DENIED: <error>`, with
-/// the warnings R gave in brackets. A value is printed so that anything an
-/// attack obtains ends up in the console, where the test looks for secrets.
-const ATTEMPT: &str = r#"
-.attempt <- function(label, expr) {
-  warns <- character()
-  res <- tryCatch(withCallingHandlers({
-      v <- expr
-      paste("ALLOWED:", paste(format(v), collapse = " "))
-    }, warning = function(w) {
-      warns <<- c(warns, conditionMessage(w))
-      invokeRestart("muffleWarning")
-    }),
-    error = function(e) paste("DENIED:", conditionMessage(e)))
-  cat(label, " => ", gsub("\n", " ", res),
-      if (length(warns)) paste0(" [", gsub("\n", " ", paste(warns, collapse = "; ")), "]"),
-      "\n", sep = "")
-}
-"#;
-
-/// The `label => verdict` lines of an attack script's console.
-fn verdicts(console: &str) -> HashMap<String, String> {
-    console
-        .lines()
-        .filter_map(|l| l.split_once(" => "))
-        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
-        .collect()
-}
-
-/// Asserts that every label in `labels` was attempted and denied.
-fn assert_denied(console: &str, labels: &[&str]) {
-    let v = verdicts(console);
-    for l in labels {
-        let verdict = v
-            .get(*l)
-            .unwrap_or_else(|| panic!("attack {l} did not report; console:\n{console}"));
-        assert!(
-            verdict.starts_with("DENIED"),
-            "attack {l} was not denied: {verdict}\nconsole:\n{console}"
-        );
-    }
-}
-
-/// Everything a result shows: console, error and the structured result.
-fn everything(r: &RunResult) -> String {
-    format!(
-        "{}\n{:?}\n{:?}\n{:?}",
-        r.console, r.error, r.result, r.warnings
-    )
-}
-
 fn assert_no_leak(r: &RunResult, secret: &str) {
     assert!(
         !everything(r).contains(secret),
@@ -231,11 +152,6 @@ fn assert_nothing_executed(r: &RunResult) {
         "a program ran (its output is in the result):\n{}",
         everything(r)
     );
-}
-
-/// A fresh random secret.
-fn secret(what: &str) -> String {
-    format!("rvisor-secret-{what}-{}", rvisor::ids::random_hex(12))
 }
 
 /// A session in the same supervisor that holds state and must come through
@@ -278,21 +194,6 @@ impl Sentinel {
             "the sentinel's worker changed"
         );
     }
-}
-
-/// The pid of a session's worker (starting it if needed).
-fn worker_pid(s: &Session) -> u32 {
-    if s.status().pid.is_none() {
-        console(s, "invisible(NULL)");
-    }
-    s.status().pid.expect("the worker runs")
-}
-
-/// Whether this test runs rootless (not as root): workers then share the
-/// test's host uid, each in a user namespace of its own.
-fn rootless() -> bool {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    unsafe { libc::geteuid() != 0 }
 }
 
 /// What sets a worker's processes apart on the host: its own uid as root;
@@ -344,23 +245,9 @@ fn has_cgroups(sup: &Supervisor, test: &str) -> bool {
     true
 }
 
-/// The real uid of host process `pid`.
-fn uid_of(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// Polls until `cond` holds; panics with `what` after [`DEADLINE`].
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(what, DEADLINE, || cond().then_some(()));
 }
 
 /// The native attack probe, built with gcc into a host directory that the
@@ -1782,17 +1669,7 @@ fn attack_signal_other_processes() {
         "a signal was delivered:\n{}",
         r.console
     );
-    let rb = run(&b, "cat(b_state)");
-    assert_eq!(rb.console, "alive", "B was harmed: {}", everything(&rb));
-    assert_eq!(rb.session.generation, 1);
-    assert_eq!(b.status().pid, Some(b_pid));
-    assert_eq!(
-        sup.pool_status().zygote_pid,
-        Some(zygote),
-        "the zygote died"
-    );
-    // And A itself is fine.
-    assert_eq!(console(&a, "cat(2 + 2)"), "4");
+    assert_nobody_harmed(&sup, &a, &b, b_pid, zygote);
 }
 
 /// The host side of tools: R names files for a tool to read (as

@@ -4,10 +4,9 @@
 //! a local S3 server (moto) as the shared store. nginx and moto are
 //! installed by scripts/setup.sh; without them these tests fail and say so.
 
-use rvisor_ffi_tests::{rvisor_bin, wait_for, TestDir};
+use rvisor_ffi_tests::{wait_for, ServeBin, ServeOptions, TestDir};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -150,61 +149,42 @@ impl Moto {
 /// One `rvisor serve --node-id ID` on a free loopback port.
 struct Node {
     id: String,
-    proc: Proc,
-    addr: String,
-    _dir: TestDir,
+    serve: ServeBin,
 }
 
 impl Node {
     fn start(id: &str, moto: &Moto, tokens: &Path) -> Self {
-        let dir = TestDir::new(&format!("rvisor-multinode-{id}"));
-        let mut child = Command::new(rvisor_bin())
-            .args(["--unconfined", "serve", "--listen", "127.0.0.1:0"])
-            .arg("--tokens")
-            .arg(tokens)
-            .args(["--operator", "ops", "--node-id", id])
-            .args(["--store", &format!("s3://{BUCKET}/cluster")])
-            .args(["--drain-grace-secs", "60", "--style", "builtin"])
-            // Short leases: a killed node's sessions are taken over within
-            // seconds (the default is 10 s).
-            .args(["--lease-secs", "3"])
-            .arg("--data-dir")
-            .arg(dir.path())
-            .envs(moto.env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("rvisor serve starts");
-        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-        let mut addr = None;
-        let mut line = String::new();
-        while addr.is_none() {
-            line.clear();
-            if err.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("node {id} ended before it listened");
-            }
-            addr = line
-                .split("listening on http://")
-                .nth(1)
-                .map(|a| a.trim().to_string());
-        }
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            let _ = err.read_to_string(&mut sink);
+        let store = format!("s3://{BUCKET}/cluster");
+        let serve = ServeBin::start_with(ServeOptions {
+            tokens: Some(tokens),
+            args: &[
+                "--operator",
+                "ops",
+                "--node-id",
+                id,
+                "--store",
+                &store,
+                "--drain-grace-secs",
+                "60",
+                "--style",
+                "builtin",
+                // Short leases: a killed node's sessions are taken over
+                // within seconds (the default is 10 s).
+                "--lease-secs",
+                "3",
+            ],
+            env: moto.env(),
         });
         let node = Node {
             id: id.to_string(),
-            proc: Proc(child),
-            addr: addr.unwrap_or_default(),
-            _dir: dir,
+            serve,
         };
         node.wait_ready();
         node
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("http://{}{path}", self.serve.addr)
     }
 
     fn wait_ready(&self) {
@@ -234,12 +214,12 @@ impl Nginx {
         let mut conf = SHIPPED.replace("127.0.0.1:8780", listen);
         for (i, n) in nodes.iter().enumerate().take(3) {
             assert_eq!(n.id, format!("n{}", i + 1));
-            conf = conf.replace(&format!("127.0.0.1:878{}", i + 1), &n.addr);
+            conf = conf.replace(&format!("127.0.0.1:878{}", i + 1), &n.serve.addr);
         }
         for n in nodes.iter().skip(3) {
             let id = &n.id;
-            let a = &n.addr;
-            let last = &nodes[2].addr;
+            let a = &n.serve.addr;
+            let last = &nodes[2].serve.addr;
             conf = conf
                 .replace(
                     &format!("    server {last} max_fails=1 fail_timeout=10s;\n"),
@@ -403,7 +383,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
     let nodes = [&n1, &n2, &n3];
     let addr_of: BTreeMap<String, String> = nodes
         .iter()
-        .map(|n| (n.id.clone(), n.addr.clone()))
+        .map(|n| (n.id.clone(), n.serve.addr.clone()))
         .collect();
     let nginx = Nginx::start(&nodes);
 
@@ -438,7 +418,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
     assert_eq!(up.status, 201, "{up:?}");
     let pointer = up.body["data_pointer"].as_str().unwrap().to_string();
     let stored_on = up.upstream.clone();
-    let others: Vec<&&Node> = nodes.iter().filter(|n| n.addr != stored_on).collect();
+    let others: Vec<&&Node> = nodes.iter().filter(|n| n.serve.addr != stored_on).collect();
     assert_eq!(others.len(), 2, "stored on {stored_on}");
     for n in others {
         let r = post_json(
@@ -491,7 +471,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
     for (id, k) in sessions.iter().filter(|(id, _)| node_of(id) == "n2") {
         let (out, up) = session_run(&nginx, id, "cat(x + 1)");
         assert_eq!(out, (k + 1).to_string(), "{id}");
-        assert_eq!(up, n2.addr);
+        assert_eq!(up, n2.serve.addr);
     }
     for _ in 0..6 {
         let id = new_session(&nginx);
@@ -502,7 +482,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
         );
         let r = post_json(&nginx.url("/v1/run"), USER, json!({"script": "cat(6 * 7)"}));
         assert_eq!(r.status, 200, "{r:?}");
-        assert_ne!(r.upstream, n2.addr);
+        assert_ne!(r.upstream, n2.serve.addr);
         call(
             "DELETE",
             &nginx.url(&format!("/v1/sessions/{id}")),
@@ -530,7 +510,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
         }
     });
     let (_, up) = session_run(&nginx, &on_n4, "x <- 'four'");
-    assert_eq!(up, n4.addr);
+    assert_eq!(up, n4.serve.addr);
     for (id, k) in &sessions {
         let (out, up) = session_run(&nginx, id, "cat(x * 10)");
         assert_eq!(out, (k * 10).to_string(), "{id} after the new node");
@@ -579,13 +559,13 @@ fn a_drained_node_lets_its_running_call_finish_and_hands_its_sessions_to_the_oth
     });
     // SAFETY: kill only sends a signal to the node, our child (not yet
     // reaped, so its pid is still its own).
-    let sent = unsafe { libc::kill(n2.proc.0.id() as i32, libc::SIGTERM) };
+    let sent = unsafe { libc::kill(n2.serve.child.id() as i32, libc::SIGTERM) };
     assert_eq!(sent, 0);
     let done = running.join().unwrap();
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(done.body["console"].as_str().unwrap_or("").trim(), "10");
     let status = wait_for("n2 to exit after its drain", START, || {
-        n2.proc.0.try_wait().ok().flatten()
+        n2.serve.child.try_wait().ok().flatten()
     });
     assert!(status.success(), "n2 exited {status:?}");
 
@@ -618,7 +598,7 @@ fn a_drained_node_lets_its_running_call_finish_and_hands_its_sessions_to_the_oth
             r.body
         );
         assert!(
-            r.upstream.contains(&n1.addr) || r.upstream.contains(&n3.addr),
+            r.upstream.contains(&n1.serve.addr) || r.upstream.contains(&n3.serve.addr),
             "{r:?}"
         );
     }
@@ -653,8 +633,8 @@ fn a_killed_nodes_sessions_go_on_elsewhere_from_their_last_checkpoint() {
     assert_eq!(cp.body["written"], true, "{cp:?}");
 
     // SIGKILL: no drain, no hand-off; the lease stops being renewed.
-    n3.proc.0.kill().unwrap();
-    n3.proc.0.wait().unwrap();
+    n3.serve.child.kill().unwrap();
+    n3.serve.child.wait().unwrap();
     let t = std::time::Instant::now();
     let r = post_json(
         &nginx.url(&format!("/v1/sessions/{id}/run")),
@@ -676,7 +656,10 @@ fn a_killed_nodes_sessions_go_on_elsewhere_from_their_last_checkpoint() {
     assert_eq!(restored["reason"], "moved", "{}", r.body);
     assert!(restored["checkpoint_at"].is_string(), "{}", r.body);
     let new_home = answered_by(&r.upstream).to_string();
-    assert!(new_home == n1.addr || new_home == n2.addr, "{r:?}");
+    assert!(
+        new_home == n1.serve.addr || new_home == n2.serve.addr,
+        "{r:?}"
+    );
     // The new owner keeps it: the next calls stay there, state intact.
     let (out, up) = session_run(&nginx, &id, "x <- x + 1; cat(f())");
     assert!(out.ends_with("43"), "{out}");
@@ -689,7 +672,7 @@ fn a_killed_nodes_sessions_go_on_elsewhere_from_their_last_checkpoint() {
     let back = wait_for("n3 to answer its session again", START, || {
         let (out, up) = session_run(&nginx, &id, "cat(f())");
         assert!(out.ends_with("43"), "{out}");
-        (answered_by(&up) == n3.addr).then_some(out)
+        (answered_by(&up) == n3.serve.addr).then_some(out)
     });
     assert!(back.contains("restored the state"), "{back}");
     // Closing it deletes it from the store: no node finds it again.

@@ -6,6 +6,7 @@
 //! per confined call, and R's recommended packages under confinement.
 
 use rvisor::{Outcome, Segment};
+use rvisor_ffi_tests::confined::run as session_run;
 use rvisor_ffi_tests::{run, worker};
 
 #[test]
@@ -221,6 +222,30 @@ fn errors_in_print_methods_and_interrupt_free_calls_report_once() {
     assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
 }
 
+/// Runs `cat('ran')` with `ctx`, which the worker must refuse before any
+/// code runs (as a host that skips the supervisor's checks would send it):
+/// an error whose message says each of `says`, and nothing printed.
+fn refused_before_anything_ran(w: &mut rvisor::Worker, ctx: &rvisor::CallContext, says: &[&str]) {
+    let r = w.run_call(
+        rvisor::ids::execution_id(),
+        "cat('ran')",
+        &rvisor::CallOptions::default(),
+        ctx,
+    );
+    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
+    let m = r.error.expect("the refusal is an error").message;
+    for s in says {
+        assert!(m.contains(s), "{m:?} does not say {s:?}");
+    }
+    assert!(
+        !r.segments
+            .iter()
+            .any(|s| matches!(s, Segment::Stdout { .. })),
+        "the code ran: {}",
+        r.console
+    );
+}
+
 #[test]
 fn a_name_over_r_s_limit_is_refused_by_the_worker_and_it_lives() {
     // A host that skips the supervisor's checks: the worker refuses it.
@@ -230,22 +255,7 @@ fn a_name_over_r_s_limit_is_refused_by_the_worker_and_it_lives() {
         variables: vec![(name, serde_json::json!(3))],
         ..Default::default()
     };
-    let r = w.run_call(
-        "e0".into(),
-        "cat('ran')",
-        &rvisor::CallOptions::default(),
-        &ctx,
-    );
-    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
-    let m = r.error.unwrap().message;
-    assert!(
-        m.contains("10000 bytes") && m.contains("nothing ran"),
-        "{m}"
-    );
-    assert!(!r
-        .segments
-        .iter()
-        .any(|s| matches!(s, Segment::Stdout { .. })));
+    refused_before_anything_ran(&mut w, &ctx, &["10000 bytes", "nothing ran"]);
     assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
 }
 
@@ -256,14 +266,7 @@ fn a_string_r_cannot_hold_is_refused_and_the_worker_lives() {
         variables: vec![("x".into(), serde_json::json!("a\u{0}b"))],
         ..Default::default()
     };
-    let r = w.run_call(
-        "e0".into(),
-        "cat('ran')",
-        &rvisor::CallOptions::default(),
-        &ctx,
-    );
-    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
-    assert!(r.error.unwrap().message.contains("NUL"));
+    refused_before_anything_ran(&mut w, &ctx, &["NUL"]);
     assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
 }
 
@@ -281,22 +284,7 @@ fn a_table_whose_hydration_fails_is_an_error_and_the_worker_lives() {
         tables: vec![("df".into(), arrow)],
         ..Default::default()
     };
-    let r = w.run_call(
-        "e1".into(),
-        "cat('ran')",
-        &rvisor::CallOptions::default(),
-        &ctx,
-    );
-    assert_eq!(r.outcome, Outcome::Error, "{}", r.console);
-    let m = r.error.unwrap().message;
-    assert!(
-        m.contains("could not be loaded") && m.contains("nothing ran"),
-        "{m}"
-    );
-    assert!(!r
-        .segments
-        .iter()
-        .any(|s| matches!(s, Segment::Stdout { .. })));
+    refused_before_anything_ran(&mut w, &ctx, &["could not be loaded", "nothing ran"]);
     let r = run(
         &mut w,
         "exists('df', envir = globalenv(), inherits = FALSE)",
@@ -314,13 +302,6 @@ fn confined() -> rvisor::Supervisor {
         ..rvisor::SupervisorConfig::default()
     })
     .expect("a confined supervisor")
-}
-
-fn session_run(s: &rvisor::Session, code: &str) -> rvisor::RunResult {
-    s.run(code)
-        .expect("accepted")
-        .wait_timeout(std::time::Duration::from_secs(60))
-        .expect("a result")
 }
 
 #[test]

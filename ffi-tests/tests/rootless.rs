@@ -6,19 +6,15 @@
 //! same attacks against that mode, and skip (saying why) what only exists
 //! rootless. CI runs this file both ways (`make test`, `make test-rootless`).
 
-use rvisor::{Outcome, RunResult, Session, Supervisor, SupervisorConfig};
+use rvisor::{Outcome, Supervisor, SupervisorConfig};
+use rvisor_ffi_tests::confined::{
+    assert_denied, assert_nobody_harmed, console, rootless, run, secret, status_field, uid_of,
+    worker_pid, ATTEMPT, DEADLINE,
+};
+use rvisor_ffi_tests::TestDir;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
-
-const DEADLINE: Duration = Duration::from_secs(60);
-
-/// Whether this test runs rootless (not as root).
-fn rootless() -> bool {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    unsafe { libc::geteuid() != 0 }
-}
 
 /// Skips a rootless-only test as root, saying so.
 fn rootless_only(test: &str) -> bool {
@@ -33,79 +29,13 @@ fn supervisor() -> Supervisor {
     Supervisor::new(SupervisorConfig::default()).expect("the supervisor starts confined")
 }
 
-fn run(s: &Session, code: &str) -> RunResult {
-    let r = s
-        .run(code)
-        .expect("the call is accepted")
-        .wait_timeout(DEADLINE)
-        .unwrap_or_else(|| panic!("no result within {DEADLINE:?} for {code:?}"));
-    eprintln!(
-        "--- code:\n{}\n--- outcome {:?}:\n{}\n{:?}",
-        code.trim(),
-        r.outcome,
-        r.console,
-        r.error
-    );
-    r
-}
-
-fn console(s: &Session, code: &str) -> String {
-    let r = run(s, code);
-    assert_eq!(r.outcome, Outcome::Complete, "{code}:\n{}", r.console);
-    r.console
-}
-
-fn worker_pid(s: &Session) -> u32 {
-    if s.status().pid.is_none() {
-        console(s, "invisible(NULL)");
-    }
-    s.status().pid.expect("the worker runs")
-}
-
-/// A field of `/proc/<pid>/status` (first value).
-fn status_field(pid: u32, field: &str) -> Option<String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_string())
-}
-
 fn host_uid(pid: u32) -> u32 {
-    status_field(pid, "Uid")
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("the process's uid")
+    uid_of(pid).expect("the process's uid")
 }
 
 fn ns(pid: u32, kind: &str) -> PathBuf {
     std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
         .unwrap_or_else(|e| panic!("read /proc/{pid}/ns/{kind}: {e}"))
-}
-
-fn secret(what: &str) -> String {
-    format!("rvisor-secret-{what}-{}", rvisor::ids::random_hex(12))
-}
-
-/// `label => ALLOWED: ...` or `label => DENIED: <error>`, one line per try.
-const ATTEMPT: &str = r#"
-.attempt <- function(label, expr) {
-  res <- tryCatch(suppressWarnings({ v <- expr; paste("ALLOWED:", paste(format(v), collapse = " ")) }),
-                  error = function(e) paste("DENIED:", conditionMessage(e)))
-  cat(label, " => ", gsub("\n", " ", res), "\n", sep = "")
-}
-"#;
-
-fn assert_denied(console: &str, labels: &[&str]) {
-    for l in labels {
-        let line = console
-            .lines()
-            .find(|x| x.starts_with(&format!("{l} => ")))
-            .unwrap_or_else(|| panic!("attack {l} did not report:\n{console}"));
-        assert!(
-            line.contains("=> DENIED"),
-            "attack {l} was not denied: {line}\n{console}"
-        );
-    }
 }
 
 #[test]
@@ -214,16 +144,7 @@ fn attack_kill_every_process_of_the_same_uid() {
     );
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert!(r.console.contains("still here"));
-    let rb = run(&b, "cat(b_state)");
-    assert_eq!(rb.console, "alive", "B was harmed");
-    assert_eq!(rb.session.generation, 1);
-    assert_eq!(b.status().pid, Some(b_pid));
-    assert_eq!(
-        sup.pool_status().zygote_pid,
-        Some(zygote),
-        "the zygote died"
-    );
-    assert_eq!(console(&a, "cat(2 + 2)"), "4");
+    assert_nobody_harmed(&sup, &a, &b, b_pid, zygote);
 }
 
 /// Session A goes for session B's worker, which has the same host uid
@@ -334,9 +255,8 @@ cat("rewrite_uid_map =", .w, "\n")
 /// says the mode.
 #[test]
 fn the_command_line_confines_by_default() {
-    let dir = std::env::temp_dir().join(format!("rvisor-rootless-{}", rvisor::ids::random_hex(6)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join("one.R");
+    let dir = TestDir::new("rvisor-rootless");
+    let script = dir.path().join("one.R");
     std::fs::write(
         &script,
         "st <- readLines('/proc/self/status')\n\
@@ -364,7 +284,6 @@ fn the_command_line_confines_by_default() {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
     let want = if rootless() { "rootless" } else { "root" };
     assert_eq!(h["sandbox"]["privilege"], want, "{h}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A rootless worker's limits hold without cgroups: RLIMIT_NPROC counts the

@@ -38,89 +38,35 @@ pub const TAIL_INTERVAL_MS: u64 = 250;
 /// In tail mode: the most text one batch carries (its end is kept).
 pub const TAIL_BYTES: usize = 4096;
 
-/// What happened.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum EventKind {
-    /// Text written to standard output.
-    Stdout {
-        /// The text.
-        text: String,
-    },
-    /// Text written to standard error.
-    Stderr {
-        /// The text.
-        text: String,
-    },
-    /// A warning (R reports a top-level expression's warnings when it ends).
-    Warning {
-        /// The warning's message.
-        message: String,
-        /// The call that raised it, if any.
-        call: Option<String>,
-    },
-    /// A message (`message()`), ending with its newline.
-    Message {
-        /// The text.
-        text: String,
-    },
-    /// The error that stopped evaluation.
-    Error {
-        /// The error's message.
-        message: String,
-        /// The call that raised it, if any.
-        call: Option<String>,
-        /// Calls on the stack, innermost first.
-        traceback: Vec<String>,
-    },
-    /// A plot page was finished (the next page started); the image is in
-    /// the final result's `plots[index]`.
-    Plot {
-        /// Index into the final result's `plots`.
-        index: usize,
-    },
-    /// Progress reported by `rvisor_progress()` or read from a
-    /// `txtProgressBar` (style 3) line.
-    Progress {
-        /// How far along.
-        value: f64,
-        /// Out of how much, if known (100 for a text progress bar).
-        total: Option<f64>,
-        /// What is being done, if said.
-        message: Option<String>,
-    },
-    /// The call's final result: always the last event.
-    Result {
-        /// The result, exactly as the call's answer without streaming.
-        result: Box<RunResult>,
-    },
+crate::result::output_enum! {
+    /// What happened: a piece of the output as the result's segments have
+    /// it (a warning comes when R reports it, at the end of its top-level
+    /// expression; a plot when its page is finished, at the next page or
+    /// the end, its image in the final result's `plots[index]`), progress,
+    /// or the final result.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    #[non_exhaustive]
+    pub enum EventKind from Segment {
+        /// Progress reported by `rvisor_progress()` or read from a
+        /// `txtProgressBar` (style 3) line.
+        Progress {
+            /// How far along.
+            value: f64,
+            /// Out of how much, if known (100 for a text progress bar).
+            total: Option<f64>,
+            /// What is being done, if said.
+            message: Option<String>,
+        },
+        /// The call's final result: always the last event.
+        Result {
+            /// The result, exactly as the call's answer without streaming.
+            result: Box<RunResult>,
+        },
+    }
 }
 
 impl EventKind {
-    /// The event for a segment of the capture.
-    pub fn from_segment(seg: &Segment) -> Option<Self> {
-        Some(match seg {
-            Segment::Stdout { text } => EventKind::Stdout { text: text.clone() },
-            Segment::Stderr { text } => EventKind::Stderr { text: text.clone() },
-            Segment::Warning { message, call } => EventKind::Warning {
-                message: message.clone(),
-                call: call.clone(),
-            },
-            Segment::Message { text } => EventKind::Message { text: text.clone() },
-            Segment::Error {
-                message,
-                call,
-                traceback,
-            } => EventKind::Error {
-                message: message.clone(),
-                call: call.clone(),
-                traceback: traceback.clone(),
-            },
-            Segment::Plot { index } => EventKind::Plot { index: *index },
-        })
-    }
-
     /// The console text of this event (what a person sees), if it has any.
     pub fn console_text(&self) -> Option<&str> {
         match self {
@@ -191,6 +137,87 @@ mod tests {
         assert_eq!(
             s,
             r#"{"execution_id":"x","seq":1,"kind":"stdout","text":"a\n"}"#
+        );
+    }
+
+    /// Every kind's JSON, fixed: the shared variants read as a result's
+    /// segments do, field for field (`kind` first, then the fields).
+    #[test]
+    fn every_kind_keeps_its_wire_form() {
+        let seg = |s: Segment| EventKind::from_segment(&s).expect("every segment is an event");
+        let cases: Vec<(EventKind, &str)> = vec![
+            (
+                EventKind::Stdout { text: "a\n".into() },
+                r#"{"kind":"stdout","text":"a\n"}"#,
+            ),
+            (
+                EventKind::Stderr { text: "b".into() },
+                r#"{"kind":"stderr","text":"b"}"#,
+            ),
+            (
+                EventKind::Warning {
+                    message: "w".into(),
+                    call: Some("f()".into()),
+                },
+                r#"{"kind":"warning","message":"w","call":"f()"}"#,
+            ),
+            (
+                EventKind::Message { text: "m\n".into() },
+                r#"{"kind":"message","text":"m\n"}"#,
+            ),
+            (
+                EventKind::Error {
+                    message: "e".into(),
+                    call: None,
+                    traceback: vec!["g()".into(), "f()".into()],
+                },
+                r#"{"kind":"error","message":"e","call":null,"traceback":["g()","f()"]}"#,
+            ),
+            (EventKind::Plot { index: 2 }, r#"{"kind":"plot","index":2}"#),
+            (
+                EventKind::Progress {
+                    value: 1.5,
+                    total: None,
+                    message: Some("step".into()),
+                },
+                r#"{"kind":"progress","value":1.5,"total":null,"message":"step"}"#,
+            ),
+        ];
+        for (kind, json) in &cases {
+            assert_eq!(
+                serde_json::to_string(kind).unwrap(),
+                *json,
+                "{}",
+                kind.name()
+            );
+            let back: EventKind = serde_json::from_str(json).unwrap();
+            assert_eq!(&back, kind);
+            let as_event = serde_json::to_value(CallEvent {
+                execution_id: "x".into(),
+                seq: 1,
+                kind: kind.clone(),
+            })
+            .unwrap();
+            assert_eq!(as_event["kind"], kind.name());
+            if let Ok(s) = serde_json::from_str::<Segment>(json) {
+                assert_eq!(serde_json::to_string(&s).unwrap(), *json);
+                assert_eq!(&seg(s), kind);
+            } else {
+                assert_eq!(
+                    kind.name(),
+                    "progress",
+                    "only progress and result are events alone"
+                );
+            }
+        }
+        let result = serde_json::to_value(EventKind::Result {
+            result: Box::new(RunResult::empty("x".into(), "1".into())),
+        })
+        .unwrap();
+        assert_eq!(result["kind"], "result");
+        assert_eq!(
+            result["result"],
+            serde_json::to_value(RunResult::empty("x".into(), "1".into())).unwrap()
         );
     }
 }

@@ -69,48 +69,89 @@ impl std::fmt::Display for Outcome {
     }
 }
 
-/// One piece of a call's output, in the order it happened.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Segment {
-    /// Text written to standard output.
-    Stdout {
-        /// The text.
-        text: String,
-    },
-    /// Text written to standard error.
-    Stderr {
-        /// The text.
-        text: String,
-    },
-    /// A warning (`warning()` or from C code).
-    Warning {
-        /// The warning's message.
-        message: String,
-        /// The call that raised it, deparsed, if any.
-        call: Option<String>,
-    },
-    /// A message (`message()`), text ends with its newline.
-    Message {
-        /// The text.
-        text: String,
-    },
-    /// The error that stopped evaluation.
-    Error {
-        /// The error's message.
-        message: String,
-        /// The call that raised it, deparsed, if any.
-        call: Option<String>,
-        /// Calls on the stack, innermost first (as R's `traceback()`).
-        traceback: Vec<String>,
-    },
-    /// A plot page; `index` points into [`RunResult::plots`].
-    Plot {
-        /// Index into `plots`.
-        index: usize,
-    },
+/// Defines an enum whose first variants are the pieces of a call's output
+/// (written once, here), followed by the caller's own variants; with
+/// `from Segment`, also its `from_segment`. [`Segment`] and
+/// [`crate::EventKind`] are both made by it, so the variants they share
+/// cannot drift apart: same names, same fields, hence the same JSON.
+macro_rules! output_enum {
+    // The shared variants, handed to the rule in brackets.
+    (@pieces [$($rule:tt)*]) => {
+        $crate::result::output_enum! { $($rule)*
+            /// Text written to standard output.
+            Stdout {
+                /// The text.
+                text: String,
+            },
+            /// Text written to standard error.
+            Stderr {
+                /// The text.
+                text: String,
+            },
+            /// A warning (`warning()` or from C code).
+            Warning {
+                /// The warning's message.
+                message: String,
+                /// The call that raised it, deparsed, if any.
+                call: Option<String>,
+            },
+            /// A message (`message()`), text ends with its newline.
+            Message {
+                /// The text.
+                text: String,
+            },
+            /// The error that stopped evaluation.
+            Error {
+                /// The error's message.
+                message: String,
+                /// The call that raised it, deparsed, if any.
+                call: Option<String>,
+                /// Calls on the stack, innermost first (as R's `traceback()`).
+                traceback: Vec<String>,
+            },
+            /// A plot page; `index` points into [`RunResult::plots`].
+            Plot {
+                /// Index into `plots`.
+                index: usize,
+            },
+        }
+    };
+    (@enum [$($m:tt)*] $name:ident [$($extra:tt)*]
+        $($(#[$vm:meta])* $v:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* },)*) => {
+        $($m)*
+        pub enum $name {
+            $($(#[$vm])* $v { $($(#[$fm])* $f: $t,)* },)*
+            $($extra)*
+        }
+    };
+    (@from $name:ident $seg:ident
+        $($(#[$vm:meta])* $v:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* },)*) => {
+        impl $name {
+            /// The event for a segment of the capture.
+            pub fn from_segment(seg: &$seg) -> Option<Self> {
+                Some(match seg {
+                    $($seg::$v { $($f,)* } => Self::$v { $($f: $f.clone(),)* },)*
+                })
+            }
+        }
+    };
+    ($(#[$m:meta])* pub enum $name:ident { $($extra:tt)* }) => {
+        $crate::result::output_enum! { @pieces [@enum [$(#[$m])*] $name [$($extra)*]] }
+    };
+    ($(#[$m:meta])* pub enum $name:ident from $seg:ident { $($extra:tt)* }) => {
+        $crate::result::output_enum! { @pieces [@enum [$(#[$m])*] $name [$($extra)*]] }
+        $crate::result::output_enum! { @pieces [@from $name $seg] }
+    };
+}
+pub(crate) use output_enum;
+
+output_enum! {
+    /// One piece of a call's output, in the order it happened.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    #[non_exhaustive]
+    pub enum Segment {}
 }
 
 impl Segment {

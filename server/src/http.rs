@@ -51,13 +51,23 @@ pub struct ServeConfig {
     pub connections: crate::listen::ConnectionLimits,
     /// At SIGTERM: how long calls in flight get to finish while the node
     /// drains (still serving its sessions) before the listeners stop.
-    pub drain_grace: std::time::Duration,
+    /// `None`: the shutdown grace (`connections.shutdown_grace`), so one
+    /// knob bounds a SIGTERM unless the two are set apart
+    /// ([`ServeConfig::drain_grace()`]).
+    pub drain_grace: Option<std::time::Duration>,
     /// Where sessions are kept durable (see
     /// [`crate::service::ServiceConfig::durable`]); its checkpoint store
     /// must be the supervisor's.
     pub durable: Option<std::sync::Arc<crate::durable::SessionStore>>,
     /// With `durable`: sessions unused this long are deleted.
     pub session_ttl: Option<std::time::Duration>,
+}
+
+impl ServeConfig {
+    /// The drain grace in effect: the one set, else the shutdown grace.
+    pub fn drain_grace(&self) -> std::time::Duration {
+        self.drain_grace.unwrap_or(self.connections.shutdown_grace)
+    }
 }
 
 impl Default for ServeConfig {
@@ -72,7 +82,7 @@ impl Default for ServeConfig {
             max_body_bytes: 4 * 1024 * 1024,
             max_table_bytes: 256 * 1024 * 1024,
             tables: crate::tables::TableConfig::default(),
-            drain_grace: std::time::Duration::from_secs(30),
+            drain_grace: None,
             nng: None,
             connections: crate::listen::ConnectionLimits::default(),
             durable: None,
@@ -1406,7 +1416,7 @@ pub async fn serve(sup: Supervisor, cfg: ServeConfig) -> std::io::Result<()> {
         _ = &mut term => true,
     };
     if drain {
-        drain_then_stop(&svc, cfg.drain_grace).await;
+        drain_then_stop(&svc, cfg.drain_grace()).await;
     }
     eprintln!(
         "rvisor serve: shutting down (requests in flight get {} s)",
@@ -1456,6 +1466,23 @@ async fn drain_then_stop(svc: &Service, grace: std::time::Duration) {
         _ = waited => {}
         _ = again => eprintln!("rvisor serve: a second SIGTERM: stopping now"),
         _ = tokio::signal::ctrl_c() => eprintln!("rvisor serve: SIGINT: stopping now"),
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_drain_grace_is_the_shutdown_grace_unless_set() {
+        let mut cfg = ServeConfig::default();
+        assert_eq!(cfg.drain_grace(), Duration::from_secs(30));
+        cfg.connections.shutdown_grace = Duration::from_secs(7);
+        assert_eq!(cfg.drain_grace(), Duration::from_secs(7));
+        cfg.drain_grace = Some(Duration::from_secs(300));
+        assert_eq!(cfg.drain_grace(), Duration::from_secs(300));
+        assert_eq!(cfg.connections.shutdown_grace, Duration::from_secs(7));
     }
 }
 

@@ -8,8 +8,8 @@ use crate::process::{
 use crate::raw::RawOutput;
 use crate::worker::Worker;
 use rvisor_protocol::{
-    fdpass, read_frame, write_frame, ForkRequest, FromZygote, ToZygote, WarmRequest, ZygoteHello,
-    ENV_PRELOAD, ENV_ZYGOTE_BASE, ENV_ZYGOTE_FD, PROTOCOL_VERSION,
+    fdpass, read_frame, timing, write_frame, ForkRequest, FromZygote, ToZygote, WarmRequest,
+    ZygoteHello, ENV_PRELOAD, ENV_ZYGOTE_BASE, ENV_ZYGOTE_FD, PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -155,10 +155,10 @@ impl Zygote {
     ) -> Result<Zygote, Error> {
         let mut extra = extra.to_vec();
         // Start-up timing marks (off unless RVISOR_TIMING names a file).
-        if let Some(f) = rvisor_protocol::timing::file() {
-            extra.push((rvisor_protocol::timing::ENV_TIMING, f.to_string()));
+        if let Some(f) = timing::file() {
+            extra.push((timing::ENV_TIMING, f.to_string()));
         }
-        rvisor_protocol::timing::mark("zygote.launch");
+        timing::mark(timing::ZYGOTE_LAUNCH);
         let (mut child, parent, tmp) = launch(cfg, ENV_ZYGOTE_FD, &extra, Stdio::null())?;
         let stderr = RawOutput::default();
         if let Some(e) = child.stderr.take() {
@@ -271,7 +271,7 @@ impl Zygote {
         let _ = reader.set_read_timeout(Some(cfg.startup_timeout));
         let hello = match read_frame::<_, FromZygote>(&mut reader) {
             Ok(FromZygote::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => {
-                rvisor_protocol::timing::mark("zygote.hello");
+                timing::mark(timing::ZYGOTE_HELLO);
                 h
             }
             other => return Err(format!("{other:?}")),
@@ -410,7 +410,7 @@ impl Zygote {
 
     /// Forks a ready worker with `cfg`'s environment and waits for its hello.
     pub fn fork(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
-        rvisor_protocol::timing::mark("fork.request");
+        timing::mark(timing::FORK_REQUEST);
         let t0 = Instant::now();
         let tmp = TempDir::new(&cfg.temp_root)?;
         let (parent, child_end) = UnixStream::pair().map_err(|source| Error::Io {
@@ -513,9 +513,9 @@ impl Zygote {
             reaped: None,
         };
         let remaining = cfg.startup_timeout.saturating_sub(t0.elapsed());
-        rvisor_protocol::timing::mark("fork.forked");
+        timing::mark(timing::FORK_FORKED);
         let mut w = Worker::connect(proc, parent, [out_r, err_r], tmp, remaining, t0)?;
-        rvisor_protocol::timing::mark("fork.ready");
+        timing::mark(timing::FORK_READY);
         w.confined = cfg.confine.is_some();
         w.cpu_usage = cpu_usage;
         Ok(w)

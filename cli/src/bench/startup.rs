@@ -10,6 +10,11 @@
 //! to `Rscript`.
 
 use super::{ms, rscript_calls, summarise, Peers, Stats};
+use rvisor::timing::{
+    CLI_EXIT, CLI_MAIN, FORK_FORKED, FORK_READY, FORK_REQUEST, RUN_ONCE_CALL, RUN_ONCE_RESULT,
+    SUPERVISOR_NEW, SUPERVISOR_PROBED, SUPERVISOR_SHUT, SUPERVISOR_SHUTDOWN, WORKER_MAIN,
+    WORKER_R_START, WORKER_R_STARTED, WORKER_WARMED_UP, ZYGOTE_HELLO, ZYGOTE_LAUNCH,
+};
 use rvisor::{Outcome, Supervisor, SupervisorConfig};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -314,138 +319,169 @@ fn read_marks(path: &Path) -> HashMap<String, Vec<u128>> {
     m
 }
 
-/// A mark by name: `label` (first), `label#2` (second), `label$` (last).
-fn mark_at(m: &HashMap<String, Vec<u128>>, key: &str) -> Option<u128> {
-    if let Some(l) = key.strip_suffix('$') {
-        return m.get(l)?.last().copied();
-    }
-    match key.split_once('#') {
-        Some((l, n)) => m
-            .get(l)?
-            .get(n.parse::<usize>().ok()?.checked_sub(1)?)
-            .copied(),
-        None => m.get(key)?.first().copied(),
+/// One end of a phase: the bench's own spawn and end times, or a mark
+/// (`rvisor::timing`'s labels): its first or last line.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    /// The process was spawned.
+    Spawn,
+    /// `run` exited; `session --jsonl` printed its result line.
+    End,
+    /// The first mark of that label.
+    First(&'static str),
+    /// The last one (a zygote marks `worker.main` twice: it re-executes
+    /// itself).
+    Last(&'static str),
+}
+use At::{End, First, Last, Spawn};
+
+impl std::fmt::Display for At {
+    /// As the split's table names it: `spawn`, `end`, `label`, `label$`
+    /// (the last).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            At::Spawn => f.write_str("spawn"),
+            At::End => f.write_str("end"),
+            At::First(l) => f.write_str(l),
+            At::Last(l) => write!(f, "{l}$"),
+        }
     }
 }
 
-/// The phases of the split: (from mark, to mark, what, which command).
-/// `spawn` and `end` are the bench's own times (process spawned; exit of
+/// The moment of `at` in one repetition.
+fn mark_at(spawn: u128, end: u128, m: &HashMap<String, Vec<u128>>, at: At) -> Option<u128> {
+    match at {
+        At::Spawn => Some(spawn),
+        At::End => Some(end),
+        At::First(l) => m.get(l)?.first().copied(),
+        At::Last(l) => m.get(l)?.last().copied(),
+    }
+}
+
+/// The phases of the split: (from, to, what, which command).
+/// `Spawn` and `End` are the bench's own times (process spawned; exit of
 /// `run`, the result line of `session --jsonl`).
-const PHASES: &[(&str, &str, &str, &str)] = &[
+const PHASES: &[(At, At, &str, &str)] = &[
     (
-        "spawn",
-        "cli.main",
+        Spawn,
+        First(CLI_MAIN),
         "exec rvisor: load the binary, reach main()",
         "both",
     ),
     (
-        "cli.main",
-        "supervisor.new",
+        First(CLI_MAIN),
+        First(SUPERVISOR_NEW),
         "parse flags, read the script",
         "both",
     ),
     (
-        "supervisor.new",
-        "supervisor.probed",
+        First(SUPERVISOR_NEW),
+        First(SUPERVISOR_PROBED),
         "supervisor: locate the worker, probe confinement, cgroups, uids",
         "both",
     ),
     (
-        "supervisor.probed",
-        "zygote.launch",
+        First(SUPERVISOR_PROBED),
+        First(ZYGOTE_LAUNCH),
         "pool: keeper thread asked to start the zygote",
         "both",
     ),
     (
-        "zygote.launch",
-        "worker.main",
+        First(ZYGOTE_LAUNCH),
+        First(WORKER_MAIN),
         "spawn the zygote process (fork + exec of rvisor-worker)",
         "both",
     ),
     (
-        "worker.main",
-        "worker.main$",
+        First(WORKER_MAIN),
+        Last(WORKER_MAIN),
         "zygote re-executes itself for its 64 MiB stack",
         "both",
     ),
     (
-        "worker.main$",
-        "worker.r_start",
+        Last(WORKER_MAIN),
+        First(WORKER_R_START),
         "zygote: hello from the supervisor",
         "both",
     ),
     (
-        "worker.r_start",
-        "worker.r_started",
+        First(WORKER_R_START),
+        First(WORKER_R_STARTED),
         "R init (setup_Rmainloop: base and default packages)",
         "both",
     ),
     (
-        "worker.r_started",
-        "worker.warmed_up",
+        First(WORKER_R_STARTED),
+        First(WORKER_WARMED_UP),
         "driver warm-up (JIT of the R-side driver)",
         "both",
     ),
     // The preloads and plot warm-up happen in the warm zygote, off this
-    // path (its marks come later: `worker.warm_up#2`, `zygote.hello#2`).
+    // path (its marks come later: the second `worker.warm_up` and
+    // `zygote.hello`).
     (
-        "worker.warmed_up",
-        "zygote.hello",
+        First(WORKER_WARMED_UP),
+        First(ZYGOTE_HELLO),
         "base zygote: prepare confinement (seccomp), hello to the supervisor",
         "both",
     ),
     (
-        "zygote.hello",
-        "fork.request",
+        First(ZYGOTE_HELLO),
+        First(FORK_REQUEST),
         "supervisor: zygote ready -> first fork request",
         "both",
     ),
     (
-        "fork.request",
-        "fork.forked",
+        First(FORK_REQUEST),
+        First(FORK_FORKED),
         "fork + confine (namespaces, uid, cgroups) until the zygote reports the pid",
         "both",
     ),
     (
-        "fork.forked",
-        "fork.ready",
+        First(FORK_FORKED),
+        First(FORK_READY),
         "confined worker: rest of confinement, hello",
         "both",
     ),
     (
-        "fork.ready",
-        "run_once.call",
+        First(FORK_READY),
+        First(RUN_ONCE_CALL),
         "hand the worker to the run",
         "run",
     ),
     (
-        "run_once.call",
-        "run_once.result",
+        First(RUN_ONCE_CALL),
+        First(RUN_ONCE_RESULT),
         "eval `1+1`: request, R, result",
         "run",
     ),
     (
-        "run_once.result",
-        "supervisor.shutdown",
+        First(RUN_ONCE_RESULT),
+        First(SUPERVISOR_SHUTDOWN),
         "after the result, until shutdown",
         "run",
     ),
     (
-        "supervisor.shutdown",
-        "supervisor.shut",
+        First(SUPERVISOR_SHUTDOWN),
+        First(SUPERVISOR_SHUT),
         "shutdown: kill the worker and the zygote, wait",
         "run",
     ),
-    ("supervisor.shut", "cli.exit", "print the result", "run"),
     (
-        "cli.exit",
-        "end",
+        First(SUPERVISOR_SHUT),
+        First(CLI_EXIT),
+        "print the result",
+        "run",
+    ),
+    (
+        First(CLI_EXIT),
+        End,
         "process exit (destructors, teardown)",
         "run",
     ),
     (
-        "fork.ready",
-        "end",
+        First(FORK_READY),
+        End,
         "session: first call through the service, result line read",
         "session_jsonl",
     ),
@@ -461,12 +497,8 @@ fn split(command: &str, reps: &[Marks]) -> Vec<Phase> {
         let mut v: Vec<f64> = reps
             .iter()
             .filter_map(|(spawn, end, m)| {
-                let at = |k: &str| match k {
-                    "spawn" => Some(*spawn),
-                    "end" => Some(*end),
-                    k => mark_at(m, k),
-                };
-                let (a, b) = (at(from)?, at(to)?);
+                let a = mark_at(*spawn, *end, m, *from)?;
+                let b = mark_at(*spawn, *end, m, *to)?;
                 (b >= a).then(|| (b - a) as f64 / 1000.0)
             })
             .collect();
@@ -745,4 +777,26 @@ pub fn table(s: &Startup) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_is_named_and_measured_by_its_marks() {
+        let names: Vec<String> = PHASES
+            .iter()
+            .map(|(from, to, _, _)| format!("{from} -> {to}"))
+            .collect();
+        assert_eq!(names[0], "spawn -> cli.main");
+        assert!(names.contains(&"worker.main -> worker.main$".to_string()));
+        assert_eq!(names.last().map(String::as_str), Some("fork.ready -> end"));
+        let m = HashMap::from([(WORKER_MAIN.to_string(), vec![10, 30])]);
+        assert_eq!(mark_at(1, 99, &m, First(WORKER_MAIN)), Some(10));
+        assert_eq!(mark_at(1, 99, &m, Last(WORKER_MAIN)), Some(30));
+        assert_eq!(mark_at(1, 99, &m, Spawn), Some(1));
+        assert_eq!(mark_at(1, 99, &m, End), Some(99));
+        assert_eq!(mark_at(1, 99, &m, First(FORK_READY)), None);
+    }
 }
