@@ -80,20 +80,28 @@ pub struct Drain {
 
 #[derive(Debug, Default)]
 struct InFlightCount {
+    /// Every call in flight.
     n: AtomicUsize,
+    /// Those accepted before the drain started: the ones it waits for.
+    before: AtomicUsize,
     lock: Mutex<()>,
     zero: Condvar,
 }
 
 /// One call in flight; dropping it ends the count's share.
 #[derive(Debug)]
-pub struct InFlight(Arc<InFlightCount>);
+pub struct InFlight {
+    count: Arc<InFlightCount>,
+    before_drain: bool,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
-            let _g = self.0.lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.0.zero.notify_all();
+        let c = &self.count;
+        c.n.fetch_sub(1, Ordering::SeqCst);
+        if self.before_drain && c.before.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _g = c.lock.lock().unwrap_or_else(|e| e.into_inner());
+            c.zero.notify_all();
         }
     }
 }
@@ -123,8 +131,20 @@ impl Drain {
 
     /// Counts a call until the guard drops.
     pub fn enter(&self) -> InFlight {
-        self.in_flight.n.fetch_add(1, Ordering::SeqCst);
-        InFlight(self.in_flight.clone())
+        let c = &self.in_flight;
+        c.n.fetch_add(1, Ordering::SeqCst);
+        // Counted as before the drain unless it had started; a call racing
+        // the start is counted before (waited for), never lost.
+        c.before.fetch_add(1, Ordering::SeqCst);
+        let before_drain = !self.is_draining();
+        if !before_drain && c.before.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _g = c.lock.lock().unwrap_or_else(|e| e.into_inner());
+            c.zero.notify_all();
+        }
+        InFlight {
+            count: c.clone(),
+            before_drain,
+        }
     }
 
     /// Calls in flight now.
@@ -132,13 +152,15 @@ impl Drain {
         self.in_flight.n.load(Ordering::SeqCst)
     }
 
-    /// Blocks until no call is in flight or `grace` has passed; true if
-    /// none is left.
+    /// Blocks until the calls accepted before the drain started have
+    /// ended or `grace` has passed; true if none of them is left. (Calls
+    /// that existing sessions get during the drain are not waited for: a
+    /// steady stream of them would hold the drain for its whole grace.)
     pub fn wait_idle(&self, grace: Duration) -> bool {
         let until = Instant::now() + grace;
         let c = &self.in_flight;
         let mut g = c.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while c.n.load(Ordering::SeqCst) > 0 {
+        while c.before.load(Ordering::SeqCst) > 0 {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -198,12 +220,13 @@ mod tests {
     fn a_drain_waits_for_the_calls_in_flight_within_its_grace() {
         let d = Arc::new(Drain::default());
         assert!(!d.is_draining());
+        let call = d.enter();
         assert!(d.start());
         assert!(!d.start());
         assert!(d.is_draining() && d.draining_for().is_some());
-        assert!(d.wait_idle(Duration::ZERO));
-        let call = d.enter();
-        assert_eq!(d.in_flight(), 1);
+        // A call that came during the drain is counted, not waited for.
+        let later = d.enter();
+        assert_eq!(d.in_flight(), 2);
         assert!(!d.wait_idle(Duration::from_millis(20)));
         let (tx, rx) = std::sync::mpsc::channel();
         let waiter = {
@@ -216,6 +239,9 @@ mod tests {
         rx.recv().unwrap();
         drop(call);
         assert!(waiter.join().unwrap());
+        assert_eq!(d.in_flight(), 1);
+        drop(later);
         assert_eq!(d.in_flight(), 0);
+        assert!(d.wait_idle(Duration::ZERO));
     }
 }

@@ -998,8 +998,18 @@ async fn session_run(
         let call = blocking(move || svc.session_run_streaming(&tenant, &id, &b)).await??;
         return Ok(crate::live::response(call.events(), format));
     }
+    let service = svc.clone();
     let call = blocking(move || svc.session_run(&tenant, &id, &b)).await??;
-    Ok(result_response(&headers, call.finish().await))
+    let r = call.finish().await;
+    if r.outcome == rvisor::Outcome::Closed && service.drain_state().is_draining() {
+        // Handed off before it ran (the node is stopping): retryable.
+        let why = r
+            .error
+            .as_ref()
+            .map_or_else(|| r.console.trim().to_string(), |e| e.message.clone());
+        return Err(ServiceError::new(ErrorCode::Draining, why).into());
+    }
+    Ok(result_response(&headers, r))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "session id")), responses((status = 200, description = "The session's status", body = rvisor::SessionStatus)))]

@@ -1506,7 +1506,7 @@ impl Service {
     ) -> Result<Session, ServiceError> {
         self.admit()?;
         let opts = self.session_options(req.as_ref())?;
-        let (s, _) = self.insert_session(tenant, opts, |sup, opts| sup.session_with(opts))?;
+        let (s, _) = self.insert_session(tenant, opts, true, |sup, opts| sup.session_with(opts))?;
         if let Some(d) = &self.inner.cfg.durable {
             let rec = SessionRecord {
                 id: s.id().to_string(),
@@ -1537,11 +1537,14 @@ impl Service {
     }
 
     /// Makes a session with `make` and enters it in the map of `tenant`,
-    /// within the session caps.
+    /// within the session caps when it is `new` (a session resumed from
+    /// the store exists already: lowering a cap must not make it
+    /// unreachable).
     fn insert_session(
         &self,
         tenant: &str,
         mut opts: SessionOptions,
+        new: bool,
         make: impl FnOnce(&Supervisor, SessionOptions) -> Result<Session, rvisor::Error>,
     ) -> Result<(Session, Published), ServiceError> {
         let published: Published = Arc::new(Mutex::new(Vec::new()));
@@ -1560,7 +1563,7 @@ impl Service {
         let mut sessions = lock(&self.inner.sessions);
         let cfg = &self.inner.cfg;
         let mine = sessions.values().filter(|e| e.tenant == tenant).count();
-        if mine >= cfg.max_sessions_per_tenant {
+        if new && mine >= cfg.max_sessions_per_tenant {
             return Err(ServiceError::new(
                 ErrorCode::Quota,
                 format!(
@@ -1569,7 +1572,7 @@ impl Service {
                 ),
             ));
         }
-        if sessions.len() >= cfg.max_sessions {
+        if new && sessions.len() >= cfg.max_sessions {
             return Err(ServiceError::new(
                 ErrorCode::Quota,
                 format!(
@@ -1696,7 +1699,7 @@ impl Service {
             None => None,
         };
         let opts = self.session_options(req.as_ref())?;
-        let found = self.insert_session(tenant, opts, |sup, opts| {
+        let found = self.insert_session(tenant, opts, false, |sup, opts| {
             sup.resume_session(&rec.id, opts, reason)
         })?;
         if let Some(name) = &rec.name {
@@ -1840,6 +1843,9 @@ impl Service {
             self.close_all();
             return;
         };
+        // The node is stopping: nothing new starts, and calls that find
+        // their session gone are told to retry (they go on elsewhere).
+        self.inner.drain.start();
         let _one = lock(&self.inner.releasing);
         let all: Vec<(String, Entry)> = lock(&self.inner.sessions).drain().collect();
         lock(&self.inner.names).clear();
@@ -1977,6 +1983,13 @@ impl Service {
             )
             .map_err(ServiceError::refused)?;
         let handle = queued.map_err(|e| match e {
+            // Released under the caller by a drain or shutdown: it goes on
+            // after a restart or on another node, so the call is retryable.
+            rvisor::Rejection::Closed if self.inner.drain.is_draining() => ServiceError::new(
+                ErrorCode::Draining,
+                "this node is stopping and has handed the session off; retry in a moment \
+                 (a router sends the call to the node that has it now)",
+            ),
             // A session closed under the caller is gone for it.
             rvisor::Rejection::Closed => ServiceError::not_found("session"),
             other => other.into(),

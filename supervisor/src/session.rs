@@ -1317,12 +1317,20 @@ fn close(shared: &Shared) {
         return;
     }
     i.closed = true;
-    if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
+    // A released session lets its running call finish (its work goes into
+    // the last checkpoint); a closed or abandoned one cancels it.
+    let released = i.keep_checkpoint && !i.abandoned;
+    if let (Some(id), Some(c), false) = (i.running.clone(), i.canceller.clone(), released) {
         c.cancel(&id);
     }
     i.drop_queue(
         Outcome::Closed,
-        "the session was closed before this call ran",
+        if released {
+            "the session was handed off (its server is stopping) before this call ran; \
+             retry the call: the session goes on from its checkpoint"
+        } else {
+            "the session was closed before this call ran"
+        },
     );
     drop(i);
     shared.cv.notify_all();
@@ -1629,8 +1637,8 @@ impl Session {
 
     /// Ends the session in this process but keeps it durable, for a
     /// server that stops or hands the session to another node: like
-    /// [`Session::close`] (a running call is cancelled, queued calls end
-    /// as `closed`; wait for calls first), but the state is checkpointed
+    /// [`Session::close`] (queued calls end as `closed`, saying to retry),
+    /// but the running call is let finish, the state is checkpointed
     /// if it changed since the last checkpoint and the checkpoint stays in
     /// the store, for [`Supervisor::resume_session`]. Blocks until the
     /// worker is gone or `within` passed. The answer is the checkpoint

@@ -1050,8 +1050,20 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let tail = tail.clone();
+            // RVISOR_LOAD_SERVER_LOG=FILE keeps the server's whole log.
+            let mut log = std::env::var_os("RVISOR_LOAD_SERVER_LOG").and_then(|p| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .ok()
+            });
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(f) = log.as_mut() {
+                        use std::io::Write;
+                        let _ = writeln!(f, "{line}");
+                    }
                     if let Some(a) = line.split("listening on http://").nth(1) {
                         let _ = tx.send(a.trim().to_string());
                     }
