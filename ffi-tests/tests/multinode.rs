@@ -366,6 +366,24 @@ fn session_run(nginx: &Nginx, id: &str, code: &str) -> (String, String) {
     )
 }
 
+/// Runs `code` in session `id` through nginx and prints how long the
+/// answer took (docs/scale-out.md quotes these); the answer must be 200.
+fn timed_call(nginx: &Nginx, id: &str, code: &str, what: &str) -> Answer {
+    let t = std::time::Instant::now();
+    let r = post_json(
+        &nginx.url(&format!("/v1/sessions/{id}/run")),
+        USER,
+        json!({ "code": code }),
+    );
+    eprintln!(
+        "{what}: {id}'s next call answered in {:.0} ms by {}",
+        t.elapsed().as_secs_f64() * 1000.0,
+        r.upstream
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    r
+}
+
 fn tokens_file(dir: &TestDir) -> PathBuf {
     let f = dir.path().join("tokens");
     std::fs::write(&f, format!("{USER} alice\n{OPS} ops\n")).unwrap();
@@ -572,18 +590,12 @@ fn a_drained_node_lets_its_running_call_finish_and_hands_its_sessions_to_the_oth
     // n2 is gone: nginx sends each session's next call to another node,
     // which takes it over from the store with its state.
     for (k, id) in [5, 6].iter().zip(&ids) {
-        let t = std::time::Instant::now();
-        let r = post_json(
-            &nginx.url(&format!("/v1/sessions/{id}/run")),
-            USER,
-            json!({"code": "cat(x, 'package:splines' %in% search())"}),
+        let r = timed_call(
+            &nginx,
+            id,
+            "cat(x, 'package:splines' %in% search())",
+            "hand-off after a drain",
         );
-        eprintln!(
-            "hand-off after a drain: {id}'s next call answered in {:.0} ms by {}",
-            t.elapsed().as_secs_f64() * 1000.0,
-            r.upstream
-        );
-        assert_eq!(r.status, 200, "{r:?}");
         assert!(
             r.body["console"]
                 .as_str()
@@ -635,18 +647,12 @@ fn a_killed_nodes_sessions_go_on_elsewhere_from_their_last_checkpoint() {
     // SIGKILL: no drain, no hand-off; the lease stops being renewed.
     n3.serve.child.kill().unwrap();
     n3.serve.child.wait().unwrap();
-    let t = std::time::Instant::now();
-    let r = post_json(
-        &nginx.url(&format!("/v1/sessions/{id}/run")),
-        USER,
-        json!({"code": "cat(f())"}),
+    let r = timed_call(
+        &nginx,
+        &id,
+        "cat(f())",
+        "take-over after SIGKILL (leases of 3 s)",
     );
-    eprintln!(
-        "take-over after SIGKILL: the next call answered in {:.0} ms by {} (leases of 3 s)",
-        t.elapsed().as_secs_f64() * 1000.0,
-        r.upstream
-    );
-    assert_eq!(r.status, 200, "{r:?}");
     assert!(
         r.body["console"].as_str().unwrap_or("").ends_with("42"),
         "{}",

@@ -155,7 +155,7 @@ impl SessionStore {
 
     /// The record of `tenant`'s session `id`, if there is one.
     pub fn get_record(&self, tenant: &str, id: &str) -> Result<Option<SessionRecord>, BlobError> {
-        if !plausible_id(id) {
+        if !rvisor::ids::is_session_id(id) {
             return Ok(None);
         }
         let Some(b) = self.blob.get(&record_key(tenant, id))? else {
@@ -193,15 +193,21 @@ impl SessionStore {
     /// Deletes everything kept of a closed session: record, checkpoint and
     /// lease.
     pub fn delete_session(&self, tenant: &str, id: &str) {
-        let prefix = format!("sessions/{}/{id}", tenant_key(tenant));
-        for k in [format!("{prefix}/checkpoint"), record_key(tenant, id)] {
+        self.delete_keys(&tenant_key(tenant), id);
+    }
+
+    /// Deletes session `id`'s objects (of the tenant whose key component
+    /// is `tenant_hex`), and forgets our lease on it.
+    fn delete_keys(&self, tenant_hex: &str, id: &str) {
+        lock(&self.leases).remove(id);
+        for k in [
+            format!("sessions/{tenant_hex}/{id}/checkpoint"),
+            format!("sessions/{tenant_hex}/{id}/record.json"),
+            lease_key(id),
+        ] {
             if let Err(e) = self.blob.delete(&k) {
                 tracing::warn!(target: "rvisor::sessions", key = %k, "could not delete: {e}");
             }
-        }
-        if let Some(lease) = lock(&self.leases).remove(id) {
-            let _ = self.blob.release_lease(lease);
-            let _ = self.blob.delete(&lease_key(id));
         }
     }
 
@@ -356,24 +362,8 @@ impl SessionStore {
 
     /// Deletes a session found by [`SessionStore::expired`].
     pub fn delete_expired(&self, tenant_hex: &str, id: &str) {
-        for k in [
-            format!("sessions/{tenant_hex}/{id}/checkpoint"),
-            format!("sessions/{tenant_hex}/{id}/record.json"),
-            lease_key(id),
-        ] {
-            let _ = self.blob.delete(&k);
-        }
+        self.delete_keys(tenant_hex, id);
     }
-}
-
-/// A session id as the supervisor makes them (`s-hex` or `node.s-hex`):
-/// anything else is not looked up in the store.
-fn plausible_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 100
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
 /// [`SessionStore::checkpoints`].
@@ -387,7 +377,7 @@ impl Checkpoints {
             Some((t, id))
                 if !t.is_empty()
                     && t.bytes().all(|b| b.is_ascii_hexdigit())
-                    && plausible_id(id) =>
+                    && rvisor::ids::is_session_id(id) =>
             {
                 Ok((format!("sessions/{t}/{id}/checkpoint"), id))
             }

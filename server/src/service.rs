@@ -1771,9 +1771,7 @@ impl Service {
                     for id in d.renew() {
                         tracing::warn!(target: "rvisor::sessions", session = %id,
                             "another node took this session over (our lease lapsed): dropping our copy");
-                        let gone = lock(&svc.inner.sessions).remove(&id);
-                        if let Some(e) = gone {
-                            lock(&svc.inner.names).retain(|_, v| *v != id);
+                        if let Some(e) = svc.forget(&id) {
                             e.session.abandon();
                         }
                     }
@@ -1801,9 +1799,7 @@ impl Service {
             }
         };
         for id in asked {
-            let found = lock(&self.inner.sessions).remove(&id);
-            if let Some(e) = found {
-                lock(&self.inner.names).retain(|_, v| *v != id);
+            if let Some(e) = self.forget(&id) {
                 if let Err(why) = e.session.release(RELEASE_WITHIN) {
                     tracing::warn!(target: "rvisor::sessions", session = %id,
                         "handed off without a new checkpoint ({why})");
@@ -1824,10 +1820,8 @@ impl Service {
             }
         };
         for (tenant_hex, id) in expired {
-            let live = lock(&self.inner.sessions).remove(&id);
-            if let Some(e) = live {
+            if let Some(e) = self.forget(&id) {
                 // Ours but unused that long (hibernated): closed for good.
-                lock(&self.inner.names).retain(|_, v| *v != id);
                 e.session.close();
             }
             d.delete_expired(&tenant_hex, &id);
@@ -2078,15 +2072,20 @@ impl Service {
         Ok(s.status())
     }
 
+    /// Takes session `id` out of the service's maps (the caller ends it),
+    /// with any name that still means it (a racing `named_session` may
+    /// already have made a new one under the name, which stays reachable).
+    fn forget(&self, id: &str) -> Option<Entry> {
+        let e = lock(&self.inner.sessions).remove(id);
+        lock(&self.inner.names).retain(|_, v| v != id);
+        e
+    }
+
     /// Closes session `id`; its running and queued calls end as `closed`.
     /// The answer is the closed session's status.
     pub fn close(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
         let s = self.session(tenant, id)?;
-        lock(&self.inner.sessions).remove(id);
-        // Forget any name that still means this session (a racing
-        // `named_session` may already have made a new one under the name,
-        // which stays reachable).
-        lock(&self.inner.names).retain(|_, v| v != id);
+        self.forget(id);
         s.close();
         if let Some(d) = &self.inner.cfg.durable {
             d.delete_session(tenant, id);

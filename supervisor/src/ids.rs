@@ -23,6 +23,17 @@ pub fn random_hex(n: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Whether `id` has the form of a session id (`s-HEX`, `NODE.s-HEX`, or
+/// any id of letters, digits, `-`, `_` and `.` up to 100 bytes): the one
+/// rule for ids a session may be resumed under and stores may key by.
+pub fn is_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 100
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
 /// A new execution id: 16 random bytes, UUID-shaped.
 pub fn execution_id() -> String {
     let h = random_hex(16);

@@ -1851,12 +1851,7 @@ impl Supervisor {
                     .into(),
             ));
         }
-        let ok = !id.is_empty()
-            && id.len() <= 100
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-        if !ok {
+        if !ids::is_session_id(id) {
             return Err(Error::Invalid(format!("{id:?} is not a session id")));
         }
         if self.get(id).is_some() {
