@@ -1001,13 +1001,8 @@ async fn session_run(
     let service = svc.clone();
     let call = blocking(move || svc.session_run(&tenant, &id, &b)).await??;
     let r = call.finish().await;
-    if r.outcome == rvisor::Outcome::Closed && service.drain_state().is_draining() {
-        // Handed off before it ran (the node is stopping): retryable.
-        let why = r
-            .error
-            .as_ref()
-            .map_or_else(|| r.console.trim().to_string(), |e| e.message.clone());
-        return Err(ServiceError::new(ErrorCode::Draining, why).into());
+    if let Some(e) = service.handed_off(&r) {
+        return Err(e.into());
     }
     Ok(result_response(&headers, r))
 }

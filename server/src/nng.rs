@@ -422,7 +422,11 @@ impl Adapter {
                     Ok(call) => {
                         let token = call.cancel_token();
                         cancel.on_cancel(move || token.cancel());
-                        reply(id, "result", Ok(call.finish().await))
+                        let r = call.finish().await;
+                        match svc.handed_off(&r) {
+                            Some(e) => reply::<Value>(id, "result", Err(e)),
+                            None => reply(id, "result", Ok(r)),
+                        }
                     }
                     Err(e) => reply::<Value>(id, "result", Err(e)),
                 }

@@ -2072,6 +2072,20 @@ impl Service {
         Ok(s.status())
     }
 
+    /// The retryable error for a call's result `r` when the call never ran
+    /// because its session was handed off (this node drains): 503
+    /// `draining`, so that the client (or a router) retries where the
+    /// session is now. `None` for every other result.
+    pub fn handed_off(&self, r: &RunResult) -> Option<ServiceError> {
+        (r.outcome == rvisor::Outcome::Closed && self.inner.drain.is_draining()).then(|| {
+            let why = r
+                .error
+                .as_ref()
+                .map_or_else(|| r.console.trim().to_string(), |e| e.message.clone());
+            ServiceError::new(ErrorCode::Draining, why)
+        })
+    }
+
     /// Takes session `id` out of the service's maps (the caller ends it),
     /// with any name that still means it (a racing `named_session` may
     /// already have made a new one under the name, which stays reachable).
