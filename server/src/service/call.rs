@@ -1,0 +1,197 @@
+//! A session call in flight ([`PendingCall`]) and the events of a call
+//! ([`ServiceEvents`]): both record the metrics and attach the tables the
+//! call published when it ends, and cancel it when dropped early.
+
+use super::publish::{take_published, Published};
+use super::Service;
+use rvisor::{CallEvent, CallHandle, CancelOnDrop, CancelToken, EventKind, Events, RunResult};
+use std::time::Instant;
+
+/// A session call in flight: resolve it with [`PendingCall::wait`] or
+/// `.await` ([`PendingCall::finish`]); either records the metrics and
+/// attaches the tables the call published.
+#[derive(Debug)]
+pub struct PendingCall {
+    pub(super) handle: CallHandle,
+    pub(super) published: Published,
+    pub(super) started: Instant,
+    pub(super) service: Service,
+    pub(super) cancel: CancelToken,
+    pub(super) tenant: String,
+    /// Counts the call as in flight (a drain waits for it) until it ends.
+    pub(super) in_flight: crate::cluster::InFlight,
+}
+
+impl PendingCall {
+    /// The call's execution id.
+    pub fn execution_id(&self) -> &str {
+        self.handle.execution_id()
+    }
+
+    pub(super) fn complete(
+        published: &Published,
+        service: &Service,
+        tenant: &str,
+        started: Instant,
+        mut r: RunResult,
+    ) -> RunResult {
+        r.published = take_published(published, &r.execution_id.clone());
+        service.inner.metrics.record(tenant, &r, started.elapsed());
+        r
+    }
+
+    /// Cancels this call alone (queued: it leaves the queue; running: it
+    /// is interrupted); the session and its other calls go on.
+    pub fn cancel_token(&self) -> CancelToken {
+        self.cancel.clone()
+    }
+
+    /// Blocks until the call ends.
+    pub fn wait(self) -> RunResult {
+        let r = self.handle.wait();
+        self.cancel.clear();
+        drop(self.in_flight);
+        Self::complete(
+            &self.published,
+            &self.service,
+            &self.tenant,
+            self.started,
+            r,
+        )
+    }
+
+    /// The call's events as they happen, ending with its result (with the
+    /// tables it published; the metrics are recorded then). Dropping the
+    /// stream before the result cancels the call (a client that left).
+    /// Only a call queued with [`Service::session_run_streaming`] streams
+    /// its events; others give their result alone.
+    pub fn events(self) -> ServiceEvents {
+        let PendingCall {
+            handle,
+            published,
+            started,
+            service,
+            cancel,
+            tenant,
+            in_flight,
+        } = self;
+        ServiceEvents {
+            events: handle.events(),
+            guard: Some(CancelOnDrop::new(cancel.clone())),
+            cancel,
+            done: Some((published, service, tenant, started)),
+            ahead: None,
+            in_flight: Some(in_flight),
+        }
+    }
+
+    /// Waits for the call without blocking a thread. If this future is
+    /// dropped before the call ends (an HTTP client that closed its
+    /// connection), the call is cancelled.
+    pub async fn finish(self) -> RunResult {
+        let PendingCall {
+            handle,
+            published,
+            started,
+            service,
+            cancel,
+            tenant,
+            in_flight,
+        } = self;
+        let guard = CancelOnDrop::new(cancel.clone());
+        let r = handle.await;
+        guard.disarm();
+        cancel.clear();
+        drop(in_flight);
+        Self::complete(&published, &service, &tenant, started, r)
+    }
+}
+
+/// The events of a session call ([`PendingCall::events`]).
+#[derive(Debug)]
+pub struct ServiceEvents {
+    events: Events,
+    guard: Option<CancelOnDrop>,
+    cancel: CancelToken,
+    done: Option<(Published, Service, String, Instant)>,
+    /// An event read ahead (see [`ServiceEvents::put_back`]).
+    ahead: Option<CallEvent>,
+    /// A session call counts as in flight (a drain waits for it) until its
+    /// result has passed.
+    in_flight: Option<crate::cluster::InFlight>,
+}
+
+impl ServiceEvents {
+    /// The events of a one-shot run fed by [`Service::run_script_streaming`]
+    /// with `cancel`: dropping them before the result cancels the run.
+    pub fn of_run(events: Events, cancel: CancelToken) -> Self {
+        Self {
+            events,
+            guard: Some(CancelOnDrop::new(cancel.clone())),
+            cancel,
+            done: None,
+            in_flight: None,
+            ahead: None,
+        }
+    }
+
+    /// Makes `e` (just read) the next event again.
+    pub fn put_back(&mut self, e: CallEvent) {
+        self.ahead = Some(e);
+    }
+
+    /// The call's execution id.
+    pub fn execution_id(&self) -> &str {
+        self.events.execution_id()
+    }
+
+    fn finish(&mut self, mut e: CallEvent) -> CallEvent {
+        if let EventKind::Result { result } = &mut e.kind {
+            if let Some(g) = self.guard.take() {
+                g.disarm();
+            }
+            self.cancel.clear();
+            self.in_flight = None;
+            if let Some((published, service, tenant, started)) = self.done.take() {
+                let r = std::mem::replace(
+                    result.as_mut(),
+                    RunResult::empty(String::new(), String::new()),
+                );
+                **result = PendingCall::complete(&published, &service, &tenant, started, r);
+            }
+        }
+        e
+    }
+
+    /// Blocks until the next event; `None` after the result.
+    pub fn next_blocking(&mut self) -> Option<CallEvent> {
+        if let Some(e) = self.ahead.take() {
+            return Some(e);
+        }
+        let e = self.events.next()?;
+        Some(self.finish(e))
+    }
+
+    /// The next event without blocking a thread; `None` after the result.
+    pub async fn next(&mut self) -> Option<CallEvent> {
+        if let Some(e) = self.ahead.take() {
+            return Some(e);
+        }
+        let e = self.events.next_event().await?;
+        Some(self.finish(e))
+    }
+
+    /// The poll form of [`ServiceEvents::next`].
+    pub fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<CallEvent>> {
+        if let Some(e) = self.ahead.take() {
+            return std::task::Poll::Ready(Some(e));
+        }
+        match self.events.poll_next(cx) {
+            std::task::Poll::Ready(Some(e)) => std::task::Poll::Ready(Some(self.finish(e))),
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! Sessions of the service: made, found (by id or name, for their tenant
+//! only), called, cancelled, reset, checkpointed, closed; admission on
+//! every call.
+
+use super::error::session_error;
+use super::publish::{publish_tool, Published};
+use super::{
+    check_timeout, lock, tighter_limits, Entry, ErrorCode, NewSession, PendingCall, Service,
+    ServiceError, SessionRun,
+};
+use crate::durable::SessionRecord;
+use rvisor::{
+    CancelToken, RunOptions, RunResult, Session, SessionOptions, SessionStatus, Supervisor,
+};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+impl Service {
+    /// A new session of `tenant`.
+    pub fn create_session(
+        &self,
+        tenant: &str,
+        req: NewSession,
+    ) -> Result<SessionStatus, ServiceError> {
+        let s = self.open(tenant, Some(req), None)?;
+        Ok(s.status())
+    }
+
+    /// The options of a session made with `req` (`None`: the server's
+    /// defaults, as for named sessions).
+    pub(super) fn session_options(
+        &self,
+        req: Option<&NewSession>,
+    ) -> Result<SessionOptions, ServiceError> {
+        let defaults = self.inner.sup.config().defaults.clone();
+        let Some(req) = req else {
+            return Ok(defaults);
+        };
+        let mut opts = SessionOptions {
+            timeout: check_timeout(req.timeout_seconds, self.rules())?,
+            ..defaults
+        };
+        if let Some(w) = req.plot_width {
+            opts.plot_width = w;
+        }
+        if let Some(h) = req.plot_height {
+            opts.plot_height = h;
+        }
+        opts.limits = tighter_limits(self.server_limits(), req.limits.as_ref())?;
+        Ok(opts)
+    }
+
+    /// A new session of `tenant`, made with `req` and named `name`; kept
+    /// durable (record, lease) when the service has a store.
+    pub(super) fn open(
+        &self,
+        tenant: &str,
+        req: Option<NewSession>,
+        name: Option<&str>,
+    ) -> Result<Session, ServiceError> {
+        self.admit()?;
+        let opts = self.session_options(req.as_ref())?;
+        let (s, _) = self.insert_session(tenant, opts, true, |sup, opts| sup.session_with(opts))?;
+        if let Some(d) = &self.inner.cfg.durable {
+            let rec = SessionRecord {
+                id: s.id().to_string(),
+                tenant: tenant.to_string(),
+                name: name.map(str::to_string),
+                created_unix: rvisor::clock::unix_now(),
+                options: req.map(|r| serde_json::to_value(r).unwrap_or_default()),
+            };
+            let kept = d
+                .take(s.id(), Duration::ZERO)
+                .map_err(|e| format!("{e:?}"))
+                .and_then(|()| d.put_record(&rec).map_err(|e| e.to_string()));
+            if let Err(e) = kept {
+                lock(&self.inner.sessions).remove(s.id());
+                s.close();
+                d.delete_session(tenant, s.id());
+                return Err(ServiceError::new(
+                    ErrorCode::Storage,
+                    format!(
+                        "the session could not be recorded in the store {} ({e}); \
+                         nothing was kept, retry when the store answers",
+                        d.url()
+                    ),
+                ));
+            }
+        }
+        Ok(s)
+    }
+
+    /// Makes a session with `make` and enters it in the map of `tenant`,
+    /// within the session caps when it is `new` (a session resumed from
+    /// the store exists already: lowering a cap must not make it
+    /// unreachable).
+    pub(super) fn insert_session(
+        &self,
+        tenant: &str,
+        mut opts: SessionOptions,
+        new: bool,
+        make: impl FnOnce(&Supervisor, SessionOptions) -> Result<Session, rvisor::Error>,
+    ) -> Result<(Session, Published), ServiceError> {
+        let published: Published = Arc::new(Mutex::new(Vec::new()));
+        opts.tools.push(publish_tool(
+            self.inner.tables.clone(),
+            tenant.to_string(),
+            published.clone(),
+        ));
+        if self.inner.cfg.durable.is_some() {
+            // The store keys checkpoints by tenant (a bare supervisor
+            // store, as `session --jsonl` has, by session id).
+            opts.checkpoint_prefix = crate::durable::checkpoint_prefix(tenant);
+        }
+        // Admission: counted and inserted under one lock, so racing
+        // creations cannot pass the caps together.
+        let mut sessions = lock(&self.inner.sessions);
+        let cfg = &self.inner.cfg;
+        let mine = sessions.values().filter(|e| e.tenant == tenant).count();
+        if new && mine >= cfg.max_sessions_per_tenant {
+            return Err(ServiceError::new(
+                ErrorCode::Quota,
+                format!(
+                    "you have {mine} sessions open, the most allowed; close one \
+                     (DELETE /v1/sessions/{{id}}) before opening another"
+                ),
+            ));
+        }
+        if new && sessions.len() >= cfg.max_sessions {
+            return Err(ServiceError::new(
+                ErrorCode::Quota,
+                format!(
+                    "the server holds {} sessions, the most it admits; retry later",
+                    sessions.len()
+                ),
+            ));
+        }
+        let s = make(&self.inner.sup, opts).map_err(session_error)?;
+        sessions.insert(
+            s.id().to_string(),
+            Entry {
+                tenant: tenant.to_string(),
+                session: s.clone(),
+                published: published.clone(),
+            },
+        );
+        Ok((s, published))
+    }
+
+    pub(super) fn find(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<(Session, Published), ServiceError> {
+        match lock(&self.inner.sessions).get(id) {
+            Some(e) if e.tenant == tenant => return Ok((e.session.clone(), e.published.clone())),
+            // Another tenant's session answers exactly like an unknown one.
+            Some(_) => return Err(ServiceError::not_found("session")),
+            None => {}
+        }
+        match &self.inner.cfg.durable {
+            Some(d) => self.adopt(d, tenant, id),
+            None => Err(ServiceError::not_found("session")),
+        }
+    }
+
+    /// The session `id` of `tenant`.
+    pub fn session(&self, tenant: &str, id: &str) -> Result<Session, ServiceError> {
+        Ok(self.find(tenant, id)?.0)
+    }
+
+    /// The session named `name` of `tenant` (for surfaces that address
+    /// sessions by name: nng, `session --jsonl`, MCP); made with the
+    /// server's defaults on first use when `create`. `Ok(None)`: no such
+    /// name and `create` was false.
+    pub fn named_session(
+        &self,
+        tenant: &str,
+        name: &str,
+        create: bool,
+    ) -> Result<Option<String>, ServiceError> {
+        let mut names = lock(&self.inner.names);
+        let key = (tenant.to_string(), name.to_string());
+        if let Some(id) = names.get(&key) {
+            // Closed by id meanwhile? Then the name is free again.
+            if self.find(tenant, id).is_ok() {
+                return Ok(Some(id.clone()));
+            }
+            names.remove(&key);
+        }
+        if !create {
+            return Ok(None);
+        }
+        let s = self.open(tenant, None, Some(name))?;
+        let id = s.id().to_string();
+        names.insert(key, id.clone());
+        Ok(Some(id))
+    }
+
+    /// Queues a call in session `id` of `tenant`.
+    pub fn session_run(
+        &self,
+        tenant: &str,
+        id: &str,
+        req: &SessionRun,
+    ) -> Result<PendingCall, ServiceError> {
+        self.queue_session_run(tenant, id, req, false)
+    }
+
+    /// [`Service::session_run`] for a caller that follows the call as it
+    /// runs ([`PendingCall::events`]).
+    pub fn session_run_streaming(
+        &self,
+        tenant: &str,
+        id: &str,
+        req: &SessionRun,
+    ) -> Result<PendingCall, ServiceError> {
+        self.queue_session_run(tenant, id, req, true)
+    }
+
+    pub(super) fn queue_session_run(
+        &self,
+        tenant: &str,
+        id: &str,
+        req: &SessionRun,
+        stream: bool,
+    ) -> Result<PendingCall, ServiceError> {
+        let (s, published) = self.find(tenant, id)?;
+        // Counted from here: a drain waits for calls already accepted.
+        let in_flight = self.inner.drain.enter();
+        let timeout = match req.timeout_seconds {
+            None => None,
+            t => Some(check_timeout(t, self.rules())?),
+        };
+        let started = Instant::now();
+        let over = RunOptions {
+            timeout,
+            plot_width: req.plot_width,
+            plot_height: req.plot_height,
+        };
+        // Admission: a session without a worker gets one only within the
+        // live caps and the memory budget (idle sessions hibernate to make
+        // room); a tenant's calls are capped. Checked and queued at once.
+        let queued = self
+            .inner
+            .admission
+            .admit(
+                || self.sessions_view(),
+                tenant,
+                id,
+                || {
+                    if stream {
+                        s.run_streaming_with(&req.code, &over)
+                    } else {
+                        s.run_with(&req.code, &over)
+                    }
+                },
+            )
+            .map_err(ServiceError::refused)?;
+        let handle = queued.map_err(|e| match e {
+            // Released under the caller by a drain or shutdown: it goes on
+            // after a restart or on another node, so the call is retryable.
+            rvisor::Rejection::Closed if self.inner.drain.is_draining() => ServiceError::new(
+                ErrorCode::Draining,
+                "this node is stopping and has handed the session off; retry in a moment \
+                 (a router sends the call to the node that has it now)",
+            ),
+            // A session closed under the caller is gone for it.
+            rvisor::Rejection::Closed => ServiceError::not_found("session"),
+            other => other.into(),
+        })?;
+        let cancel = CancelToken::new();
+        {
+            let id = handle.execution_id().to_string();
+            cancel.on_cancel(move || {
+                s.cancel_call(&id);
+            });
+        }
+        Ok(PendingCall {
+            handle,
+            published,
+            started,
+            service: self.clone(),
+            cancel,
+            tenant: tenant.to_string(),
+            in_flight,
+        })
+    }
+
+    /// The status of session `id`.
+    pub fn session_status(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        Ok(self.session(tenant, id)?.status())
+    }
+
+    /// Cancels the running call and drops the queue of session `id`.
+    pub fn cancel(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        s.cancel();
+        Ok(s.status())
+    }
+
+    /// Starts session `id` over with a fresh worker.
+    pub fn reset(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        // The fresh worker is put in place before the next call runs.
+        s.reset();
+        Ok(s.status())
+    }
+
+    /// Checkpoints session `id` now (after its running call) and says what
+    /// the checkpoint holds; `written: false` when nothing ran since the
+    /// last one. Blocks until it is done. `invalid` when the server keeps
+    /// no checkpoints (no `--state-dir`), `internal` when the worker or the
+    /// store failed.
+    pub fn checkpoint(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<rvisor::checkpoint::CheckpointInfo, ServiceError> {
+        let s = self.session(tenant, id)?;
+        if self.inner.sup.config().checkpoints.is_none() {
+            return Err(ServiceError::invalid(
+                "this server keeps no checkpoints; start it with --state-dir DIR",
+            ));
+        }
+        s.checkpoint()
+            .map_err(|e| ServiceError::new(ErrorCode::Internal, e))
+    }
+
+    /// Rolls session `id` back to its last checkpoint (the next worker
+    /// loads it); `invalid` when it has none.
+    pub fn restore(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        if self.inner.sup.config().checkpoints.is_none() {
+            return Err(ServiceError::invalid(
+                "this server keeps no checkpoints; start it with --state-dir DIR",
+            ));
+        }
+        s.restore().map_err(ServiceError::invalid)?;
+        Ok(s.status())
+    }
+
+    /// Hibernates session `id` once it is idle (checkpoint, worker
+    /// released); the next call restores it.
+    pub fn hibernate(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        if self.inner.sup.config().checkpoints.is_none() {
+            return Err(ServiceError::invalid(
+                "this server keeps no checkpoints; start it with --state-dir DIR",
+            ));
+        }
+        s.hibernate();
+        Ok(s.status())
+    }
+
+    /// The retryable error for a call's result `r` when the call never ran
+    /// because its session was handed off (this node drains): 503
+    /// `draining`, so that the client (or a router) retries where the
+    /// session is now. `None` for every other result.
+    pub fn handed_off(&self, r: &RunResult) -> Option<ServiceError> {
+        (r.outcome == rvisor::Outcome::Closed && self.inner.drain.is_draining()).then(|| {
+            let why = r
+                .error
+                .as_ref()
+                .map_or_else(|| r.console.trim().to_string(), |e| e.message.clone());
+            ServiceError::new(ErrorCode::Draining, why)
+        })
+    }
+
+    /// Takes session `id` out of the service's maps (the caller ends it),
+    /// with any name that still means it (a racing `named_session` may
+    /// already have made a new one under the name, which stays reachable).
+    pub(super) fn forget(&self, id: &str) -> Option<Entry> {
+        let e = lock(&self.inner.sessions).remove(id);
+        lock(&self.inner.names).retain(|_, v| v != id);
+        e
+    }
+
+    /// Closes session `id`; its running and queued calls end as `closed`.
+    /// The answer is the closed session's status.
+    pub fn close(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        let s = self.session(tenant, id)?;
+        self.forget(id);
+        s.close();
+        if let Some(d) = &self.inner.cfg.durable {
+            d.delete_session(tenant, id);
+        }
+        Ok(s.status())
+    }
+
+    /// Closes every session for good (their checkpoints are deleted; at
+    /// the end of a surface that keeps nothing: see
+    /// [`Service::release_all`]).
+    pub fn close_all(&self) {
+        let all: Vec<Entry> = lock(&self.inner.sessions).drain().map(|(_, e)| e).collect();
+        lock(&self.inner.names).clear();
+        for e in all {
+            e.session.close();
+        }
+    }
+}
