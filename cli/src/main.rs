@@ -603,7 +603,8 @@ struct ServeArgs {
     session_ttl_days: f64,
     /// With --store and a node id: seconds a node's lease on a session
     /// lasts without renewal (renewed every third of it); after a node is
-    /// lost, another takes its sessions over once their leases expire.
+    /// lost, another takes its sessions over once their leases expire
+    /// (at least 3).
     #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = positive_secs)]
     lease_secs: f64,
     /// With --state-dir: seconds a session may be idle before it hibernates
@@ -757,14 +758,24 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             )
             .map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", dir.display()))?,
         ),
-        (None, Some(url)) => Some(
+        (None, Some(url)) => Some({
+            let min = rvisor_server::durable::MIN_LEASE_TTL;
+            if a.lease_secs < min.as_secs_f64() {
+                anyhow::bail!(
+                    "--lease-secs {} is too short: a lease needs at least {} s (a node writes \
+                     checkpoints only while a second of it is left); use --lease-secs {} or more",
+                    a.lease_secs,
+                    min.as_secs(),
+                    min.as_secs()
+                );
+            }
             rvisor_server::durable::SessionStore::open(
                 url,
                 node_id.clone(),
                 Duration::from_secs_f64(a.lease_secs),
             )
-            .map_err(|e| anyhow::anyhow!("--store {url}: {e}"))?,
-        ),
+            .map_err(|e| anyhow::anyhow!("--store {url}: {e}"))?
+        }),
         (None, None) => None,
     };
     let checkpoints = durable.as_ref().map(|d| d.checkpoints());

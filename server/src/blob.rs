@@ -529,7 +529,7 @@ impl BlobStore {
         self.acquire_lease_at(key, holder, ttl, rvisor::clock::unix_now())
     }
 
-    fn acquire_lease_at(
+    pub(crate) fn acquire_lease_at(
         &self,
         key: &str,
         holder: &str,

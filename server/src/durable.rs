@@ -35,6 +35,11 @@ use std::time::{Duration, Instant};
 /// (killed, cut off) keeps it before another node may take it over.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
+/// The shortest lease: a node counts its lease a second short (the record
+/// keeps whole seconds) and writes a checkpoint only while a second more
+/// is left, so a shorter lease would leave no time to write in.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(3);
+
 /// What the service keeps about a session so that it can be resumed after
 /// a restart or on another node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,8 +81,44 @@ pub struct SessionStore {
     node: Option<String>,
     lease_ttl: Duration,
     /// Session id -> our lease on it.
-    leases: Mutex<HashMap<String, Lease>>,
+    leases: Mutex<HashMap<String, Held>>,
+    /// Session id -> held while its lease is written (renewed, released),
+    /// so that two writers of this node never race each other's e-tag
+    /// (the loser would read that as the lease being lost).
+    writing: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
+
+/// A lease this node holds, and until when it is surely ours by this
+/// process's monotonic clock: from the moment its last write was *sent*,
+/// the lease's time less a second (the record keeps whole seconds), so a
+/// write that was slow to land never makes it look longer than it is.
+#[derive(Debug, Clone)]
+struct Held {
+    lease: Lease,
+    valid_until: Instant,
+}
+
+impl Held {
+    fn new(lease: Lease, sent: Instant, ttl: Duration) -> Self {
+        Self {
+            lease,
+            valid_until: sent + ttl.saturating_sub(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// Why this node could not confirm that it still owns a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnershipError {
+    /// Another node took the session over (or this node never held it):
+    /// this node's copy must be dropped without writing.
+    Lost,
+    /// The store did not answer, so ownership could not be confirmed.
+    Unconfirmed(String),
+}
+
+/// How many leases are renewed at once (each is one conditional write).
+const RENEW_PARALLEL: usize = 8;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -104,7 +145,7 @@ pub fn checkpoint_prefix(tenant: &str) -> String {
 impl SessionStore {
     /// The durable state in the store at `url`, for node `node` (`None`:
     /// a single server, no leases) with leases of `lease_ttl` (at least
-    /// 2 s; [`DEFAULT_LEASE_TTL`]).
+    /// [`MIN_LEASE_TTL`]; [`DEFAULT_LEASE_TTL`]).
     pub fn open(
         url: &StoreUrl,
         node: Option<String>,
@@ -118,8 +159,9 @@ impl SessionStore {
         Arc::new(Self {
             blob,
             node,
-            lease_ttl: lease_ttl.max(Duration::from_secs(2)),
+            lease_ttl: lease_ttl.max(MIN_LEASE_TTL),
             leases: Mutex::new(HashMap::new()),
+            writing: Mutex::new(HashMap::new()),
         })
     }
 
@@ -220,12 +262,13 @@ impl SessionStore {
         };
         let deadline = Instant::now() + wait;
         loop {
+            let sent = Instant::now();
             match self
                 .blob
                 .acquire_lease(&lease_key(id), node, self.lease_ttl)
             {
                 Ok(l) => {
-                    lock(&self.leases).insert(id.to_string(), l);
+                    lock(&self.leases).insert(id.to_string(), Held::new(l, sent, self.lease_ttl));
                     return Ok(());
                 }
                 Err(LeaseError::Held {
@@ -281,40 +324,108 @@ impl SessionStore {
     /// Gives up this node's lease on `id` (the session was handed off):
     /// another node may take it at once.
     pub fn release(&self, id: &str) {
-        if let Some(lease) = lock(&self.leases).remove(id) {
-            if let Err(e) = self.blob.release_lease(lease) {
+        let w = self.writer(id);
+        let _writing = lock(&w);
+        let held = lock(&self.leases).remove(id);
+        lock(&self.writing).remove(id);
+        if let Some(held) = held {
+            if let Err(e) = self.blob.release_lease(held.lease) {
                 tracing::warn!(target: "rvisor::sessions", session = id, "releasing the lease: {e}");
             }
         }
     }
 
-    /// Renews every lease this node holds; the answer is the sessions whose
-    /// lease another node took (this node must drop them without writing).
+    /// Renews every lease this node holds, a few at a time; the answer is
+    /// the sessions whose lease another node took (this node must drop
+    /// them without writing). Runs on a thread that does nothing else, so
+    /// that no call, checkpoint or hand-off can hold a renewal up.
     pub fn renew(&self) -> Vec<String> {
-        let ids: Vec<(String, Lease)> = lock(&self.leases)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut lost = Vec::new();
-        for (id, mut lease) in ids {
-            match self.blob.renew_lease(&mut lease, self.lease_ttl) {
-                Ok(()) => {
-                    if let Some(l) = lock(&self.leases).get_mut(&id) {
-                        *l = lease;
+        let ids: Vec<String> = lock(&self.leases).keys().cloned().collect();
+        let next = Mutex::new(ids.into_iter());
+        let lost = Mutex::new(Vec::new());
+        std::thread::scope(|sc| {
+            for _ in 0..RENEW_PARALLEL {
+                sc.spawn(|| loop {
+                    let Some(id) = lock(&next).next() else { return };
+                    if let Err(OwnershipError::Lost) = self.renew_one(&id) {
+                        lock(&lost).push(id);
                     }
+                });
+            }
+        });
+        lost.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renews this node's lease on session `id` now (one conditional
+    /// write). `Lost`: another node has it (our entry is dropped).
+    fn renew_one(&self, id: &str) -> Result<(), OwnershipError> {
+        let w = self.writer(id);
+        let _writing = lock(&w);
+        // Read under the writer's lock: the e-tag of the last write.
+        let Some(mut held) = lock(&self.leases).get(id).cloned() else {
+            return Err(OwnershipError::Lost);
+        };
+        let sent = Instant::now();
+        match self.blob.renew_lease(&mut held.lease, self.lease_ttl) {
+            Ok(()) => {
+                if let Some(l) = lock(&self.leases).get_mut(id) {
+                    *l = Held::new(held.lease, sent, self.lease_ttl);
                 }
-                Err(LeaseError::Lost(_) | LeaseError::Held { .. }) => {
-                    lock(&self.leases).remove(&id);
-                    lost.push(id);
-                }
-                // The store did not answer: the lease runs on until it
-                // expires; writes check the expiry.
-                Err(LeaseError::Store(e)) => {
-                    tracing::warn!(target: "rvisor::sessions", session = %id, "renewing the lease: {e}")
-                }
+                Ok(())
+            }
+            Err(LeaseError::Lost(_) | LeaseError::Held { .. }) => {
+                lock(&self.leases).remove(id);
+                lock(&self.writing).remove(id);
+                Err(OwnershipError::Lost)
+            }
+            // The store did not answer: the lease runs on until it
+            // expires; writes and calls check the expiry.
+            Err(LeaseError::Store(e)) => {
+                tracing::warn!(target: "rvisor::sessions", session = %id, "renewing the lease: {e}");
+                Err(OwnershipError::Unconfirmed(e.to_string()))
             }
         }
-        lost
+    }
+
+    /// The lock held while session `id`'s lease is written.
+    fn writer(&self, id: &str) -> Arc<Mutex<()>> {
+        lock(&self.writing)
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Makes this node's own view of its lease on `id` lapsed, as after
+    /// a pause longer than the lease (tests).
+    #[cfg(test)]
+    fn lapse(&self, id: &str) {
+        if let Some(h) = lock(&self.leases).get_mut(id) {
+            h.valid_until = Instant::now() - Duration::from_secs(1);
+        }
+    }
+
+    /// Whether this node surely holds session `id` for `margin` more, by
+    /// its own clock (no store access). Always true without leases.
+    pub fn holds(&self, id: &str, margin: Duration) -> bool {
+        if self.node.is_none() {
+            return true;
+        }
+        lock(&self.leases)
+            .get(id)
+            .is_some_and(|h| h.valid_until > Instant::now() + margin)
+    }
+
+    /// Confirms that this node still owns session `id`: at once when its
+    /// lease surely runs for `margin` more, else by renewing it now. A
+    /// renewal is a compare-and-swap on the lease's e-tag, so one that
+    /// succeeds after a gap (this process was paused, or cut off from the
+    /// store, past the lease) also proves that no other node took the
+    /// lease meanwhile: ownership was never interrupted.
+    pub fn confirm(&self, id: &str, margin: Duration) -> Result<(), OwnershipError> {
+        if self.holds(id, margin) {
+            return Ok(());
+        }
+        self.renew_one(id)
     }
 
     /// Whether this node may write session `id`'s checkpoint now: always
@@ -323,9 +434,10 @@ impl SessionStore {
         if self.node.is_none() {
             return true;
         }
-        lock(&self.leases)
-            .get(id)
-            .is_some_and(|l| l.record().expires_unix > rvisor::clock::unix_now() + 1)
+        lock(&self.leases).get(id).is_some_and(|h| {
+            h.lease.record().expires_unix > rvisor::clock::unix_now() + 1
+                && h.valid_until > Instant::now() + Duration::from_secs(1)
+        })
     }
 
     /// Sessions whose newest object is older than `ttl` and not leased by
@@ -473,7 +585,7 @@ mod tests {
     #[test]
     fn a_node_writes_only_under_its_lease_and_loses_it_to_another() {
         let blob = BlobStore::in_memory();
-        let ttl = Duration::from_secs(2);
+        let ttl = MIN_LEASE_TTL;
         let n1 = SessionStore::with(blob.clone(), Some("n1".into()), ttl);
         let n2 = SessionStore::with(blob, Some("n2".into()), ttl);
         let key = format!("{}n1.s-1", checkpoint_prefix("t"));
@@ -496,5 +608,92 @@ mod tests {
             Some(&b"two"[..])
         );
         assert!(n2.renew().is_empty());
+    }
+
+    #[test]
+    fn a_lapsed_lease_nobody_took_is_confirmed_by_a_renewal() {
+        let n1 = SessionStore::with(
+            BlobStore::in_memory(),
+            Some("n1".into()),
+            Duration::from_secs(6),
+        );
+        n1.take("n1.s-1", Duration::ZERO).unwrap();
+        assert!(n1.holds("n1.s-1", Duration::from_secs(1)));
+        assert_eq!(n1.confirm("n1.s-1", Duration::from_secs(1)), Ok(()));
+        // Paused past the lease: its own clock says it may have lost it.
+        n1.lapse("n1.s-1");
+        assert!(!n1.holds("n1.s-1", Duration::ZERO));
+        assert!(!n1.may_write("n1.s-1"));
+        // Nobody took it: the compare-and-swap renewal proves it, and the
+        // lease runs again.
+        assert_eq!(n1.confirm("n1.s-1", Duration::from_secs(1)), Ok(()));
+        assert!(n1.holds("n1.s-1", Duration::from_secs(1)));
+        assert!(n1.may_write("n1.s-1"));
+        // A session this node never held is not its own.
+        assert_eq!(
+            n1.confirm("n1.s-2", Duration::ZERO),
+            Err(OwnershipError::Lost)
+        );
+    }
+
+    #[test]
+    fn a_lease_another_node_took_after_it_expired_is_lost_for_good() {
+        let blob = BlobStore::in_memory();
+        let ttl = Duration::from_secs(6);
+        let n1 = SessionStore::with(blob.clone(), Some("n1".into()), ttl);
+        n1.take("n1.s-1", Duration::ZERO).unwrap();
+        // n2 takes the lease once it has expired (seen from 100 s later).
+        let later = rvisor::clock::unix_now() + 100;
+        blob.acquire_lease_at(&lease_key("n1.s-1"), "n2", ttl, later)
+            .unwrap();
+        n1.lapse("n1.s-1");
+        assert_eq!(
+            n1.confirm("n1.s-1", Duration::ZERO),
+            Err(OwnershipError::Lost)
+        );
+        assert!(!n1.may_write("n1.s-1"));
+        assert!(!n1.holds("n1.s-1", Duration::ZERO));
+        // And it stays lost: no renewal brings it back.
+        assert!(n1.renew().is_empty());
+        assert_eq!(
+            n1.confirm("n1.s-1", Duration::ZERO),
+            Err(OwnershipError::Lost)
+        );
+    }
+
+    #[test]
+    fn renewals_racing_on_one_lease_never_read_as_lost() {
+        let n1 = SessionStore::with(
+            BlobStore::in_memory(),
+            Some("n1".into()),
+            Duration::from_secs(6),
+        );
+        for i in 0..4 {
+            n1.take(&format!("n1.s-{i}"), Duration::ZERO).unwrap();
+        }
+        // The renewal thread and calls confirming lapsed leases at once:
+        // each write must use the e-tag of the one before it.
+        std::thread::scope(|sc| {
+            for t in 0..6 {
+                let n1 = &n1;
+                sc.spawn(move || {
+                    for round in 0..40 {
+                        let id = format!("n1.s-{}", (t + round) % 4);
+                        if t % 2 == 0 {
+                            assert!(
+                                n1.renew().is_empty(),
+                                "a renewal read its own lease as lost"
+                            );
+                        } else {
+                            n1.lapse(&id);
+                            assert_eq!(n1.confirm(&id, Duration::ZERO), Ok(()), "{id}");
+                        }
+                    }
+                });
+            }
+        });
+        for i in 0..4 {
+            assert!(n1.holds(&format!("n1.s-{i}"), Duration::from_secs(1)));
+        }
     }
 }

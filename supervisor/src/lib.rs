@@ -36,6 +36,7 @@ pub mod clock;
 pub mod confine;
 mod error;
 pub mod events;
+mod gate;
 pub mod html;
 pub mod ids;
 pub mod ops;
@@ -60,6 +61,7 @@ pub use error::{
     VariableError, WorkerFileError,
 };
 pub use events::{EventFeed, EventSink, Events, NextEvent};
+pub use gate::CallGate;
 pub use ops::{
     Health, Package, PackagesError, Problem, SafetyRules, StyleEngine, StyleNote, Validation,
 };

@@ -100,6 +100,9 @@ pub struct SessionOptions {
     /// store (default: none, the key is the id). The service keys
     /// checkpoints by tenant this way.
     pub checkpoint_prefix: String,
+    /// Checked right before each call runs and after it ends (see
+    /// [`crate::CallGate`]): the service's lease check on a node of many.
+    pub call_gate: Option<Arc<dyn crate::CallGate>>,
 }
 
 /// Default of [`SessionOptions::hibernate_after`]: 10 minutes.
@@ -130,6 +133,7 @@ impl Default for SessionOptions {
             restore_after_kill: true,
             checkpoint_file_bytes: DEFAULT_CHECKPOINT_FILE_BYTES,
             checkpoint_prefix: String::new(),
+            call_gate: None,
         }
     }
 }
@@ -1129,6 +1133,22 @@ impl Shared {
         call.slot.resolve(r);
     }
 
+    /// The result of `call` when the call gate refused it: nothing ran.
+    fn refused(&self, call: Pending, has_worker: bool, why: String) {
+        let mut r = RunResult::failed(call.execution_id, call.code, Outcome::NotExecuted, why);
+        r.session.id = self.id.clone();
+        let mut i = lock(&self.inner);
+        r.session.generation = i.generation;
+        i.running = None;
+        i.state = match (has_worker, i.restore_next.as_deref()) {
+            (true, _) => SessionState::Idle,
+            (false, Some("hibernated")) => SessionState::Hibernated,
+            (false, _) => SessionState::New,
+        };
+        drop(i);
+        call.slot.resolve(r);
+    }
+
     /// The running call's sink: its console text feeds `status`; a
     /// streaming call's events also go to its feed.
     fn live_sink(&self, call: &Pending, pid: u32) -> EventSink {
@@ -1160,6 +1180,14 @@ impl Shared {
     fn runner(self: Arc<Self>, mut source: impl WorkerSource) {
         let mut worker: Option<Worker> = None;
         while let Some(call) = self.next_call(&mut worker, &mut source) {
+            // The host's gate (a node's lease on the session): a call the
+            // gate refuses runs nowhere, not even into a restore.
+            if let Some(gate) = &self.opts.call_gate {
+                if let Err(why) = gate.before_call(&self.id, &call.execution_id) {
+                    self.refused(call, worker.is_some(), why);
+                    continue;
+                }
+            }
             // A worker that died while idle (killed from outside, e.g. by the
             // OOM killer) is replaced before this call runs; without this
             // check the call was sent to the dead worker and failed. Queued
@@ -1229,6 +1257,9 @@ impl Shared {
             }
             let respawn = !alive && !i.closed;
             drop(i);
+            if let Some(gate) = &self.opts.call_gate {
+                gate.after_call(&self.id, &res.execution_id);
+            }
             call.slot.resolve(res);
 
             // After a reset, start the next worker at once so the next call

@@ -13,6 +13,8 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct PendingCall {
     pub(super) handle: CallHandle,
+    /// Its session (a result of a call that never ran may lack it).
+    pub(super) session_id: String,
     pub(super) published: Published,
     pub(super) started: Instant,
     pub(super) service: Service,
@@ -31,10 +33,14 @@ impl PendingCall {
     pub(super) fn complete(
         published: &Published,
         service: &Service,
-        tenant: &str,
+        (tenant, session_id): (&str, &str),
         started: Instant,
         mut r: RunResult,
     ) -> RunResult {
+        // A call that never ran (dropped from the queue) says whose it was.
+        if r.session.id.is_empty() {
+            r.session.id = session_id.to_string();
+        }
         r.published = take_published(published, &r.execution_id.clone());
         service.inner.metrics.record(tenant, &r, started.elapsed());
         r
@@ -54,7 +60,7 @@ impl PendingCall {
         Self::complete(
             &self.published,
             &self.service,
-            &self.tenant,
+            (&self.tenant, &self.session_id),
             self.started,
             r,
         )
@@ -68,6 +74,7 @@ impl PendingCall {
     pub fn events(self) -> ServiceEvents {
         let PendingCall {
             handle,
+            session_id,
             published,
             started,
             service,
@@ -79,7 +86,7 @@ impl PendingCall {
             events: handle.events(),
             guard: Some(CancelOnDrop::new(cancel.clone())),
             cancel,
-            done: Some((published, service, tenant, started)),
+            done: Some((published, service, (tenant, session_id), started)),
             ahead: None,
             in_flight: Some(in_flight),
         }
@@ -91,6 +98,7 @@ impl PendingCall {
     pub async fn finish(self) -> RunResult {
         let PendingCall {
             handle,
+            session_id,
             published,
             started,
             service,
@@ -103,7 +111,7 @@ impl PendingCall {
         guard.disarm();
         cancel.clear();
         drop(in_flight);
-        Self::complete(&published, &service, &tenant, started, r)
+        Self::complete(&published, &service, (&tenant, &session_id), started, r)
     }
 }
 
@@ -113,7 +121,9 @@ pub struct ServiceEvents {
     events: Events,
     guard: Option<CancelOnDrop>,
     cancel: CancelToken,
-    done: Option<(Published, Service, String, Instant)>,
+    /// What the result gets when it passes: tables, metrics, (tenant,
+    /// session id).
+    done: Option<(Published, Service, (String, String), Instant)>,
     /// An event read ahead (see [`ServiceEvents::put_back`]).
     ahead: Option<CallEvent>,
     /// A session call counts as in flight (a drain waits for it) until its
@@ -152,12 +162,12 @@ impl ServiceEvents {
             }
             self.cancel.clear();
             self.in_flight = None;
-            if let Some((published, service, tenant, started)) = self.done.take() {
+            if let Some((published, service, (tenant, sid), started)) = self.done.take() {
                 let r = std::mem::replace(
                     result.as_mut(),
                     RunResult::empty(String::new(), String::new()),
                 );
-                **result = PendingCall::complete(&published, &service, &tenant, started, r);
+                **result = PendingCall::complete(&published, &service, (&tenant, &sid), started, r);
             }
         }
         e

@@ -14,6 +14,7 @@ mod error;
 mod metrics;
 mod node;
 mod oneshot;
+mod ownership;
 mod policy;
 mod publish;
 mod request;
@@ -120,13 +121,14 @@ struct ServiceState {
     admission: Arc<crate::admission::Admission>,
     /// Dropped with the service: stops the admission's memory monitor.
     _monitor: std::sync::mpsc::Sender<()>,
-    /// Held while a session is resumed from the store, so that two
-    /// requests for it resume it once.
-    adopting: Mutex<()>,
+    /// Who owns which session: per-session locks for takeovers and
+    /// hand-offs, the hand-offs in progress, results not to acknowledge.
+    owner: ownership::Ownership,
     /// Held while sessions are released, so that a shutdown racing a
     /// drain's hand-off waits for its checkpoints.
     releasing: Mutex<()>,
-    /// Tells the maintenance thread (leases, TTL sweep) to stop.
+    /// Tells the maintenance threads (leases; hand-offs and the TTL
+    /// sweep) to stop.
     stop: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -173,7 +175,7 @@ impl Service {
                 store_check: Mutex::new(None),
                 admission: admission.clone(),
                 _monitor: stop_monitor,
-                adopting: Mutex::new(()),
+                owner: ownership::Ownership::default(),
                 releasing: Mutex::new(()),
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
             }),

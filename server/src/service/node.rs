@@ -192,7 +192,18 @@ impl Service {
         tenant: &str,
         id: &str,
     ) -> Result<(Session, Published), ServiceError> {
-        let _one = lock(&self.inner.adopting);
+        // One takeover per session at a time (a hand-off of it waits for
+        // it, and it for a hand-off); other sessions are not held up.
+        let one = self.inner.owner.session(id);
+        one.hold(|| self.adopt_locked(d, tenant, id))
+    }
+
+    fn adopt_locked(
+        &self,
+        d: &Arc<SessionStore>,
+        tenant: &str,
+        id: &str,
+    ) -> Result<(Session, Published), ServiceError> {
         if let Some(e) = lock(&self.inner.sessions).get(id) {
             return if e.tenant == tenant {
                 Ok((e.session.clone(), e.published.clone()))
@@ -318,55 +329,78 @@ impl Service {
         Ok(())
     }
 
-    /// The thread that renews this node's leases (dropping the sessions
-    /// another node took) and deletes sessions past the TTL. Ends with the
-    /// service.
+    /// The node's two maintenance threads, which end with the service:
+    /// one renews this node's leases and does nothing else (dropping the
+    /// sessions another node took), so that no call, checkpoint or
+    /// hand-off can delay a renewal; the other answers hand-off requests
+    /// (each release on a thread of its own: it waits for the session's
+    /// running call) and deletes sessions past the TTL.
     pub(super) fn start_maintenance(&self, d: Arc<SessionStore>) {
+        let every = d.lease_ttl() / 3;
+        let ttl = self.inner.cfg.session_ttl;
+        let leases = d.clone();
+        self.every("rvisor-leases", every, move |svc| {
+            for id in leases.renew() {
+                tracing::warn!(target: "rvisor::sessions", session = %id,
+                    "another node took this session over (our lease lapsed): dropping our copy");
+                svc.lose(&id);
+            }
+        });
+        let mut last_sweep: Option<Instant> = None;
+        self.every("rvisor-durable", every, move |svc| {
+            svc.answer_handoffs(&d);
+            let sweep_every = ttl.map_or(SESSION_SWEEP_EVERY, |t| t.min(SESSION_SWEEP_EVERY));
+            let sweep_due = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
+            if let (Some(ttl), true) = (ttl, sweep_due) {
+                last_sweep = Some(Instant::now());
+                svc.sweep_expired(&d, ttl);
+            }
+        });
+    }
+
+    /// Runs `round` on a thread named `name` every `every` until the
+    /// service stops.
+    fn every(&self, name: &str, every: Duration, mut round: impl FnMut(&Service) + Send + 'static) {
         let weak = Arc::downgrade(&self.inner);
         let stop = self.inner.stop.clone();
-        let ttl = self.inner.cfg.session_ttl;
-        let every = d.lease_ttl() / 3;
         let spawned = std::thread::Builder::new()
-            .name("rvisor-durable".into())
-            .spawn(move || {
-                let mut last_sweep: Option<Instant> = None;
-                loop {
-                    {
-                        let (m, cv) = &*stop;
-                        let g = lock(m);
-                        let (g, _) = cv
-                            .wait_timeout_while(g, every, |stopped| !*stopped)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if *g {
-                            return;
-                        }
-                    }
-                    let Some(inner) = weak.upgrade() else { return };
-                    let svc = Service { inner };
-                    svc.answer_handoffs(&d);
-                    for id in d.renew() {
-                        tracing::warn!(target: "rvisor::sessions", session = %id,
-                            "another node took this session over (our lease lapsed): dropping our copy");
-                        if let Some(e) = svc.forget(&id) {
-                            e.session.abandon();
-                        }
-                    }
-                    let sweep_every = ttl.map_or(SESSION_SWEEP_EVERY, |t| t.min(SESSION_SWEEP_EVERY));
-                    let sweep_due = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
-                    if let (Some(ttl), true) = (ttl, sweep_due) {
-                        last_sweep = Some(Instant::now());
-                        svc.sweep_expired(&d, ttl);
+            .name(name.into())
+            .spawn(move || loop {
+                {
+                    let (m, cv) = &*stop;
+                    let g = lock(m);
+                    let (g, _) = cv
+                        .wait_timeout_while(g, every, |stopped| !*stopped)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *g {
+                        return;
                     }
                 }
+                let Some(inner) = weak.upgrade() else { return };
+                round(&Service { inner });
             });
         if let Err(e) = spawned {
-            tracing::error!(target: "rvisor::sessions", "no lease renewal thread: {e}");
+            tracing::error!(target: "rvisor::sessions", "no {name} thread: {e}");
         }
     }
 
-    /// Releases the sessions other nodes asked for (after their running
-    /// call; see `durable`'s module docs).
-    pub(super) fn answer_handoffs(&self, d: &SessionStore) {
+    /// This node lost session `id` to another (its lease was taken): the
+    /// local copy is dropped without writing, and calls of it that did not
+    /// run here are answered as retryable.
+    pub(super) fn lose(&self, id: &str) {
+        self.inner.owner.moved(
+            id,
+            "another node took this session over while this node was paused or cut off from \
+             the store; the call did not run here: retry it (it runs where the session is now)",
+        );
+        if let Some(e) = self.forget(id) {
+            e.session.abandon();
+        }
+    }
+
+    /// Releases the sessions other nodes asked for, each on a thread of
+    /// its own (after its running call; see `durable`'s module docs).
+    pub(super) fn answer_handoffs(&self, d: &Arc<SessionStore>) {
         let asked = match d.handoff_requests() {
             Ok(v) => v,
             Err(e) => {
@@ -375,15 +409,44 @@ impl Service {
             }
         };
         for id in asked {
-            if let Some(e) = self.forget(&id) {
+            if !self.inner.owner.start_handoff(&id) {
+                continue; // being released already
+            }
+            let (svc, d, id2) = (self.clone(), d.clone(), id.clone());
+            let spawned = std::thread::Builder::new()
+                .name("rvisor-handoff".into())
+                .spawn(move || {
+                    svc.hand_over(&d, &id2);
+                    svc.inner.owner.end_handoff(&id2);
+                });
+            if let Err(e) = spawned {
+                self.inner.owner.end_handoff(&id);
+                tracing::warn!(target: "rvisor::sessions", session = %id, "no hand-off thread: {e}");
+            }
+        }
+    }
+
+    /// Releases session `id` to the node that asked for it: its running
+    /// call finishes, the state is checkpointed, the lease given up. The
+    /// session's lock is held throughout, so that a call arriving here
+    /// meanwhile takes the session back only once this is done.
+    fn hand_over(&self, d: &SessionStore, id: &str) {
+        let one = self.inner.owner.session(id);
+        one.hold(|| {
+            if let Some(e) = self.forget(id) {
+                self.inner.owner.moved(
+                    id,
+                    "this session was handed off to another node (it asked for it) before the \
+                     call ran here: retry it (it runs where the session is now)",
+                );
                 if let Err(why) = e.session.release(RELEASE_WITHIN) {
                     tracing::warn!(target: "rvisor::sessions", session = %id,
                         "handed off without a new checkpoint ({why})");
                 }
                 tracing::info!(target: "rvisor::sessions", session = %id, "handed off to another node on request");
             }
-            d.release(&id);
-        }
+            d.release(id);
+        });
     }
 
     /// Deletes sessions unused for `ttl` that no node runs.

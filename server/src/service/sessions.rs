@@ -107,10 +107,17 @@ impl Service {
             tenant.to_string(),
             published.clone(),
         ));
-        if self.inner.cfg.durable.is_some() {
+        if let Some(d) = &self.inner.cfg.durable {
             // The store keys checkpoints by tenant (a bare supervisor
             // store, as `session --jsonl` has, by session id).
             opts.checkpoint_prefix = crate::durable::checkpoint_prefix(tenant);
+            if d.uses_leases() {
+                // Every call runs only under this node's lease.
+                opts.call_gate = Some(Arc::new(super::ownership::LeaseGate {
+                    store: d.clone(),
+                    service: Arc::downgrade(&self.inner),
+                }));
+            }
         }
         // Admission: counted and inserted under one lock, so racing
         // creations cannot pass the caps together.
@@ -278,6 +285,7 @@ impl Service {
         }
         Ok(PendingCall {
             handle,
+            session_id: id.to_string(),
             published,
             started,
             service: self.clone(),
@@ -353,11 +361,30 @@ impl Service {
         Ok(s.status())
     }
 
-    /// The retryable error for a call's result `r` when the call never ran
-    /// because its session was handed off (this node drains): 503
-    /// `draining`, so that the client (or a router) retries where the
+    /// The retryable error to answer instead of a call's result `r`, when
+    /// the session is elsewhere now: the call never ran because its
+    /// session was handed off (this node drains: 503 `draining`; another
+    /// node asked for it, or took it over: 503 `busy`), or it ran on a
+    /// copy this node no longer owned, so its effects are not in the
+    /// session (503 `busy`). The client (or a router) retries where the
     /// session is now. `None` for every other result.
     pub fn handed_off(&self, r: &RunResult) -> Option<ServiceError> {
+        let owner = &self.inner.owner;
+        let retry = |code, why: String| {
+            let mut e = ServiceError::new(code, why);
+            e.retry_after_seconds = Some(1);
+            e
+        };
+        if let Some(why) = owner.is_not_kept(&r.execution_id) {
+            return Some(retry(ErrorCode::Busy, why));
+        }
+        let not_run = matches!(
+            r.outcome,
+            rvisor::Outcome::Closed | rvisor::Outcome::NotExecuted
+        );
+        if let (true, Some(why)) = (not_run, owner.has_moved(&r.session.id)) {
+            return Some(retry(ErrorCode::Busy, why));
+        }
         (r.outcome == rvisor::Outcome::Closed && self.inner.drain.is_draining()).then(|| {
             let why = r
                 .error
