@@ -1,5 +1,6 @@
 //! Helpers shared by the tests against real R.
 
+pub mod cluster;
 pub mod confined;
 
 use rvisor::{CallOptions, RunResult, Worker, WorkerConfig};
@@ -121,6 +122,8 @@ pub struct ServeBin {
 pub struct ServeOptions<'a> {
     /// `--tokens FILE`; `None`: `--no-auth`.
     pub tokens: Option<&'a Path>,
+    /// `--listen IP:PORT`; `None`: a free loopback port.
+    pub listen: Option<&'a str>,
     /// More flags, after the ones every test server gets.
     pub args: &'a [&'a str],
     /// Environment variables the server gets on top of the test's.
@@ -143,7 +146,12 @@ impl ServeBin {
         use std::io::{BufRead, Read};
         let dir = TestDir::new("rvisor-serve-bin");
         let mut cmd = std::process::Command::new(rvisor_bin());
-        cmd.args(["--unconfined", "serve", "--listen", "127.0.0.1:0"]);
+        cmd.args([
+            "--unconfined",
+            "serve",
+            "--listen",
+            opts.listen.unwrap_or("127.0.0.1:0"),
+        ]);
         match opts.tokens {
             Some(t) => cmd.arg("--tokens").arg(t),
             None => cmd.arg("--no-auth"),

@@ -4,330 +4,28 @@
 //! a local S3 server (moto) as the shared store. nginx and moto are
 //! installed by scripts/setup.sh; without them these tests fail and say so.
 
-use rvisor_ffi_tests::{wait_for, ServeBin, ServeOptions, TestDir};
+use rvisor_ffi_tests::cluster::{
+    call, post_json, Answer, Moto, Nginx, Node, NodeOptions, Store, BUCKET, START,
+};
+use rvisor_ffi_tests::{wait_for, TestDir};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const USER: &str = "user-token-0123456789abcdef";
 const OPS: &str = "ops-token-0123456789abcdef0";
-const BUCKET: &str = "rvisor-multinode";
-const START: Duration = Duration::from_secs(90);
 
-/// `name` on PATH (or in /usr/sbin, where Debian puts nginx), or a failure
-/// that says how to install it.
-fn tool(name: &str, package: &str) -> PathBuf {
-    let path = std::env::var("PATH").unwrap_or_default();
-    let found = path
-        .split(':')
-        .chain(["/usr/sbin", "/usr/local/sbin"])
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file());
-    found.unwrap_or_else(|| {
-        panic!(
-            "{name} is missing: the multi-node test needs it (run scripts/setup.sh, which \
-                 installs {package})"
-        )
-    })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// A child process killed (and reaped) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// An answer: status, the node nginx sent it to, the body as JSON.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    upstream: String,
-    retry_after: Option<String>,
-    body: Value,
-}
-
-fn call(method: &str, url: &str, token: &str, body: Option<(&str, Vec<u8>)>) -> Answer {
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(120))
-        .build();
-    let req = agent
-        .request(method, url)
-        .set("Authorization", &format!("Bearer {token}"));
-    let r = match body {
-        Some((ct, bytes)) => req.set("Content-Type", ct).send_bytes(&bytes),
-        None => req.call(),
-    };
-    let res = match r {
-        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{method} {url}: {e}"),
-    };
-    let status = res.status();
-    let upstream = res.header("X-Rvisor-Upstream").unwrap_or("").to_string();
-    let retry_after = res.header("Retry-After").map(str::to_string);
-    let text = res.into_string().unwrap_or_default();
-    Answer {
-        status,
-        upstream,
-        retry_after,
-        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    }
-}
-
-fn post_json(url: &str, token: &str, v: Value) -> Answer {
-    call(
-        "POST",
-        url,
-        token,
-        Some(("application/json", v.to_string().into_bytes())),
-    )
-}
-
-/// moto's S3 server on a free loopback port, with our bucket.
-struct Moto {
-    _p: Proc,
-    endpoint: String,
-}
-
-impl Moto {
-    fn start() -> Self {
-        // pip may put the command outside PATH: the module runs the same.
-        let as_module = Command::new("python3")
-            .args(["-c", "import moto.server"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        let mut cmd = if as_module {
-            let mut c = Command::new("python3");
-            c.args(["-m", "moto.server"]);
-            c
-        } else {
-            Command::new(tool("moto_server", "moto[server] from PyPI"))
-        };
-        let port = free_port();
-        let p = Proc(
-            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("moto_server starts"),
-        );
-        let endpoint = format!("http://127.0.0.1:{port}");
-        // Answers once it listens: then make the bucket.
-        wait_for("moto to listen", START, || {
-            ureq::put(&format!("{endpoint}/{BUCKET}"))
-                .call()
-                .ok()
-                .map(|_| ())
-        });
-        Moto { _p: p, endpoint }
-    }
-
-    fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT", self.endpoint.clone()),
-            ("AWS_ALLOW_HTTP", "true".into()),
-            ("AWS_REGION", "us-east-1".into()),
-            ("AWS_ACCESS_KEY_ID", "multinode".into()),
-            ("AWS_SECRET_ACCESS_KEY", "multinode".into()),
-        ]
-    }
-}
-
-/// One `rvisor serve --node-id ID` on a free loopback port.
-struct Node {
-    id: String,
-    serve: ServeBin,
-}
-
-impl Node {
-    fn start(id: &str, moto: &Moto, tokens: &Path) -> Self {
-        let store = format!("s3://{BUCKET}/cluster");
-        let serve = ServeBin::start_with(ServeOptions {
+/// Node `id` on the moto store, with the test's tokens.
+fn node(id: &str, moto: &Moto, tokens: &Path) -> Node {
+    Node::start(
+        id,
+        &NodeOptions {
+            store: Store::S3(moto),
             tokens: Some(tokens),
-            args: &[
-                "--operator",
-                "ops",
-                "--node-id",
-                id,
-                "--store",
-                &store,
-                "--drain-grace-secs",
-                "60",
-                "--style",
-                "builtin",
-                // Short leases: a killed node's sessions are taken over
-                // within seconds (the default is 10 s).
-                "--lease-secs",
-                "3",
-            ],
-            env: moto.env(),
-        });
-        let node = Node {
-            id: id.to_string(),
-            serve,
-        };
-        node.wait_ready();
-        node
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.serve.addr)
-    }
-
-    fn wait_ready(&self) {
-        wait_for(&format!("node {} to be ready", self.id), START, || {
-            let r = ureq::get(&self.url("/readyz")).call().ok()?;
-            (r.status() == 200).then_some(())
-        });
-    }
-}
-
-/// nginx with the shipped config, the nodes' addresses put in. Stopped
-/// with SIGTERM (the master takes its workers down; a SIGKILL would leave
-/// them running with the port), SIGKILL only if it does not end.
-struct Nginx {
-    bin: PathBuf,
-    proc: Proc,
-    prefix: TestDir,
-    addr: String,
-}
-
-const SHIPPED: &str = include_str!("../../deploy/nginx/rvisor.conf");
-
-impl Nginx {
-    /// The shipped config with `nodes` (n1, n2, n3 and any more, each as
-    /// the comments of the file say to add one) at their addresses.
-    fn config(nodes: &[&Node], listen: &str) -> String {
-        let mut conf = SHIPPED.replace("127.0.0.1:8780", listen);
-        for (i, n) in nodes.iter().enumerate().take(3) {
-            assert_eq!(n.id, format!("n{}", i + 1));
-            conf = conf.replace(&format!("127.0.0.1:878{}", i + 1), &n.serve.addr);
-        }
-        for n in nodes.iter().skip(3) {
-            let id = &n.id;
-            let a = &n.serve.addr;
-            let last = &nodes[2].serve.addr;
-            conf = conf
-                .replace(
-                    &format!("    server {last} max_fails=1 fail_timeout=10s;\n"),
-                    &format!(
-                        "    server {last} max_fails=1 fail_timeout=10s;\n    server {a} max_fails=1 fail_timeout=10s;\n"
-                    ),
-                )
-                .replacen(
-                    "upstream rvisor_n3 {",
-                    &format!("upstream rvisor_{id} {{ server {a}; keepalive 8; }}\nupstream rvisor_n3 {{"),
-                    1,
-                )
-                .replacen("    n3 rvisor_n3;\n", &format!("    n3 rvisor_n3;\n    {id} rvisor_{id};\n"), 1);
-        }
-        conf
-    }
-
-    fn write(prefix: &Path, nodes: &[&Node], listen: &str) {
-        let p = prefix.display();
-        std::fs::write(prefix.join("rvisor.conf"), Self::config(nodes, listen)).unwrap();
-        std::fs::write(
-            prefix.join("nginx.conf"),
-            format!(
-                "daemon off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log info;\n\
-                 events {{ worker_connections 512; }}\n\
-                 http {{\n  access_log {p}/access.log;\n  client_body_temp_path {p}/body;\n  \
-                 proxy_temp_path {p}/proxy;\n  fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  \
-                 scgi_temp_path {p}/scgi;\n  include {p}/rvisor.conf;\n}}\n"
-            ),
-        )
-        .unwrap();
-    }
-
-    fn start(nodes: &[&Node]) -> Self {
-        let bin = tool("nginx", "the Debian package nginx");
-        let prefix = TestDir::new("rvisor-multinode-nginx");
-        let addr = format!("127.0.0.1:{}", free_port());
-        Self::write(prefix.path(), nodes, &addr);
-        let check = Command::new(&bin)
-            .arg("-t")
-            .arg("-p")
-            .arg(prefix.path())
-            .arg("-c")
-            .arg(prefix.path().join("nginx.conf"))
-            .arg("-e")
-            .arg(prefix.path().join("error.log"))
-            .output()
-            .expect("nginx -t runs");
-        assert!(
-            check.status.success(),
-            "nginx refuses the shipped config: {}",
-            String::from_utf8_lossy(&check.stderr)
-        );
-        let proc = Proc(
-            Command::new(&bin)
-                .arg("-p")
-                .arg(prefix.path())
-                .arg("-c")
-                .arg(prefix.path().join("nginx.conf"))
-                .arg("-e")
-                .arg(prefix.path().join("error.log"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("nginx starts"),
-        );
-        let n = Nginx {
-            bin,
-            proc,
-            prefix,
-            addr,
-        };
-        wait_for("nginx to answer", START, || {
-            ureq::get(&n.url("/livez")).call().ok().map(|_| ())
-        });
-        n
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// Rewrites the config for `nodes` and reloads (SIGHUP): new workers
-    /// take the new routes, connections in flight finish on the old ones.
-    fn reload(&self, nodes: &[&Node]) {
-        Self::write(self.prefix.path(), nodes, &self.addr);
-        let _ = &self.bin;
-        // SAFETY: kill only sends a signal to the nginx master, our child.
-        let r = unsafe { libc::kill(self.proc.0.id() as i32, libc::SIGHUP) };
-        assert_eq!(r, 0, "SIGHUP to nginx");
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        // SAFETY: kill only sends a signal to the nginx master, our child,
-        // not reaped yet (so its pid is still its own).
-        unsafe { libc::kill(self.proc.0.id() as i32, libc::SIGTERM) };
-        let end = std::time::Instant::now() + Duration::from_secs(10);
-        while std::time::Instant::now() < end {
-            if self.proc.0.try_wait().ok().flatten().is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // `Proc` then kills the master if it is still there.
-    }
+            ..NodeOptions::default()
+        },
+    )
 }
 
 /// The node that answered, from nginx's `$upstream_addr` (which lists
@@ -395,9 +93,9 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
     let moto = Moto::start();
     let dir = TestDir::new("rvisor-multinode");
     let tokens = tokens_file(&dir);
-    let n1 = Node::start("n1", &moto, &tokens);
-    let n2 = Node::start("n2", &moto, &tokens);
-    let n3 = Node::start("n3", &moto, &tokens);
+    let n1 = node("n1", &moto, &tokens);
+    let n2 = node("n2", &moto, &tokens);
+    let n3 = node("n3", &moto, &tokens);
     let nodes = [&n1, &n2, &n3];
     let addr_of: BTreeMap<String, String> = nodes
         .iter()
@@ -511,7 +209,7 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
 
     // 4. A fourth node joins (config and reload): it gets new sessions,
     // and the existing ones stay where they were, with their state.
-    let n4 = Node::start("n4", &moto, &tokens);
+    let n4 = node("n4", &moto, &tokens);
     nginx.reload(&[&n1, &n2, &n3, &n4]);
     let on_n4 = wait_for("a new session on n4", START, || {
         let id = new_session(&nginx);
@@ -542,9 +240,9 @@ fn a_drained_node_lets_its_running_call_finish_and_hands_its_sessions_to_the_oth
     let moto = Moto::start();
     let dir = TestDir::new("rvisor-multinode");
     let tokens = tokens_file(&dir);
-    let n1 = Node::start("n1", &moto, &tokens);
-    let mut n2 = Node::start("n2", &moto, &tokens);
-    let n3 = Node::start("n3", &moto, &tokens);
+    let n1 = node("n1", &moto, &tokens);
+    let mut n2 = node("n2", &moto, &tokens);
+    let n3 = node("n3", &moto, &tokens);
     let nginx = Nginx::start(&[&n1, &n2, &n3]);
 
     // Two sessions on n2, made directly there, with state.
@@ -626,9 +324,9 @@ fn a_killed_nodes_sessions_go_on_elsewhere_from_their_last_checkpoint() {
     let moto = Moto::start();
     let dir = TestDir::new("rvisor-multinode");
     let tokens = tokens_file(&dir);
-    let n1 = Node::start("n1", &moto, &tokens);
-    let n2 = Node::start("n2", &moto, &tokens);
-    let mut n3 = Node::start("n3", &moto, &tokens);
+    let n1 = node("n1", &moto, &tokens);
+    let n2 = node("n2", &moto, &tokens);
+    let mut n3 = node("n3", &moto, &tokens);
     let nginx = Nginx::start(&[&n1, &n2, &n3]);
 
     let a = post_json(&n3.url("/v1/sessions"), USER, json!({}));
@@ -672,7 +370,7 @@ fn a_killed_nodes_sessions_go_on_elsewhere_from_their_last_checkpoint() {
     assert_eq!(answered_by(&up), new_home);
     // n3 comes back (same id, new address): calls go to it again, and it
     // asks the takeover node for the session through the store.
-    let n3 = Node::start("n3", &moto, &tokens);
+    let n3 = node("n3", &moto, &tokens);
     nginx.reload(&[&n1, &n2, &n3]);
     // (nginx's reload takes effect when its old workers have finished.)
     let back = wait_for("n3 to answer its session again", START, || {

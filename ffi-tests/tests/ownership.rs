@@ -1,0 +1,290 @@
+//! One owner per session under pauses and hand-offs (docs/scale-out.md,
+//! "Ownership by leases"): real `rvisor serve --node-id nK` processes on
+//! loopback sharing a store directory, with 3 s leases, driven over HTTP.
+//!
+//! - A hand-off that waits for a long call must not stop the node's
+//!   renewals: its other sessions keep their leases, and the long call's
+//!   work goes with the handed-off session.
+//! - Takeovers of different sessions do not wait for each other.
+//! - A node paused (SIGSTOP) past its lease never serves, nor acknowledges
+//!   a call of, a session another node took over meanwhile.
+
+use rvisor_ffi_tests::cluster::{post_json, Answer, Node, NodeOptions, Store, START};
+use rvisor_ffi_tests::{wait_for, TestDir};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Duration;
+
+fn node(id: &str, store: &Path) -> Node {
+    Node::start(
+        id,
+        &NodeOptions {
+            store: Store::Dir(store),
+            ..NodeOptions::default()
+        },
+    )
+}
+
+fn new_session(n: &Node) -> String {
+    let a = post_json(&n.url("/v1/sessions"), "", json!({}));
+    assert_eq!(a.status, 201, "{a:?}");
+    a.body["id"].as_str().expect("an id").to_string()
+}
+
+fn run(n: &Node, id: &str, code: &str) -> Answer {
+    post_json(
+        &n.url(&format!("/v1/sessions/{id}/run")),
+        "",
+        json!({ "code": code }),
+    )
+}
+
+/// What a call printed last (a notice that the session moved may come
+/// first).
+fn printed(a: &Answer) -> String {
+    let c = a.body["console"].as_str().unwrap_or("").trim();
+    c.lines().last().unwrap_or("").to_string()
+}
+
+/// What a call that must succeed printed last.
+fn console(n: &Node, id: &str, code: &str) -> String {
+    let a = run(n, id, code);
+    assert_eq!(a.status, 200, "{} {id}: {a:?}", n.id);
+    assert_eq!(a.body["outcome"], "complete", "{id}: {}", a.body);
+    printed(&a)
+}
+
+/// Retries `code` on `n` while it answers 503 (the session is on its way
+/// from another node), then returns the console of the call.
+fn console_when_there(n: &Node, id: &str, code: &str) -> String {
+    let a = wait_for(&format!("{id} to answer on {}", n.id), START, || {
+        let a = run(n, id, code);
+        (a.status != 503).then_some(a)
+    });
+    assert_eq!(a.status, 200, "{} {id}: {a:?}", n.id);
+    assert_eq!(a.body["outcome"], "complete", "{id}: {}", a.body);
+    printed(&a)
+}
+
+fn state(n: &Node, id: &str) -> String {
+    let r = ureq::get(&n.url(&format!("/v1/sessions/{id}")))
+        .call()
+        .expect("status");
+    let v: Value = r.into_json().expect("status JSON");
+    v["state"].as_str().unwrap_or("").to_string()
+}
+
+/// The lease object of session `id` in the store directory: holder and
+/// expiry (Unix seconds).
+fn lease(store: &Path, id: &str) -> Option<(String, u64)> {
+    let b = std::fs::read(store.join("leases/sessions").join(id)).ok()?;
+    let v: Value = serde_json::from_slice(&b).ok()?;
+    Some((
+        v["holder"].as_str()?.to_string(),
+        v["expires_unix"].as_u64()?,
+    ))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Waits until session `id` has a checkpoint in the store (written when
+/// it has been idle for 2 s after a call).
+fn wait_for_checkpoint(store: &Path, id: &str) {
+    wait_for(&format!("{id}'s checkpoint"), START, || {
+        let sessions = std::fs::read_dir(store.join("sessions")).ok()?;
+        sessions
+            .flatten()
+            .any(|t| t.path().join(id).join("checkpoint").is_file())
+            .then_some(())
+    });
+}
+
+#[test]
+fn a_hand_off_waiting_for_a_long_call_keeps_the_nodes_other_leases_renewed() {
+    let store = TestDir::new("rvisor-ownership-store");
+    let n1 = node("n1", store.path());
+    let n2 = node("n2", store.path());
+    let busy = new_session(&n1);
+    let idle = new_session(&n1);
+    assert_eq!(console(&n1, &idle, "y <- 'kept'; cat(y)"), "kept");
+    assert_eq!(console(&n1, &busy, "x <- 'before'; cat(x)"), "before");
+
+    // A call three leases long on n1, and, while it runs, n2 asked for its
+    // session (a router sent a call there): n1 may release it only after
+    // the call, and must keep renewing everything else meanwhile.
+    let long = {
+        let (url, id) = (n1.url(""), busy.clone());
+        std::thread::spawn(move || {
+            post_json(
+                &format!("{url}/v1/sessions/{id}/run"),
+                "",
+                json!({"code": "Sys.sleep(9); x <- 'after'; cat(x)"}),
+            )
+        })
+    };
+    wait_for("the long call to run", START, || {
+        (state(&n1, &busy) == "running").then_some(())
+    });
+    let asker = {
+        let (url, id) = (n2.url(""), busy.clone());
+        std::thread::spawn(move || {
+            post_json(
+                &format!("{url}/v1/sessions/{id}/run"),
+                "",
+                json!({"code": "cat(x)"}),
+            )
+        })
+    };
+    // Until the long call ends, the idle session's lease is n1's and live
+    // at every look (before the fix it ran out 3 s into the hand-off).
+    let mut looks = 0;
+    while !long.is_finished() {
+        let (holder, expires) = lease(store.path(), &idle).expect("the idle session's lease");
+        assert_eq!(holder, "n1");
+        assert!(
+            expires > unix_now(),
+            "the idle session's lease expired while n1 served it (look {looks})"
+        );
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(looks > 30, "the long call ended too soon to tell ({looks} looks)");
+    let done = long.join().expect("the long call's thread");
+    assert_eq!(done.status, 200, "{done:?}");
+    assert_eq!(printed(&done), "after");
+
+    // The session went to n2 with the long call's work in it.
+    let asked = asker.join().expect("the asker's thread");
+    assert!(matches!(asked.status, 200 | 503), "{asked:?}");
+    assert_eq!(console_when_there(&n2, &busy, "cat(x)"), "after");
+    // And n1 still has the other one, state and all.
+    assert_eq!(console(&n1, &idle, "cat(y)"), "kept");
+    assert_eq!(lease(store.path(), &idle).map(|l| l.0).as_deref(), Some("n1"));
+}
+
+#[test]
+fn takeovers_of_different_sessions_do_not_wait_for_each_other() {
+    let store = TestDir::new("rvisor-ownership-store");
+    let n1 = node("n1", store.path());
+    let n2 = node("n2", store.path());
+    let mut n3 = node("n3", store.path());
+    let busy = new_session(&n1);
+    let free = new_session(&n3);
+    assert_eq!(console(&n3, &free, "z <- 3; cat(z)"), "3");
+    // n3 drains and exits: its session is released into the store.
+    n3.signal(libc::SIGTERM);
+    wait_for("n3 to exit", START, || n3.serve.child.try_wait().ok().flatten());
+
+    let long = {
+        let (url, id) = (n1.url(""), busy.clone());
+        std::thread::spawn(move || {
+            post_json(
+                &format!("{url}/v1/sessions/{id}/run"),
+                "",
+                json!({"code": "Sys.sleep(8); 1"}),
+            )
+        })
+    };
+    wait_for("the long call to run", START, || {
+        (state(&n1, &busy) == "running").then_some(())
+    });
+    // n2 is asked for the busy session: it asks n1 and waits.
+    let waiting = {
+        let (url, id) = (n2.url(""), busy.clone());
+        std::thread::spawn(move || {
+            post_json(
+                &format!("{url}/v1/sessions/{id}/run"),
+                "",
+                json!({"code": "1"}),
+            )
+        })
+    };
+    wait_for("n2's hand-off request", START, || {
+        store.path().join("handoff").join(&busy).is_file().then_some(())
+    });
+    // Meanwhile the released session is taken over at once, while that
+    // takeover still waits (one lock per session, not one per node).
+    assert_eq!(console(&n2, &free, "cat(z)"), "3");
+    assert!(
+        !waiting.is_finished(),
+        "the other takeover should still be waiting for n1's long call"
+    );
+    let _ = waiting.join();
+    let _ = long.join();
+}
+
+#[test]
+fn a_paused_node_never_serves_a_session_another_node_took_over() {
+    let store = TestDir::new("rvisor-ownership-store");
+    let n1 = node("n1", store.path());
+    let n2 = node("n2", store.path());
+    let s = new_session(&n1);
+    assert_eq!(console(&n1, &s, "x <- 1; cat(x)"), "1");
+    wait_for_checkpoint(store.path(), &s);
+
+    // n1 pauses (a long GC, a partition); n2 takes the session over once
+    // n1's lease has run out, and writes to it.
+    n1.signal(libc::SIGSTOP);
+    assert_eq!(console(&n2, &s, "x <- x + 1; cat(x)"), "2");
+    n1.signal(libc::SIGCONT);
+
+    // n1 is back with its stale copy (x = 1): it must never answer from
+    // it. It refuses (retryable) until it has the session back from n2,
+    // with n2's state.
+    let mut refused = 0;
+    let back = wait_for("n1 to answer again", START, || {
+        let a = run(&n1, &s, "cat(x)");
+        if a.status == 503 {
+            refused += 1;
+            assert!(a.retry_after.is_some(), "{a:?}");
+            return None;
+        }
+        Some(a)
+    });
+    assert_eq!(back.status, 200, "{back:?}");
+    assert_eq!(printed(&back), "2", "n1 answered from its stale copy: {back:?}");
+    eprintln!("n1 refused {refused} calls before it had the session back");
+}
+
+#[test]
+fn a_call_that_spans_a_pause_past_the_lease_is_not_acknowledged() {
+    let store = TestDir::new("rvisor-ownership-store");
+    let n1 = node("n1", store.path());
+    let n2 = node("n2", store.path());
+    let s = new_session(&n1);
+    assert_eq!(console(&n1, &s, "x <- 1; cat(x)"), "1");
+    wait_for_checkpoint(store.path(), &s);
+
+    let during = {
+        let (url, id) = (n1.url(""), s.clone());
+        std::thread::spawn(move || {
+            post_json(
+                &format!("{url}/v1/sessions/{id}/run"),
+                "",
+                json!({"code": "Sys.sleep(1); x <- x + 100; cat(x)"}),
+            )
+        })
+    };
+    wait_for("the call to run on n1", START, || {
+        (state(&n1, &s) == "running").then_some(())
+    });
+    // Paused mid-call; n2 takes over (from the checkpoint: x = 1).
+    n1.signal(libc::SIGSTOP);
+    assert_eq!(console(&n2, &s, "cat(x)"), "1");
+    n1.signal(libc::SIGCONT);
+
+    // The call ran on n1's copy, which n1 no longer owned by its end: its
+    // answer must not be a success (the increment is in no session).
+    let a = during.join().expect("the call's thread");
+    assert_eq!(a.status, 503, "a call n1 ran after losing the session was acknowledged: {a:?}");
+    assert!(a.retry_after.is_some(), "{a:?}");
+    let msg = a.body["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("another node took the session over"), "{msg}");
+    // The session is n2's, without the unacknowledged increment.
+    assert_eq!(console(&n2, &s, "cat(x)"), "1");
+}
