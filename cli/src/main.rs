@@ -576,9 +576,17 @@ struct ServeArgs {
     /// Memory the live workers may use together, MiB (PSS, else RSS; 0: no
     /// budget). Default: 3/4 of the cgroup's memory.max or of MemTotal,
     /// whichever is smaller. Over it idle sessions hibernate, least
-    /// recently used first.
+    /// recently used first (the tenants over their fair share first), and
+    /// if the calls themselves hold the memory, the largest running call
+    /// of the tenant most over its fair share is stopped.
     #[arg(long, value_name = "MIB")]
     memory_budget_mb: Option<u64>,
+    /// Memory one tenant's live workers may use together, MiB (default:
+    /// none beyond the budget and its fair shares). Over it the tenant's
+    /// idle sessions hibernate, then its largest running call is stopped;
+    /// a call that would need one more worker is refused (429 `quota`).
+    #[arg(long, value_name = "MIB")]
+    tenant_memory_budget_mb: Option<u64>,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -816,6 +824,10 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             memory_budget_bytes: match a.memory_budget_mb {
                 None => rvisor_server::admission::default_memory_budget().0,
                 Some(0) => u64::MAX,
+                Some(m) => m.saturating_mul(1 << 20),
+            },
+            tenant_memory_bytes: match a.tenant_memory_budget_mb {
+                None | Some(0) => u64::MAX,
                 Some(m) => m.saturating_mul(1 << 20),
             },
         },

@@ -415,4 +415,3 @@ impl Drop for Nginx {
         // `Proc` then kills the master if it is still there.
     }
 }
-

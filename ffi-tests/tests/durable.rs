@@ -798,6 +798,7 @@ mod admission {
             max_live_sessions_per_tenant: per_tenant,
             max_calls_per_tenant: usize::MAX,
             memory_budget_bytes: u64::MAX,
+            tenant_memory_bytes: u64::MAX,
         }
     }
 
@@ -967,6 +968,146 @@ mod admission {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Queues `code` in `tenant`'s session `id` and waits for its result
+    /// on a thread of its own.
+    fn call_on_thread(
+        svc: &Service,
+        tenant: &str,
+        id: &str,
+        code: &str,
+    ) -> std::thread::JoinHandle<RunResult> {
+        let req = SessionRun {
+            code: code.into(),
+            timeout_seconds: None,
+            plot_width: None,
+            plot_height: None,
+        };
+        let pending = svc
+            .session_run(tenant, id, &req)
+            .unwrap_or_else(|e| panic!("{code}: refused: {e}"));
+        std::thread::spawn(move || pending.wait())
+    }
+
+    /// Holds about `mib` MiB in R during a long call (each page touched).
+    fn hold(mib: u32) -> String {
+        format!(
+            "big <- numeric({} * 131072); big[] <- 1; Sys.sleep(120)",
+            mib
+        )
+    }
+
+    #[test]
+    fn one_tenants_calls_over_the_budget_are_stopped_and_never_lock_another_tenant_out() {
+        let dir = state_dir("adm-fair");
+        let (sup, _store) = supervisor(&dir);
+        let budget: u64 = 300 << 20;
+        let svc = service(
+            sup,
+            &dir,
+            AdmissionConfig {
+                memory_budget_bytes: budget,
+                ..caps(usize::MAX, usize::MAX)
+            },
+        );
+        let (a1, a2) = (open(&svc, "alice"), open(&svc, "alice"));
+        call(&svc, "alice", &a1, "kept <- 'a1'");
+        call(&svc, "alice", &a2, "kept <- 'a2'");
+        // alice's two calls hold 200 MiB each: over the budget by
+        // themselves, with nothing idle to hibernate.
+        let calls = [
+            call_on_thread(&svc, "alice", &a1, &hold(200)),
+            call_on_thread(&svc, "alice", &a2, &hold(200)),
+        ];
+        // bob, within his fair share, is let in all the same, whatever the
+        // moment (before the fix: 503 busy while alice's calls ran).
+        let bob = open(&svc, "bob");
+        let r = call(&svc, "bob", &bob, "1 + 1");
+        assert_eq!(r.console, "[1] 2\n");
+        // alice's calls are stopped (before the fix they ran on, 2 min),
+        // each saying why.
+        for h in calls {
+            let r = h.join().expect("alice's call");
+            assert_eq!(r.outcome, Outcome::WorkerFailed, "{:?}", r.error);
+            let msg = &r.error.as_ref().expect("an error").message;
+            assert!(
+                msg.contains("over its memory budget of 300 MiB") && msg.contains("fair share"),
+                "{msg}"
+            );
+        }
+        // Their sessions go on; the next result says what happened.
+        let r = call(&svc, "alice", &a1, "exists('big')");
+        assert_eq!(
+            r.session.reset_reason.as_deref(),
+            Some(rvisor::KILLED_OVER_BUDGET),
+            "{r:?}"
+        );
+        assert!(
+            r.console
+                .contains("memory of its sessions was over the server's budget"),
+            "{}",
+            r.console
+        );
+        let h = svc.health();
+        assert!(
+            h["admission"]["stopped_calls"]["fair_share"].as_u64() >= Some(1),
+            "{h}"
+        );
+        assert!(
+            h["admission"]["worker_memory_bytes"].as_u64().unwrap() <= budget,
+            "{h}"
+        );
+        assert!(svc
+            .metrics_text()
+            .contains("rvisor_admission_stopped_calls_total{limit=\"fair_share\"}"));
+        // bob was never refused.
+        assert!(
+            h["admission"]["refusals"].as_object().unwrap().is_empty(),
+            "{h}"
+        );
+        svc.close_all();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_tenant_over_its_own_memory_share_loses_only_its_own_call() {
+        let dir = state_dir("adm-tenant-mem");
+        let (sup, _store) = supervisor(&dir);
+        let svc = service(
+            sup,
+            &dir,
+            AdmissionConfig {
+                tenant_memory_bytes: 150 << 20,
+                ..caps(usize::MAX, usize::MAX)
+            },
+        );
+        let (a, b) = (open(&svc, "alice"), open(&svc, "bob"));
+        call(&svc, "bob", &b, "mine <- 'bob'");
+        let big = call_on_thread(&svc, "alice", &a, &hold(200));
+        let bob_too = call_on_thread(&svc, "bob", &b, "Sys.sleep(3); mine");
+        let r = big.join().expect("alice's call");
+        assert_eq!(r.outcome, Outcome::WorkerFailed, "{:?}", r.error);
+        let msg = &r.error.as_ref().expect("an error").message;
+        assert!(
+            msg.contains("over your share of the server's memory (150 MiB"),
+            "{msg}"
+        );
+        let r = bob_too.join().expect("bob's call");
+        assert_eq!(r.outcome, Outcome::Complete, "{:?}", r.error);
+        assert!(r.console.ends_with("[1] \"bob\"\n"), "{}", r.console);
+        let h = svc.health();
+        assert_eq!(
+            h["admission"]["tenant_memory_budget_bytes"],
+            150 << 20,
+            "{h}"
+        );
+        assert!(
+            h["admission"]["stopped_calls"]["tenant_memory"].as_u64() >= Some(1),
+            "{h}"
+        );
+        svc.close_all();
         let _ = std::fs::remove_dir_all(dir);
     }
 

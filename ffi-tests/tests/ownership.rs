@@ -153,7 +153,10 @@ fn a_hand_off_waiting_for_a_long_call_keeps_the_nodes_other_leases_renewed() {
         looks += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(looks > 30, "the long call ended too soon to tell ({looks} looks)");
+    assert!(
+        looks > 30,
+        "the long call ended too soon to tell ({looks} looks)"
+    );
     let done = long.join().expect("the long call's thread");
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(printed(&done), "after");
@@ -164,7 +167,10 @@ fn a_hand_off_waiting_for_a_long_call_keeps_the_nodes_other_leases_renewed() {
     assert_eq!(console_when_there(&n2, &busy, "cat(x)"), "after");
     // And n1 still has the other one, state and all.
     assert_eq!(console(&n1, &idle, "cat(y)"), "kept");
-    assert_eq!(lease(store.path(), &idle).map(|l| l.0).as_deref(), Some("n1"));
+    assert_eq!(
+        lease(store.path(), &idle).map(|l| l.0).as_deref(),
+        Some("n1")
+    );
 }
 
 #[test]
@@ -178,7 +184,9 @@ fn takeovers_of_different_sessions_do_not_wait_for_each_other() {
     assert_eq!(console(&n3, &free, "z <- 3; cat(z)"), "3");
     // n3 drains and exits: its session is released into the store.
     n3.signal(libc::SIGTERM);
-    wait_for("n3 to exit", START, || n3.serve.child.try_wait().ok().flatten());
+    wait_for("n3 to exit", START, || {
+        n3.serve.child.try_wait().ok().flatten()
+    });
 
     let long = {
         let (url, id) = (n1.url(""), busy.clone());
@@ -205,7 +213,12 @@ fn takeovers_of_different_sessions_do_not_wait_for_each_other() {
         })
     };
     wait_for("n2's hand-off request", START, || {
-        store.path().join("handoff").join(&busy).is_file().then_some(())
+        store
+            .path()
+            .join("handoff")
+            .join(&busy)
+            .is_file()
+            .then_some(())
     });
     // Meanwhile the released session is taken over at once, while that
     // takeover still waits (one lock per session, not one per node).
@@ -247,7 +260,11 @@ fn a_paused_node_never_serves_a_session_another_node_took_over() {
         Some(a)
     });
     assert_eq!(back.status, 200, "{back:?}");
-    assert_eq!(printed(&back), "2", "n1 answered from its stale copy: {back:?}");
+    assert_eq!(
+        printed(&back),
+        "2",
+        "n1 answered from its stale copy: {back:?}"
+    );
     eprintln!("n1 refused {refused} calls before it had the session back");
 }
 
@@ -281,7 +298,10 @@ fn a_call_that_spans_a_pause_past_the_lease_is_not_acknowledged() {
     // The call ran on n1's copy, which n1 no longer owned by its end: its
     // answer must not be a success (the increment is in no session).
     let a = during.join().expect("the call's thread");
-    assert_eq!(a.status, 503, "a call n1 ran after losing the session was acknowledged: {a:?}");
+    assert_eq!(
+        a.status, 503,
+        "a call n1 ran after losing the session was acknowledged: {a:?}"
+    );
     assert!(a.retry_after.is_some(), "{a:?}");
     let msg = a.body["error"]["message"].as_str().unwrap_or("");
     assert!(msg.contains("another node took the session over"), "{msg}");

@@ -12,9 +12,18 @@
 //! turns into 429 `quota` (a tenant's cap) or 503 `busy` (a host cap),
 //! with a `retry_after_seconds`.
 //!
+//! Memory has a host budget and, optionally, a cap per tenant. Over the
+//! host budget each tenant's fair share is the budget over the tenants
+//! with live workers, and only the tenants over their share (or their
+//! cap) are made to give memory back: one tenant's growth never refuses
+//! or stops another tenant's calls.
+//!
 //! A monitor thread ([`Admission::spawn_monitor`]) measures the live
-//! workers' memory about once a second and hibernates idle sessions, least
-//! recently used first, while the sum is over the budget.
+//! workers' memory about once a second; while a tenant is over its cap or
+//! the sum is over the budget it hibernates idle sessions (least recently
+//! used first, the tenants over their share first), and when the running
+//! calls themselves hold the memory it stops the largest running worker
+//! of the tenant most over its share ([`rvisor::Session::kill_worker`]).
 //!
 //! Memory is each worker's PSS (`/proc/PID/smaps_rollup`: shared pages
 //! split between the processes that map them, so the zygote's heap is not
@@ -47,6 +56,9 @@ pub struct AdmissionConfig {
     pub max_calls_per_tenant: usize,
     /// Memory the live workers may use together (PSS, else RSS), bytes.
     pub memory_budget_bytes: u64,
+    /// Memory one tenant's live workers may use together, bytes
+    /// (`u64::MAX`: only the host budget and its fair shares bound it).
+    pub tenant_memory_bytes: u64,
 }
 
 /// Default of [`AdmissionConfig::max_live_sessions`].
@@ -74,6 +86,7 @@ impl Default for AdmissionConfig {
             max_live_sessions_per_tenant: DEFAULT_MAX_LIVE_SESSIONS_PER_TENANT,
             max_calls_per_tenant: DEFAULT_MAX_CALLS_PER_TENANT,
             memory_budget_bytes: default_memory_budget().0,
+            tenant_memory_bytes: u64::MAX,
         }
     }
 }
@@ -215,6 +228,11 @@ pub enum Limit {
     LiveSessions,
     /// `memory_budget_bytes`.
     MemoryBudget,
+    /// `tenant_memory_bytes`.
+    TenantMemory,
+    /// The host's memory budget is used up and the tenant holds more
+    /// than its fair share of it (the budget over the tenants using it).
+    FairShare,
 }
 
 impl Limit {
@@ -225,12 +243,21 @@ impl Limit {
             Limit::LiveSessionsPerTenant => "live_sessions_per_tenant",
             Limit::LiveSessions => "live_sessions",
             Limit::MemoryBudget => "memory_budget",
+            Limit::TenantMemory => "tenant_memory",
+            Limit::FairShare => "fair_share",
         }
     }
 
-    /// A tenant's own cap (429 `quota`), else a host cap (503 `busy`).
+    /// A tenant's own cap (429 `quota`: its own use is what to reduce),
+    /// else a host cap (503 `busy`).
     pub fn is_tenant_cap(self) -> bool {
-        matches!(self, Limit::CallsPerTenant | Limit::LiveSessionsPerTenant)
+        matches!(
+            self,
+            Limit::CallsPerTenant
+                | Limit::LiveSessionsPerTenant
+                | Limit::TenantMemory
+                | Limit::FairShare
+        )
     }
 }
 
@@ -250,6 +277,32 @@ struct Seen {
     tenant: String,
     session: Session,
     status: SessionStatus,
+    /// Its worker's memory, when measured ([`Admission::measure`]).
+    bytes: u64,
+}
+
+/// The live workers' memory, in all and by tenant.
+#[derive(Debug, Default)]
+struct Use {
+    all: WorkerMemory,
+    by_tenant: BTreeMap<String, u64>,
+}
+
+impl Use {
+    fn of(&self, tenant: &str) -> u64 {
+        self.by_tenant.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// The budget over the tenants with live workers (and `also`, the one
+    /// asking, if it has none yet).
+    fn fair_share(&self, budget: u64, also: Option<&str>) -> (u64, usize) {
+        let mut n = self.by_tenant.values().filter(|b| **b > 0).count();
+        if also.is_some_and(|t| self.of(t) == 0) {
+            n += 1;
+        }
+        let n = n.max(1);
+        (budget / n as u64, n)
+    }
 }
 
 /// Holds (or will hold) a worker: it has one, is starting one, or has a
@@ -286,6 +339,26 @@ fn mib(b: u64) -> u64 {
     b >> 20
 }
 
+/// A tenant over a memory limit, as the monitor sees it.
+struct Over {
+    tenant: String,
+    excess: u64,
+    limit: Limit,
+    what: String,
+}
+
+/// How long the monitor lets a worker it stopped exit before it measures
+/// again.
+const KILL_SETTLE: Duration = Duration::from_millis(100);
+
+/// What [`Admission::memory_check`] found.
+enum MemoryCheck {
+    Fits,
+    /// The limit passed, whose idle sessions may hibernate to make room,
+    /// and what was passed.
+    Over(Limit, Box<dyn Fn(&Seen) -> bool>, String),
+}
+
 /// Admission control: the limits, the gate that makes check-and-queue
 /// atomic, and the counters for metrics.
 #[derive(Debug)]
@@ -303,6 +376,8 @@ pub struct Admission {
     hibernations: Mutex<BTreeMap<Limit, u64>>,
     /// Moving average of the memory of idle workers picked to hibernate.
     settled_worker_bytes: AtomicU64,
+    /// Workers the monitor stopped during a call, by the limit passed.
+    kills: Mutex<BTreeMap<Limit, u64>>,
 }
 
 impl Admission {
@@ -316,6 +391,7 @@ impl Admission {
             refusals: Mutex::new(BTreeMap::new()),
             hibernations: Mutex::new(BTreeMap::new()),
             settled_worker_bytes: AtomicU64::new(0),
+            kills: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -328,6 +404,10 @@ impl Admission {
         (self.cfg.memory_budget_bytes != u64::MAX).then_some(self.cfg.memory_budget_bytes)
     }
 
+    fn tenant_budget(&self) -> Option<u64> {
+        (self.cfg.tenant_memory_bytes != u64::MAX).then_some(self.cfg.tenant_memory_bytes)
+    }
+
     fn look(sessions: Vec<(String, Session)>) -> Vec<Seen> {
         sessions
             .into_iter()
@@ -337,35 +417,43 @@ impl Admission {
                     tenant,
                     session,
                     status,
+                    bytes: 0,
                 }
             })
             .collect()
     }
 
-    fn memory(seen: &[Seen]) -> WorkerMemory {
-        let mut m = WorkerMemory::default();
-        for s in seen {
+    /// Measures every live worker of `seen` (kept in each `Seen`).
+    fn measure(seen: &mut [Seen]) -> Use {
+        let mut u = Use::default();
+        for s in seen.iter_mut() {
             if let Some((b, how)) = s.status.pid.and_then(process_memory) {
-                m.bytes += b;
+                s.bytes = b;
+                u.all.bytes += b;
+                *u.by_tenant.entry(s.tenant.clone()).or_default() += b;
                 match how {
-                    Measure::Pss => m.pss += 1,
-                    Measure::Rss => m.rss += 1,
+                    Measure::Pss => u.all.pss += 1,
+                    Measure::Rss => u.all.rss += 1,
                 }
             }
         }
-        m
+        u
     }
 
-    /// The least recently used idle live session, of `tenant` if given,
-    /// not in `skip`.
+    fn memory(seen: &mut [Seen]) -> WorkerMemory {
+        Self::measure(seen).all
+    }
+
+    /// The least recently used idle live session that `pick` accepts, not
+    /// in `skip`.
     fn victim<'a>(
         seen: &'a [Seen],
-        tenant: Option<&str>,
+        pick: impl Fn(&Seen) -> bool,
         skip: &HashSet<String>,
     ) -> Option<&'a Seen> {
         seen.iter()
             .filter(|s| is_idle_live(&s.status))
-            .filter(|s| tenant.is_none_or(|t| s.tenant == t))
+            .filter(|s| pick(s))
             .filter(|s| !skip.contains(&s.status.id))
             .max_by(|a, b| {
                 let (x, y) = (a.status.idle_seconds, b.status.idle_seconds);
@@ -398,7 +486,7 @@ impl Admission {
         let mut skip = HashSet::new();
         loop {
             let gate = lock(&self.gate);
-            let seen = Self::look(sessions());
+            let mut seen = Self::look(sessions());
             let cfg = &self.cfg;
             let mine: Vec<&Seen> = seen.iter().filter(|s| s.tenant == tenant).collect();
             let calls_now: usize = mine.iter().map(|s| calls(&s.status)).sum();
@@ -423,10 +511,16 @@ impl Admission {
             }
             let live_mine = mine.iter().filter(|s| is_live(&s.status)).count();
             let live_all = seen.iter().filter(|s| is_live(&s.status)).count();
+            // Whose idle sessions may hibernate to make room.
+            let of_tenant = |t: &str| {
+                let t = t.to_string();
+                Box::new(move |s: &Seen| s.tenant == t) as Box<dyn Fn(&Seen) -> bool>
+            };
+            let anyone = || Box::new(|_: &Seen| true) as Box<dyn Fn(&Seen) -> bool>;
             let over = if live_mine >= cfg.max_live_sessions_per_tenant {
                 Some((
                     Limit::LiveSessionsPerTenant,
-                    Some(tenant),
+                    of_tenant(tenant),
                     format!(
                         "you have {live_mine} sessions holding a worker, the most allowed at once \
                          (max_live_sessions_per_tenant {})",
@@ -436,7 +530,7 @@ impl Admission {
             } else if live_all >= cfg.max_live_sessions {
                 Some((
                     Limit::LiveSessions,
-                    None,
+                    anyone(),
                     format!(
                         "the server has {live_all} sessions holding a worker, the most it runs \
                          at once (max_live_sessions {})",
@@ -444,29 +538,12 @@ impl Admission {
                     ),
                 ))
             } else {
-                self.budget().and_then(|budget| {
-                    let m = Self::memory(&seen);
-                    // One more worker, estimated as the mean of the live
-                    // ones or of the settled workers seen hibernating,
-                    // whichever is larger; with none live the call is let
-                    // in (the worker's own limits bound it).
-                    let more = (m.bytes / m.workers().max(1) as u64)
-                        .max(self.settled_worker_bytes.load(Ordering::Relaxed));
-                    (m.workers() > 0 && m.bytes.saturating_add(more) > budget).then(|| {
-                        (
-                            Limit::MemoryBudget,
-                            None,
-                            format!(
-                                "the live sessions' workers use {} MiB and one more would pass \
-                                 the server's memory budget of {} MiB",
-                                mib(m.bytes),
-                                mib(budget)
-                            ),
-                        )
-                    })
-                })
+                match self.memory_check(&mut seen, tenant) {
+                    MemoryCheck::Fits => None,
+                    MemoryCheck::Over(limit, pick, what) => Some((limit, pick, what)),
+                }
             };
-            let Some((limit, of_tenant, what)) = over else {
+            let Some((limit, pick, what)) = over else {
                 return Ok(queue());
             };
             let advice = if limit.is_tenant_cap() {
@@ -484,8 +561,16 @@ impl Admission {
                     RETRY_AFTER_NO_STORE,
                 ));
             }
-            let victim = Self::victim(&seen, of_tenant, &skip);
+            let victim = Self::victim(&seen, pick, &skip);
             let Some(v) = victim.filter(|_| Instant::now() < deadline) else {
+                if limit == Limit::MemoryBudget {
+                    // The host is over its budget, but not by this
+                    // tenant, which is within its fair share: the
+                    // tenants over theirs are made to give memory back
+                    // (the monitor stops their calls if it must); this
+                    // tenant is let in.
+                    return Ok(queue());
+                }
                 return Err(self.refuse(
                     limit,
                     format!(
@@ -517,61 +602,250 @@ impl Admission {
         }
     }
 
-    /// One round of the memory monitor: while the live workers use more
-    /// than the budget, hibernate the least recently used idle session.
-    /// The number hibernated.
-    pub fn relieve_memory(&self, sessions: impl Fn() -> Vec<(String, Session)>) -> usize {
-        let Some(budget) = self.budget().filter(|_| self.can_hibernate) else {
-            return 0;
+    /// Whether one more worker for `tenant` fits the memory budgets, and
+    /// if not, which limit it passes and whose idle sessions may
+    /// hibernate to make room:
+    /// - the tenant's own cap (`tenant_memory_bytes`): its own sessions;
+    /// - the host budget, when the tenant holds more than its fair share
+    ///   (the budget over the tenants with live workers): its own;
+    /// - the host budget, when the tenant is within its fair share: the
+    ///   sessions of the tenants over theirs, and if none can hibernate
+    ///   the call is let in anyway (one tenant's growth must never lock
+    ///   the others out).
+    fn memory_check(&self, seen: &mut [Seen], tenant: &str) -> MemoryCheck {
+        if self.budget().is_none() && self.tenant_budget().is_none() {
+            return MemoryCheck::Fits;
+        }
+        let u = Self::measure(seen);
+        let m = &u.all;
+        // One more worker, estimated as the mean of the live ones or of
+        // the settled workers seen hibernating, whichever is larger; with
+        // none live the call is let in (the worker's own limits bound it).
+        if m.workers() == 0 {
+            return MemoryCheck::Fits;
+        }
+        let more =
+            (m.bytes / m.workers() as u64).max(self.settled_worker_bytes.load(Ordering::Relaxed));
+        let mine = u.of(tenant);
+        let own = {
+            let t = tenant.to_string();
+            Box::new(move |s: &Seen| s.tenant == t) as Box<dyn Fn(&Seen) -> bool>
         };
+        if let Some(cap) = self.tenant_budget() {
+            if mine.saturating_add(more) > cap {
+                return MemoryCheck::Over(
+                    Limit::TenantMemory,
+                    own,
+                    format!(
+                        "your sessions' workers use {} MiB, and one more would pass your share \
+                         of the server's memory ({} MiB, tenant_memory_budget)",
+                        mib(mine),
+                        mib(cap)
+                    ),
+                );
+            }
+        }
+        let Some(budget) = self.budget() else {
+            return MemoryCheck::Fits;
+        };
+        if m.bytes.saturating_add(more) <= budget {
+            return MemoryCheck::Fits;
+        }
+        let (fair, n) = u.fair_share(budget, Some(tenant));
+        if mine.saturating_add(more) > fair {
+            return MemoryCheck::Over(
+                Limit::FairShare,
+                own,
+                format!(
+                    "the live sessions' workers use {} MiB of the server's memory budget of {} \
+                     MiB, and yours use {} MiB: one more would pass your fair share ({} MiB, the \
+                     budget over the {n} tenants using it)",
+                    mib(m.bytes),
+                    mib(budget),
+                    mib(mine),
+                    mib(fair)
+                ),
+            );
+        }
+        let over_fair: HashSet<String> = u
+            .by_tenant
+            .iter()
+            .filter(|(t, b)| **b > fair && t.as_str() != tenant)
+            .map(|(t, _)| t.clone())
+            .collect();
+        MemoryCheck::Over(
+            Limit::MemoryBudget,
+            Box::new(move |s: &Seen| over_fair.contains(&s.tenant)),
+            format!(
+                "the live sessions' workers use {} MiB and one more would pass the server's \
+                 memory budget of {} MiB",
+                mib(m.bytes),
+                mib(budget)
+            ),
+        )
+    }
+
+    /// One round of the memory monitor. While a tenant's live workers use
+    /// more than its cap, or all of them more than the budget:
+    /// - idle sessions hibernate, least recently used first: the sessions
+    ///   of the tenants over their cap or fair share first, then (over the
+    ///   budget) anyone's, down to 7/8 of the budget, together;
+    /// - when nothing idle is left to hibernate and the memory is still
+    ///   over, the largest worker running a call of the tenant most over
+    ///   its cap or fair share is stopped: its call ends as
+    ///   `worker_failed` saying why, and the session goes on from its last
+    ///   checkpoint. Only tenants over their share lose calls this way.
+    ///
+    /// The number of sessions hibernated or stopped.
+    pub fn relieve_memory(&self, sessions: impl Fn() -> Vec<(String, Session)>) -> usize {
+        if self.budget().is_none() && self.tenant_budget().is_none() {
+            return 0;
+        }
         let mut skip = HashSet::new();
         let mut done = 0;
         loop {
-            let seen = Self::look(sessions());
-            let m = Self::memory(&seen);
-            if m.bytes <= budget {
+            let mut seen = Self::look(sessions());
+            let u = Self::measure(&mut seen);
+            let overs = self.overs(&u);
+            if overs.is_empty() {
                 return done;
             }
-            // Idle sessions, least recently used first, until their memory
-            // covers the excess over 7/8 of the budget (room for the
-            // workers that grow after their calls): hibernated together,
-            // so the host is back under in about one hibernation's time.
-            let mut excess = m.bytes - budget / 8 * 7;
-            let mut batch = Vec::new();
-            while excess > 0 {
-                let Some(v) = Self::victim(&seen, None, &skip) else {
-                    break;
-                };
-                skip.insert(v.status.id.clone());
-                let bytes = v.status.pid.and_then(process_memory).map_or(0, |m| m.0);
-                self.note_settled(bytes);
-                excess = excess.saturating_sub(bytes.max(1));
-                batch.push((v.status.id.clone(), v.session.clone()));
-            }
-            drop(seen);
-            if batch.is_empty() {
-                return done;
-            }
-            let ok = std::thread::scope(|scope| {
-                let waits: Vec<_> = batch
-                    .iter()
-                    .map(|(_, s)| scope.spawn(move || s.hibernate_and_wait(HIBERNATE_WAIT).is_ok()))
-                    .collect();
-                waits
-                    .into_iter()
-                    .map(|w| w.join().unwrap_or(false))
-                    .collect::<Vec<bool>>()
-            });
-            for ((id, _), ok) in batch.iter().zip(ok) {
-                if ok {
-                    done += 1;
-                    *lock(&self.hibernations)
-                        .entry(Limit::MemoryBudget)
-                        .or_default() += 1;
-                    tracing::info!(target: "rvisor::admission", session = %id, used_mib = mib(m.bytes), budget_mib = mib(budget), "memory over budget: hibernated");
+            let mut batch: Vec<(String, Session, Limit)> = Vec::new();
+            if self.can_hibernate {
+                let mut taken = 0u64;
+                for o in &overs {
+                    let mut excess = o.excess;
+                    while excess > 0 {
+                        let Some(v) = Self::victim(&seen, |s| s.tenant == o.tenant, &skip) else {
+                            break;
+                        };
+                        skip.insert(v.status.id.clone());
+                        self.note_settled(v.bytes);
+                        excess = excess.saturating_sub(v.bytes.max(1));
+                        taken += v.bytes;
+                        // Counted by the budget that is passed: a fair
+                        // share is the host's budget divided.
+                        let limit = match o.limit {
+                            Limit::FairShare => Limit::MemoryBudget,
+                            l => l,
+                        };
+                        batch.push((v.status.id.clone(), v.session.clone(), limit));
+                    }
+                }
+                // Over the budget: anyone's idle sessions next, until what
+                // hibernates covers the excess over 7/8 of it (room for
+                // workers that grow after their calls).
+                if let Some(budget) = self.budget().filter(|b| u.all.bytes > *b) {
+                    let mut excess = (u.all.bytes - budget / 8 * 7).saturating_sub(taken);
+                    while excess > 0 {
+                        let Some(v) = Self::victim(&seen, |_| true, &skip) else {
+                            break;
+                        };
+                        skip.insert(v.status.id.clone());
+                        self.note_settled(v.bytes);
+                        excess = excess.saturating_sub(v.bytes.max(1));
+                        batch.push((v.status.id.clone(), v.session.clone(), Limit::MemoryBudget));
+                    }
                 }
             }
+            if !batch.is_empty() {
+                drop(seen);
+                let ok = std::thread::scope(|scope| {
+                    let waits: Vec<_> = batch
+                        .iter()
+                        .map(|(_, s, _)| {
+                            scope.spawn(move || s.hibernate_and_wait(HIBERNATE_WAIT).is_ok())
+                        })
+                        .collect();
+                    waits
+                        .into_iter()
+                        .map(|w| w.join().unwrap_or(false))
+                        .collect::<Vec<bool>>()
+                });
+                for ((id, _, limit), ok) in batch.iter().zip(ok) {
+                    if ok {
+                        done += 1;
+                        *lock(&self.hibernations).entry(*limit).or_default() += 1;
+                        tracing::info!(target: "rvisor::admission", session = %id, used_mib = mib(u.all.bytes), limit = limit.as_str(), "memory over budget: hibernated");
+                    }
+                }
+                continue;
+            }
+            // Nothing idle to hibernate: the calls themselves hold the
+            // memory. Stop the largest running worker of the tenant most
+            // over its share.
+            let Some(o) = overs.iter().max_by_key(|o| o.excess) else {
+                return done;
+            };
+            let Some(v) = seen
+                .iter()
+                .filter(|s| s.tenant == o.tenant && s.status.pid.is_some())
+                .filter(|s| !is_idle_live(&s.status) && !skip.contains(&s.status.id))
+                .max_by_key(|s| s.bytes)
+            else {
+                return done;
+            };
+            skip.insert(v.status.id.clone());
+            let why = format!(
+                "{}; this call's worker used {} MiB and was stopped to give the memory back (the \
+                 session goes on from its last checkpoint, if it has one). Use less memory in \
+                 one call, or close sessions you do not need",
+                o.what,
+                mib(v.bytes)
+            );
+            if v.session.kill_worker(&why) {
+                done += 1;
+                *lock(&self.kills).entry(o.limit).or_default() += 1;
+                tracing::warn!(target: "rvisor::admission", session = %v.status.id, tenant = %o.tenant, worker_mib = mib(v.bytes), limit = o.limit.as_str(), "memory over budget: stopped a running call's worker");
+            }
+            drop(seen);
+            // Let the killed worker's memory go before measuring again.
+            std::thread::sleep(KILL_SETTLE);
         }
+    }
+
+    /// The tenants over their cap, and (over the host budget) over their
+    /// fair share of it, with their excess and what it is.
+    fn overs(&self, u: &Use) -> Vec<Over> {
+        let mut out: Vec<Over> = Vec::new();
+        if let Some(cap) = self.tenant_budget() {
+            for (t, b) in u.by_tenant.iter().filter(|(_, b)| **b > cap) {
+                out.push(Over {
+                    tenant: t.clone(),
+                    excess: b - cap,
+                    limit: Limit::TenantMemory,
+                    what: format!(
+                        "your sessions' workers used {} MiB, over your share of the server's \
+                         memory ({} MiB, tenant_memory_budget)",
+                        mib(*b),
+                        mib(cap)
+                    ),
+                });
+            }
+        }
+        if let Some(budget) = self.budget().filter(|b| u.all.bytes > *b) {
+            let (fair, n) = u.fair_share(budget, None);
+            for (t, b) in u.by_tenant.iter().filter(|(_, b)| **b > fair) {
+                if out.iter().any(|o| &o.tenant == t) {
+                    continue;
+                }
+                out.push(Over {
+                    tenant: t.clone(),
+                    excess: b - fair,
+                    limit: Limit::FairShare,
+                    what: format!(
+                        "the server's workers used {} MiB, over its memory budget of {} MiB, and \
+                         your sessions' {} MiB were over your fair share of it ({} MiB, the \
+                         budget over the {n} tenants using it)",
+                        mib(u.all.bytes),
+                        mib(budget),
+                        mib(*b),
+                        mib(fair)
+                    ),
+                });
+            }
+        }
+        out
     }
 
     /// Remembers the memory of a worker that settled (idle after calls):
@@ -599,7 +873,7 @@ impl Admission {
         sessions: impl Fn() -> Option<Vec<(String, Session)>> + Send + 'static,
         stop: Receiver<()>,
     ) {
-        if self.budget().is_none() || !self.can_hibernate {
+        if self.budget().is_none() && self.tenant_budget().is_none() {
             return;
         }
         let me = Arc::downgrade(self);
@@ -623,8 +897,9 @@ impl Admission {
 
     /// Health's `admission` object: each limit (null: none) and its use now.
     pub fn report(&self, sessions: Vec<(String, Session)>) -> Value {
-        let seen = Self::look(sessions);
-        let m = Self::memory(&seen);
+        let mut seen = Self::look(sessions);
+        let u = Self::measure(&mut seen);
+        let m = &u.all;
         let mut live_by_tenant: BTreeMap<&str, usize> = BTreeMap::new();
         let mut calls_by_tenant: BTreeMap<&str, usize> = BTreeMap::new();
         for s in &seen {
@@ -640,6 +915,7 @@ impl Admission {
             "max_live_sessions_per_tenant": cap(c.max_live_sessions_per_tenant),
             "max_calls_per_tenant": cap(c.max_calls_per_tenant),
             "memory_budget_bytes": self.budget(),
+            "tenant_memory_budget_bytes": self.tenant_budget(),
             "can_hibernate": self.can_hibernate,
             "live_sessions": live_by_tenant.values().sum::<usize>(),
             "hibernated_sessions": seen.iter().filter(|s| s.status.state == SessionState::Hibernated).count(),
@@ -648,8 +924,10 @@ impl Admission {
             "calls_of_busiest_tenant": calls_by_tenant.values().max().copied().unwrap_or(0),
             "worker_memory_bytes": m.bytes,
             "worker_memory_measured": m.how(),
+            "worker_memory_of_busiest_tenant_bytes": u.by_tenant.values().max().copied().unwrap_or(0),
             "refusals": self.counts(&self.refusals),
             "hibernations": self.counts(&self.hibernations),
+            "stopped_calls": self.counts(&self.kills),
         })
     }
 
@@ -665,8 +943,8 @@ impl Admission {
     /// budget and the caps (gauges), refusals and hibernations by limit
     /// (counters).
     pub fn metrics_text(&self, sessions: Vec<(String, Session)>) -> String {
-        let seen = Self::look(sessions);
-        let m = Self::memory(&seen);
+        let mut seen = Self::look(sessions);
+        let m = Self::memory(&mut seen);
         let live = seen.iter().filter(|s| is_live(&s.status)).count();
         let hibernated = seen
             .iter()
@@ -707,6 +985,13 @@ impl Admission {
         for (k, v) in lock(&self.hibernations).iter() {
             out.push_str(&format!(
                 "rvisor_admission_hibernations_total{{limit=\"{}\"}} {v}\n",
+                k.as_str()
+            ));
+        }
+        out.push_str("# HELP rvisor_admission_stopped_calls_total Running calls whose workers were stopped to bring memory back under a budget, by limit.\n# TYPE rvisor_admission_stopped_calls_total counter\n");
+        for (k, v) in lock(&self.kills).iter() {
+            out.push_str(&format!(
+                "rvisor_admission_stopped_calls_total{{limit=\"{}\"}} {v}\n",
                 k.as_str()
             ));
         }
@@ -788,5 +1073,58 @@ mod tests {
         let u = AdmissionConfig::default().uncapped_sessions();
         assert_eq!(u.max_live_sessions, usize::MAX);
         assert_eq!(u.memory_budget_bytes, default_memory_budget().0);
+    }
+
+    fn used(by: &[(&str, u64)]) -> Use {
+        let mut u = Use::default();
+        for (t, b) in by {
+            u.by_tenant.insert(t.to_string(), *b);
+            u.all.bytes += b;
+            u.all.pss += 1;
+        }
+        u
+    }
+
+    #[test]
+    fn fair_shares_divide_the_budget_over_the_tenants_using_it() {
+        let u = used(&[("a", 900), ("b", 100)]);
+        assert_eq!(u.fair_share(1000, None), (500, 2));
+        // A tenant with no worker yet counts too when it asks.
+        assert_eq!(u.fair_share(900, Some("c")), (300, 3));
+        assert_eq!(u.fair_share(900, Some("a")), (450, 2));
+        assert_eq!(Use::default().fair_share(800, None), (800, 1));
+    }
+
+    #[test]
+    fn only_the_tenants_over_their_share_are_made_to_give_memory_back() {
+        let adm = |budget: u64, tenant: u64| {
+            Admission::new(
+                AdmissionConfig {
+                    memory_budget_bytes: budget,
+                    tenant_memory_bytes: tenant,
+                    ..AdmissionConfig::default()
+                },
+                true,
+            )
+        };
+        // Over the budget (1000): a holds 900, over its fair share 500; b
+        // is within its share and is left alone.
+        let overs = adm(1000, u64::MAX).overs(&used(&[("a", 900), ("b", 200)]));
+        assert_eq!(overs.len(), 1);
+        assert_eq!((overs[0].tenant.as_str(), overs[0].excess), ("a", 400));
+        assert_eq!(overs[0].limit, Limit::FairShare);
+        assert!(overs[0].what.contains("fair share"), "{}", overs[0].what);
+        // Under the budget: nobody, whatever the shares.
+        assert!(adm(2000, u64::MAX)
+            .overs(&used(&[("a", 900), ("b", 200)]))
+            .is_empty());
+        // A tenant cap binds on its own, under the host budget too.
+        let overs = adm(u64::MAX, 300).overs(&used(&[("a", 900), ("b", 200)]));
+        assert_eq!(overs.len(), 1);
+        assert_eq!(
+            (overs[0].limit, overs[0].excess),
+            (Limit::TenantMemory, 600)
+        );
+        assert!(Limit::TenantMemory.is_tenant_cap() && Limit::FairShare.is_tenant_cap());
     }
 }

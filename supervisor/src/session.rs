@@ -490,6 +490,9 @@ struct Inner {
     abandoned: bool,
     /// Callers of [`Session::release`] waiting for the runner to end.
     release_waiters: Vec<std::sync::mpsc::Sender<Result<Option<CheckpointInfo>, String>>>,
+    /// Set by [`Session::kill_worker`]: why the host killed the worker,
+    /// for the running call's result and the next result's notice.
+    kill_reason: Option<String>,
 }
 
 #[derive(Debug)]
@@ -572,6 +575,7 @@ fn reset_words(reason: &str) -> &'static str {
         "reset" => "the session was reset on request",
         "restore" => "the session was rolled back to its checkpoint on request",
         "exited" => "the previous worker exited",
+        KILLED_OVER_BUDGET => "the server stopped the previous worker: the memory of its sessions was over the server's budget",
         r if r.starts_with("restore_failed") => "its checkpoint could not be restored",
         _ => "the previous worker ended",
     }
@@ -592,6 +596,10 @@ pub const RESUMED_RESTART: &str = "restarted";
 /// [`Supervisor::resume_session`]'s reason when another node took the
 /// session over.
 pub const RESUMED_MOVED: &str = "moved";
+
+/// The reset reason of a worker the host killed with
+/// [`Session::kill_worker`] (admission: over a memory budget).
+pub const KILLED_OVER_BUDGET: &str = "memory_budget";
 
 /// The reset reason for a worker that ended by itself.
 fn exit_reason(exit: Option<ExitInfo>) -> &'static str {
@@ -795,6 +803,7 @@ impl Shared {
                 keep_checkpoint: false,
                 abandoned: false,
                 release_waiters: Vec::new(),
+                kill_reason: None,
             }),
             cv: Condvar::new(),
             store: None,
@@ -1197,7 +1206,10 @@ impl Shared {
                     source.forget(&w);
                 }
                 let mut i = lock(&self.inner);
-                let reason = exit_reason(Some(status));
+                let reason = match i.kill_reason.take() {
+                    Some(_) => KILLED_OVER_BUDGET,
+                    None => exit_reason(Some(status)),
+                };
                 i.record_reset(reason);
                 if self.opts.restore_after_kill && i.checkpoint.is_some() {
                     i.restore_next = Some(reason.to_string());
@@ -1248,7 +1260,18 @@ impl Shared {
                 if let Some(w) = worker.take() {
                     source.forget(&w);
                 }
-                let reason = call_end_reason(&res, exit);
+                let killed = i.kill_reason.take();
+                let reason = match &killed {
+                    Some(why) => {
+                        let msg = format!("the R worker was stopped during the call: {why}");
+                        res.push_segment(crate::Segment::Stderr {
+                            text: format!("rvisor: {msg}\n"),
+                        });
+                        res.error = Some(crate::ErrorInfo::message(msg));
+                        KILLED_OVER_BUDGET
+                    }
+                    None => call_end_reason(&res, exit),
+                };
                 i.note_reset(reason);
                 if self.opts.restore_after_kill && i.checkpoint.is_some() && reason != "quit" {
                     i.restore_next = Some(reason.to_string());
@@ -1532,6 +1555,26 @@ impl Session {
             }
         }
         false
+    }
+
+    /// Kills the session's worker now, for a host that must take its memory
+    /// back (a budget): the running call ends as `worker_failed` with
+    /// `why`, the next call gets a fresh worker (restored from the last
+    /// checkpoint when there is one) and its result says why (reset reason
+    /// [`KILLED_OVER_BUDGET`]). False when the session holds no worker.
+    pub fn kill_worker(&self, why: &str) -> bool {
+        let s = self.shared();
+        let mut i = lock(&s.inner);
+        let Some(pid) = i.pid else { return false };
+        i.kill_reason = Some(why.to_string());
+        // SAFETY: kill(2) of the process group of this session's worker
+        // (its own group, led by `pid`), as `Registry::kill_all` does. The
+        // runner clears `pid` under this lock when it retires the worker;
+        // a worker that ended a moment ago makes the call fail harmlessly
+        // (its group is gone), and its pid cannot have been reused by
+        // then unless the pid space wrapped in that moment.
+        unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+        true
     }
 
     /// Interrupts the running call without dropping the queue (outcome
