@@ -176,6 +176,8 @@ pub struct NodeOptions<'a> {
     pub lease_secs: u32,
     /// More flags.
     pub extra: &'a [&'a str],
+    /// Append each node's log to `DIR/ID.log`.
+    pub logs: Option<&'a Path>,
 }
 
 impl Default for NodeOptions<'_> {
@@ -185,6 +187,7 @@ impl Default for NodeOptions<'_> {
             tokens: None,
             lease_secs: 3,
             extra: &[],
+            logs: None,
         }
     }
 }
@@ -239,6 +242,7 @@ impl Node {
                 Store::S3(m) => m.env(),
                 Store::Dir(_) => Vec::new(),
             },
+            log: opts.logs.map(|d| d.join(format!("{id}.log"))),
         });
         let node = Node {
             id: id.to_string(),

@@ -128,6 +128,9 @@ pub struct ServeOptions<'a> {
     pub args: &'a [&'a str],
     /// Environment variables the server gets on top of the test's.
     pub env: Vec<(&'static str, String)>,
+    /// Where to append what the server writes on stderr (its log); by
+    /// default it is read and dropped.
+    pub log: Option<PathBuf>,
 }
 
 impl ServeBin {
@@ -180,9 +183,21 @@ impl ServeBin {
                 .map(|a| a.trim().to_string());
         }
         // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            let _ = err.read_to_string(&mut sink);
+        let log = opts.log.and_then(|p| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .ok()
+        });
+        std::thread::spawn(move || match log {
+            Some(mut f) => {
+                let _ = std::io::copy(&mut err, &mut f);
+            }
+            None => {
+                let mut sink = String::new();
+                let _ = err.read_to_string(&mut sink);
+            }
         });
         ServeBin {
             child,

@@ -175,6 +175,17 @@ impl SessionStore {
         self.lease_ttl
     }
 
+    /// How often this node renews its leases: a third of the lease, and
+    /// often enough that a checkpoint may always be written between two
+    /// renewals (the node counts a lease a second short, and writes only
+    /// while a second more is left: with a 3 s lease, every half second).
+    pub fn renew_every(&self) -> Duration {
+        let slack = self.lease_ttl.saturating_sub(Duration::from_secs(2)) / 2;
+        (self.lease_ttl / 3)
+            .min(slack)
+            .max(Duration::from_millis(200))
+    }
+
     /// Whether this node takes leases (it has a node id).
     pub fn uses_leases(&self) -> bool {
         self.node.is_some()
@@ -694,6 +705,29 @@ mod tests {
         });
         for i in 0..4 {
             assert!(n1.holds(&format!("n1.s-{i}"), Duration::from_secs(1)));
+        }
+    }
+
+    #[test]
+    fn renewals_come_often_enough_that_a_checkpoint_can_always_be_written() {
+        // A lease counts a second short from its renewal, and a checkpoint
+        // needs a second more: the next renewal must land before that.
+        for secs in [3, 4, 5, 6, 10, 30, 60] {
+            let s = SessionStore::with(
+                BlobStore::in_memory(),
+                Some("n1".into()),
+                Duration::from_secs(secs),
+            );
+            let every = s.renew_every();
+            let writable_for = Duration::from_secs(secs) - Duration::from_secs(2);
+            assert!(
+                every * 2 <= writable_for,
+                "{secs} s lease renewed every {every:?}"
+            );
+            assert!(
+                every <= Duration::from_secs(secs) / 3,
+                "{secs} s: {every:?}"
+            );
         }
     }
 }

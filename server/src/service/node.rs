@@ -336,7 +336,7 @@ impl Service {
     /// (each release on a thread of its own: it waits for the session's
     /// running call) and deletes sessions past the TTL.
     pub(super) fn start_maintenance(&self, d: Arc<SessionStore>) {
-        let every = d.lease_ttl() / 3;
+        let every = d.renew_every();
         let ttl = self.inner.cfg.session_ttl;
         let leases = d.clone();
         self.every("rvisor-leases", every, move |svc| {
