@@ -4,7 +4,7 @@
 use crate::console::{self, Capture};
 use crate::r::sys::*;
 use crate::r::{self, RThread, R};
-use crate::{ffi, hydrate, interrupt, link, result_block, stream, tools, values};
+use crate::{ffi, hydrate, interrupt, link, pause, result_block, stream, tools, values};
 use base64::Engine;
 use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
@@ -268,6 +268,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     // SAFETY: on the R thread; the driver environment is preserved.
     unsafe { r::set_max_out(r.driver, req.max_output_bytes) };
     CALL.with(|s| *s.borrow_mut() = CallState::default());
+    pause::at("sent", &req.execution_id, &req.code);
     interrupt::begin_call(req.seq);
 
     if req.code.contains('\0') {
@@ -304,13 +305,24 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     // Everything bound is checked before R sees it, and bound inside the
     // protected boundary: a failure (a name R refuses, memory running out
     // while a table is built) is an error result, and nothing runs.
+    pause::at("binding", &req.execution_id, &req.code);
     let bound = bind_inputs(tok, &req, files);
     if let Err(e) = bound {
+        // An interrupt that R acted on while binding (a cancel, a
+        // deadline) ends the call as interrupted, not as a failed binding.
+        let (outcome, why) = if interrupt::seen() {
+            (
+                Outcome::Interrupted,
+                "interrupted while its inputs were bound".to_string(),
+            )
+        } else {
+            (Outcome::Error, e)
+        };
         let mut res = RunResult::failed(
             req.execution_id.clone(),
             req.code.clone(),
-            Outcome::Error,
-            format!("{e}; nothing ran"),
+            outcome,
+            format!("{why}; nothing ran"),
         );
         res.r_version = r.version.clone();
         console::take();
@@ -460,6 +472,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
     let code_str = req.code.as_str();
     let tools_list = req.tools.as_slice();
     let (width, height) = (req.plot_width, req.plot_height);
+    pause::at("parsing", &req.execution_id, &req.code);
     // The code and its parse stay preserved across the expressions (each
     // R_ToplevelExec resets R's protection stack to where it began).
     let (code, exprs) = r::protected(tok, |scope| {
@@ -492,6 +505,17 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
     }
     let mut status = "complete";
     for i in 0..if parsed { n } else { 0 } {
+        // An interrupt R has not acted on yet (one that came before the
+        // call began, or while it was bound or parsed, where R does not
+        // poll) stops the call before its next expression, as it would
+        // at R's prompt: no more of the code runs. Acting on it clears
+        // it, as R does, so that the driver's end of the call runs whole.
+        if r::interrupt_pending(tok) {
+            r::set_interrupt_pending(false);
+            CALL.with(|s| s.borrow_mut().interrupted = true);
+            status = "interrupted";
+            break;
+        }
         let mut step = Step::default();
         let out: *mut Step = &mut step;
         let ended = r::toplevel(tok, move || {

@@ -12,6 +12,7 @@ mod ffi;
 mod hydrate;
 mod interrupt;
 mod link;
+mod pause;
 mod r;
 mod result_block;
 mod serve;

@@ -526,6 +526,14 @@ pub fn set_interrupt_pending(on: bool) {
     };
 }
 
+/// Whether R's pending-interrupt flag is raised: an interrupt reached the
+/// worker and R has not acted on it yet (it clears the flag when it does).
+pub fn interrupt_pending(_tok: RThread) -> bool {
+    // SAFETY: R_interrupts_pending is a plain C `int` in libR; a volatile
+    // aligned read on the R thread (the handler's store is atomic).
+    unsafe { std::ptr::read_volatile(std::ptr::addr_of!(R_interrupts_pending)) != 0 }
+}
+
 /// Runs R's task callbacks (`addTaskCallback()`, `taskCallbackManager()`)
 /// for top-level expression `expr` that succeeded with `value`, as R's
 /// REPL (and Rscript) does after each expression has been printed.

@@ -6,7 +6,7 @@
 //! Sits above `eval` and `tools` (it connects R's hooks to them) and below
 //! `main` and `zygote`, which both use it.
 
-use crate::{console, eval, link, r, state, stream, tools};
+use crate::{console, eval, interrupt, link, pause, r, state, stream, tools};
 use rvisor_protocol::{
     timing, FrameError, FromWorker, StateOutcome, ToWorker, WorkerHello, PROTOCOL_VERSION,
 };
@@ -87,6 +87,7 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                 let files = fds.into_iter().map(std::fs::File::from).collect();
                 let cap = req.max_output_bytes;
                 let res = eval::run(r, req, files);
+                pause::at("result", &res.execution_id, &res.code);
                 let payload = eval::result_frame(res, cap)?;
                 stream::end();
                 link::flush_stdio();
@@ -102,6 +103,10 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                 _,
             )) => {
                 let json = eval::validate(r, &script, &forbidden, max_nesting_depth, &style);
+                // R code ran (its select wrapper may have taken the SIGINT
+                // handler over): the handler is whole again before the
+                // answer, after which the next call and its interrupt come.
+                interrupt::install();
                 link::send(&FromWorker::Validation { json }).map_err(|e| e.to_string())?;
             }
             Ok((
@@ -115,6 +120,7 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                     Some(fd) => state::checkpoint(r, fd.into(), working_dir, max_file_bytes),
                     None => Err("no file to write the checkpoint into was passed".into()),
                 };
+                interrupt::install();
                 let msg = FromWorker::Checkpointed {
                     outcome: state_outcome(outcome),
                 };
@@ -125,6 +131,7 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                     Some(fd) => state::restore(r, fd.into(), working_dir),
                     None => Err("no checkpoint file was passed".into()),
                 };
+                interrupt::install();
                 let msg = FromWorker::Restored {
                     outcome: state_outcome(outcome),
                 };

@@ -19,7 +19,7 @@ use crate::events::{EventFeed, EventSink, Events, Tail};
 use crate::ids;
 use crate::process::{ExitInfo, WorkerConfig};
 use crate::tools::{CallContext, Tool};
-use crate::worker::{Canceller, Interrupter, Worker, WorkerSource};
+use crate::worker::{Interrupter, Worker, WorkerSource};
 use rvisor_protocol::timing::mark;
 use rvisor_protocol::{Outcome, RunResult, StreamMode};
 use serde::{Deserialize, Serialize};
@@ -432,9 +432,24 @@ impl Future for CallHandle {
 #[derive(Debug)]
 struct Pending {
     execution_id: String,
-    code: String,
+    code: Arc<str>,
     opts: CallOptions,
     slot: Arc<Slot>,
+    /// This call's cancel: a state the runner and the call loop read, so a
+    /// cancel that comes before the worker has the call is not lost.
+    cancel: CancelToken,
+}
+
+/// The call the runner took from the queue, until it has its result.
+#[derive(Debug)]
+struct Taken {
+    execution_id: String,
+    code: Arc<str>,
+    slot: Arc<Slot>,
+    cancel: CancelToken,
+    /// Handed to the worker: from now on a cancel interrupts it (through
+    /// `cancel`); before, the cancel resolves it and nothing is sent.
+    sent: bool,
 }
 
 #[derive(Debug)]
@@ -442,7 +457,8 @@ struct Inner {
     state: SessionState,
     generation: u64,
     queue: VecDeque<Pending>,
-    running: Option<String>,
+    /// The call out of the queue: starting its worker, or running.
+    running: Option<Taken>,
     last_reset: Option<ResetInfo>,
     /// Set by a reset, reported (and cleared) by the next result.
     unreported_reset: Option<String>,
@@ -451,7 +467,6 @@ struct Inner {
     pid: Option<u32>,
     /// The worker's own directory (a confined session's working directory).
     worker_dir: Option<String>,
-    canceller: Option<Canceller>,
     interrupter: Option<Interrupter>,
     reset_requested: bool,
     closed: bool,
@@ -637,7 +652,6 @@ impl Inner {
         });
         self.unreported_reset = Some(reason.to_string());
         self.pid = None;
-        self.canceller = None;
         self.interrupter = None;
     }
 
@@ -648,8 +662,28 @@ impl Inner {
         self.fresh = true;
         self.pid = Some(w.pid());
         self.worker_dir = Some(w.temp_dir().display().to_string());
-        self.canceller = Some(w.canceller());
         self.interrupter = Some(w.interrupter());
+    }
+
+    /// Cancels the call the runner took from the queue, if any: one not
+    /// sent yet resolves now with `outcome` and `message` (nothing ran;
+    /// the runner then skips it); a sent one is interrupted through its
+    /// token (its worker killed after the grace period). False when no
+    /// call is out of the queue.
+    fn cancel_taken(&mut self, outcome: Outcome, message: &str) -> bool {
+        let Some(t) = &self.running else {
+            return false;
+        };
+        t.cancel.cancel();
+        if !t.sent {
+            t.slot.resolve(RunResult::failed(
+                t.execution_id.clone(),
+                t.code.to_string(),
+                outcome,
+                message.to_string(),
+            ));
+        }
+        true
     }
 
     /// Resolves every queued call with `outcome` and `message`.
@@ -657,7 +691,7 @@ impl Inner {
         for p in self.queue.drain(..) {
             p.slot.resolve(RunResult::failed(
                 p.execution_id,
-                p.code,
+                p.code.to_string(),
                 outcome,
                 message.to_string(),
             ));
@@ -784,7 +818,6 @@ impl Shared {
                 unreported_reset: None,
                 fresh: false,
                 pid: None,
-                canceller: None,
                 interrupter: None,
                 reset_requested: false,
                 closed: false,
@@ -891,7 +924,13 @@ impl Shared {
                         let _ = w.send(Err("a call arrived before it could hibernate".into()));
                     }
                 }
-                i.running = Some(p.execution_id.clone());
+                i.running = Some(Taken {
+                    execution_id: p.execution_id.clone(),
+                    code: p.code.clone(),
+                    slot: p.slot.clone(),
+                    cancel: p.cancel.clone(),
+                    sent: false,
+                });
                 i.state = if worker.is_some() {
                     SessionState::Running
                 } else {
@@ -1049,7 +1088,6 @@ impl Shared {
         }
         i.state = SessionState::Hibernated;
         i.pid = None;
-        i.canceller = None;
         i.interrupter = None;
         i.restore_next = Some("hibernated".into());
         drop(i);
@@ -1132,7 +1170,12 @@ impl Shared {
             Error::StartupTimeout(_) => Outcome::StartupTimedOut,
             _ => Outcome::StartupFailed,
         };
-        let mut r = RunResult::failed(call.execution_id, call.code, outcome, e.to_string());
+        let mut r = RunResult::failed(
+            call.execution_id,
+            call.code.to_string(),
+            outcome,
+            e.to_string(),
+        );
         r.session.id = self.id.clone();
         let mut i = lock(&self.inner);
         r.session.generation = i.generation;
@@ -1232,12 +1275,35 @@ impl Shared {
                 }
             }
             let Some(w) = worker.as_mut() else { continue };
+            // A cancel that came while the call waited for its worker has
+            // resolved it (`Inner::cancel_taken`): nothing is sent. From
+            // here on a cancel interrupts it, through its token.
+            {
+                let mut i = lock(&self.inner);
+                match i.running.as_mut() {
+                    Some(t) if !t.cancel.is_cancelled() => t.sent = true,
+                    _ => {
+                        i.running = None;
+                        i.state = if i.queue.is_empty() {
+                            SessionState::Idle
+                        } else {
+                            SessionState::Running
+                        };
+                        i.idle_since = Instant::now();
+                        continue;
+                    }
+                }
+            }
+            let ctx = CallContext {
+                cancel: Some(call.cancel.clone()),
+                ..self.ctx.clone()
+            };
             let sink = self.live_sink(&call, w.pid());
             let mut res = w.run_call_with_events(
                 call.execution_id.clone(),
                 &call.code,
                 &call.opts,
-                &self.ctx,
+                &ctx,
                 Some(&sink),
             );
             let alive = w.is_alive();
@@ -1374,8 +1440,11 @@ fn close(shared: &Shared) {
     // A released session lets its running call finish (its work goes into
     // the last checkpoint); a closed or abandoned one cancels it.
     let released = i.keep_checkpoint && !i.abandoned;
-    if let (Some(id), Some(c), false) = (i.running.clone(), i.canceller.clone(), released) {
-        c.cancel(&id);
+    if !released {
+        i.cancel_taken(
+            Outcome::Closed,
+            "the session was closed before this call ran",
+        );
     }
     i.drop_queue(
         Outcome::Closed,
@@ -1484,9 +1553,10 @@ impl Session {
             }
             i.queue.push_back(Pending {
                 execution_id: execution_id.clone(),
-                code: code.to_string(),
+                code: code.into(),
                 opts,
                 slot: slot.clone(),
+                cancel: CancelToken::new(),
             });
         }
         s.cv.notify_all();
@@ -1500,7 +1570,10 @@ impl Session {
 
     /// Stops the running call (outcome `cancelled`; the worker is killed if
     /// R does not answer within the grace period) and drops the queued ones
-    /// (outcome `not_executed`).
+    /// (outcome `not_executed`). A call taken from the queue whose worker
+    /// is still starting (or loading a checkpoint) resolves `cancelled` at
+    /// once and never runs: a cancel is recorded with the call, not sent
+    /// as a message that could miss it.
     ///
     /// ```
     /// # let sup = rvisor::Supervisor::new(Default::default())?;
@@ -1525,15 +1598,14 @@ impl Session {
             Outcome::NotExecuted,
             "not executed: the session's calls were cancelled",
         );
-        if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
-            c.cancel(&id);
-        }
+        i.cancel_taken(Outcome::Cancelled, "cancelled before it ran");
     }
 
     /// Cancels one call, leaving the others alone: a queued call leaves the
     /// queue (outcome `cancelled`); the running one is cancelled as by
-    /// [`Session::cancel`] (interrupt, kill after the grace period). False
-    /// when the session has no such call (it ended already).
+    /// [`Session::cancel`] (interrupt, kill after the grace period; not
+    /// sent at all if its worker is still starting). False when the
+    /// session has no such call (it ended already).
     pub fn cancel_call(&self, execution_id: &str) -> bool {
         let s = self.shared();
         let mut i = lock(&s.inner);
@@ -1541,18 +1613,18 @@ impl Session {
             if let Some(p) = i.queue.remove(pos) {
                 p.slot.resolve(RunResult::failed(
                     p.execution_id,
-                    p.code,
+                    p.code.to_string(),
                     Outcome::Cancelled,
                     "cancelled before it ran".to_string(),
                 ));
             }
             return true;
         }
-        if i.running.as_deref() == Some(execution_id) {
-            if let Some(c) = i.canceller.clone() {
-                c.cancel(execution_id);
-                return true;
-            }
+        if i.running
+            .as_ref()
+            .is_some_and(|t| t.execution_id == execution_id)
+        {
+            return i.cancel_taken(Outcome::Cancelled, "cancelled before it ran");
         }
         false
     }
@@ -1604,9 +1676,10 @@ impl Session {
     fn replace_worker(s: &Shared, mut i: MutexGuard<'_, Inner>, why: &str) {
         i.reset_requested = true;
         i.drop_queue(Outcome::NotExecuted, why);
-        if let (Some(id), Some(c)) = (i.running.clone(), i.canceller.clone()) {
-            c.cancel(&id);
-        }
+        i.cancel_taken(
+            Outcome::Cancelled,
+            "cancelled before it ran: the session was reset",
+        );
         drop(i);
         s.cv.notify_all();
     }
@@ -2221,20 +2294,21 @@ impl Supervisor {
             }
         };
         self.inner.registry.insert(&worker);
-        if let Some(t) = &ctx.cancel {
-            // A cancel from now on reaches the call (one that came while the
-            // worker started is delivered at once and ends the call as soon
-            // as it begins).
-            let c = worker.canceller();
-            let id = execution_id.clone();
-            t.on_cancel(move || c.cancel(&id));
-        }
+        // `ctx.cancel` is a state the worker's call loop reads: a cancel
+        // that came while the worker started (or during the preamble)
+        // means the call is not sent.
         let prepared = match preamble {
             None => Ok(()),
             Some(p) => {
-                let pre = worker.run_call(ids::execution_id(), p, opts, &CallContext::default());
+                let pre_ctx = CallContext {
+                    cancel: ctx.cancel.clone(),
+                    ..CallContext::default()
+                };
+                let pre = worker.run_call(ids::execution_id(), p, opts, &pre_ctx);
                 if pre.success {
                     Ok(())
+                } else if pre.outcome == Outcome::Cancelled {
+                    Err(cancelled(execution_id.clone()))
                 } else {
                     let why = pre.error.map(|e| e.message).unwrap_or_default();
                     Err(RunResult::failed(
@@ -2324,7 +2398,7 @@ fn sweep_stale_dirs(root: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{Fake, Note, Release};
+    use crate::testing::{Fake, Note, Release, Step};
 
     #[test]
     fn rfc3339_shape() {
@@ -2619,6 +2693,185 @@ mod tests {
         assert!(r.console.starts_with(
             "rvisor: started a fresh R session (generation 3) because the session was reset on request"
         ));
+    }
+
+    // -----------------------------------------------------------------------
+    // A cancel at every step of a call's life resolves the call. The fake is
+    // held at the step (`Fake::hold`), the cancel lands there, and the call
+    // must resolve while the fake still waits, or once it goes on.
+
+    /// How long a test waits for a result before calling it lost.
+    const RESOLVES: Duration = Duration::from_secs(10);
+
+    /// The ways of cancelling a call.
+    #[derive(Debug, Clone, Copy)]
+    enum How {
+        Cancel,
+        CancelCall,
+        Close,
+        Reset,
+    }
+
+    const EVERY_WAY: [How; 4] = [How::Cancel, How::CancelCall, How::Close, How::Reset];
+
+    fn cancel(s: &Session, h: &CallHandle, how: How) {
+        match how {
+            How::Cancel => s.cancel(),
+            How::CancelCall => assert!(s.cancel_call(h.execution_id()), "the call is known"),
+            How::Close => s.close(),
+            How::Reset => s.reset(),
+        }
+    }
+
+    /// What a call that never ran resolves as when cancelled `how`.
+    fn not_run(how: How) -> Outcome {
+        match how {
+            How::Close => Outcome::Closed,
+            _ => Outcome::Cancelled,
+        }
+    }
+
+    fn resolved(h: &CallHandle, what: &str) -> RunResult {
+        h.wait_timeout(RESOLVES)
+            .unwrap_or_else(|| panic!("{what}: the call never resolved"))
+    }
+
+    #[test]
+    fn a_cancel_while_the_worker_starts_resolves_the_call_at_once_and_nothing_runs() {
+        for how in EVERY_WAY {
+            let fake = Fake::new();
+            let s = session(&fake, quick());
+            fake.hold(Step::Start);
+            let h = s.run("wait").unwrap();
+            fake.expect(Note::Held(Step::Start));
+            cancel(&s, &h, how);
+            // Resolved while the worker is still starting.
+            let r = resolved(&h, &format!("{how:?} while starting"));
+            assert_eq!(r.outcome, not_run(how), "{how:?}: {}", r.console);
+            assert_eq!(r.execution_id, h.execution_id());
+            fake.go();
+            if matches!(how, How::Close) {
+                fake.expect(Note::Shutdown);
+                assert!(!fake.notes_now().contains(&Note::Started("wait".into())));
+                continue;
+            }
+            // The session goes on; the cancelled call never reached R.
+            let next = s.run("x").unwrap().wait();
+            assert_eq!(next.console.lines().last(), Some("ran x"), "{how:?}");
+            assert!(next.session.fresh, "{how:?}: the first call that ran");
+            let notes = fake.notes_now();
+            assert!(
+                !notes.contains(&Note::Started("wait".into())),
+                "{how:?}: {notes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cancel_while_a_hibernated_session_restores_resolves_the_call_at_once() {
+        let dir = std::env::temp_dir().join(format!("rvisor-test-{}", ids::random_hex(6)));
+        let store = Arc::new(crate::checkpoint::DirStore::new(&dir).unwrap());
+        // A checkpoint file the fake "loads": only its manifest is read here.
+        let mut file = rvisor_protocol::checkpoint::MAGIC.to_vec();
+        file.extend_from_slice(b"STATE{}");
+        file.extend_from_slice(&2u32.to_be_bytes());
+        for how in [How::Cancel, How::CancelCall] {
+            // Put back each time: a closed session deletes its checkpoint.
+            store.put("s-test", &file).unwrap();
+            let fake = Fake::new();
+            let mut shared = Shared::new("s-test".into(), quick(), None, false);
+            Arc::get_mut(&mut shared).unwrap().store = Some(store.clone());
+            {
+                let mut i = lock(&shared.inner);
+                i.checkpoint = Some(Manifest::default());
+                i.restore_next = Some("hibernated".into());
+                i.state = SessionState::Hibernated;
+            }
+            let s = start_runner(shared, fake.source()).unwrap();
+            fake.hold(Step::Restore);
+            let h = s.run("wait").unwrap();
+            fake.expect(Note::Held(Step::Restore));
+            cancel(&s, &h, how);
+            let r = resolved(&h, &format!("{how:?} while restoring"));
+            assert_eq!(r.outcome, Outcome::Cancelled, "{how:?}: {}", r.console);
+            fake.go();
+            // The restore goes on, and the next call runs on the state.
+            let next = s.run("x").unwrap().wait();
+            assert_eq!(next.console.lines().last(), Some("ran x"), "{how:?}");
+            assert!(next.session.restored.is_some(), "{how:?}");
+            assert!(!fake.notes_now().contains(&Note::Started("wait".into())));
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_cancel_after_the_call_left_the_queue_and_before_it_was_sent_is_not_lost() {
+        for how in EVERY_WAY {
+            let fake = Fake::new();
+            let s = session(&fake, quick());
+            s.run("keep").unwrap().wait();
+            // The runner stops at its check for a worker that died while
+            // idle: the call is out of the queue, not sent yet.
+            fake.hold(Step::Poll);
+            let h = s.run("wait").unwrap();
+            fake.expect(Note::Held(Step::Poll));
+            cancel(&s, &h, how);
+            fake.go();
+            let r = resolved(&h, &format!("{how:?} before the send"));
+            assert_eq!(r.outcome, not_run(how), "{how:?}: {}", r.console);
+            if matches!(how, How::Close) {
+                continue;
+            }
+            let next = s.run("x").unwrap().wait();
+            assert_eq!(next.console.lines().last(), Some("ran x"), "{how:?}");
+            assert!(!fake.notes_now().contains(&Note::Started("wait".into())));
+        }
+    }
+
+    #[test]
+    fn a_cancel_that_overtakes_its_call_interrupts_it_when_it_begins() {
+        for how in [How::Cancel, How::CancelCall] {
+            let fake = Fake::new();
+            let s = session(&fake, quick());
+            s.run("keep").unwrap().wait();
+            fake.hold(Step::Receive);
+            let h = s.run("wait").unwrap();
+            fake.expect(Note::Held(Step::Receive));
+            cancel(&s, &h, how);
+            fake.go();
+            let r = resolved(&h, &format!("{how:?} as the call arrived"));
+            assert_eq!(r.outcome, Outcome::Cancelled, "{how:?}: {}", r.console);
+            assert!(r.error.unwrap().message.contains("variables are kept"));
+            let next = s.run("x").unwrap().wait();
+            assert_eq!(
+                next.session.generation, 1,
+                "{how:?}: R answered, same worker"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cancel_as_the_result_is_sent_leaves_the_result_and_the_next_call_alone() {
+        for how in [How::Cancel, How::CancelCall] {
+            let fake = Fake::new();
+            let s = session(&fake, quick());
+            fake.hold(Step::Finish);
+            let h = s.run("x").unwrap();
+            fake.expect(Note::Held(Step::Finish));
+            cancel(&s, &h, how);
+            fake.go();
+            // R had finished: its result stands.
+            let r = resolved(&h, &format!("{how:?} as the result was sent"));
+            assert_eq!(r.outcome, Outcome::Complete, "{how:?}: {}", r.console);
+            // The late interrupt does not touch the next call: only the
+            // release ends it.
+            let next = s.run("wait").unwrap();
+            started(&fake, "wait");
+            fake.release(1, Release::Complete);
+            let next = resolved(&next, "the next call");
+            assert_eq!(next.console, "released\n", "{how:?}");
+            assert_eq!(next.session.generation, 1);
+        }
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //! - `events`: sends two event frames (one of another call, which must be
 //!   ignored), then completes;
 //! - anything else: completes and prints `ran CODE`.
+//!
+//! A test can hold the fake at one [`Step`] of a call's life ([`Fake::hold`]):
+//! the fake says so ([`Note::Held`]) and waits there until [`Fake::go`], so
+//! a cancel (or anything else) lands exactly in that window.
 
 use crate::error::Error;
 use crate::process::{ExitInfo, TempDir, Transport};
@@ -40,6 +44,64 @@ pub(crate) enum Note {
     Killed,
     /// The worker was asked to shut down.
     Shutdown,
+    /// The fake reached the step [`Fake::hold`] armed and waits there.
+    Held(Step),
+}
+
+/// Where in a call's life [`Fake::hold`] stops the fake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The source is asked for a worker (before its hello): the session's
+    /// runner waits for the worker its call needs.
+    Start,
+    /// The runner asks whether the worker has ended (`try_wait`): its check
+    /// for a worker that died while idle, after the call was taken from the
+    /// queue and before it is sent.
+    Poll,
+    /// The worker loads a checkpoint (before it answers the restore).
+    Restore,
+    /// The call reached the worker, which has not begun it.
+    Receive,
+    /// The call has run; its result is about to be sent.
+    Finish,
+}
+
+/// A one-shot stop at one [`Step`]: armed by the test, passed by the fake.
+#[derive(Debug, Default)]
+struct Gate {
+    /// The armed step, and whether the test said go.
+    m: Mutex<(Option<Step>, bool)>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<Step>, bool)> {
+        self.m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits here if `step` is the armed one (then disarms it): notes
+    /// `Held(step)` and blocks until the test says go (at most [`EXPECT`],
+    /// so a failing test cannot hold the fake for ever).
+    fn pass(&self, step: Step, notes: &Sender<Note>) {
+        let mut g = self.lock();
+        if g.0 != Some(step) {
+            return;
+        }
+        *g = (None, false);
+        let _ = notes.send(Note::Held(step));
+        let end = Instant::now() + EXPECT;
+        while !g.1 {
+            let now = Instant::now();
+            if now >= end {
+                return;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
 /// How a released `wait` call ends.
@@ -105,6 +167,8 @@ struct FakeTransport {
     pid: u32,
     input: Sender<Input>,
     exit: Arc<ExitCell>,
+    gate: Arc<Gate>,
+    notes: Sender<Note>,
 }
 
 impl Transport for FakeTransport {
@@ -148,6 +212,7 @@ impl Transport for FakeTransport {
     }
 
     fn try_wait(&mut self) -> Option<ExitInfo> {
+        self.gate.pass(Step::Poll, &self.notes);
         self.exit.get()
     }
 
@@ -162,6 +227,7 @@ struct FakeProcess {
     events: Sender<LinkEvent>,
     exit: Arc<ExitCell>,
     notes: Sender<Note>,
+    gate: Arc<Gate>,
     pid: u32,
 }
 
@@ -177,6 +243,7 @@ impl FakeProcess {
                     startup_ms: 0.0,
                 })),
                 Input::Msg(ToWorker::Run(req)) => {
+                    self.gate.pass(Step::Receive, &self.notes);
                     let _ = self.notes.send(Note::Started(req.code.clone()));
                     if !self.call(req.seq, req.execution_id, &req.code) {
                         return;
@@ -187,6 +254,13 @@ impl FakeProcess {
                     return self.end(ExitInfo {
                         code: Some(0),
                         signal: None,
+                    });
+                }
+                Input::Msg(ToWorker::Restore { .. }) => {
+                    // The checkpoint's contents do not matter to the fake.
+                    self.gate.pass(Step::Restore, &self.notes);
+                    self.frame(FromWorker::Restored {
+                        outcome: rvisor_protocol::StateOutcome::Done("{}".into()),
                     });
                 }
                 Input::Kill => return self.killed(),
@@ -326,6 +400,7 @@ impl FakeProcess {
                         }
                     }
                 }
+                self.gate.pass(Step::Finish, &self.notes);
                 self.result(
                     execution_id,
                     code,
@@ -349,6 +424,8 @@ pub(crate) struct Fake {
     fail_starts: Arc<Mutex<u32>>,
     /// Workers the source was told to forget.
     forgotten: Arc<Mutex<Vec<u32>>>,
+    /// Where [`Fake::hold`] stops the fake.
+    gate: Arc<Gate>,
 }
 
 impl Fake {
@@ -360,7 +437,20 @@ impl Fake {
             inputs: Arc::default(),
             fail_starts: Arc::default(),
             forgotten: Arc::default(),
+            gate: Arc::default(),
         }
+    }
+
+    /// Stops the fake the next time it reaches `step`, until [`Fake::go`];
+    /// it notes [`Note::Held`] when it gets there.
+    pub(crate) fn hold(&self, step: Step) {
+        *self.gate.lock() = (Some(step), false);
+    }
+
+    /// Lets a held fake go on.
+    pub(crate) fn go(&self) {
+        self.gate.lock().1 = true;
+        self.gate.cv.notify_all();
     }
 
     /// A worker over a fake transport, after the real handshake.
@@ -379,6 +469,7 @@ impl Fake {
             events: events_tx.clone(),
             exit: exit.clone(),
             notes: self.notes_tx.clone(),
+            gate: self.gate.clone(),
             pid,
         };
         std::thread::spawn(move || process.run());
@@ -386,6 +477,8 @@ impl Fake {
             pid,
             input: tx,
             exit,
+            gate: self.gate.clone(),
+            notes: self.notes_tx.clone(),
         };
         let tmp = TempDir::new(&std::env::temp_dir())?;
         Worker::handshake(
@@ -493,6 +586,7 @@ impl WorkerSource for FakeSource {
                 return Err(Error::Startup("no R on this fake host".into()));
             }
         }
+        self.fake.gate.pass(Step::Start, &self.fake.notes_tx);
         self.fake.worker()
     }
 
@@ -600,7 +694,7 @@ mod worker_tests {
                 c.cancel("the-call");
             }
         });
-        let r = w.run_with_id("the-call".into(), "wait", &opts(60_000, 60_000));
+        let r = w.run_with_id("the-call".into(), "wait", &opts(10_000, 60_000));
         t.join().unwrap();
         assert_eq!(r.outcome, Outcome::Cancelled);
         assert!(r.error.unwrap().message.contains("variables are kept"));
@@ -620,6 +714,54 @@ mod worker_tests {
             !fake.notes_now().contains(&Note::Interrupted),
             "a stale cancel sent an interrupt"
         );
+    }
+
+    #[test]
+    fn a_cancel_sent_before_its_call_is_kept_through_an_idle_check() {
+        let fake = Fake::new();
+        let mut w = fake.worker().unwrap();
+        // Asked for before the call runs; the idle check (a session's
+        // runner makes it before each call) drains the events meanwhile.
+        w.canceller().cancel("the-call");
+        assert!(!w.link_closed());
+        let r = w.run_with_id("the-call".into(), "wait", &opts(10_000, 60_000));
+        assert_eq!(r.outcome, Outcome::Cancelled, "{}", r.console);
+        assert!(w.is_alive());
+    }
+
+    #[test]
+    fn a_cancelled_token_stops_a_call_before_it_is_sent_or_while_it_runs() {
+        let fake = Fake::new();
+        let mut w = fake.worker().unwrap();
+        let token = crate::CancelToken::new();
+        token.cancel();
+        let ctx = CallContext {
+            cancel: Some(token),
+            ..CallContext::default()
+        };
+        let r = w.run_call("e1".into(), "wait", &opts(10_000, 60_000), &ctx);
+        assert_eq!(r.outcome, Outcome::Cancelled, "{}", r.console);
+        assert!(
+            !fake.notes_now().contains(&Note::Started("wait".into())),
+            "nothing was sent"
+        );
+        // A token cancelled while the call runs interrupts it.
+        let token = crate::CancelToken::new();
+        let t = std::thread::spawn({
+            let (fake, token) = (fake.clone(), token.clone());
+            move || {
+                fake.expect(Note::Started("wait".into()));
+                token.cancel();
+            }
+        });
+        let ctx = CallContext {
+            cancel: Some(token),
+            ..CallContext::default()
+        };
+        let r = w.run_call("e2".into(), "wait", &opts(10_000, 60_000), &ctx);
+        t.join().unwrap();
+        assert_eq!(r.outcome, Outcome::Cancelled, "{}", r.console);
+        assert!(r.error.unwrap().message.contains("variables are kept"));
     }
 
     #[test]

@@ -241,9 +241,12 @@ pub struct CallContext {
     pub variables: Vec<(String, serde_json::Value)>,
     /// Tables bound as data frames: (name, stored Arrow IPC file).
     pub tables: Vec<(String, std::path::PathBuf)>,
-    /// Stops a one-shot run from another thread (see
-    /// `Supervisor::run_once_limited`); sessions cancel calls with
-    /// `Session::cancel_call`.
+    /// Stops the call from another thread: once it runs, the worker's call
+    /// loop interrupts it (and kills the worker after the grace period);
+    /// cancelled before it was sent, it is not sent and its outcome is
+    /// `cancelled`. One-shot runs take it from their caller (see
+    /// `Supervisor::run_once_limited`); a session gives each call a token of
+    /// its own, which `Session::cancel` and `Session::cancel_call` cancel.
     pub cancel: Option<crate::CancelToken>,
 }
 

@@ -48,7 +48,10 @@ pub(crate) enum LinkEvent {
     Frame(Result<FromWorker, String>),
     /// A tool handler's answer.
     ToolDone { call_id: u64, outcome: ToolOutcome },
-    /// Cancel the call with this execution id.
+    /// Cancel the call with this execution id. Read while that call runs,
+    /// it interrupts it; read before (while the worker is idle, or busy
+    /// with a checkpoint), it is kept for that call ([`Worker::run_call`]
+    /// then sends nothing).
     Cancel(String),
 }
 
@@ -59,9 +62,10 @@ pub struct Canceller {
 }
 
 impl Canceller {
-    /// Cancels the call with this execution id if it is the one running:
-    /// interrupt, and kill the worker if R does not answer within the grace
-    /// period. The result's outcome is `cancelled`.
+    /// Cancels the call with this execution id: if it runs, interrupt,
+    /// and kill the worker if R does not answer within the grace period;
+    /// if it is the next call of this worker, it is not sent. The result's
+    /// outcome is `cancelled`.
     pub fn cancel(&self, execution_id: &str) {
         let _ = self.tx.send(LinkEvent::Cancel(execution_id.to_string()));
     }
@@ -114,6 +118,9 @@ pub struct Worker {
     call_cap: u64,
     /// The link's I/O thread has reported the end of the link.
     link_closed: bool,
+    /// A cancel read while no call ran, by execution id: a state, so the
+    /// call it names is not sent (the message was already consumed).
+    cancel_asked: Option<String>,
     hello: WorkerHello,
     startup: Duration,
     exited: bool,
@@ -207,6 +214,7 @@ impl Worker {
             frame_limit: Arc::new(AtomicU64::new(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES))),
             call_cap: DEFAULT_MAX_OUTPUT_BYTES,
             link_closed: false,
+            cancel_asked: None,
             hello: WorkerHello {
                 protocol_version: 0,
                 r_version: String::new(),
@@ -232,6 +240,7 @@ impl Worker {
         let first = loop {
             match w.events.recv_timeout(startup_timeout) {
                 Ok(LinkEvent::Raw(raw)) => w.keep_raw(raw),
+                Ok(LinkEvent::Cancel(id)) => w.cancel_asked = Some(id),
                 Ok(LinkEvent::Frame(f)) => break Ok(f),
                 Ok(LinkEvent::Oversized(why)) => {
                     w.kill();
@@ -397,7 +406,9 @@ impl Worker {
         }
     }
 
-    /// Runs one call with tools and cancellation.
+    /// Runs one call with tools and cancellation: a cancel (through
+    /// `ctx.cancel` or a [`Canceller`]) that came before the call was sent
+    /// means it is not sent, and its result is `cancelled`.
     pub fn run_call(
         &mut self,
         execution_id: String,
@@ -430,13 +441,47 @@ impl Worker {
                 "the worker is no longer running".into(),
             );
         }
+        // A cancel is a state, not only a message: a token cancelled (or a
+        // cancel kept) before the call is sent means it is not sent, and
+        // the token's hook wakes the call loop once it runs. The token is
+        // read again after the hook is set, so a cancel between the two
+        // is not missed.
+        let token = ctx.cancel.as_ref();
+        let cancelled = || token.is_some_and(crate::CancelToken::is_cancelled);
+        let kept = self
+            .cancel_asked
+            .take()
+            .is_some_and(|id| id == execution_id);
+        let mut before = kept || cancelled();
+        if let (false, Some(t)) = (before, token) {
+            let (tx, id) = (self.events_tx.clone(), execution_id.clone());
+            t.on_cancel(move || {
+                let _ = tx.send(LinkEvent::Cancel(id));
+            });
+            before = cancelled();
+        }
+        if before {
+            if let Some(t) = token {
+                t.clear();
+            }
+            return RunResult::failed(
+                execution_id,
+                code.into(),
+                Outcome::Cancelled,
+                "cancelled before it ran".into(),
+            );
+        }
         self.call_seq += 1;
         let seq = self.call_seq;
         let mode = events.map_or(StreamMode::Off, EventSink::mode);
-        if let Err(failed) = self.send_call(seq, &execution_id, code, opts, ctx, mode) {
-            return *failed;
+        let res = match self.send_call(seq, &execution_id, code, opts, ctx, mode) {
+            Ok(()) => self.call_loop(seq, execution_id, code, opts, ctx, events),
+            Err(failed) => *failed,
+        };
+        if let Some(t) = token {
+            t.clear();
         }
-        self.call_loop(seq, execution_id, code, opts, ctx, events)
+        res
     }
 
     /// Sends call `seq`, with its tables as open files (a confined worker
@@ -844,6 +889,7 @@ impl Worker {
                     self.link_closed = true;
                     return Err(ValidateError::Ended(why));
                 }
+                Ok(LinkEvent::Cancel(id)) => self.cancel_asked = Some(id),
                 Ok(_) => {}
                 Err(_) => {
                     self.kill();
@@ -935,6 +981,7 @@ impl Worker {
                     self.link_closed = true;
                     return Err(why);
                 }
+                Ok(LinkEvent::Cancel(id)) => self.cancel_asked = Some(id),
                 Ok(_) => {}
                 Err(_) => {
                     self.kill();
@@ -982,6 +1029,7 @@ impl Worker {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
                 Ok(LinkEvent::RawDropped(d)) => self.note_dropped(d),
                 Ok(LinkEvent::Frame(Err(_))) => self.link_closed = true,
+                Ok(LinkEvent::Cancel(id)) => self.cancel_asked = Some(id),
                 Ok(_) => {}
                 Err(_) => break,
             }
@@ -1007,6 +1055,9 @@ impl Worker {
                     self.kill();
                     self.link_closed = true;
                 }
+                // Kept for the call it names (a session's runner checks
+                // for a dead worker after taking a call from the queue).
+                LinkEvent::Cancel(id) => self.cancel_asked = Some(id),
                 _ => {}
             }
         }
