@@ -1187,7 +1187,12 @@ impl Shared {
 
     /// The result of `call` when the call gate refused it: nothing ran.
     fn refused(&self, call: Pending, has_worker: bool, why: String) {
-        let mut r = RunResult::failed(call.execution_id, call.code, Outcome::NotExecuted, why);
+        let mut r = RunResult::failed(
+            call.execution_id,
+            call.code.to_string(),
+            Outcome::NotExecuted,
+            why,
+        );
         r.session.id = self.id.clone();
         let mut i = lock(&self.inner);
         r.session.generation = i.generation;
