@@ -1200,8 +1200,11 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         let mut r = if json {
             sup.run_once_with(execution_id, &code, &opts, &ctx)
         } else {
-            // Printed as it comes.
-            let (feed, events) = rvisor::EventFeed::new(&execution_id);
+            // Printed as it comes, all of it: this reader always reads
+            // (a slow terminal slows the printing, not the call), and the
+            // output cap bounds the text.
+            let (feed, events) =
+                rvisor::EventFeed::with_limits(&execution_id, rvisor::StreamLimits::unbounded());
             let run = {
                 let (sup, code, opts) = (sup.clone(), code.clone(), opts.clone());
                 std::thread::spawn(move || {
