@@ -1030,6 +1030,14 @@ fn command() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if matches!(
+        cli.cmd,
+        Cmd::Serve { .. } | Cmd::Mcp { .. } | Cmd::Session { .. }
+    ) {
+        // Long-running servers: the memory of large results (and of slow
+        // clients' streams) goes back to the system once freed.
+        rvisor_server::heap::tune_for_serving();
+    }
     match cli.cmd {
         Cmd::Serve { args } => report(serve(*args)),
         Cmd::Mcp {
