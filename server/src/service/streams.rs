@@ -1,7 +1,7 @@
 //! Bounds on streamed events waiting for their clients: one per stream
 //! and one per tenant (all its open streams together), so that clients
 //! that do not read cannot make the server hold their calls' output
-//! (docs/streaming.md, "Slow clients").
+//! (docs/streaming.md, "Clients that read slowly, or not at all").
 
 use super::{lock, Service};
 use rvisor::{EventFeed, Events, StreamBudget, StreamLimits};
