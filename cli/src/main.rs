@@ -675,6 +675,37 @@ struct ServeArgs {
     /// shutdown grace (one knob unless the two are set apart).
     #[arg(long, value_name = "SECS", value_parser = non_negative_secs)]
     drain_grace_secs: Option<f64>,
+    /// Streamed calls (SSE, JSON lines): KiB of one stream's events that
+    /// may wait for a client reading more slowly than its call writes (at
+    /// least 256). Past it the client gets one `lagged` event in place of
+    /// the events it missed; the call never waits, and its result, which
+    /// holds all of its output, still comes last.
+    #[arg(long, default_value_t = (rvisor::DEFAULT_STREAM_BUFFER_BYTES >> 10) as u64, value_name = "KIB", value_parser = buffer_kib)]
+    stream_buffer_kb: u64,
+    /// The same for all open streams of one tenant together (0: no
+    /// tenant bound, each stream keeps its own).
+    #[arg(long, default_value_t = (rvisor_server::service::DEFAULT_TENANT_STREAM_BUFFER_BYTES >> 10) as u64, value_name = "KIB", value_parser = tenant_buffer_kib)]
+    tenant_stream_buffer_kb: u64,
+}
+
+/// A stream buffer in KiB: at least [`rvisor::MIN_STREAM_BUFFER_BYTES`]
+/// (room for the largest single events), at most 1 GiB.
+fn buffer_kib(s: &str) -> Result<u64, String> {
+    let min = (rvisor::MIN_STREAM_BUFFER_BYTES >> 10) as u64;
+    match s.parse::<u64>() {
+        Ok(v) if (min..=1 << 20).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{s:?}: give a size in KiB from {min} (room for the largest single events) to 1048576"
+        )),
+    }
+}
+
+/// [`buffer_kib`], or 0 for none.
+fn tenant_buffer_kib(s: &str) -> Result<u64, String> {
+    match s {
+        "0" => Ok(0),
+        _ => buffer_kib(s).map_err(|e| format!("{e}, or 0 for no tenant bound")),
+    }
 }
 
 /// The node id of `serve`: the flag, else $RVISOR_NODE_ID; `hostname`
@@ -848,6 +879,13 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         durable,
         session_ttl: (a.session_ttl_days > 0.0)
             .then(|| Duration::from_secs_f64(a.session_ttl_days * 86400.0)),
+        streams: rvisor_server::service::StreamConfig {
+            per_stream_bytes: (a.stream_buffer_kb as usize) << 10,
+            per_tenant_bytes: match a.tenant_stream_buffer_kb {
+                0 => usize::MAX,
+                k => (k as usize) << 10,
+            },
+        },
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1014,6 +1052,14 @@ fn command() -> ExitCode {
             eprintln!("rvisor: {e:#}");
             return ExitCode::from(2);
         }
+    }
+    if matches!(
+        cli.cmd,
+        Cmd::Serve { .. } | Cmd::Mcp { .. } | Cmd::Session { .. }
+    ) {
+        // Long-running servers: the memory of large results (and of slow
+        // clients' streams) goes back to the system once freed.
+        rvisor_server::heap::tune_for_serving();
     }
     match cli.cmd {
         Cmd::Serve { args } => report(serve(*args)),
@@ -1223,8 +1269,11 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         let mut r = if json {
             sup.run_once_with(execution_id, &code, &opts, &ctx)
         } else {
-            // Printed as it comes.
-            let (feed, events) = rvisor::EventFeed::new(&execution_id);
+            // Printed as it comes, all of it: this reader always reads
+            // (a slow terminal slows the printing, not the call), and the
+            // output cap bounds the text.
+            let (feed, events) =
+                rvisor::EventFeed::with_limits(&execution_id, rvisor::StreamLimits::unbounded());
             let run = {
                 let (sup, code, opts) = (sup.clone(), code.clone(), opts.clone());
                 std::thread::spawn(move || {

@@ -136,7 +136,13 @@ pub fn run(session: Session, plots_dir: PathBuf) -> Result<ExitCode> {
             buffer.push('\n');
         }
         buffer.push_str(&line);
-        let handle = match session.run_streaming(&buffer) {
+        // Printed here as it comes: this reader always reads, so nothing
+        // it is sent may be dropped (the output cap bounds the text).
+        let over = rvisor::RunOptions {
+            stream_limits: rvisor::StreamLimits::unbounded(),
+            ..rvisor::RunOptions::default()
+        };
+        let handle = match session.run_streaming_with(&buffer, &over) {
             Ok(h) => h,
             Err(e) => {
                 eprintln!("rvisor: {e}");

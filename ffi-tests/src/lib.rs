@@ -208,10 +208,21 @@ impl ServeBin {
 
     /// The server's peak resident memory so far (VmHWM), bytes.
     pub fn peak_rss(&self) -> u64 {
+        self.status_bytes("VmHWM:")
+    }
+
+    /// The server's resident memory now (VmRSS), bytes.
+    pub fn rss(&self) -> u64 {
+        self.status_bytes("VmRSS:")
+    }
+
+    /// A `kB` field of the server's /proc/PID/status, in bytes (0 if it
+    /// cannot be read).
+    fn status_bytes(&self, field: &str) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default()
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kb| kb * 1024)
             .unwrap_or(0)

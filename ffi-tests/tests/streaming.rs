@@ -495,40 +495,45 @@ impl Http {
     /// Sends a POST with `accept` and returns the open connection, its
     /// status and headers read.
     fn open_stream(&self, path: &str, accept: &str, body: Value) -> Stream {
-        use std::io::{BufRead, Write};
-        let mut tcp = std::net::TcpStream::connect(self.addr).unwrap();
-        tcp.set_read_timeout(Some(DEADLINE)).unwrap();
-        let body = body.to_string();
-        write!(
-            tcp,
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        )
-        .unwrap();
-        let mut r = std::io::BufReader::new(tcp);
-        let mut status = String::new();
-        r.read_line(&mut status).unwrap();
-        let mut headers = Vec::new();
-        loop {
-            let mut l = String::new();
-            r.read_line(&mut l).unwrap();
-            if l == "\r\n" || l.is_empty() {
-                break;
-            }
-            headers.push(l.trim().to_ascii_lowercase());
+        open_stream(&self.addr.to_string(), path, accept, body)
+    }
+}
+
+/// Sends a POST with `accept` to the server at `addr` and returns the
+/// open connection, its status and headers read.
+fn open_stream(addr: &str, path: &str, accept: &str, body: Value) -> Stream {
+    use std::io::{BufRead, Write};
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(DEADLINE)).unwrap();
+    let body = body.to_string();
+    write!(
+        tcp,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = std::io::BufReader::new(tcp);
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    let mut headers = Vec::new();
+    loop {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        if l == "\r\n" || l.is_empty() {
+            break;
         }
-        Stream {
-            status: status
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or("")
-                .parse()
-                .unwrap_or(0),
-            headers,
-            r,
-            buf: String::new(),
-        }
+        headers.push(l.trim().to_ascii_lowercase());
+    }
+    Stream {
+        status: status
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("")
+            .parse()
+            .unwrap_or(0),
+        headers,
+        r,
+        buf: String::new(),
     }
 }
 
@@ -735,4 +740,203 @@ fn http_client_that_closes_the_stream_cancels_the_call_and_the_session_keeps_its
     }
     let r = http.post(&format!("/v1/sessions/{sid}/run"), json!({"code": "kept"}));
     assert_eq!(r["console"], "[1] 42\n");
+}
+
+// ---------------------------------------------------------------------------
+// Clients that read slowly, or not at all: bounded, and given back
+
+/// A series of the server's `/metrics` (its line without labels).
+fn metric(addr: &str, name: &str) -> u64 {
+    let text = ureq::get(&format!("http://{addr}/metrics"))
+        .call()
+        .expect("/metrics answers")
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{name} is not in /metrics:\n{text}")) as u64
+}
+
+/// Six SSE clients that never read past the head of their stream and one
+/// that reads nothing until its call has printed everything, each call
+/// printing 8 MB (just under the output cap), with 256 KiB per stream and
+/// 1 MiB per tenant: the server holds the bounds, not the output (before
+/// the bound it held what the kernel's socket buffers could not take,
+/// ~4 MB a stream, and its memory grew by that much); the reader that
+/// lags is told exactly which events it missed and still gets the result
+/// with all of them; and when the clients leave, the memory goes back to
+/// the system (before, the server stayed ~190 MiB above where it started:
+/// glibc kept the freed results and events).
+#[test]
+fn clients_that_do_not_read_hold_only_their_bound_and_their_memory_goes_back_when_they_leave() {
+    const NOT_READING: usize = 6;
+    const LINES: usize = 8000; // of 1000 bytes each
+    const MIB: u64 = 1 << 20;
+    // How far the server's memory may be above where it started (the
+    // workers' I/O threads, the allocator's slack), far below what the
+    // streams would hold without their bound (~27 MiB).
+    const MARGIN: u64 = 16 * MIB;
+    let serve = rvisor_ffi_tests::ServeBin::start(&[
+        "--stream-buffer-kb",
+        "256",
+        "--tenant-stream-buffer-kb",
+        "1024",
+    ]);
+    let addr = serve.addr.clone();
+    // The server's workers are unconfined: they see this directory.
+    let dir = rvisor_ffi_tests::TestDir::new("slow-clients");
+    let printed = |k: usize| dir.path().join(format!("printed-{k}"));
+    let go = dir.path().join("go");
+    let script = |k: usize| {
+        format!(
+            "x <- strrep('x', 999); for (i in 1:{LINES}) cat(x, '\\n', sep = ''); \
+             invisible(file.create('{}')); while (!file.exists('{}')) Sys.sleep(0.01)",
+            printed(k).display(),
+            go.display()
+        )
+    };
+    let run = |k: usize| {
+        let st = open_stream(
+            &addr,
+            "/v1/run",
+            "text/event-stream",
+            json!({"script": script(k), "timeout_seconds": 120}),
+        );
+        assert_eq!(st.status, 200);
+        st
+    };
+    // What every later run reuses is there before the baseline.
+    let warm: Value = ureq::post(&format!("http://{addr}/v1/run"))
+        .set("Accept", "text/event-stream")
+        .send_json(json!({"script": "cat('warm\\n')"}))
+        .unwrap()
+        .into_string()
+        .map(|body| {
+            let data = body.rsplit("data: ").next().unwrap_or("").trim();
+            serde_json::from_str(data).unwrap()
+        })
+        .unwrap();
+    assert_eq!(warm["outcome"], "complete", "{warm}");
+    let health: Value = ureq::get(&format!("http://{addr}/v1/health"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(
+        health["streams"]["max_bytes_per_stream"], 262144,
+        "{health}"
+    );
+    assert_eq!(health["streams"]["max_bytes_per_tenant"], 1048576);
+    let baseline = serve.rss();
+
+    let stalled: Vec<Stream> = (0..NOT_READING).map(run).collect();
+    let mut slow = run(NOT_READING);
+    let (first, event, data) = slow.sse();
+    assert_eq!((first, event.as_str()), (1, "stdout"), "{data}");
+    let mut text = data["text"].as_str().unwrap().len() as u64;
+    rvisor_ffi_tests::wait_for("every call to print its output", 2 * DEADLINE, || {
+        (0..=NOT_READING).all(|k| printed(k).exists()).then_some(())
+    });
+
+    // All printed, nothing read: the bounds hold, not the output.
+    assert_eq!(metric(&addr, "rvisor_streams_open"), NOT_READING as u64 + 1);
+    let buffered = metric(&addr, "rvisor_stream_buffered_bytes");
+    let bound = MIB + (NOT_READING as u64 + 1) * rvisor::STREAM_OWN_BYTES as u64;
+    assert!(
+        buffered <= bound,
+        "{buffered} bytes of events held for the clients, over the bound of {bound}"
+    );
+    assert!(metric(&addr, "rvisor_stream_dropped_events_total") > 0);
+    let grown = serve.rss().saturating_sub(baseline);
+    eprintln!(
+        "server: {} MiB at the start, +{} MiB with {} clients not reading ({buffered} bytes \
+         held for them)",
+        baseline / MIB,
+        grown / MIB,
+        NOT_READING + 1
+    );
+    assert!(
+        grown < MARGIN,
+        "the server grew by {} MiB while its clients did not read (bound: {} KiB of events)",
+        grown / MIB,
+        bound / 1024
+    );
+
+    // The calls end. The reader that lagged reads on: every event it was
+    // sent, one notice for each run of events it missed, then the result,
+    // which has them all.
+    std::fs::write(&go, "").unwrap();
+    let mut next = first + 1;
+    let mut notices = 0;
+    let result = loop {
+        let (id, event, data) = slow.sse();
+        match event.as_str() {
+            "stdout" => {
+                assert_eq!(id, next, "events in order, none missing unsaid");
+                text += data["text"].as_str().unwrap().len() as u64;
+            }
+            "lagged" => {
+                assert_eq!(data["first_seq"].as_u64(), Some(next), "{data}");
+                assert_eq!(data["events"].as_u64(), Some(id - next + 1), "{data}");
+                assert!(
+                    data["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("the final result holds all of the call's output"),
+                    "{data}"
+                );
+                text += data["bytes"].as_u64().unwrap();
+                notices += 1;
+            }
+            "result" => {
+                assert_eq!(id, next, "the result follows the last event");
+                break data;
+            }
+            other => panic!("unexpected event {other}: {data}"),
+        }
+        next = id + 1;
+    };
+    assert!(
+        notices > 0,
+        "a reader 8 MB behind with 256 KiB was not told"
+    );
+    assert_eq!(result["outcome"], "complete", "{}", result["error"]);
+    let console = result["console"].as_str().unwrap();
+    assert_eq!(console.len(), LINES * 1000);
+    assert_eq!(
+        text,
+        console.len() as u64,
+        "the text read and the text said missed are the console"
+    );
+
+    // The clients leave (their results were waiting for them): nothing is
+    // held for them any more, and the memory is the system's again.
+    drop(stalled);
+    drop(slow);
+    rvisor_ffi_tests::wait_for("the streams to close", DEADLINE, || {
+        (metric(&addr, "rvisor_streams_open") == 0).then_some(())
+    });
+    assert_eq!(metric(&addr, "rvisor_stream_buffered_bytes"), 0);
+    // Freed as the server notices each client has gone: waited for, with
+    // the deadline as the hang detector.
+    let end = Instant::now() + DEADLINE;
+    let after = loop {
+        let rss = serve.rss();
+        if rss < baseline + MARGIN {
+            break rss;
+        }
+        assert!(
+            Instant::now() < end,
+            "the server stayed at {} MiB after its clients left ({} MiB at the start): the \
+             memory held for them was not given back",
+            rss / MIB,
+            baseline / MIB
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!(
+        "server: {} MiB after the clients left (peak {} MiB)",
+        after / MIB,
+        serve.peak_rss() / MIB
+    );
 }

@@ -6,7 +6,8 @@
 //! them (`seq`) and hands them to the call's listener as [`CallEvent`]s.
 //! The text of the console events is the text the final result keeps, so
 //! their concatenation is the result's `console` (before the structured
-//! result block is taken out of it).
+//! result block is taken out of it), less what a reader that lagged was
+//! told it missed ([`EventKind::Lagged`]).
 
 use crate::{RunResult, Segment};
 use serde::{Deserialize, Serialize};
@@ -63,6 +64,24 @@ crate::result::output_enum! {
             /// The result, exactly as the call's answer without streaming.
             result: Box<RunResult>,
         },
+        /// Events this reader did not get: it read more slowly than the
+        /// call wrote, and the events waiting for it reached their bound,
+        /// so the supervisor dropped the ones in between (a worker never
+        /// sends this). The event's `seq` is the last one dropped: events
+        /// `first_seq..=seq` were not sent. Everything they held is in the
+        /// final result (its console, segments and plots), which is never
+        /// dropped.
+        Lagged {
+            /// The first event dropped.
+            first_seq: u64,
+            /// How many were dropped (`seq - first_seq + 1`).
+            events: u64,
+            /// The console text they held (stdout, stderr, messages), in
+            /// bytes.
+            bytes: u64,
+            /// What happened and what to do, for a person.
+            message: String,
+        },
     }
 }
 
@@ -88,6 +107,7 @@ impl EventKind {
             EventKind::Plot { .. } => "plot",
             EventKind::Progress { .. } => "progress",
             EventKind::Result { .. } => "result",
+            EventKind::Lagged { .. } => "lagged",
         }
     }
 }
@@ -182,6 +202,15 @@ mod tests {
                 },
                 r#"{"kind":"progress","value":1.5,"total":null,"message":"step"}"#,
             ),
+            (
+                EventKind::Lagged {
+                    first_seq: 5,
+                    events: 3,
+                    bytes: 96,
+                    message: "m".into(),
+                },
+                r#"{"kind":"lagged","first_seq":5,"events":3,"bytes":96,"message":"m"}"#,
+            ),
         ];
         for (kind, json) in &cases {
             assert_eq!(
@@ -203,10 +232,9 @@ mod tests {
                 assert_eq!(serde_json::to_string(&s).unwrap(), *json);
                 assert_eq!(&seg(s), kind);
             } else {
-                assert_eq!(
-                    kind.name(),
-                    "progress",
-                    "only progress and result are events alone"
+                assert!(
+                    ["progress", "lagged"].contains(&kind.name()),
+                    "only progress, lagged and result are events alone"
                 );
             }
         }

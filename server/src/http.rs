@@ -61,6 +61,9 @@ pub struct ServeConfig {
     pub durable: Option<std::sync::Arc<crate::durable::SessionStore>>,
     /// With `durable`: sessions unused this long are deleted.
     pub session_ttl: Option<std::time::Duration>,
+    /// Bytes of streamed events (SSE, JSON lines) that may wait for slow
+    /// clients, per stream and per tenant.
+    pub streams: crate::service::StreamConfig,
 }
 
 impl ServeConfig {
@@ -87,6 +90,7 @@ impl Default for ServeConfig {
             connections: crate::listen::ConnectionLimits::default(),
             durable: None,
             session_ttl: Some(crate::service::DEFAULT_SESSION_TTL),
+            streams: crate::service::StreamConfig::default(),
         }
     }
 }
@@ -594,8 +598,8 @@ fn media_types(doc: &mut serde_json::Value) {
     for path in ["/v1/run", "/v1/sessions/{id}/run"] {
         if let Some(ok) = operation(doc, "post", path).and_then(|op| op.get_mut("responses")) {
             ok["200"]["content"]["text/html"] = json!({"schema": {"type": "string", "description": "A self-contained HTML fragment"}});
-            ok["200"]["content"]["text/event-stream"] = json!({"schema": {"type": "string", "description": "Server-Sent Events while the call runs: `id` is the event's seq, `event` its kind (stdout, stderr, message, warning, error, plot, progress), `data` the event's JSON ({execution_id, seq, kind, ...}); the last event, named `result`, carries the RunResult. Closing the stream cancels the call"}});
-            ok["200"]["content"]["application/x-ndjson"] = json!({"schema": {"type": "string", "description": "One event per line while the call runs ({execution_id, seq, kind, ...}); the last line has kind `result` and the RunResult in `result`. Closing the stream cancels the call"}});
+            ok["200"]["content"]["text/event-stream"] = json!({"schema": {"type": "string", "description": "Server-Sent Events while the call runs: `id` is the event's seq, `event` its kind (stdout, stderr, message, warning, error, plot, progress; `lagged` in place of events a client read too slowly to be sent: events first_seq..seq, holding `bytes` bytes of text, all of it in the result), `data` the event's JSON ({execution_id, seq, kind, ...}); the last event, named `result`, carries the RunResult. Closing the stream cancels the call"}});
+            ok["200"]["content"]["application/x-ndjson"] = json!({"schema": {"type": "string", "description": "One event per line while the call runs ({execution_id, seq, kind, ...}; kind `lagged` in place of events a client read too slowly to be sent); the last line has kind `result` and the RunResult in `result`. Closing the stream cancels the call"}});
         }
     }
     if let Some(paths) = doc
@@ -908,7 +912,7 @@ async fn run_streaming(
     format: crate::live::Format,
 ) -> Result<Response, ApiError> {
     let svc = st.service.clone();
-    let (feed, events) = rvisor::EventFeed::new(&rvisor::ids::execution_id());
+    let (feed, events) = svc.event_feed(&tenant);
     let cancel = CancelToken::new();
     // Dropped with this future or the body: the run is cancelled.
     let mut events = crate::service::ServiceEvents::of_run(events, cancel.clone());
@@ -1290,6 +1294,7 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             admission: cfg.admission.clone(),
             durable: cfg.durable.clone(),
             session_ttl: cfg.session_ttl,
+            streams: cfg.streams.clone(),
         },
     )
 }

@@ -10,12 +10,14 @@
 //! the shared [`blob`] store; [`cluster`] holds the node id and the drain
 //! state of a node behind a router. [`listen`] keeps the listeners' connection caps, timeouts and
 //! shutdown deadline, and the one-server-per-data-directory lock; [`live`]
-//! streams a run's events as an HTTP body (SSE or JSON lines).
+//! streams a run's events as an HTTP body (SSE or JSON lines); [`heap`]
+//! gives what large work freed back to the system.
 
 pub mod admission;
 pub mod blob;
 pub mod cluster;
 pub mod durable;
+pub mod heap;
 pub mod http;
 pub mod jsonl;
 pub mod listen;

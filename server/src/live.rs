@@ -4,6 +4,10 @@
 //! the RunResult itself) or JSON lines (`application/x-ndjson`: one
 //! event per line, the last of kind `result`). Dropping the body (the
 //! client closed the connection) drops the events, which cancels the call.
+//! The body takes an event only when hyper has room to write it (its
+//! buffer, ~400 KiB), so what a slow client has not read waits in the
+//! call's bounded feed; such a client gets `lagged` events in place of
+//! the ones it missed (docs/streaming.md).
 
 use crate::service::ServiceEvents;
 use axum::body::Bytes;

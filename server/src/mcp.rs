@@ -18,7 +18,7 @@ use crate::service::{
     ErrorCode, RunScript, Service, ServiceConfig, ServiceError, SessionRun, Surface,
 };
 use crate::tables::TableConfig;
-use rvisor::{CallEvent, CancelToken, EventFeed, EventKind, RunResult, Supervisor};
+use rvisor::{CallEvent, CancelToken, EventKind, RunResult, Supervisor};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -233,6 +233,17 @@ impl Follow {
             EventKind::Warning { message, call } => (3, json!({"warning": message, "call": call})),
             EventKind::Error { message, call, .. } => (4, json!({"error": message, "call": call})),
             EventKind::Plot { index } => (1, json!({"plot": index})),
+            // Console text this client read too slowly to be sent: said
+            // as a warning (the tool's result has all of it).
+            EventKind::Lagged {
+                first_seq,
+                events,
+                bytes,
+                message,
+            } => (
+                3,
+                json!({"lagged": message, "first_seq": first_seq, "events": events, "bytes": bytes}),
+            ),
             _ => return None,
         };
         if level < self.log_level? {
@@ -278,7 +289,7 @@ impl State {
                     &["script", "timeout_seconds", "variables", "dataframes"],
                 )?;
                 let ran = if follow.wanted() {
-                    let (feed, mut events) = EventFeed::new(&rvisor::ids::execution_id());
+                    let (feed, mut events) = svc.event_feed(TENANT);
                     let (svc, cancel) = (svc.clone(), cancel.clone());
                     let run = std::thread::spawn(move || {
                         svc.run_script_streaming(TENANT, req, Surface::Mcp, &cancel, &feed)

@@ -355,7 +355,9 @@ fn convert(
     if converted.is_err() {
         let _ = std::fs::remove_file(path.with_extension("tmp"));
     }
-    trim_heap();
+    // Without it the allocator keeps the conversion's peak for the
+    // process's life.
+    crate::heap::give_back();
     converted
 }
 
@@ -486,18 +488,6 @@ fn convert_with(
     over(written.load(std::sync::atomic::Ordering::Relaxed))?;
     std::fs::rename(&tmp, path)?;
     Ok((rows, columns))
-}
-
-/// Gives the heap a conversion freed back to the system: without it the
-/// allocator keeps the peak for the process's life.
-fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists under
-    // its lock; it takes no pointer from us and is safe to call from any
-    // thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 fn normalise_type(t: &DataType) -> DataType {

@@ -60,7 +60,10 @@ pub use error::{
     CallError, CgroupMissing, ConfineError, Error, LimitsError, ReadOnlyRefusal, ValidateError,
     VariableError, WorkerFileError,
 };
-pub use events::{EventFeed, EventSink, Events, NextEvent};
+pub use events::{
+    EventFeed, EventSink, Events, NextEvent, StreamBudget, StreamLimits,
+    DEFAULT_STREAM_BUFFER_BYTES, MIN_STREAM_BUFFER_BYTES, STREAM_OWN_BYTES,
+};
 pub use gate::CallGate;
 pub use ops::{
     Health, Package, PackagesError, Problem, SafetyRules, StyleEngine, StyleNote, Validation,

@@ -15,7 +15,7 @@ use crate::call::{validate_call, CallOptions};
 use crate::cancel::CancelToken;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore, Manifest};
 use crate::error::{ConfineError, Error, ValidateError};
-use crate::events::{EventFeed, EventSink, Events, Tail};
+use crate::events::{EventFeed, EventSink, Events, StreamLimits, Tail};
 use crate::ids;
 use crate::process::{ExitInfo, WorkerConfig};
 use crate::tools::{CallContext, Tool};
@@ -147,6 +147,12 @@ pub struct RunOptions {
     pub plot_width: Option<u32>,
     /// Plot height of this call.
     pub plot_height: Option<u32>,
+    /// How many bytes of a streaming call's events may wait for its
+    /// reader ([`Session::run_streaming_with`]; default
+    /// [`crate::DEFAULT_STREAM_BUFFER_BYTES`]): past them a reader that
+    /// lags loses the events in between and is told so
+    /// ([`crate::EventKind::Lagged`]); the call never waits for its reader.
+    pub stream_limits: StreamLimits,
 }
 
 /// Where a session is in its life.
@@ -1541,7 +1547,7 @@ impl Session {
         let slot = Arc::new(Slot::default());
         let execution_id = ids::execution_id();
         if stream {
-            let (feed, events) = EventFeed::new(&execution_id);
+            let (feed, events) = EventFeed::with_limits(&execution_id, over.stream_limits.clone());
             let mut st = lock(&slot.m);
             st.feed = Some(feed);
             st.events = Some(events);

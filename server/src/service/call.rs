@@ -89,6 +89,7 @@ impl PendingCall {
             done: Some((published, service, (tenant, session_id), started)),
             ahead: None,
             in_flight: Some(in_flight),
+            trim: GiveBack(false),
         }
     }
 
@@ -129,6 +130,29 @@ pub struct ServiceEvents {
     /// A session call counts as in flight (a drain waits for it) until its
     /// result has passed.
     in_flight: Option<crate::cluster::InFlight>,
+    /// Declared last, so dropped after `events` has freed what it held.
+    trim: GiveBack,
+}
+
+/// Gives the heap back to the system when dropped, if armed.
+#[derive(Debug)]
+struct GiveBack(bool);
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if self.0 {
+            crate::heap::give_back();
+        }
+    }
+}
+
+impl Drop for ServiceEvents {
+    /// A stream that held much (its events for a slow client, a large
+    /// result) gives that memory back to the system once it is freed, so
+    /// the server does not stay at the peak its slow clients caused.
+    fn drop(&mut self) {
+        self.trim.0 = self.events.peak_bytes() >= crate::heap::TRIM_AFTER_BYTES;
+    }
 }
 
 impl ServiceEvents {
@@ -142,6 +166,7 @@ impl ServiceEvents {
             done: None,
             in_flight: None,
             ahead: None,
+            trim: GiveBack(false),
         }
     }
 

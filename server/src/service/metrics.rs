@@ -173,6 +173,7 @@ impl Service {
             u8::from(pool.mode == rvisor::PoolMode::Zygote),
         ));
         out.push_str(&self.inner.admission.metrics_text(self.sessions_view()));
+        out.push_str(&self.streams_metrics_text());
         let requests = lock(&m.requests);
         out.push_str(
             "# HELP rvisor_requests_total Requests by surface.\n# TYPE rvisor_requests_total counter\n",

@@ -19,6 +19,7 @@ mod policy;
 mod publish;
 mod request;
 mod sessions;
+mod streams;
 mod tables;
 
 pub use call::{PendingCall, ServiceEvents};
@@ -29,6 +30,7 @@ pub use policy::{check_bindings, check_timeout, tighter_limits};
 pub use request::{
     objects, DataframeRef, LimitsRequest, NewSession, RunScript, SessionRun, Variable,
 };
+pub use streams::{StreamConfig, DEFAULT_TENANT_STREAM_BUFFER_BYTES};
 
 use crate::durable::SessionStore;
 use crate::tables::{TableConfig, TableStore};
@@ -68,6 +70,9 @@ pub struct ServiceConfig {
     /// With `durable`: a session unused this long (no checkpoint written,
     /// not leased by a live node) is deleted. `None`: kept until closed.
     pub session_ttl: Option<Duration>,
+    /// Bytes of streamed events that may wait for slow clients, per
+    /// stream and per tenant.
+    pub streams: StreamConfig,
 }
 
 /// Default of [`ServiceConfig::session_ttl`]: 7 days.
@@ -84,6 +89,7 @@ impl Default for ServiceConfig {
             admission: crate::admission::AdmissionConfig::default(),
             durable: None,
             session_ttl: Some(DEFAULT_SESSION_TTL),
+            streams: StreamConfig::default(),
         }
     }
 }
@@ -130,6 +136,8 @@ struct ServiceState {
     /// Tells the maintenance threads (leases; hand-offs and the TTL
     /// sweep) to stop.
     stop: Arc<(Mutex<bool>, Condvar)>,
+    /// Tenant -> the budget its open streams share.
+    streams: Mutex<HashMap<String, rvisor::StreamBudget>>,
 }
 
 impl Drop for ServiceState {
@@ -178,6 +186,7 @@ impl Service {
                 owner: ownership::Ownership::default(),
                 releasing: Mutex::new(()),
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
+                streams: Mutex::new(HashMap::new()),
             }),
         };
         if let Some(d) = svc.inner.cfg.durable.clone() {
@@ -252,6 +261,7 @@ impl Service {
         admission["max_sessions_per_tenant"] = json!(self.inner.cfg.max_sessions_per_tenant);
         admission["max_sessions"] = json!(self.inner.cfg.max_sessions);
         v["admission"] = admission;
+        v["streams"] = self.streams_report();
         v["node_id"] = json!(self.inner.sup.config().node_id);
         v["draining"] = json!(self.inner.drain.is_draining());
         v

@@ -244,6 +244,7 @@ impl Service {
             timeout,
             plot_width: req.plot_width,
             plot_height: req.plot_height,
+            stream_limits: self.stream_limits(tenant),
         };
         // Admission: a session without a worker gets one only within the
         // live caps and the memory budget (idle sessions hibernate to make
