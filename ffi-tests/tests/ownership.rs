@@ -39,6 +39,12 @@ fn run(n: &Node, id: &str, code: &str) -> Answer {
     )
 }
 
+/// Runs `code` in session `id` on `n` on a thread of its own.
+fn run_on_thread(n: &Node, id: &str, code: &str) -> std::thread::JoinHandle<Answer> {
+    let (url, code) = (n.url(&format!("/v1/sessions/{id}/run")), code.to_string());
+    std::thread::spawn(move || post_json(&url, "", json!({ "code": code })))
+}
+
 /// What a call printed last (a notice that the session moved may come
 /// first).
 fn printed(a: &Answer) -> String {
@@ -117,29 +123,11 @@ fn a_hand_off_waiting_for_a_long_call_keeps_the_nodes_other_leases_renewed() {
     // A call three leases long on n1, and, while it runs, n2 asked for its
     // session (a router sent a call there): n1 may release it only after
     // the call, and must keep renewing everything else meanwhile.
-    let long = {
-        let (url, id) = (n1.url(""), busy.clone());
-        std::thread::spawn(move || {
-            post_json(
-                &format!("{url}/v1/sessions/{id}/run"),
-                "",
-                json!({"code": "Sys.sleep(9); x <- 'after'; cat(x)"}),
-            )
-        })
-    };
+    let long = run_on_thread(&n1, &busy, "Sys.sleep(9); x <- 'after'; cat(x)");
     wait_for("the long call to run", START, || {
         (state(&n1, &busy) == "running").then_some(())
     });
-    let asker = {
-        let (url, id) = (n2.url(""), busy.clone());
-        std::thread::spawn(move || {
-            post_json(
-                &format!("{url}/v1/sessions/{id}/run"),
-                "",
-                json!({"code": "cat(x)"}),
-            )
-        })
-    };
+    let asker = run_on_thread(&n2, &busy, "cat(x)");
     // Until the long call ends, the idle session's lease is n1's and live
     // at every look (before the fix it ran out 3 s into the hand-off).
     let mut looks = 0;
@@ -188,30 +176,12 @@ fn takeovers_of_different_sessions_do_not_wait_for_each_other() {
         n3.serve.child.try_wait().ok().flatten()
     });
 
-    let long = {
-        let (url, id) = (n1.url(""), busy.clone());
-        std::thread::spawn(move || {
-            post_json(
-                &format!("{url}/v1/sessions/{id}/run"),
-                "",
-                json!({"code": "Sys.sleep(8); 1"}),
-            )
-        })
-    };
+    let long = run_on_thread(&n1, &busy, "Sys.sleep(8); 1");
     wait_for("the long call to run", START, || {
         (state(&n1, &busy) == "running").then_some(())
     });
     // n2 is asked for the busy session: it asks n1 and waits.
-    let waiting = {
-        let (url, id) = (n2.url(""), busy.clone());
-        std::thread::spawn(move || {
-            post_json(
-                &format!("{url}/v1/sessions/{id}/run"),
-                "",
-                json!({"code": "1"}),
-            )
-        })
-    };
+    let waiting = run_on_thread(&n2, &busy, "1");
     wait_for("n2's hand-off request", START, || {
         store
             .path()
@@ -231,14 +201,20 @@ fn takeovers_of_different_sessions_do_not_wait_for_each_other() {
     let _ = long.join();
 }
 
-#[test]
-fn a_paused_node_never_serves_a_session_another_node_took_over() {
+/// Two nodes and a session of n1's whose `x <- 1` is checkpointed.
+fn two_nodes_and_a_checkpointed_session() -> (TestDir, Node, Node, String) {
     let store = TestDir::new("rvisor-ownership-store");
     let n1 = node("n1", store.path());
     let n2 = node("n2", store.path());
     let s = new_session(&n1);
     assert_eq!(console(&n1, &s, "x <- 1; cat(x)"), "1");
     wait_for_checkpoint(store.path(), &s);
+    (store, n1, n2, s)
+}
+
+#[test]
+fn a_paused_node_never_serves_a_session_another_node_took_over() {
+    let (_store, n1, n2, s) = two_nodes_and_a_checkpointed_session();
 
     // n1 pauses (a long GC, a partition); n2 takes the session over once
     // n1's lease has run out, and writes to it.
@@ -270,23 +246,9 @@ fn a_paused_node_never_serves_a_session_another_node_took_over() {
 
 #[test]
 fn a_call_that_spans_a_pause_past_the_lease_is_not_acknowledged() {
-    let store = TestDir::new("rvisor-ownership-store");
-    let n1 = node("n1", store.path());
-    let n2 = node("n2", store.path());
-    let s = new_session(&n1);
-    assert_eq!(console(&n1, &s, "x <- 1; cat(x)"), "1");
-    wait_for_checkpoint(store.path(), &s);
+    let (_store, n1, n2, s) = two_nodes_and_a_checkpointed_session();
 
-    let during = {
-        let (url, id) = (n1.url(""), s.clone());
-        std::thread::spawn(move || {
-            post_json(
-                &format!("{url}/v1/sessions/{id}/run"),
-                "",
-                json!({"code": "Sys.sleep(1); x <- x + 100; cat(x)"}),
-            )
-        })
-    };
+    let during = run_on_thread(&n1, &s, "Sys.sleep(1); x <- x + 100; cat(x)");
     wait_for("the call to run on n1", START, || {
         (state(&n1, &s) == "running").then_some(())
     });
