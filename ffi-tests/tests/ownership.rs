@@ -1,6 +1,7 @@
 //! One owner per session under pauses and hand-offs (docs/scale-out.md,
 //! "Ownership by leases"): real `rvisor serve --node-id nK` processes on
-//! loopback sharing a store directory, with 3 s leases, driven over HTTP.
+//! loopback sharing a store (a directory; moto's S3 for the pause tests),
+//! with 3 s leases, driven over HTTP.
 //!
 //! - A hand-off that waits for a long call must not stop the node's
 //!   renewals: its other sessions keep their leases, and the long call's
@@ -9,17 +10,21 @@
 //! - A node paused (SIGSTOP) past its lease never serves, nor acknowledges
 //!   a call of, a session another node took over meanwhile.
 
-use rvisor_ffi_tests::cluster::{post_json, Answer, Node, NodeOptions, Store, START};
+use rvisor_ffi_tests::cluster::{post_json, Answer, Moto, Node, NodeOptions, Store, START};
 use rvisor_ffi_tests::{wait_for, TestDir};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
 
 fn node(id: &str, store: &Path) -> Node {
+    node_on(id, Store::Dir(store))
+}
+
+fn node_on(id: &str, store: Store<'_>) -> Node {
     Node::start(
         id,
         &NodeOptions {
-            store: Store::Dir(store),
+            store,
             ..NodeOptions::default()
         },
     )
@@ -96,18 +101,6 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// Waits until session `id` has a checkpoint in the store (written when
-/// it has been idle for 2 s after a call).
-fn wait_for_checkpoint(store: &Path, id: &str) {
-    wait_for(&format!("{id}'s checkpoint"), START, || {
-        let sessions = std::fs::read_dir(store.join("sessions")).ok()?;
-        sessions
-            .flatten()
-            .any(|t| t.path().join(id).join("checkpoint").is_file())
-            .then_some(())
-    });
 }
 
 #[test]
@@ -201,15 +194,30 @@ fn takeovers_of_different_sessions_do_not_wait_for_each_other() {
     let _ = long.join();
 }
 
-/// Two nodes and a session of n1's whose `x <- 1` is checkpointed.
-fn two_nodes_and_a_checkpointed_session() -> (TestDir, Node, Node, String) {
-    let store = TestDir::new("rvisor-ownership-store");
-    let n1 = node("n1", store.path());
-    let n2 = node("n2", store.path());
+/// Two nodes on an S3 store and a session of n1's whose `x <- 1` is
+/// checkpointed. S3, not a shared directory: a node paused in the middle
+/// of a lease write holds the directory's lock file, and the other node's
+/// writes fail until it resumes (see `blob::LocalLock`), which is not what
+/// these tests are about.
+fn two_nodes_and_a_checkpointed_session() -> (Moto, Node, Node, String) {
+    let moto = Moto::start();
+    let n1 = node_on("n1", Store::S3(&moto));
+    let n2 = node_on("n2", Store::S3(&moto));
     let s = new_session(&n1);
     assert_eq!(console(&n1, &s, "x <- 1; cat(x)"), "1");
-    wait_for_checkpoint(store.path(), &s);
-    (store, n1, n2, s)
+    wait_for("the session's checkpoint in S3", START, || {
+        let list = ureq::get(&format!(
+            "{}/{}?list-type=2&prefix=cluster/sessions/",
+            moto.endpoint,
+            rvisor_ffi_tests::cluster::BUCKET
+        ))
+        .call()
+        .ok()?
+        .into_string()
+        .ok()?;
+        list.contains(&format!("{s}/checkpoint")).then_some(())
+    });
+    (moto, n1, n2, s)
 }
 
 #[test]
@@ -268,5 +276,40 @@ fn a_call_that_spans_a_pause_past_the_lease_is_not_acknowledged() {
     let msg = a.body["error"]["message"].as_str().unwrap_or("");
     assert!(msg.contains("another node took the session over"), "{msg}");
     // The session is n2's, without the unacknowledged increment.
+    assert_eq!(console(&n2, &s, "cat(x)"), "1");
+}
+
+#[test]
+fn a_streamed_call_that_spans_a_pause_past_the_lease_says_its_effects_were_not_kept() {
+    let (_store, n1, n2, s) = two_nodes_and_a_checkpointed_session();
+    let during = {
+        let url = n1.url(&format!("/v1/sessions/{s}/run"));
+        std::thread::spawn(move || {
+            let r = ureq::post(&url)
+                .set("Accept", "text/event-stream")
+                .send_json(json!({"code": "Sys.sleep(1); x <- x + 100; cat(x)"}))
+                .expect("the stream starts");
+            r.into_string().expect("the stream's body")
+        })
+    };
+    wait_for("the call to run on n1", START, || {
+        (state(&n1, &s) == "running").then_some(())
+    });
+    n1.signal(libc::SIGSTOP);
+    assert_eq!(console(&n2, &s, "cat(x)"), "1");
+    n1.signal(libc::SIGCONT);
+    // The stream's status was sent before the call ended: its result
+    // event itself says the call's effects are in no session.
+    let body = during.join().expect("the stream's thread");
+    let data = body
+        .split("event: result\ndata: ")
+        .nth(1)
+        .and_then(|d| d.lines().next())
+        .unwrap_or_else(|| panic!("no result event in {body}"));
+    let r: Value = serde_json::from_str(data).expect("the result event's JSON");
+    assert_eq!(r["success"], false, "{r}");
+    assert_eq!(r["outcome"], "closed", "{r}");
+    let msg = r["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("another node took the session over"), "{msg}");
     assert_eq!(console(&n2, &s, "cat(x)"), "1");
 }

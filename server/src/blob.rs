@@ -616,6 +616,10 @@ impl BlobStore {
     }
 }
 
+/// How long a conditional write to a local directory store waits for the
+/// store's lock file before it fails.
+const LOCAL_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An exclusive lock on `{root}/.rvisor-store.lock`, held until dropped:
 /// conditional writes to a local directory store take it, so processes
 /// sharing the directory on one host cannot interleave a compare and a
@@ -636,19 +640,38 @@ impl LocalLock {
                 what: "open the store's lock file",
                 source,
             })?;
+        // Not a blocking lock: a process paused (SIGSTOP, a debugger)
+        // while it holds it would stall every node on the directory until
+        // it resumed. Past the wait, the write fails and its caller
+        // retries (a lease renewal next round, a call with a 5xx).
+        let deadline = std::time::Instant::now() + LOCAL_LOCK_WAIT;
         loop {
             // SAFETY: `f` is an open file we own for the whole call; flock
             // only takes its descriptor and touches no memory of ours.
-            let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+            let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
             if r == 0 {
                 return Ok(Self { _file: f });
             }
             let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(BlobError::Io {
-                    what: "lock the store's lock file",
-                    source: e,
-                });
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                std::io::ErrorKind::WouldBlock => {
+                    return Err(BlobError::Store(format!(
+                        "the store directory {} is locked by another process for more than {} \
+                         s (a node paused or stuck while writing a lease?); retry shortly",
+                        root.display(),
+                        LOCAL_LOCK_WAIT.as_secs()
+                    )))
+                }
+                _ => {
+                    return Err(BlobError::Io {
+                        what: "lock the store's lock file",
+                        source: e,
+                    })
+                }
             }
         }
     }
@@ -886,6 +909,32 @@ mod tests {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert_eq!(winners.iter().filter(|w| **w).count(), 1, "{winners:?}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_lock_held_elsewhere_fails_the_write_after_a_bounded_wait_instead_of_stalling() {
+        let dir =
+            std::env::temp_dir().join(format!("rvisor-blob-lock-{}", rvisor::ids::random_hex(6)));
+        let store = BlobStore::open(&StoreUrl::Local(dir.clone())).unwrap();
+        let root = std::fs::canonicalize(&dir).unwrap();
+        // Another holder (a node paused while it writes a lease): flock
+        // locks belong to an open file, so this one conflicts as another
+        // process's would.
+        let held = LocalLock::take(&root).unwrap();
+        let t = std::time::Instant::now();
+        let e = store
+            .put_if_absent("leases/sessions/x", b"{}".to_vec())
+            .unwrap_err();
+        assert!(t.elapsed() >= LOCAL_LOCK_WAIT, "{:?}", t.elapsed());
+        assert!(
+            e.to_string().contains("is locked by another process"),
+            "{e}"
+        );
+        drop(held);
+        store
+            .put_if_absent("leases/sessions/x", b"{}".to_vec())
+            .unwrap();
         let _ = std::fs::remove_dir_all(dir);
     }
 }

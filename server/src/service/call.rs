@@ -192,7 +192,18 @@ impl ServiceEvents {
                     result.as_mut(),
                     RunResult::empty(String::new(), String::new()),
                 );
-                **result = PendingCall::complete(&published, &service, (&tenant, &sid), started, r);
+                let mut r =
+                    PendingCall::complete(&published, &service, (&tenant, &sid), started, r);
+                // A streamed answer has its status already: a result this
+                // node must not acknowledge (it ran on a copy the node no
+                // longer owned) says so in the result itself.
+                if let (Some(e), true) = (service.handed_off(&r), r.success) {
+                    r.outcome = rvisor::Outcome::Closed;
+                    r.success = false;
+                    r.prepend_notice(&format!("rvisor: {}", e.message));
+                    r.error = Some(rvisor::ErrorInfo::message(e.message));
+                }
+                **result = r;
             }
         }
         e
