@@ -15,6 +15,7 @@ mod link;
 mod r;
 mod result_block;
 mod serve;
+mod srcref;
 mod state;
 mod stream;
 mod tools;
