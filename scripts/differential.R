@@ -5,9 +5,12 @@
 ## first); compared: stdout line by line, the number of plot pages, and
 ## success or error.
 ##
-## Usage: Rscript scripts/differential.R RVISOR [N|all] [OUT.tsv] [JOBS]
+## Usage: Rscript scripts/differential.R RVISOR [N|all|LIST] [OUT.tsv] [JOBS]
 ##   RVISOR  the rvisor binary; N: a fixed sample of N snippets (every k-th
-##   in a sorted list), `all`: every snippet. Prints a summary; writes one
+##   in a sorted list), `all`: every snippet, LIST: a comma-separated list
+##   of PKG/TOPIC (that Rd file's examples, e.g. utils/removeSource) and
+##   FILE.R (a script of one's own, run the same way; its topic is the
+##   file's name), each of which must exist. Prints a summary; writes one
 ##   line per snippet (package, topic, class) to OUT.tsv. JOBS (default 2):
 ##   snippets run at once on each side: Rscript's through forked R
 ##   processes, rvisor's through one `rvisor batch -j JOBS --no-preload`
@@ -45,7 +48,23 @@ for (p in pkgs) {
     if (ok) snippets <- c(snippets, f)
   }
 }
-if (n_want != "all") {
+if (grepl("/|[.]R$", n_want)) {
+  # Named topics and scripts of one's own, in the order given.
+  picked <- character()
+  for (item in strsplit(n_want, ",", fixed = TRUE)[[1L]]) {
+    if (grepl("[.]R$", item)) {
+      if (!file.exists(item)) stop("no such script: ", item)
+      code <- readLines(item, warn = FALSE, encoding = "UTF-8")
+      f <- file.path(work, paste0("own__", sub("[.]R$", "", basename(item)), ".R"))
+      writeLines(c("set.seed(1)", code), f, useBytes = TRUE)
+    } else {
+      f <- file.path(work, paste0(sub("/", "__", item, fixed = TRUE), ".R"))
+      if (!(f %in% snippets)) stop("no examples for ", item, " (PKG/TOPIC, as the Rd file is named)")
+    }
+    picked <- c(picked, f)
+  }
+  snippets <- picked
+} else if (n_want != "all") {
   n <- as.integer(n_want)
   if (length(snippets) > n)
     snippets <- snippets[unique(round(seq(1, length(snippets), length.out = n)))]

@@ -4,7 +4,7 @@
 use crate::console::{self, Capture};
 use crate::r::sys::*;
 use crate::r::{self, RThread, R};
-use crate::{ffi, hydrate, interrupt, link, pause, result_block, stream, tools, values};
+use crate::{ffi, hydrate, interrupt, link, pause, result_block, srcref, stream, tools, values};
 use base64::Engine;
 use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
@@ -438,6 +438,9 @@ fn bind_inputs(tok: RThread, req: &RunRequest, files: Vec<std::fs::File>) -> Res
 struct Step {
     visible: bool,
     html: bool,
+    /// `keep.source` is on after it: the next expression is parsed again
+    /// with source references.
+    keep_source: bool,
 }
 
 /// Classes whose values render only as HTML.
@@ -457,8 +460,10 @@ const HTML_CLASSES: [&std::ffi::CStr; 8] = [
 /// `R_ToplevelExec`, at frame 0 in the global environment, under rvisor's
 /// global calling handlers; `.Last.value` set; a visible value printed
 /// with `PrintValue` (print() or show() dispatched from the global
-/// environment). The first error or interrupt ends the call, as source()
-/// does. `Err`: a driver step itself failed.
+/// environment). An expression before which `options("keep.source")` is on
+/// is parsed again from its own text with source references, as Rscript
+/// parses it (`srcref`). The first error or interrupt ends the call, as
+/// source() does. `Err`: a driver step itself failed.
 fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
     if let Some(why) = r::string_problem(&req.code) {
         return Err(format!("the code cannot be given to R: {why}"));
@@ -475,7 +480,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
     pause::at("parsing", &req.execution_id, &req.code);
     // The code and its parse stay preserved across the expressions (each
     // R_ToplevelExec resets R's protection stack to where it began).
-    let (code, exprs) = r::protected(tok, |scope| {
+    let (code, exprs, keep_source) = r::protected(tok, |scope| {
         // SAFETY: on the R thread inside `protected`; every object is
         // protected by `scope` from its creation until it is preserved.
         unsafe {
@@ -493,7 +498,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
             r::call_driver(driver, c"begin_call", &[w, h, tools])?;
             R_PreserveObject(code);
             R_PreserveObject(exprs);
-            Ok((code, exprs))
+            Ok((code, exprs, srcref::keep_source()))
         }
     })?;
     // SAFETY: on the R thread; `exprs` is preserved.
@@ -504,6 +509,10 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
         unsafe { r::call_driver(driver, c"parse_code", &[code]) }?;
     }
     let mut status = "complete";
+    // Where each expression's text lies: found once, in a call where
+    // keep.source is on before some expression (most calls never need it).
+    let mut chunks: Option<Vec<Option<srcref::Chunk>>> = None;
+    let mut keep_source = keep_source;
     for i in 0..if parsed { n } else { 0 } {
         // An interrupt R has not acted on yet (one that came before the
         // call began, or while it was bound or parsed, where R does not
@@ -515,6 +524,13 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
             CALL.with(|s| s.borrow_mut().interrupted = true);
             status = "interrupted";
             break;
+        }
+        if keep_source {
+            let chunks =
+                chunks.get_or_insert_with(|| srcref::chunks_of(tok, code, code_str, n as usize));
+            if let Some(Some(c)) = chunks.get(i as usize) {
+                srcref::reparse(tok, exprs, i as usize, &c.text(code_str));
+            }
         }
         let mut step = Step::default();
         let out: *mut Step = &mut step;
@@ -551,8 +567,12 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                 // Then the task callbacks, as R's REPL runs them (after
                 // the value was printed, before the warnings are shown).
                 r::run_task_callbacks(VECTOR_ELT(exprs, i), v, visible);
+                // What R's loop reads when it parses the next expression:
+                // the options as this one (and its callbacks) left them.
+                (*out).keep_source = srcref::keep_source();
             }
         });
+        keep_source = step.keep_source;
         r::quiet_stderr(false);
         if CALL.with(|s| std::mem::take(&mut s.borrow_mut().warning_pending)) {
             // The expression's warnings are reported, and R's record of

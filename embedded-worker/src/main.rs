@@ -16,6 +16,7 @@ mod pause;
 mod r;
 mod result_block;
 mod serve;
+mod srcref;
 mod state;
 mod stream;
 mod tools;

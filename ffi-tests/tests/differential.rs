@@ -1,19 +1,24 @@
 //! The differential test against Rscript on a fixed sample of R's own
 //! examples (scripts/differential.R; docs/r-semantics.md lists the
-//! mismatch classes and why). Bounded: 40 snippets.
+//! mismatch classes and why). Bounded: 40 snippets, and the few examples
+//! and scripts that set `keep.source` in the middle of a script.
 
-#[test]
-fn a_fixed_sample_of_r_examples_matches_rscript() {
+use rvisor_ffi_tests::TestDir;
+
+/// Runs scripts/differential.R on `which` (a sample size or a list);
+/// its table's rows (package, topic, class) and its summary.
+fn differential(which: &str) -> (Vec<String>, String) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let tsv = std::env::temp_dir().join(format!("rvisor-diff-{}.tsv", std::process::id()));
+    let dir = TestDir::new("rvisor-diff");
+    let tsv = dir.path().join("classes.tsv");
     let out = std::process::Command::new("Rscript")
         .arg(root.join("scripts/differential.R"))
         .arg(rvisor_ffi_tests::rvisor_bin())
-        .arg("40")
+        .arg(which)
         .arg(&tsv)
         .output()
         .expect("Rscript runs");
-    let summary = String::from_utf8_lossy(&out.stdout);
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{summary}");
     assert!(
         out.status.success(),
@@ -21,13 +26,59 @@ fn a_fixed_sample_of_r_examples_matches_rscript() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows = std::fs::read_to_string(&tsv).expect("the table");
-    let _ = std::fs::remove_file(&tsv);
-    let n = rows.lines().count().saturating_sub(1);
+    (rows.lines().skip(1).map(str::to_string).collect(), summary)
+}
+
+fn matched(row: &str) -> bool {
+    row.ends_with("\tmatch") || row.ends_with("\tmatch_but_addresses")
+}
+
+#[test]
+fn examples_that_set_keep_source_mid_script_match_rscript() {
+    // Rscript reads `keep.source` before each top-level expression, so a
+    // function defined after `options(keep.source = TRUE)` keeps its
+    // source (srcref, srcfile, comments), and one defined without it has
+    // none; R's own examples of removeSource() and identical() test it.
+    let dir = TestDir::new("rvisor-diff-cases");
+    let on = dir.path().join("keep_source_on.R");
+    std::fs::write(
+        &on,
+        "options(keep.source = TRUE)\n\
+         f <- function(x) {\n  x + 1 # kept\n}; g <- function() \"\u{e9}\" # too\n\
+         f\ng\nattr(f, \"srcref\")\nas.integer(attr(g, \"srcref\"))\n\
+         attr(attr(f, \"srcref\"), \"srcfile\")$lines\n\
+         names(attributes(body(f)))\n",
+    )
+    .expect("write a case");
+    let off = dir.path().join("keep_source_off.R");
+    std::fs::write(
+        &off,
+        "f <- function(x) {\n  x + 1 # dropped\n}\nf\nattr(f, \"srcref\")\n\
+         names(attributes(body(f)))\n",
+    )
+    .expect("write a case");
+    let list = format!(
+        "utils/removeSource,base/identical,{},{}",
+        on.display(),
+        off.display()
+    );
+    let (rows, summary) = differential(&list);
+    assert_eq!(rows.len(), 4, "{summary}");
+    for row in &rows {
+        assert!(matched(row), "{row}\n{summary}");
+    }
+}
+
+#[test]
+fn a_fixed_sample_of_r_examples_matches_rscript() {
+    let (rows, summary) = differential("40");
+    let n = rows.len();
     assert!(n >= 30, "only {n} snippets ran:\n{summary}");
-    let matched = rows
-        .lines()
-        .filter(|l| l.ends_with("\tmatch") || l.ends_with("\tmatch_but_addresses"))
-        .count();
+    let good = rows.iter().filter(|r| matched(r)).count();
     // Every class of mismatch is documented; most examples must match.
-    assert!(matched * 10 >= n * 7, "{matched} of {n} matched:\n{rows}");
+    assert!(
+        good * 10 >= n * 7,
+        "{good} of {n} matched:\n{}",
+        rows.join("\n")
+    );
 }

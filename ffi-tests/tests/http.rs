@@ -598,10 +598,14 @@ fn run_rejects_invalid_variables_with_422() {
     bad(json!([{"name": "x", "value": [1, "a"]}]), "mixes");
     bad(json!([{"name": "x", "value": [[1]]}]), "nested");
     bad(json!([{"name": "x", "value": {"a": 1}}]), "object");
-    bad(
-        json!([{"name": "x", "value": 1}, {"name": "x", "value": 2}]),
-        "twice",
-    );
+    // A name given twice is a conflict no request schema can state: 409.
+    let m = c
+        .post(
+            "/v1/run",
+            &json!({"script": "1", "variables": [{"name": "x", "value": 1}, {"name": "x", "value": 2}]}),
+        )
+        .error(409, "conflict");
+    assert!(m.contains("twice"), "{m}");
     let many: Vec<Value> = (0..51)
         .map(|i| json!({"name": format!("v{i}"), "value": i}))
         .collect();
@@ -752,7 +756,7 @@ fn a_run_past_its_timeout_is_timed_out() {
 }
 
 #[test]
-fn unresolvable_data_pointers_are_one_generic_422_and_nothing_runs() {
+fn unresolvable_data_pointers_are_one_generic_404_and_nothing_runs() {
     let srv = table_server(None, 100);
     let c = srv.client();
     let script = RAN_PROBE;
@@ -764,7 +768,8 @@ fn unresolvable_data_pointers_are_one_generic_422_and_nothing_runs() {
             "dataframes": [{"data_pointer": secret, "name": "df"}],
         }),
     );
-    let (_, m) = r.error_with(422);
+    let (_, m) = r.error_with(404);
+    assert_eq!(r.json()["error"]["code"], "data_pointer_unresolved", "{m}");
     assert!(
         !r.text.contains(secret),
         "the answer names the pointer: {m}"
@@ -787,6 +792,15 @@ fn unresolvable_data_pointers_are_one_generic_422_and_nothing_runs() {
         )
         .error(422, "invalid");
     assert!(m.contains("syntactic"), "{m}");
+    // A name bound by a variable and a data frame: a conflict.
+    let m = c
+        .post(
+            "/v1/run",
+            &json!({"script": "1", "variables": [{"name": "d", "value": 1}],
+                    "dataframes": [{"data_pointer": "p", "name": "d"}]}),
+        )
+        .error(409, "conflict");
+    assert!(m.contains("used twice"), "{m}");
     // Nor did the invalid requests run anything.
     assert_eq!(srv.stored_tables(), 0, "a script ran");
     // Then a good run still works (the probe's table proves it can run).
@@ -1668,7 +1682,7 @@ fn a_csv_table_is_hydrated_with_every_column_type_and_nas() {
         "/v1/run",
         &json!({"script": "1", "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
     );
-    let msg = r.error(422, "data_pointer_unresolved");
+    let msg = r.error(404, "data_pointer_unresolved");
     assert!(!msg.contains(&pointer));
 }
 
@@ -1722,7 +1736,7 @@ fn another_tenants_pointer_is_unknown_and_runs_nothing() {
         "/v1/run",
         &json!({"script": RAN_PROBE, "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
     );
-    let msg = r.error(422, "data_pointer_unresolved");
+    let msg = r.error(404, "data_pointer_unresolved");
     assert!(!msg.contains(&pointer));
     assert_eq!(s.stored_tables(), 1, "nothing may run");
     // Alice still has it (and the same script runs for her).
@@ -1758,7 +1772,7 @@ fn a_published_data_frame_is_a_pointer_the_next_run_can_use() {
         "/v1/run",
         &json!({"script": "1", "dataframes": [{"data_pointer": pointer, "name": "t"}]}),
     );
-    r.error(422, "data_pointer_unresolved");
+    r.error(404, "data_pointer_unresolved");
 }
 
 #[test]
@@ -1799,13 +1813,21 @@ fn the_openapi_document_lists_every_route_and_the_contract_types() {
         "/v1/sessions/{id}",
         "/v1/sessions/{id}/run",
         "/v1/sessions/{id}/cancel",
-        "/v1/sessions/{id}/checkpoint",
-        "/v1/sessions/{id}/hibernate",
-        "/v1/sessions/{id}/restore",
         "/v1/tables",
         "/v1/tables/{pointer}",
     ] {
         assert!(paths.contains_key(p), "{p} missing");
+    }
+    // This server keeps no checkpoints: it offers (and lists) none of the
+    // checkpoint operations; one with a state directory lists all three.
+    for (_, p) in rvisor_server::http::CHECKPOINT_OPERATIONS {
+        assert!(!paths.contains_key(*p), "{p} listed");
+    }
+    let dir = TestDir::new("http-doc-durable");
+    let durable = durable_server(&dir);
+    let durable_doc = durable.client().get("/v1/openapi.json").ok();
+    for (_, p) in rvisor_server::http::CHECKPOINT_OPERATIONS {
+        assert!(durable_doc["paths"].get(*p).is_some(), "{p} missing");
     }
     let run = &doc["components"]["schemas"]["RunResult"]["properties"];
     for key in [
@@ -2011,15 +2033,20 @@ fn a_session_checkpoints_hibernates_wakes_on_its_next_run_and_rolls_back() {
 }
 
 #[test]
-fn restore_without_a_checkpoint_and_durable_operations_without_a_state_dir_are_422() {
-    let dir = TestDir::new("http-durable-422");
+fn restore_or_checkpoint_with_nothing_to_keep_is_409_and_without_a_state_dir_404() {
+    let dir = TestDir::new("http-durable-409");
     let srv = durable_server(&dir);
     let c = srv.client();
     let id = c.new_session();
+    // Nothing ran yet: nothing to checkpoint, nothing to roll back to.
+    let m = c
+        .post(&format!("/v1/sessions/{id}/checkpoint"), &json!({}))
+        .error(409, "conflict");
+    assert!(m.contains("nothing to checkpoint"), "{m}");
     c.session_run(&id, "x <- 1");
     let m = c
         .post(&format!("/v1/sessions/{id}/restore"), &json!({}))
-        .error(422, "invalid");
+        .error(409, "conflict");
     assert!(m.contains("no checkpoint"), "{m}");
     // The session is untouched.
     let r = c.session_run(&id, "x");
@@ -2030,10 +2057,12 @@ fn restore_without_a_checkpoint_and_durable_operations_without_a_state_dir_are_4
     let c = plain.client();
     let id = c.new_session();
     c.session_run(&id, "x <- 1");
+    // A server without a state directory does not offer the three (its
+    // document lists none of them): 404, saying how to get them.
     for op in ["checkpoint", "hibernate", "restore"] {
         let m = c
             .post(&format!("/v1/sessions/{id}/{op}"), &json!({}))
-            .error(422, "invalid");
+            .error(404, "not_found");
         assert!(m.contains("--state-dir"), "{op}: {m}");
     }
     let st = c.get(&format!("/v1/sessions/{id}")).ok();

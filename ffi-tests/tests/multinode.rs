@@ -156,7 +156,8 @@ fn sessions_route_by_node_tables_are_shared_drain_refuses_new_work_and_a_new_nod
             OPS,
             json!({"script": "1", "dataframes": [{"data_pointer": pointer, "name": "d"}]}),
         );
-        assert_eq!(o.status, 422, "{o:?}");
+        assert_eq!(o.status, 404, "{o:?}");
+        assert_eq!(o.body["error"]["code"], "data_pointer_unresolved", "{o:?}");
     }
 
     // 3. Drain n2: not ready, new work refused with a retryable 503, its

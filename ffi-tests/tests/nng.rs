@@ -752,11 +752,11 @@ fn checkpoint_hibernate_and_restore_answer_as_in_jsonl() {
         "unknown_session",
     );
     assert!(m.contains("fresh-one"), "{m}");
-    // A session with no checkpoint cannot be rolled back.
+    // A session with no checkpoint cannot be rolled back: a conflict.
     p.run_in(TOK_A, "other", "y <- 1");
     let m = err(
         &p.call(TOK_A, json!({"op": "restore", "session": "other"})),
-        "invalid",
+        "conflict",
     );
     assert!(m.contains("no checkpoint"), "{m}");
     assert!(s.stop().success(), "{}", s.log());
@@ -768,7 +768,7 @@ fn without_a_state_dir_the_durable_ops_say_to_start_the_server_with_one() {
     let mut p = s.peer();
     p.run("x <- 1");
     for op in ["checkpoint", "hibernate", "restore"] {
-        let m = err(&p.call(TOK_A, json!({ "op": op })), "invalid");
+        let m = err(&p.call(TOK_A, json!({ "op": op })), "not_found");
         assert!(m.contains("--state-dir"), "{op}: {m}");
     }
 }

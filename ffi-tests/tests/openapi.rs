@@ -8,7 +8,7 @@
 
 use rvisor::{PoolConfig, SafetyRules, Supervisor, SupervisorConfig};
 use rvisor_ffi_tests::TestDir;
-use rvisor_server::http::{ServeConfig, OPERATION_ERRORS, UNAUTHENTICATED};
+use rvisor_server::http::{ServeConfig, CHECKPOINT_OPERATIONS, OPERATION_ERRORS, UNAUTHENTICATED};
 use rvisor_server::service::ErrorCode;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -17,7 +17,8 @@ use std::time::Duration;
 const TOKEN: &str = "openapi-token-0123456789abcdef";
 
 /// The real router on 127.0.0.1:0, with a token, over a light confined
-/// supervisor (no preloads, no spares).
+/// supervisor (no preloads, no spares); with a state directory when
+/// `checkpoints` (no automatic checkpoints or hibernation).
 struct Server {
     base: String,
     sup: Supervisor,
@@ -26,7 +27,13 @@ struct Server {
 }
 
 impl Server {
-    fn start() -> Self {
+    fn start(checkpoints: bool) -> Self {
+        let dir = TestDir::new("openapi");
+        let store = checkpoints.then(|| {
+            let s =
+                rvisor::checkpoint::DirStore::new(dir.path().join("state")).expect("a state dir");
+            std::sync::Arc::new(s) as std::sync::Arc<dyn rvisor::checkpoint::CheckpointStore>
+        });
         let sup = Supervisor::new(SupervisorConfig {
             rules: SafetyRules::default(),
             pool: PoolConfig {
@@ -34,10 +41,15 @@ impl Server {
                 spares: 0,
                 preload: Some(Vec::new()),
             },
+            checkpoints: store,
+            defaults: rvisor::SessionOptions {
+                checkpoint_after: None,
+                hibernate_after: None,
+                ..rvisor::SessionOptions::default()
+            },
             ..SupervisorConfig::default()
         })
         .expect("the supervisor starts");
-        let dir = TestDir::new("openapi");
         let mut cfg = ServeConfig {
             tokens: Some(HashMap::from([(TOKEN.to_string(), "t".to_string())])),
             ..ServeConfig::default()
@@ -207,7 +219,9 @@ fn conforms(doc: &Value, method: &str, template: &str, what: &str, a: &Answer) -
 
 #[test]
 fn every_answer_of_every_operation_is_documented() {
-    let s = Server::start();
+    // A server without a state directory: it offers no checkpoint
+    // operations, and its document lists none.
+    let s = Server::start(false);
     let doc: Value = serde_json::from_str(
         &send(&s.base, Some(TOKEN), "GET", "/v1/openapi.json", None, None).body,
     )
@@ -232,10 +246,18 @@ fn every_answer_of_every_operation_is_documented() {
         let path = template
             .replace("{id}", "s-0000000000000000")
             .replace("{pointer}", "dp_00");
+        let offered = !CHECKPOINT_OPERATIONS.contains(&(*method, *template));
+        assert_eq!(
+            doc["paths"][template][method].is_object(),
+            offered,
+            "{method} {template}"
+        );
         for token in [None, Some("not-the-token-0123456789")] {
             let a = send(&s.base, token, &method.to_uppercase(), &path, None, None);
             assert_eq!(a.status, 401, "{method} {path} without a valid token");
-            conforms(&doc, method, template, "no token", &a);
+            if offered {
+                conforms(&doc, method, template, "no token", &a);
+            }
         }
     }
 
@@ -275,10 +297,17 @@ fn every_answer_of_every_operation_is_documented() {
             "{\"script\": \"1\", \"variables\": [{\"name\": \"if\", \"value\": 1}]}",
             422,
         ),
+        // What a run names does not exist: 404.
         (
             "/v1/run",
             "{\"script\": \"1\", \"dataframes\": [{\"data_pointer\": \"dp_0\", \"name\": \"d\"}]}",
-            422,
+            404,
+        ),
+        // Valid under the schema, but a name bound twice: 409.
+        (
+            "/v1/run",
+            "{\"script\": \"1\", \"variables\": [{\"name\": \"x\", \"value\": 1}, {\"name\": \"x\", \"value\": 2}]}",
+            409,
         ),
         (
             "/v1/run",
@@ -355,10 +384,6 @@ fn every_answer_of_every_operation_is_documented() {
         ("get", "/v1/sessions/{id}", "", 200),
         ("post", "/v1/sessions/{id}/cancel", "/cancel", 200),
         ("post", "/v1/sessions/{id}/reset", "/reset", 200),
-        // This server keeps no checkpoints: 422 with what to do.
-        ("post", "/v1/sessions/{id}/checkpoint", "/checkpoint", 422),
-        ("post", "/v1/sessions/{id}/hibernate", "/hibernate", 422),
-        ("post", "/v1/sessions/{id}/restore", "/restore", 422),
         ("delete", "/v1/sessions/{id}", "", 204),
     ] {
         check(
@@ -384,6 +409,32 @@ fn every_answer_of_every_operation_is_documented() {
             None,
             None,
             ok,
+        );
+    }
+
+    // The checkpoint operations this server does not offer answer as a
+    // route it does not have (404 `not_found`), saying how to get them.
+    let made = check(
+        "post",
+        "/v1/sessions",
+        "/v1/sessions",
+        json_ct,
+        Some("{}"),
+        201,
+    );
+    let id = made["id"].as_str().expect("a session id");
+    for (_, template) in CHECKPOINT_OPERATIONS {
+        let path = template.replace("{id}", id);
+        let a = send(&s.base, Some(TOKEN), "POST", &path, None, None);
+        assert_eq!(a.status, 404, "{path}: {}", a.body);
+        let v: Value = serde_json::from_str(&a.body).expect("an error body");
+        assert_eq!(v["error"]["code"], "not_found", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("--state-dir"),
+            "{v}"
         );
     }
 
@@ -419,4 +470,58 @@ fn every_answer_of_every_operation_is_documented() {
     // Nor may it drain the node.
     let d = "/v1/admin/drain";
     check("post", d, d, None, None, 403);
+}
+
+#[test]
+fn the_checkpoint_operations_answer_as_documented_with_a_state_dir() {
+    let s = Server::start(true);
+    let doc: Value = serde_json::from_str(
+        &send(&s.base, Some(TOKEN), "GET", "/v1/openapi.json", None, None).body,
+    )
+    .expect("the document is JSON");
+    let op = |template: &str, path: &str, want: u16| {
+        let a = send(&s.base, Some(TOKEN), "POST", path, None, None);
+        assert_eq!(a.status, want, "{path}: {}", a.body);
+        conforms(&doc, "post", template, path, &a)
+    };
+    let (cp, hib, rest) = (
+        "/v1/sessions/{id}/checkpoint",
+        "/v1/sessions/{id}/hibernate",
+        "/v1/sessions/{id}/restore",
+    );
+    for t in [cp, hib, rest] {
+        op(t, &t.replace("{id}", "s-0000000000000000"), 404);
+        op(t, &t.replace("{id}", "%FF"), 400);
+    }
+    let made = send(
+        &s.base,
+        Some(TOKEN),
+        "POST",
+        "/v1/sessions",
+        Some("application/json"),
+        Some("{}"),
+    );
+    let id = conforms(&doc, "post", "/v1/sessions", "new", &made)["id"]
+        .as_str()
+        .expect("a session id")
+        .to_string();
+    let at = |t: &str| t.replace("{id}", &id);
+    // Nothing ran: nothing to keep, nothing to roll back to (409).
+    let e = op(cp, &at(cp), 409);
+    assert_eq!(e["error"]["code"], "conflict", "{e}");
+    let e = op(rest, &at(rest), 409);
+    assert_eq!(e["error"]["code"], "conflict", "{e}");
+    let run = send(
+        &s.base,
+        Some(TOKEN),
+        "POST",
+        &format!("/v1/sessions/{id}/run"),
+        Some("application/json"),
+        Some("{\"code\": \"x <- 1\"}"),
+    );
+    conforms(&doc, "post", "/v1/sessions/{id}/run", "run", &run);
+    let info = op(cp, &at(cp), 200);
+    assert_eq!(info["written"], true, "{info}");
+    op(rest, &at(rest), 200);
+    op(hib, &at(hib), 200);
 }

@@ -1,13 +1,14 @@
 //! R as at the prompt: each top-level expression at frame 0 in the global
 //! environment, `.Last.value`, `last.warning` (what `warnings()` shows),
-//! the user's global calling handlers kept,
+//! the user's global calling handlers kept, `keep.source` read before each
+//! expression as Rscript reads it,
 //! inputs R would refuse checked before R sees them, a failed table
 //! hydration that leaves the session alive, the working directory reset
 //! per confined call, and R's recommended packages under confinement.
 
 use rvisor::{Outcome, Segment};
 use rvisor_ffi_tests::confined::run as session_run;
-use rvisor_ffi_tests::{run, worker};
+use rvisor_ffi_tests::{run, worker, TestDir};
 
 #[test]
 fn code_runs_at_frame_zero_with_no_call() {
@@ -220,6 +221,131 @@ fn errors_in_print_methods_and_interrupt_free_calls_report_once() {
     assert_eq!(r.outcome, Outcome::Error);
     assert_eq!(r.console, "Error in print.boom(x) : no print\n");
     assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
+}
+
+/// What Rscript prints on stdout for `code` (a file of that text, run from
+/// a clean environment as the differential test runs it).
+fn rscript(code: &str) -> String {
+    let dir = TestDir::new("rscript");
+    let file = dir.path().join("code.R");
+    std::fs::write(&file, code).expect("write the script");
+    let out = std::process::Command::new("Rscript")
+        .arg("--vanilla")
+        .arg(&file)
+        .env("LANG", "C.UTF-8")
+        .output()
+        .expect("Rscript runs");
+    assert!(
+        out.status.success(),
+        "Rscript failed on {code:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// A call's standard output (the console holds stderr too).
+fn stdout(r: &rvisor::RunResult) -> String {
+    r.segments
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Stdout { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Prints what R kept of `f`'s source: the srcref's eight numbers, its
+/// srcfile's lines and filename, and the function as printed.
+const SHOW_SOURCE: &str = "show <- function(f) { s <- attr(f, 'srcref'); \
+    if (is.null(s)) return(cat('no srcref\\n')); print(as.integer(s)); \
+    sf <- attr(s, 'srcfile'); print(sf$lines); print(sf$filename); \
+    print(class(sf)); print(ls(sf, all.names = TRUE)); print(f) }\n";
+
+#[test]
+fn keep_source_applies_to_the_expressions_after_it_as_under_rscript() {
+    // Rscript parses one top-level expression at a time with the options
+    // then in force; its srcrefs count lines from the expression's own
+    // text (from after the previous `;` or newline, its trailing comment
+    // included). Comment lines, `;`, a `;` inside a comment, a function
+    // spanning lines, UTF-8, and keep.source turned off again mid-line.
+    let lines = [
+        "f0 <- function(x) x   # before: kept as deparsed",
+        "# a comment line",
+        "options(keep.source = TRUE)",
+        "x <- 1 # c; y <- 2",
+        "",
+        "a <- 1; f1 <- function(a,",
+        "                       b) {",
+        "  a + b  # the sum",
+        "}; f2 <- function() \"\u{e9}t\u{e9}\" # accents",
+        "\tf3 <- function() 3; options(keep.source = FALSE); f4 <- function() 4",
+        "for (f in list(f0, f1, f2, f3, f4)) show(f)",
+        "is.null(utils::getParseData(f1))",
+        "names(attributes(body(f1)))",
+    ];
+    let code = format!("{SHOW_SOURCE}{}\n", lines.join("\n"));
+    let expected = rscript(&code);
+    assert!(
+        expected.contains("a + b  # the sum"),
+        "Rscript kept f1's source:\n{expected}"
+    );
+    let mut w = worker();
+    let r = run(&mut w, &code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(stdout(&r), expected);
+    // Without keep.source (Rscript's default) nothing is kept.
+    let code = format!("{SHOW_SOURCE}g <- function(x) {{\n  x # gone\n}}\nshow(g)\ng\n");
+    let expected = rscript(&code);
+    assert!(expected.starts_with("no srcref\n"), "{expected}");
+    let r = run(&mut w, &code);
+    assert_eq!(stdout(&r), expected);
+}
+
+#[test]
+fn keep_source_set_in_one_call_applies_to_the_next() {
+    let mut w = worker();
+    let r = run(&mut w, "options(keep.source = TRUE)");
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    let r = run(
+        &mut w,
+        "\n# why\nf <- function(x) {\n  x * 2 # doubled\n}\nf\nas.integer(attr(f, 'srcref'))",
+    );
+    // Lines count from the expression's own first line (Rscript's too:
+    // blank and comment lines are parsed apart); `function` is column 6.
+    assert_eq!(
+        stdout(&r),
+        "function(x) {\n  x * 2 # doubled\n}\n[1] 1 6 3 1 6 1 1 3\n",
+        "{}",
+        r.console
+    );
+    // A syntax error anywhere still runs nothing, and says where.
+    let r = run(&mut w, "cat('ran')\nf <- function( {\n");
+    assert_eq!(r.outcome, Outcome::ParseError, "{}", r.console);
+    assert_eq!(stdout(&r), "", "{}", r.console);
+    let e = r.error.expect("the parse error");
+    assert_eq!((e.line, e.column), (Some(2), Some(16)), "{}", e.message);
+    // Errors and tracebacks read as without source references.
+    let r = run(
+        &mut w,
+        "h <- function() stop('boom')\nk <- function() h()\nk()",
+    );
+    let e = r.error.expect("error");
+    assert_eq!(e.call.as_deref(), Some("h()"));
+    assert_eq!(e.traceback, vec!["stop(\"boom\")", "h()", "k()"]);
+}
+
+#[test]
+fn r_s_remove_source_example_runs_as_under_rscript() {
+    // utils' own example of removeSource() sets keep.source = TRUE and
+    // checks, in the same script, that the function after it has a srcref.
+    let example =
+        rscript("tools::Rd2ex(utils:::.getHelpFile(help('removeSource', package = 'utils')))");
+    assert!(example.contains("options(keep.source = TRUE)"), "{example}");
+    let expected = rscript(&example);
+    let mut w = worker();
+    let r = run(&mut w, &example);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(stdout(&r), expected);
 }
 
 /// Runs `cat('ran')` with `ctx`, which the worker must refuse before any

@@ -272,6 +272,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::TooLarge,
                 E::Invalid,
                 E::DataPointerUnresolved,
+                E::Conflict,
                 E::NoWorker,
                 E::Internal,
             ],
@@ -315,17 +316,23 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
         (
             "post",
             "/v1/sessions/{id}/checkpoint",
-            &[E::BadRequest, E::NotFound, E::Invalid, E::Internal],
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::Closed,
+                E::Conflict,
+                E::Internal,
+            ],
         ),
         (
             "post",
             "/v1/sessions/{id}/hibernate",
-            &[E::BadRequest, E::NotFound, E::Invalid],
+            &[E::BadRequest, E::NotFound],
         ),
         (
             "post",
             "/v1/sessions/{id}/restore",
-            &[E::BadRequest, E::NotFound, E::Invalid],
+            &[E::BadRequest, E::NotFound, E::Closed, E::Conflict],
         ),
         ("delete", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
         (
@@ -360,39 +367,69 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
 /// bearer requirement in the document.
 pub const UNAUTHENTICATED: &[&str] = &["/livez", "/readyz"];
 
+/// The operations only a server that keeps checkpoints (`--state-dir`, or
+/// a store) offers: the document of one that keeps none leaves them out,
+/// and they answer it 404 `not_found` saying how to turn them on.
+pub const CHECKPOINT_OPERATIONS: &[(&str, &str)] = &[
+    ("post", "/v1/sessions/{id}/checkpoint"),
+    ("post", "/v1/sessions/{id}/hibernate"),
+    ("post", "/v1/sessions/{id}/restore"),
+];
+
 /// The OpenAPI document of a server: the generated one, with each
 /// operation's error responses (from [`OPERATION_ERRORS`]; 401 and the
 /// bearer requirement when `auth`), and the bounds the server checks
 /// requests against (its `rules` and confinement `limits`, `None` when
 /// unconfined) written into the request schemas, so that the schema
-/// accepts what the decoder and the checks accept.
+/// accepts what the decoder and the checks accept. Without `checkpoints`
+/// the [`CHECKPOINT_OPERATIONS`] are left out: the server does not offer
+/// them.
 pub fn document(
     auth: bool,
     rules: &rvisor::SafetyRules,
     limits: Option<&rvisor::Limits>,
+    checkpoints: bool,
 ) -> serde_json::Value {
     use utoipa::OpenApi;
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
     error_responses(&mut doc, auth);
     request_bounds(&mut doc, rules, limits);
     media_types(&mut doc);
-    links(&mut doc);
+    if !checkpoints {
+        if let Some(paths) = doc
+            .get_mut("paths")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            for (_, path) in CHECKPOINT_OPERATIONS {
+                paths.remove(*path);
+            }
+        }
+    }
+    links(&mut doc, checkpoints);
     doc
 }
 
-/// The document of the server `service` is (its auth, rules and limits).
+/// The document of the server `service` is (its auth, rules, limits and
+/// whether it keeps checkpoints).
 pub fn service_document(service: &Service) -> serde_json::Value {
     let sup = service.supervisor();
     let limits = sup.config().worker.confine.as_ref().map(|c| &c.limits);
-    document(service.requires_auth(), service.rules(), limits)
+    document(
+        service.requires_auth(),
+        service.rules(),
+        limits,
+        service.keeps_checkpoints(),
+    )
 }
 
-/// The document of a server with tokens and the default rules and limits.
+/// The document of a server with tokens, the default rules and limits,
+/// and checkpoints (every operation).
 pub fn openapi_json() -> String {
     let doc = document(
         true,
         &rvisor::SafetyRules::default(),
         Some(&rvisor::Limits::default()),
+        true,
     );
     serde_json::to_string_pretty(&doc).unwrap_or_default()
 }
@@ -586,13 +623,16 @@ fn media_types(doc: &mut serde_json::Value) {
     if let Some(body) =
         operation(doc, "post", "/v1/tables").and_then(|op| op.get_mut("requestBody"))
     {
+        // A CSV upload is a file's bytes (as the Arrow stream is): what
+        // makes them a table (UTF-8, a header, rows of its length) is the
+        // parser's to say, beyond JSON Schema; what it cannot read is 422.
         body["content"] = json!({
-            "text/csv": {"schema": {"type": "string"}},
+            "text/csv": {"schema": {"type": "string", "format": "binary", "description": "The bytes of a CSV file: UTF-8, a header line, then rows with as many fields (NA or empty: missing). Content the CSV reader cannot read is refused with 422 `invalid`, saying why"}},
             "application/json": {"schema": {"type": "array", "minItems": 1, "items": {
                 "type": "object", "minProperties": 1,
                 "additionalProperties": {"type": ["string", "number", "boolean", "null"]}
             }}},
-            "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}
+            "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary", "description": "An Arrow IPC stream. A stream that cannot be read is refused with 422 `invalid`, saying why"}}
         });
     }
     for path in ["/v1/run", "/v1/sessions/{id}/run"] {
@@ -628,16 +668,24 @@ fn media_types(doc: &mut serde_json::Value) {
 }
 
 /// How ids flow between operations (OpenAPI links): a new session's `id`
-/// addresses the session routes, a stored table's `data_pointer` the table
-/// routes. (A one-shot run's `session.id` addresses nothing.)
-fn links(doc: &mut serde_json::Value) {
-    let session_ops = [
+/// addresses the session routes (the checkpoint ones when the server has
+/// them), a stored table's `data_pointer` the table routes. (A one-shot
+/// run's `session.id` addresses nothing.)
+fn links(doc: &mut serde_json::Value, checkpoints: bool) {
+    let mut session_ops = vec![
         ("status", "session_status"),
         ("run", "session_run"),
         ("cancel", "session_cancel"),
         ("reset", "session_reset"),
         ("close", "session_delete"),
     ];
+    if checkpoints {
+        session_ops.extend([
+            ("checkpoint", "session_checkpoint"),
+            ("hibernate", "session_hibernate"),
+            ("restore", "session_restore"),
+        ]);
+    }
     let table_ops = [("get", "table_get"), ("delete", "table_delete")];
     for (path, status, param, field, ops) in [
         ("/v1/sessions", "201", "id", "id", &session_ops[..]),
@@ -1520,7 +1568,40 @@ mod openapi_tests {
             auth,
             &rvisor::SafetyRules::default(),
             Some(&rvisor::Limits::default()),
+            true,
         )
+    }
+
+    #[test]
+    fn a_server_without_checkpoints_documents_no_checkpoint_operations() {
+        let all = operations(&default_doc(true));
+        let doc = document(
+            true,
+            &rvisor::SafetyRules::default(),
+            Some(&rvisor::Limits::default()),
+            false,
+        );
+        let offered = operations(&doc);
+        let gone: BTreeSet<(String, String)> = CHECKPOINT_OPERATIONS
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(gone.len(), 3);
+        assert_eq!(
+            all.difference(&offered).cloned().collect::<BTreeSet<_>>(),
+            gone
+        );
+        // No link points to an operation that is not there.
+        let links = &doc["paths"]["/v1/sessions"]["post"]["responses"]["201"]["links"];
+        for (name, link) in links.as_object().expect("links") {
+            let op = link["operationId"].as_str().unwrap_or("");
+            assert!(
+                !op.contains("checkpoint") && !op.contains("restore") && !op.contains("hibernate"),
+                "{name}"
+            );
+        }
+        let with = &default_doc(true)["paths"]["/v1/sessions"]["post"]["responses"]["201"]["links"];
+        assert_eq!(with["restore"]["operationId"], "session_restore");
     }
 
     #[test]
@@ -1624,7 +1705,7 @@ mod openapi_tests {
     fn request_bounds_follow_the_rules_and_limits() {
         let mut rules = rvisor::SafetyRules::default();
         rules.timeout_seconds.max = 42;
-        let doc = document(true, &rules, Some(&rvisor::Limits::default()));
+        let doc = document(true, &rules, Some(&rvisor::Limits::default()), true);
         let s = &doc["components"]["schemas"];
         assert_eq!(
             s["RunScript"]["properties"]["timeout_seconds"]["maximum"],
@@ -1638,7 +1719,7 @@ mod openapi_tests {
             s["LimitsRequest"]["properties"]["memory_mb"]["maximum"],
             rvisor::Limits::default().memory_bytes >> 20
         );
-        let unconfined = document(true, &rules, None);
+        let unconfined = document(true, &rules, None, true);
         assert_eq!(
             unconfined["components"]["schemas"]["NewSession"]["properties"]["limits"]["oneOf"],
             json!([{"type": "null"}])

@@ -213,7 +213,7 @@ type Batches = (
 
 /// Rows per batch while converting: bounds the memory one conversion holds.
 const BATCH_ROWS: usize = 16 * 1024;
-/// Rows read to infer column types.
+/// Rows of a CSV read to infer column types.
 const INFER_ROWS: usize = 100_000;
 
 /// Rewrites a JSON array of records as one record per line (NDJSON) in
@@ -234,6 +234,13 @@ fn json_array_to_ndjson(src: &Path, out: &Path) -> Result<(), TableError> {
                         "every element of the JSON array must be an object (a record)",
                     ));
                 }
+                // A record names at least one field (the request schema's
+                // `minProperties: 1`): `{}` would be a row of nothing.
+                if text[1..].trim_start().starts_with('}') {
+                    return Err(A::Error::custom(
+                        "every record must have at least one field; {} has none",
+                    ));
+                }
                 self.0
                     .write_all(text.as_bytes())
                     .and_then(|()| self.0.write_all(b"\n"))
@@ -250,6 +257,8 @@ fn json_array_to_ndjson(src: &Path, out: &Path) -> Result<(), TableError> {
             TableError::Invalid(
                 "every element of the JSON array must be an object (a record)".into(),
             )
+        } else if e.to_string().contains("at least one field") {
+            TableError::Invalid("every record must have at least one field; {} has none".into())
         } else {
             TableError::Invalid(format!("the body is not a JSON array of records: {e}"))
         }
@@ -287,13 +296,20 @@ fn read_upload(format: TableFormat, src: &Path, scratch: &Path) -> Result<Batche
         }
         TableFormat::Json => {
             json_array_to_ndjson(src, scratch)?;
+            // Every record is read to type the columns (one more pass over
+            // the file, in bounded memory): a key whose values are of more
+            // than one kind (a number here, a string there) becomes a
+            // string column, its numbers and booleans written as text, as
+            // jsonlite's fromJSON() makes it. Any JSON array of flat
+            // records is then a table, as the request schema says.
             let (schema, _) = arrow_json::reader::infer_json_schema(
                 BufReader::new(std::fs::File::open(scratch)?),
-                Some(INFER_ROWS),
+                None,
             )
             .map_err(|e| bad("the records could not be typed", &e))?;
             let schema = Arc::new(schema);
             let reader = arrow_json::ReaderBuilder::new(schema.clone())
+                .with_coerce_primitive(true)
                 .with_batch_size(BATCH_ROWS)
                 .build(BufReader::new(std::fs::File::open(scratch)?))
                 .map_err(|e| bad("the records could not be read", &e))?;
@@ -1143,6 +1159,8 @@ mod tests {
         assert_eq!(m.rows, 70_000);
         for bad in [
             &b"[1, 2]"[..],
+            b"[{\"a\": 1}, {}]",
+            b"[{ }]",
             b"{\"a\": 1}",
             b"[{\"a\": 1}",
             b"[{\"a\": 1}] x",
@@ -1151,6 +1169,32 @@ mod tests {
             assert!(matches!(e, TableError::Invalid(_)), "{e}");
         }
         assert_eq!(leftovers(&dir).len(), 1, "{:?}", leftovers(&dir));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn json_records_of_any_kinds_are_a_table() {
+        // What the request schema allows (flat records, scalar values) is
+        // stored: a key of several kinds becomes a string column, also when
+        // the other kind comes late; a key that is only ever null, and
+        // keys some records lack, are columns of missing values.
+        let (s, dir) = store();
+        let mut body = String::from("[");
+        for i in 0..20_000 {
+            body.push_str(&format!("{{\"k\": {i}, \"n\": null}},"));
+        }
+        body.push_str(r#"{"k": "late", "": true, "b": 1.5}, {"k": false, "": "x", "b": true}]"#);
+        let m = s.put("t", TableFormat::Json, body.as_bytes()).unwrap();
+        assert_eq!(m.rows, 20_002);
+        let kinds: Vec<(&str, &str)> = m
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind.as_str()))
+            .collect();
+        assert!(kinds.contains(&("k", "string")), "{kinds:?}");
+        assert!(kinds.contains(&("", "string")), "{kinds:?}");
+        assert!(kinds.contains(&("b", "string")), "{kinds:?}");
+        assert!(kinds.iter().any(|(n, _)| *n == "n"), "{kinds:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -402,6 +402,40 @@ pub enum ValidateError {
     NoWorker(String),
 }
 
+/// Why a session could not be checkpointed ([`crate::Session::checkpoint`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The supervisor keeps no checkpoints.
+    #[error(
+        "this session has no checkpoint store; start the supervisor with one \
+         (SupervisorConfig::checkpoints, rvisor serve --state-dir)"
+    )]
+    NoStore,
+    /// No call has run in the session yet: it has no state to keep.
+    #[error("nothing to checkpoint: no call has run in this session yet")]
+    NothingYet,
+    /// The session is closed (or closed before the checkpoint was taken).
+    #[error("the session is closed")]
+    Closed,
+    /// The worker could not write it, or the store could not keep it.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Why a session cannot be rolled back to its checkpoint
+/// ([`crate::Session::restore`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RestoreError {
+    /// The session is closed.
+    #[error("the session is closed")]
+    Closed,
+    /// No checkpoint was taken yet (or loaded) for this session.
+    #[error("the session has no checkpoint to restore; take one first")]
+    NoCheckpoint,
+}
+
 /// Why variables cannot be bound for a run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

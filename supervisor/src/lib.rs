@@ -57,8 +57,8 @@ pub use call::{validate_call, MAX_CODE_BYTES};
 pub use cancel::{CancelOnDrop, CancelToken};
 pub use confine::{CgroupMode, Confinement, Limits};
 pub use error::{
-    CallError, CgroupMissing, ConfineError, Error, LimitsError, ReadOnlyRefusal, ValidateError,
-    VariableError, WorkerFileError,
+    CallError, CgroupMissing, CheckpointError, ConfineError, Error, LimitsError, ReadOnlyRefusal,
+    RestoreError, ValidateError, VariableError, WorkerFileError,
 };
 pub use events::{
     EventFeed, EventSink, Events, NextEvent, StreamBudget, StreamLimits,

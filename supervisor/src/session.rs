@@ -497,7 +497,8 @@ struct Inner {
     /// Why the last restore failed, for the next result's notice.
     restore_failure: Option<String>,
     /// Callers of [`Session::checkpoint`] waiting for the runner.
-    checkpoint_waiters: Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, String>>>,
+    checkpoint_waiters:
+        Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, crate::CheckpointError>>>,
     /// Set by [`Session::hibernate`].
     hibernate_requested: bool,
     /// Callers of [`Session::hibernate_and_wait`] waiting for the runner.
@@ -1014,13 +1015,10 @@ impl Shared {
         &self,
         worker: &mut Option<Worker>,
         source: &mut impl WorkerSource,
-    ) -> Result<CheckpointInfo, String> {
+    ) -> Result<CheckpointInfo, crate::CheckpointError> {
+        use crate::CheckpointError as E;
         let Some(store) = self.store.clone() else {
-            return Err(
-                "this session has no checkpoint store; start the supervisor with one \
-                        (SupervisorConfig::checkpoints, rvisor serve --state-dir)"
-                    .into(),
-            );
+            return Err(E::NoStore);
         };
         let key = self.checkpoint_key();
         {
@@ -1035,7 +1033,7 @@ impl Shared {
             }
         }
         let Some(w) = worker.as_mut() else {
-            return Err("nothing to checkpoint: no call has run in this session yet".into());
+            return Err(E::NothingYet);
         };
         // A directory given by the caller outlives the session's workers.
         let file_bytes = if self.working_dir.is_some() && !self.owns_working_dir {
@@ -1059,11 +1057,13 @@ impl Shared {
                 i.restore_next = Some(reason.to_string());
             }
         }
-        let bytes = taken.map_err(|e| format!("the checkpoint failed: {e}"))?;
-        let manifest = Manifest::read(&bytes)?;
-        store
-            .put(&key, &bytes)
-            .map_err(|e| format!("could not store the checkpoint under {key:?} ({e})"))?;
+        let bytes = taken.map_err(|e| E::Failed(format!("the checkpoint failed: {e}")))?;
+        let manifest = Manifest::read(&bytes).map_err(E::Failed)?;
+        store.put(&key, &bytes).map_err(|e| {
+            E::Failed(format!(
+                "could not store the checkpoint under {key:?} ({e})"
+            ))
+        })?;
         let mut i = lock(&self.inner);
         i.dirty = false;
         i.checkpoint = Some(manifest.clone());
@@ -1086,7 +1086,7 @@ impl Shared {
         if let Err(e) = self.take_checkpoint(worker, source) {
             // Try again after another idle period.
             lock(&self.inner).idle_since = Instant::now();
-            return Err(e);
+            return Err(e.to_string());
         }
         let mut i = lock(&self.inner);
         if !i.queue.is_empty() || i.closed {
@@ -1384,7 +1384,9 @@ impl Shared {
             )
         };
         let released = if save && worker.is_some() {
-            self.take_checkpoint(&mut worker, &mut source).map(Some)
+            self.take_checkpoint(&mut worker, &mut source)
+                .map(Some)
+                .map_err(|e| e.to_string())
         } else {
             Ok(None)
         };
@@ -1699,33 +1701,32 @@ impl Session {
     /// the queued ones) into the supervisor's checkpoint store and returns
     /// what it holds. Costs nothing when no call ran since the last
     /// checkpoint (`written: false`). Blocks until it is done.
-    pub fn checkpoint(&self) -> Result<CheckpointInfo, String> {
+    pub fn checkpoint(&self) -> Result<CheckpointInfo, crate::CheckpointError> {
         let s = self.shared();
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let mut i = lock(&s.inner);
             if i.closed {
-                return Err("the session is closed".into());
+                return Err(crate::CheckpointError::Closed);
             }
             i.checkpoint_waiters.push(tx);
         }
         s.cv.notify_all();
-        rx.recv()
-            .map_err(|_| "the session closed before the checkpoint was taken".to_string())?
+        rx.recv().map_err(|_| crate::CheckpointError::Closed)?
     }
 
     /// Rolls the session back to its last checkpoint: like
     /// [`Session::reset`] (the running call is cancelled, queued calls
     /// become `not_executed`), but the next worker loads the checkpoint.
-    /// Fails when the session has none.
-    pub fn restore(&self) -> Result<(), String> {
+    /// Fails when the session has none, or is closed.
+    pub fn restore(&self) -> Result<(), crate::RestoreError> {
         let s = self.shared();
         let mut i = lock(&s.inner);
         if i.closed {
-            return Err("the session is closed".into());
+            return Err(crate::RestoreError::Closed);
         }
         if i.checkpoint.is_none() {
-            return Err("the session has no checkpoint to restore; take one first".into());
+            return Err(crate::RestoreError::NoCheckpoint);
         }
         i.restore_requested = true;
         Self::replace_worker(

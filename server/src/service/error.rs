@@ -26,8 +26,14 @@ pub enum ErrorCode {
     /// The request is well-formed but breaks a rule (a timeout out of
     /// range, a bad variable name...).
     Invalid,
-    /// A data pointer of a run did not resolve (which one is not said).
+    /// A data pointer of a run did not resolve (which one is not said):
+    /// what the run names does not exist for the caller (404, as an
+    /// unknown table or session).
     DataPointerUnresolved,
+    /// The request conflicts with itself or with the state of what it
+    /// names: a name bound twice by one run, a restore of a session that
+    /// has no checkpoint (409). Rules a request schema cannot state.
+    Conflict,
     /// The session's queue is full.
     QueueFull,
     /// The session is closed.
@@ -50,7 +56,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -60,6 +66,7 @@ impl ErrorCode {
         ErrorCode::TooLarge,
         ErrorCode::Invalid,
         ErrorCode::DataPointerUnresolved,
+        ErrorCode::Conflict,
         ErrorCode::QueueFull,
         ErrorCode::Closed,
         ErrorCode::Quota,
@@ -82,6 +89,7 @@ impl ErrorCode {
             ErrorCode::TooLarge => "too_large",
             ErrorCode::Invalid => "invalid",
             ErrorCode::DataPointerUnresolved => "data_pointer_unresolved",
+            ErrorCode::Conflict => "conflict",
             ErrorCode::QueueFull => "queue_full",
             ErrorCode::Closed => "closed",
             ErrorCode::Quota => "quota",
@@ -94,16 +102,26 @@ impl ErrorCode {
     }
 
     /// The HTTP status of this code: the one mapping every surface that
-    /// speaks HTTP statuses uses (and the OpenAPI document lists).
+    /// speaks HTTP statuses uses (and the OpenAPI document lists). 422 is
+    /// for what the operation's request schema forbids (the document
+    /// writes each rule it can into the schema); a request the schema
+    /// allows is refused only for what a schema cannot state: something it
+    /// names that does not exist (404), a conflict (409), a size or a
+    /// quota (413, 429), the server's state (503), or, for a table upload,
+    /// content its format's parser cannot read (422: docs/http.md).
     pub fn http_status(self) -> u16 {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden => 403,
-            ErrorCode::NotFound | ErrorCode::UnknownSession | ErrorCode::Closed => 404,
+            ErrorCode::NotFound
+            | ErrorCode::UnknownSession
+            | ErrorCode::Closed
+            | ErrorCode::DataPointerUnresolved => 404,
             ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::Conflict => 409,
             ErrorCode::TooLarge => 413,
-            ErrorCode::Invalid | ErrorCode::DataPointerUnresolved => 422,
+            ErrorCode::Invalid => 422,
             ErrorCode::QueueFull | ErrorCode::Quota => 429,
             ErrorCode::Internal | ErrorCode::Storage => 500,
             ErrorCode::NoWorker | ErrorCode::Busy | ErrorCode::Draining => 503,
@@ -159,6 +177,11 @@ impl ServiceError {
     /// A rule was broken (422).
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Invalid, message)
+    }
+
+    /// The request conflicts with itself or with what it names (409).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Conflict, message)
     }
 
     /// `what` does not exist for this tenant (404).

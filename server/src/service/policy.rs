@@ -71,8 +71,10 @@ pub fn tighter_limits(
 }
 
 /// Checks the names a one-shot run binds: at most `max_dataframes` tables,
-/// syntactic names, the variables' own rules, and no name used twice
-/// (between tables, or between a table and a variable).
+/// syntactic names, the variables' own rules (422 `invalid`: the request
+/// schema states them), and no name used twice (between variables, between
+/// tables, or between a table and a variable: 409 `conflict`, which no
+/// schema can state).
 pub fn check_bindings(
     variables: &[(String, Value)],
     table_names: &[&str],
@@ -90,13 +92,17 @@ pub fn check_bindings(
             return Err(ServiceError::invalid(format!("dataframe name: {why}")));
         }
     }
-    rvisor::ops::check_variables(variables, rules)
-        .map_err(|e| ServiceError::invalid(e.to_string()))?;
+    rvisor::ops::check_variables(variables, rules).map_err(|e| match e {
+        rvisor::VariableError::Duplicate(n) => ServiceError::conflict(format!(
+            "variable {n:?} is given twice; give each name once"
+        )),
+        e => ServiceError::invalid(e.to_string()),
+    })?;
     let mut names = HashSet::new();
     for n in table_names {
         if !names.insert(*n) || variables.iter().any(|(v, _)| v == n) {
-            return Err(ServiceError::invalid(format!(
-                "the name {n:?} is used twice"
+            return Err(ServiceError::conflict(format!(
+                "the name {n:?} is used twice (by variables and dataframes); give each name once"
             )));
         }
     }
@@ -157,14 +163,19 @@ mod tests {
         let rules = SafetyRules::default();
         let vars = vec![("n".to_string(), json!(1))];
         assert!(check_bindings(&vars, &["d"], &rules).is_ok());
-        for (tables, what) in [
-            (vec!["n"], "used twice"),
-            (vec!["d", "d"], "used twice"),
-            (vec!["1x"], "not a syntactic R name"),
+        for (tables, what, code) in [
+            (vec!["n"], "used twice", ErrorCode::Conflict),
+            (vec!["d", "d"], "used twice", ErrorCode::Conflict),
+            (vec!["1x"], "not a syntactic R name", ErrorCode::Invalid),
         ] {
             let e = check_bindings(&vars, &tables, &rules).unwrap_err();
             assert!(e.message.contains(what), "{tables:?}: {}", e.message);
+            assert_eq!(e.code, code, "{tables:?}");
         }
+        let twice = vec![("n".to_string(), json!(1)), ("n".to_string(), json!(2))];
+        let e = check_bindings(&twice, &[], &rules).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Conflict, "{}", e.message);
+        assert!(e.message.contains("given twice"), "{}", e.message);
         let many: Vec<String> = (0..=rules.max_dataframes)
             .map(|i| format!("d{i}"))
             .collect();

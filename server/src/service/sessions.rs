@@ -316,48 +316,72 @@ impl Service {
         Ok(s.status())
     }
 
+    /// Whether this server keeps checkpoints (`--state-dir` or a store):
+    /// without them it offers no checkpoint, hibernate or restore (its
+    /// OpenAPI document lists none of the three).
+    pub fn keeps_checkpoints(&self) -> bool {
+        self.inner.sup.config().checkpoints.is_some()
+    }
+
+    /// `not_found` for the checkpoint operations of a server that keeps no
+    /// checkpoints: it does not offer them, as a route it does not have.
+    fn checkpoints_offered(&self, op: &str) -> Result<(), ServiceError> {
+        if self.keeps_checkpoints() {
+            return Ok(());
+        }
+        Err(ServiceError::new(
+            ErrorCode::NotFound,
+            format!(
+                "this server keeps no checkpoints, so it has no {op}: start it with \
+                 --state-dir DIR to checkpoint, hibernate and restore sessions"
+            ),
+        ))
+    }
+
     /// Checkpoints session `id` now (after its running call) and says what
     /// the checkpoint holds; `written: false` when nothing ran since the
-    /// last one. Blocks until it is done. `invalid` when the server keeps
-    /// no checkpoints (no `--state-dir`), `internal` when the worker or the
+    /// last one. Blocks until it is done. `conflict` when no call has run
+    /// in it yet (nothing to keep), `not_found` when the server keeps no
+    /// checkpoints (no `--state-dir`), `internal` when the worker or the
     /// store failed.
     pub fn checkpoint(
         &self,
         tenant: &str,
         id: &str,
     ) -> Result<rvisor::checkpoint::CheckpointInfo, ServiceError> {
+        self.checkpoints_offered("checkpoint")?;
         let s = self.session(tenant, id)?;
-        if self.inner.sup.config().checkpoints.is_none() {
-            return Err(ServiceError::invalid(
-                "this server keeps no checkpoints; start it with --state-dir DIR",
-            ));
-        }
-        s.checkpoint()
-            .map_err(|e| ServiceError::new(ErrorCode::Internal, e))
+        s.checkpoint().map_err(|e| match e {
+            rvisor::CheckpointError::NothingYet => ServiceError::conflict(format!(
+                "session {id} has nothing to checkpoint yet: no call has run in it; run one first"
+            )),
+            rvisor::CheckpointError::Closed => ServiceError::new(ErrorCode::Closed, e.to_string()),
+            e => ServiceError::new(ErrorCode::Internal, e.to_string()),
+        })
     }
 
     /// Rolls session `id` back to its last checkpoint (the next worker
-    /// loads it); `invalid` when it has none.
+    /// loads it); `conflict` when it has none yet, `not_found` when the
+    /// server keeps no checkpoints.
     pub fn restore(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        self.checkpoints_offered("restore")?;
         let s = self.session(tenant, id)?;
-        if self.inner.sup.config().checkpoints.is_none() {
-            return Err(ServiceError::invalid(
-                "this server keeps no checkpoints; start it with --state-dir DIR",
-            ));
-        }
-        s.restore().map_err(ServiceError::invalid)?;
+        s.restore().map_err(|e| match e {
+            rvisor::RestoreError::NoCheckpoint => ServiceError::conflict(format!(
+                "session {id} has no checkpoint to restore yet: checkpoint it first \
+                 (POST .../checkpoint, or let it go idle)"
+            )),
+            e => ServiceError::new(ErrorCode::Closed, e.to_string()),
+        })?;
         Ok(s.status())
     }
 
     /// Hibernates session `id` once it is idle (checkpoint, worker
-    /// released); the next call restores it.
+    /// released); the next call restores it. `not_found` when the server
+    /// keeps no checkpoints.
     pub fn hibernate(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
+        self.checkpoints_offered("hibernate")?;
         let s = self.session(tenant, id)?;
-        if self.inner.sup.config().checkpoints.is_none() {
-            return Err(ServiceError::invalid(
-                "this server keeps no checkpoints; start it with --state-dir DIR",
-            ));
-        }
         s.hibernate();
         Ok(s.status())
     }
