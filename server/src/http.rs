@@ -311,7 +311,16 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
         (
             "post",
             "/v1/sessions/{id}/checkpoint",
-            &[E::BadRequest, E::NotFound, E::Invalid, E::Internal],
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::Invalid,
+                E::TooLarge,
+                E::Quota,
+                E::Busy,
+                E::Storage,
+                E::Internal,
+            ],
         ),
         (
             "post",

@@ -450,3 +450,31 @@ pub enum VariableError {
     #[error("variable {0:?} mixes types; an array must hold numbers, strings or booleans only")]
     Mixed(String),
 }
+
+/// Why a checkpoint was not taken or not stored. The checkpoint already in
+/// the store (if any) stays valid whatever the cause. Each message says
+/// what went wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The checkpoint would pass the store's cap on one checkpoint.
+    #[error("{0}")]
+    TooLarge(String),
+    /// It would pass the tenant's quota of checkpoint bytes.
+    #[error("{0}")]
+    Quota(String),
+    /// This node no longer holds the session's lease (another node took
+    /// it over, or the lease ran out while the store was unreachable).
+    #[error("{0}")]
+    Fenced(String),
+    /// The store failed.
+    #[error("{0}")]
+    Store(String),
+    /// The worker did not write it (R failed, the worker ended or did not
+    /// answer in time).
+    #[error("{0}")]
+    Worker(String),
+    /// Nothing to checkpoint, or nowhere to keep it: the caller's to fix.
+    #[error("{0}")]
+    Unavailable(String),
+}

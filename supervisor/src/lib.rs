@@ -56,8 +56,8 @@ pub use call::{validate_call, MAX_CODE_BYTES};
 pub use cancel::{CancelOnDrop, CancelToken};
 pub use confine::{CgroupMode, Confinement, Limits};
 pub use error::{
-    CallError, CgroupMissing, ConfineError, Error, LimitsError, ReadOnlyRefusal, ValidateError,
-    VariableError, WorkerFileError,
+    CallError, CgroupMissing, CheckpointError, ConfineError, Error, LimitsError, ReadOnlyRefusal,
+    ValidateError, VariableError, WorkerFileError,
 };
 pub use events::{EventFeed, EventSink, Events, NextEvent};
 pub use ops::{
@@ -73,7 +73,8 @@ pub use rvisor_protocol::{
 };
 pub use session::{
     CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, RunningCall, Session, SessionOptions,
-    SessionState, SessionStatus, Supervisor, SupervisorConfig, RESUMED_MOVED, RESUMED_RESTART,
+    SessionState, SessionStatus, Supervisor, SupervisorConfig, CHECKPOINT_FAILED, CHECKPOINT_RETRY,
+    MAX_CHECKPOINT_RETRY, RESUMED_MOVED, RESUMED_RESTART,
 };
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
 pub use worker::{Canceller, Interrupter, Worker};

@@ -317,7 +317,7 @@ fn durable_rows(k: usize) -> Result<Vec<Stats>, String> {
             .map_err(|e| e.to_string())?
             .wait();
         let t = Instant::now();
-        let info = s.checkpoint()?;
+        let info = s.checkpoint().map_err(|e| e.to_string())?;
         checkpoint.push(ms(t.elapsed()));
         worker_part.push(info.manifest.checkpoint_ms);
         bytes = info.bytes;

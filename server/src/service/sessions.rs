@@ -310,8 +310,10 @@ impl Service {
     /// Checkpoints session `id` now (after its running call) and says what
     /// the checkpoint holds; `written: false` when nothing ran since the
     /// last one. Blocks until it is done. `invalid` when the server keeps
-    /// no checkpoints (no `--state-dir`), `internal` when the worker or the
-    /// store failed.
+    /// no checkpoints (no `--state-dir`) or nothing ran yet, `too_large`
+    /// over the cap on one checkpoint, `quota` over the tenant's quota of
+    /// checkpoint bytes, `busy` when another node took the session over,
+    /// `storage` when the store failed, `internal` when the worker did.
     pub fn checkpoint(
         &self,
         tenant: &str,
@@ -323,8 +325,7 @@ impl Service {
                 "this server keeps no checkpoints; start it with --state-dir DIR",
             ));
         }
-        s.checkpoint()
-            .map_err(|e| ServiceError::new(ErrorCode::Internal, e))
+        s.checkpoint().map_err(ServiceError::from)
     }
 
     /// Rolls session `id` back to its last checkpoint (the next worker
