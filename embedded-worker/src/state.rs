@@ -163,15 +163,19 @@ struct Capped<'a> {
 }
 
 impl Write for Capped<'_> {
+    /// Writes what fits under the cap, then fails: the supervisor, having
+    /// read exactly `max` bytes before the failure, knows it was the cap.
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.written.saturating_add(buf.len() as u64) > self.max {
+        let room = self.max.saturating_sub(self.written);
+        if room == 0 && !buf.is_empty() {
             self.over = true;
             return Err(std::io::Error::other(format!(
                 "the checkpoint would pass its cap of {} bytes",
                 self.max
             )));
         }
-        let n = self.out.write(buf)?;
+        let fits = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let n = self.out.write(&buf[..fits])?;
         self.written += n as u64;
         Ok(n)
     }

@@ -61,6 +61,17 @@ pub enum BlobError {
     },
 }
 
+/// The result of a spawned part upload (a task that panicked or was
+/// cancelled is a failed part).
+fn joined(r: Result<object_store::Result<()>, tokio::task::JoinError>) -> object_store::Result<()> {
+    r.unwrap_or_else(|e| {
+        Err(object_store::Error::Generic {
+            store: "upload",
+            source: Box::new(e),
+        })
+    })
+}
+
 fn store_error(key: &str, e: object_store::Error) -> BlobError {
     match e {
         object_store::Error::AlreadyExists { .. } => BlobError::Exists(key.to_string()),
@@ -378,32 +389,46 @@ impl BlobStore {
         let store = self.inner.clone();
         let (k, path) = (key.to_string(), Self::path(key));
         self.wait(async move {
-            let upload = store
+            let mut upload = store
                 .put_multipart(&path)
                 .await
                 .map_err(|e| store_error(&k, e))?;
-            let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
-            let mut buf = vec![0u8; PART_BYTES];
+            // One part uploads while the next is read: at most two parts
+            // in memory, each handed to the store as it is (no copy).
+            let mut in_flight: Option<tokio::task::JoinHandle<object_store::Result<()>>> = None;
             let mut at = 0u64;
-            while at < len {
+            let mut failed = None;
+            while at < len && failed.is_none() {
                 let n = (len - at).min(PART_BYTES as u64) as usize;
+                let mut part = vec![0u8; n];
                 // Small blocking reads of a local file, one part at a time.
-                if let Err(e) = file.read_exact_at(&mut buf[..n], at) {
-                    let _ = w.abort().await;
-                    return Err(io("read the file to upload")(e));
+                if let Err(e) = file.read_exact_at(&mut part, at) {
+                    failed = Some(io("read the file to upload")(e));
+                    break;
                 }
-                if let Err(e) = w.wait_for_capacity(2).await {
-                    let _ = w.abort().await;
-                    return Err(store_error(&k, e));
+                if let Some(prev) = in_flight.take() {
+                    if let Err(e) = joined(prev.await) {
+                        failed = Some(store_error(&k, e));
+                        break;
+                    }
                 }
-                w.write(&buf[..n]);
+                in_flight = Some(tokio::spawn(upload.put_part(PutPayload::from(part))));
                 at += n as u64;
             }
+            if let (None, Some(last)) = (&failed, in_flight.take()) {
+                if let Err(e) = joined(last.await) {
+                    failed = Some(store_error(&k, e));
+                }
+            }
+            if let Some(e) = failed {
+                let _ = upload.abort().await;
+                return Err(e);
+            }
             if !commit() {
-                w.abort().await.map_err(|e| store_error(&k, e))?;
+                upload.abort().await.map_err(|e| store_error(&k, e))?;
                 return Ok(false);
             }
-            w.finish().await.map_err(|e| store_error(&k, e))?;
+            upload.complete().await.map_err(|e| store_error(&k, e))?;
             Ok(true)
         })
     }

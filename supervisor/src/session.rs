@@ -1555,20 +1555,28 @@ impl Shared {
             }
         }
         // Released (not closed): the state that changed since the last
-        // checkpoint is saved before the worker goes.
-        let (keep, save) = {
+        // checkpoint is saved before the worker goes. A state that was too
+        // large and has not changed since is not tried again (it would
+        // only cost the release its serialisation): the note of its
+        // unsaved calls is in the store already.
+        let (keep, save, hopeless) = {
             let i = lock(&self.inner);
-            (
-                i.keep_checkpoint,
-                i.keep_checkpoint && !i.abandoned && i.dirty,
-            )
+            let save = i.keep_checkpoint && !i.abandoned && i.dirty;
+            let hopeless = (save && i.checkpoint_retry() == Retry::AfterACall)
+                .then(|| i.failure.as_ref().map(|f| f.error.to_string()))
+                .flatten();
+            (i.keep_checkpoint, save, hopeless)
         };
-        let released = if save && worker.is_some() {
-            self.take_checkpoint(&mut worker, &mut source)
+        let released = match hopeless {
+            Some(why) => Err(format!(
+                "its state cannot be checkpointed ({why}); its last checkpoint stays and the \
+                 calls since are noted beside it"
+            )),
+            None if save && worker.is_some() => self
+                .take_checkpoint(&mut worker, &mut source)
                 .map(Some)
-                .map_err(|e| e.to_string())
-        } else {
-            Ok(None)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
         };
         if let Some(w) = worker.take() {
             retire(&mut source, w);

@@ -925,9 +925,10 @@ impl Worker {
             }
         };
         match (n, answer) {
-            (Ok(n), _) if n > max_bytes => Err(CheckpointError::TooLarge(format!(
-                "the checkpoint passed {max_bytes} bytes"
-            ))),
+            // Past the cap, or failed right at it (the worker stops there).
+            (Ok(n), a) if n > max_bytes || (n == max_bytes && a.is_err()) => Err(
+                CheckpointError::TooLarge(format!("the checkpoint passed {max_bytes} bytes")),
+            ),
             (_, Err(why)) => Err(CheckpointError::Worker(why)),
             (Err(e), Ok(_)) => Err(fail("read the worker's pipe", e)),
             (Ok(n), Ok(_)) => Ok(n),
