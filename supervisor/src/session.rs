@@ -1306,6 +1306,7 @@ impl Shared {
                 // The calls the restored state lacks: known here since the
                 // checkpoint, else from the note a failed checkpoint left
                 // (after a restart or a move), if it is about this one.
+                let note_found = note.is_some();
                 let note = note.filter(|n| n.checkpoint_created_at == m.created_at);
                 let (lost, count, why) = if i.unsaved_count > 0 {
                     let why = i.failure.as_ref().map(|f| f.error.to_string());
@@ -1354,7 +1355,7 @@ impl Shared {
                 // A resumed session knew only that a checkpoint existed.
                 i.checkpoint = Some(m);
                 i.checkpoint_len = Some(len);
-                let had_note = std::mem::take(&mut i.note_written) || count > 0;
+                let had_note = std::mem::take(&mut i.note_written) || note_found;
                 drop(i);
                 if had_note {
                     // Reported now: a later restore of the same checkpoint
@@ -1395,9 +1396,15 @@ impl Shared {
             .as_ref()
             .ok_or_else(|| "the session has no checkpoint store".to_string())?;
         let key = self.checkpoint_key();
-        let note: Option<UnsavedCalls> = store
-            .get_note(&key)
-            .ok()
+        // The note matters when this process does not know the calls
+        // (a resumed session knows nothing of its checkpoint yet) or
+        // wrote one; other restores skip the read.
+        let want_note = {
+            let i = lock(&self.inner);
+            i.note_written || i.checkpoint.as_ref().is_none_or(|m| m.created_at == 0.0)
+        };
+        let note: Option<UnsavedCalls> = want_note
+            .then(|| store.get_note(&key).ok().flatten())
             .flatten()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let scratch = store
