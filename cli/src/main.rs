@@ -615,6 +615,17 @@ struct ServeArgs {
     /// (at least 3).
     #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = positive_secs)]
     lease_secs: f64,
+    /// With --state-dir or --store: the most one session's checkpoint may
+    /// take, MiB (compressed). A state over it is not checkpointed: the
+    /// session says so in its status (`checkpoint.failure`), keeps its
+    /// worker, and is not picked for hibernation again until it changed.
+    #[arg(long, default_value_t = 1024, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_max_mb: u64,
+    /// With --state-dir or --store: the most one tenant's checkpoints may
+    /// take together in the store, MiB (0: no quota). A checkpoint that
+    /// would pass it is refused (429 `quota` when asked for).
+    #[arg(long, default_value_t = 4096, value_name = "MIB")]
+    checkpoint_quota_mb: u64,
     /// With --state-dir: seconds a session may be idle before it hibernates
     /// (0: never).
     #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
@@ -817,7 +828,24 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         }),
         (None, None) => None,
     };
-    let checkpoints = durable.as_ref().map(|d| d.checkpoints());
+    let mut tables = rvisor_server::tables::TableConfig::default();
+    if let Some(dir) = a.data_dir {
+        tables.dir = dir;
+    }
+    let checkpoint_limits = rvisor_server::durable::CheckpointLimits {
+        max_bytes: a.checkpoint_max_mb.saturating_mul(1 << 20),
+        tenant_quota_bytes: match a.checkpoint_quota_mb {
+            0 => u64::MAX,
+            m => m.saturating_mul(1 << 20),
+        },
+        // Staged next to the state directory's files, else in the data
+        // directory: a local disk, not memory.
+        spool_dir: match &a.state_dir {
+            Some(d) => d.clone(),
+            None => tables.dir.join("checkpoint-spool"),
+        },
+    };
+    let checkpoints = durable.as_ref().map(|d| d.checkpoints(checkpoint_limits));
     let defaults = rvisor::SessionOptions {
         hibernate_after: (a.hibernate_after_secs > 0.0)
             .then(|| Duration::from_secs_f64(a.hibernate_after_secs)),
@@ -830,10 +858,6 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         defaults,
         ..base_config()
     })?;
-    let mut tables = rvisor_server::tables::TableConfig::default();
-    if let Some(dir) = a.data_dir {
-        tables.dir = dir;
-    }
     tables.store = store;
     tables.ttl = Duration::from_secs_f64(a.table_ttl_hours.max(0.0) * 3600.0);
     if let Some(t) = &tokens {

@@ -736,13 +736,44 @@ checkpoint_state <- function(dir, max_file_bytes) {
        changed, c(env_changed, env_removed))
 }
 
+## Why a saved file cannot be written back to `p` under `dir`, or "": only
+## a plain relative path stays inside the directory (no leading "/", no
+## "..", "." or empty part), and no part of it may already be a symbolic
+## link (it could point anywhere).
+bad_file_path <- function(dir, p) {
+  if (!is.character(p) || length(p) != 1L || is.na(p) || !nzchar(p))
+    return("it names a file without a path")
+  shown <- encodeString(p, quote = '"')
+  parts <- strsplit(p, "/", fixed = TRUE)[[1L]]
+  if (startsWith(p, "/") || endsWith(p, "/") || any(parts %in% c("", ".", "..")))
+    return(sprintf("the file %s would be written outside the working directory", shown))
+  at <- dir
+  for (part in parts) {
+    at <- file.path(at, part)
+    link <- Sys.readlink(at)  # NA: nothing there yet
+    if (!is.na(link) && nzchar(link))
+      return(sprintf("the file %s would be written through a symbolic link", shown))
+  }
+  ""
+}
+
 ## Loads a checkpoint's state (a raw vector) into this worker, before any
-## call ran in it. Checks the packages it needs first, so that a checkpoint
-## naming a package that is gone changes nothing.
+## call ran in it. Checks the packages it needs and the files' paths first,
+## so that a checkpoint naming a package that is gone, or a file outside
+## the working directory, changes nothing.
 restore_state <- function(raw, dir) {
   st <- unserialize(raw)
   if (!is.list(st) || !identical(st$format, 1L))
     stop("the checkpoint's format is not one this worker reads")
+  if (!is.list(st$files) || !all(vapply(st$files, function(f)
+        is.list(f) && is.raw(f$data), NA)))
+    stop("the checkpoint is damaged (its saved files are not path and bytes)", call. = FALSE)
+  if (nzchar(dir)) {
+    for (f in st$files) {
+      why <- bad_file_path(dir, f$path)
+      if (nzchar(why)) stop(sprintf("the checkpoint is refused: %s", why), call. = FALSE)
+    }
+  }
   missing <- st$namespaces[!vapply(st$namespaces, function(p)
     nzchar(system.file(package = p)), NA)]
   if (length(missing))

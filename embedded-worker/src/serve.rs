@@ -113,11 +113,14 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
                 ToWorker::Checkpoint {
                     working_dir,
                     max_file_bytes,
+                    max_bytes,
                 },
                 fds,
             )) => {
                 let outcome = match fds.into_iter().next() {
-                    Some(fd) => state::checkpoint(r, fd.into(), working_dir, max_file_bytes),
+                    Some(fd) => {
+                        state::checkpoint(r, fd.into(), working_dir, max_file_bytes, max_bytes)
+                    }
                     None => Err("no file to write the checkpoint into was passed".into()),
                 };
                 interrupt::install();

@@ -22,7 +22,7 @@ pub use zygote::*;
 /// Version of the supervisor <-> worker frame protocol. Bump on every
 /// incompatible change of [`ToWorker`] or [`FromWorker`]; the hello exchange
 /// refuses a worker built with another version.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Version of the [`RunResult`] schema (the `schema_version` field).
 pub const SCHEMA_VERSION: u32 = 1;

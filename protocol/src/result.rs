@@ -260,7 +260,20 @@ pub struct Restored {
     /// Why the session was restored: `hibernated`, or the reset reason of
     /// the worker that ended (`timeout`, `crash`, `killed`, ...).
     pub reason: String,
+    /// Calls whose work the restored state does not hold, by execution
+    /// id, oldest first: they ran after the checkpoint, and their state
+    /// was not saved before the worker or the server ended (a checkpoint
+    /// that failed, or the seconds before the next one). At most
+    /// [`MAX_LOST_CALLS`], the most recent; `lost_call_count` counts all.
+    #[serde(default)]
+    pub lost_calls: Vec<String>,
+    /// How many calls were lost in all (0: none known).
+    #[serde(default)]
+    pub lost_call_count: u64,
 }
+
+/// Most execution ids [`Restored::lost_calls`] lists.
+pub const MAX_LOST_CALLS: usize = 100;
 
 /// Resources the call used.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

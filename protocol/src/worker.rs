@@ -15,6 +15,10 @@ fn default_style() -> String {
     "auto".into()
 }
 
+fn unlimited() -> u64 {
+    u64::MAX
+}
+
 /// Supervisor to worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -52,8 +56,11 @@ pub enum ToWorker {
     Shutdown,
     /// Save the session's state (global environment, attached packages,
     /// loaded namespaces, changed options and environment variables, RNG
-    /// state, working-directory files) into the file that travels with this
-    /// frame as a descriptor (SCM_RIGHTS). Answered by
+    /// state, working-directory files) into the pipe whose write end
+    /// travels with this frame as a descriptor (SCM_RIGHTS), in the layout
+    /// of [`crate::checkpoint`], then close it. A pipe, not a file: the
+    /// worker's file-size limit (RLIMIT_FSIZE) does not apply to it, and
+    /// the supervisor reads it as it comes. Answered by
     /// [`FromWorker::Checkpointed`].
     Checkpoint {
         /// The directory whose files are saved (the session's working
@@ -62,9 +69,17 @@ pub enum ToWorker {
         /// Most bytes of working-directory files saved (larger files and
         /// those past the cap are listed in the manifest as skipped).
         max_file_bytes: u64,
+        /// Most bytes the whole checkpoint may take (the store's cap, or
+        /// what is left of the tenant's quota): the worker stops writing
+        /// and fails as soon as it would pass it. The supervisor stops
+        /// reading past it too.
+        #[serde(default = "unlimited")]
+        max_bytes: u64,
     },
-    /// Load a checkpoint (the file travels as a descriptor) into this fresh
-    /// worker before its first call. Answered by [`FromWorker::Restored`].
+    /// Load a checkpoint into this fresh worker before its first call: a
+    /// regular file open for reading travels as a descriptor (the worker
+    /// reads the manifest from its tail, then the state). Answered by
+    /// [`FromWorker::Restored`].
     Restore {
         /// Where the saved files are written back (as for `Checkpoint`).
         working_dir: Option<String>,

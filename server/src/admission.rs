@@ -319,6 +319,15 @@ fn is_idle_live(st: &SessionStatus) -> bool {
     st.state == SessionState::Idle && st.pid.is_some() && st.idle_seconds.is_some()
 }
 
+/// Its checkpoint failed and is not due to be tried again (too large, over
+/// quota, ...): hibernating it would only fail again, at the cost of
+/// serialising its state, so it is not picked.
+fn cannot_checkpoint(st: &SessionStatus) -> bool {
+    st.checkpoint
+        .as_ref()
+        .is_some_and(|c| c.blocks_hibernation())
+}
+
 /// Calls running or queued in the session.
 fn calls(st: &SessionStatus) -> usize {
     if st.state == SessionState::Closed {
@@ -445,7 +454,7 @@ impl Admission {
     }
 
     /// The least recently used idle live session that `pick` accepts, not
-    /// in `skip`.
+    /// in `skip`, whose state can be checkpointed.
     fn victim<'a>(
         seen: &'a [Seen],
         pick: impl Fn(&Seen) -> bool,
@@ -455,6 +464,7 @@ impl Admission {
             .filter(|s| is_idle_live(&s.status))
             .filter(|s| pick(s))
             .filter(|s| !skip.contains(&s.status.id))
+            .filter(|s| !cannot_checkpoint(&s.status))
             .max_by(|a, b| {
                 let (x, y) = (a.status.idle_seconds, b.status.idle_seconds);
                 x.unwrap_or(0.0).total_cmp(&y.unwrap_or(0.0))
@@ -561,7 +571,7 @@ impl Admission {
                     RETRY_AFTER_NO_STORE,
                 ));
             }
-            let victim = Self::victim(&seen, pick, &skip);
+            let victim = Self::victim(&seen, &pick, &skip);
             let Some(v) = victim.filter(|_| Instant::now() < deadline) else {
                 if limit == Limit::MemoryBudget {
                     // The host is over its budget, but not by this
@@ -571,12 +581,26 @@ impl Admission {
                     // tenant is let in.
                     return Ok(queue());
                 }
+                let stuck = seen
+                    .iter()
+                    .filter(|s| pick(s))
+                    .filter(|s| is_idle_live(&s.status) && cannot_checkpoint(&s.status))
+                    .count();
+                let why = if stuck == 0 {
+                    "every one of them is running a call, so none can be hibernated to make \
+                     room"
+                        .to_string()
+                } else {
+                    format!(
+                        "none can be hibernated to make room: {stuck} idle one{} cannot be \
+                         checkpointed (its status's checkpoint.failure says why), the others \
+                         are running calls",
+                        if stuck == 1 { "" } else { "s" }
+                    )
+                };
                 return Err(self.refuse(
                     limit,
-                    format!(
-                        "{what}, and every one of them is running a call, so none can be \
-                         hibernated to make room: {advice}"
-                    ),
+                    format!("{what}, and {why}: {advice}"),
                     RETRY_AFTER_BUSY,
                 ));
             };
@@ -1040,7 +1064,36 @@ mod tests {
             working_dir: String::new(),
             running: None,
             idle_seconds: idle,
+            checkpoint: None,
         }
+    }
+
+    #[test]
+    fn a_session_whose_checkpoint_fails_is_not_picked_to_hibernate() {
+        use rvisor::checkpoint::{
+            CheckpointFailure, CheckpointFailureKind, CheckpointState, CheckpointStatus,
+        };
+        let failed = |retry: Option<f64>| CheckpointStatus {
+            state: CheckpointState::Failed,
+            taken_at: None,
+            bytes: None,
+            calls_since: 1,
+            failure: Some(CheckpointFailure {
+                kind: CheckpointFailureKind::TooLarge,
+                reason: "too large".into(),
+                since: String::new(),
+                attempts: 1,
+                retry_in_seconds: retry,
+            }),
+        };
+        let mut st = status(SessionState::Idle, Some(7), 0, Some(100.0));
+        assert!(!cannot_checkpoint(&st));
+        st.checkpoint = Some(failed(None));
+        assert!(cannot_checkpoint(&st), "too large, no call since");
+        st.checkpoint = Some(failed(Some(12.0)));
+        assert!(cannot_checkpoint(&st), "backing off");
+        st.checkpoint = Some(failed(Some(0.0)));
+        assert!(!cannot_checkpoint(&st), "due again");
     }
 
     #[test]

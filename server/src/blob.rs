@@ -61,6 +61,17 @@ pub enum BlobError {
     },
 }
 
+/// The result of a spawned part upload (a task that panicked or was
+/// cancelled is a failed part).
+fn joined(r: Result<object_store::Result<()>, tokio::task::JoinError>) -> object_store::Result<()> {
+    r.unwrap_or_else(|e| {
+        Err(object_store::Error::Generic {
+            store: "upload",
+            source: Box::new(e),
+        })
+    })
+}
+
 fn store_error(key: &str, e: object_store::Error) -> BlobError {
     match e {
         object_store::Error::AlreadyExists { .. } => BlobError::Exists(key.to_string()),
@@ -342,40 +353,83 @@ impl BlobStore {
     /// Uploads the file at `src` to `key` (in parts: bounded memory).
     pub fn put_file(&self, key: &str, src: &Path) -> Result<(), BlobError> {
         let io = |what| move |source| BlobError::Io { what, source };
-        let mut file = std::fs::File::open(src).map_err(io("open the file to upload"))?;
+        let file = std::fs::File::open(src).map_err(io("open the file to upload"))?;
         let len = file
             .metadata()
             .map_err(io("read the file to upload"))?
             .len();
+        self.put_from(key, &file, len, || true).map(|_| ())
+    }
+
+    /// Uploads the first `len` bytes of `src` (from its start; its offset
+    /// is not used) to `key`, replacing what was there: at once when
+    /// small, else in parts of [`PART_BYTES`] (bounded memory, at most two
+    /// in flight). `commit` is asked right before the object is made
+    /// visible (the last moment a write can be called off): `false` aborts
+    /// it, nothing changes, and the answer is `Ok(false)`.
+    pub fn put_from(
+        &self,
+        key: &str,
+        src: &std::fs::File,
+        len: u64,
+        commit: impl Fn() -> bool + Send + 'static,
+    ) -> Result<bool, BlobError> {
+        use std::os::unix::fs::FileExt;
+        let io = |what| move |source| BlobError::Io { what, source };
         if len < PART_BYTES as u64 {
-            let mut buf = Vec::with_capacity(len as usize);
-            std::io::Read::read_to_end(&mut file, &mut buf)
+            let mut buf = vec![0u8; len as usize];
+            src.read_exact_at(&mut buf, 0)
                 .map_err(io("read the file to upload"))?;
-            return self.put(key, buf).map(|_| ());
+            if !commit() {
+                return Ok(false);
+            }
+            return self.put(key, buf).map(|_| true);
         }
+        let file = src.try_clone().map_err(io("read the file to upload"))?;
         let store = self.inner.clone();
         let (k, path) = (key.to_string(), Self::path(key));
         self.wait(async move {
-            let upload = store
+            let mut upload = store
                 .put_multipart(&path)
                 .await
                 .map_err(|e| store_error(&k, e))?;
-            let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
-            let mut buf = vec![0u8; PART_BYTES];
-            loop {
+            // One part uploads while the next is read: at most two parts
+            // in memory, each handed to the store as it is (no copy).
+            let mut in_flight: Option<tokio::task::JoinHandle<object_store::Result<()>>> = None;
+            let mut at = 0u64;
+            let mut failed = None;
+            while at < len && failed.is_none() {
+                let n = (len - at).min(PART_BYTES as u64) as usize;
+                let mut part = vec![0u8; n];
                 // Small blocking reads of a local file, one part at a time.
-                let n = std::io::Read::read(&mut file, &mut buf)
-                    .map_err(io("read the file to upload"))?;
-                if n == 0 {
+                if let Err(e) = file.read_exact_at(&mut part, at) {
+                    failed = Some(io("read the file to upload")(e));
                     break;
                 }
-                w.wait_for_capacity(2)
-                    .await
-                    .map_err(|e| store_error(&k, e))?;
-                w.write(&buf[..n]);
+                if let Some(prev) = in_flight.take() {
+                    if let Err(e) = joined(prev.await) {
+                        failed = Some(store_error(&k, e));
+                        break;
+                    }
+                }
+                in_flight = Some(tokio::spawn(upload.put_part(PutPayload::from(part))));
+                at += n as u64;
             }
-            w.finish().await.map_err(|e| store_error(&k, e))?;
-            Ok(())
+            if let (None, Some(last)) = (&failed, in_flight.take()) {
+                if let Err(e) = joined(last.await) {
+                    failed = Some(store_error(&k, e));
+                }
+            }
+            if let Some(e) = failed {
+                let _ = upload.abort().await;
+                return Err(e);
+            }
+            if !commit() {
+                upload.abort().await.map_err(|e| store_error(&k, e))?;
+                return Ok(false);
+            }
+            upload.complete().await.map_err(|e| store_error(&k, e))?;
+            Ok(true)
         })
     }
 
@@ -430,6 +484,41 @@ impl BlobStore {
             let _ = std::fs::remove_file(&part);
         }
         r
+    }
+
+    /// Downloads `key` into `dst` (truncated first, written from its
+    /// start, in the chunks the store sends: bounded memory); its length,
+    /// `None` if there is no such object.
+    pub fn get_into(&self, key: &str, dst: &std::fs::File) -> Result<Option<u64>, BlobError> {
+        use std::io::Seek;
+        let io = |what| move |source| BlobError::Io { what, source };
+        let mut out = dst
+            .try_clone()
+            .map_err(io("open the file to download into"))?;
+        out.rewind()
+            .and_then(|_| out.set_len(0))
+            .map_err(io("empty the file to download into"))?;
+        let store = self.inner.clone();
+        let (k, path) = (key.to_string(), Self::path(key));
+        let got = self.wait(async move {
+            let got = match store.get(&path).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(store_error(&k, e)),
+            };
+            let mut n = 0u64;
+            let mut stream = got.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| store_error(&k, e))?;
+                std::io::Write::write_all(&mut out, &chunk)
+                    .map_err(io("write the downloaded file"))?;
+                n += chunk.len() as u64;
+            }
+            Ok(Some(n))
+        })?;
+        let mut back = dst;
+        back.rewind().map_err(io("read the downloaded file"))?;
+        Ok(got)
     }
 
     /// The size and e-tag of `key`, `None` if there is none.
@@ -846,6 +935,38 @@ mod tests {
         assert!(!s.get_to_file("t/none", &dir.join("none.bin")).unwrap());
         assert!(!dir.join("none.part").exists());
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn an_upload_from_a_file_is_called_off_at_its_commit_and_the_old_object_stays() {
+        use std::io::{Read, Write};
+        for (s, dir) in stores() {
+            for size in [100usize, PART_BYTES + 7] {
+                let key = format!("ckpt/{size}");
+                s.put(&key, b"old".to_vec()).unwrap();
+                let mut src = rvisor::checkpoint::anonymous_file(&std::env::temp_dir()).unwrap();
+                let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+                src.write_all(&data).unwrap();
+                let len = data.len() as u64;
+                assert!(!s.put_from(&key, &src, len, || false).unwrap());
+                assert_eq!(s.get(&key).unwrap().unwrap().bytes, b"old");
+                assert!(s.put_from(&key, &src, len, || true).unwrap());
+                let dst = rvisor::checkpoint::anonymous_file(&std::env::temp_dir()).unwrap();
+                assert_eq!(s.get_into(&key, &dst).unwrap(), Some(len));
+                let mut back = Vec::new();
+                (&dst).read_to_end(&mut back).unwrap();
+                assert!(back == data, "{size} bytes came back different");
+                assert_eq!(s.get_into("ckpt/none", &dst).unwrap(), None);
+            }
+            if let Some(d) = dir {
+                // No part of a called-off upload is left in the directory.
+                let names: Vec<String> = std::fs::read_dir(d.join("ckpt"))
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
+                assert_eq!(names.len(), 2, "{names:?}");
+            }
+        }
     }
 
     #[test]

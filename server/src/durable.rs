@@ -25,7 +25,8 @@
 //! asking node takes it. Nodes never talk to each other directly.
 
 use crate::blob::{tenant_key, BlobError, BlobStore, Lease, LeaseError, StoreUrl};
-use rvisor::checkpoint::CheckpointStore;
+use rvisor::checkpoint::{mib, Allowance, CheckpointStore, StoreLimits, StoreUsage};
+use rvisor::CheckpointError;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -193,9 +194,14 @@ impl SessionStore {
 
     /// The checkpoint store to give the supervisor
     /// ([`rvisor::SupervisorConfig::checkpoints`]): keys are
-    /// `{tenant hex}/{session id}`, written only under this node's lease.
-    pub fn checkpoints(self: &Arc<Self>) -> Arc<dyn CheckpointStore> {
-        Arc::new(Checkpoints(self.clone()))
+    /// `{tenant hex}/{session id}`, written only under this node's lease,
+    /// within `limits`.
+    pub fn checkpoints(self: &Arc<Self>, limits: CheckpointLimits) -> Arc<dyn CheckpointStore> {
+        Arc::new(Checkpoints {
+            store: self.clone(),
+            limits,
+            usage: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Writes `rec`.
@@ -255,6 +261,7 @@ impl SessionStore {
         lock(&self.leases).remove(id);
         for k in [
             format!("sessions/{tenant_hex}/{id}/checkpoint"),
+            format!("sessions/{tenant_hex}/{id}/unsaved.json"),
             format!("sessions/{tenant_hex}/{id}/record.json"),
             lease_key(id),
         ] {
@@ -489,26 +496,150 @@ impl SessionStore {
     }
 }
 
+/// Limits of the checkpoints a node keeps in the store (docs/limits.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointLimits {
+    /// Most bytes one checkpoint may take (compressed).
+    pub max_bytes: u64,
+    /// Most bytes one tenant's checkpoints may take together, in the store
+    /// (`u64::MAX`: no quota).
+    pub tenant_quota_bytes: u64,
+    /// A local directory where checkpoints are staged on their way to and
+    /// from the store, in files without a name.
+    pub spool_dir: std::path::PathBuf,
+}
+
+/// Default of [`CheckpointLimits::tenant_quota_bytes`]: 4 GiB.
+pub const DEFAULT_CHECKPOINT_QUOTA_BYTES: u64 = 4 << 30;
+
+/// How old a listing of a tenant's checkpoints may be before the quota is
+/// counted again from the store (this node's own writes count at once).
+pub const QUOTA_LISTING_TTL: Duration = Duration::from_secs(10);
+
+impl Default for CheckpointLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: rvisor::checkpoint::DEFAULT_MAX_CHECKPOINT_BYTES,
+            tenant_quota_bytes: DEFAULT_CHECKPOINT_QUOTA_BYTES,
+            spool_dir: std::env::temp_dir(),
+        }
+    }
+}
+
 /// [`SessionStore::checkpoints`].
 #[derive(Debug)]
-struct Checkpoints(Arc<SessionStore>);
+struct Checkpoints {
+    store: Arc<SessionStore>,
+    limits: CheckpointLimits,
+    /// Tenant hex -> the sizes of its checkpoints.
+    usage: Mutex<HashMap<String, Listed>>,
+}
+
+/// The sizes of one tenant's checkpoints by session id, and when they were
+/// listed.
+type Listed = (Instant, HashMap<String, u64>);
+
+/// A key's parts: the blob key of its checkpoint, its tenant hex and its
+/// session id.
+struct Key<'a> {
+    blob: String,
+    tenant: &'a str,
+    id: &'a str,
+}
+
+impl<'a> Key<'a> {
+    fn note(&self) -> String {
+        format!("sessions/{}/{}/unsaved.json", self.tenant, self.id)
+    }
+}
 
 impl Checkpoints {
-    /// `{tenant hex}/{id}` -> the blob key, and the id.
-    fn split(key: &str) -> std::io::Result<(String, &str)> {
+    /// `{tenant hex}/{id}` -> its parts.
+    fn split(key: &str) -> std::io::Result<Key<'_>> {
         match key.split_once('/') {
             Some((t, id))
                 if !t.is_empty()
                     && t.bytes().all(|b| b.is_ascii_hexdigit())
                     && rvisor::ids::is_session_id(id) =>
             {
-                Ok((format!("sessions/{t}/{id}/checkpoint"), id))
+                Ok(Key {
+                    blob: format!("sessions/{t}/{id}/checkpoint"),
+                    tenant: t,
+                    id,
+                })
             }
             _ => Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("checkpoint key {key:?} is not TENANT/SESSION"),
             )),
         }
+    }
+
+    fn key(key: &str) -> Result<Key<'_>, CheckpointError> {
+        Self::split(key).map_err(|e| CheckpointError::Store(e.to_string()))
+    }
+
+    /// The sizes of tenant `t`'s checkpoints, from a listing at most
+    /// [`QUOTA_LISTING_TTL`] old and this node's writes since.
+    fn sizes(&self, t: &str) -> Result<HashMap<String, u64>, BlobError> {
+        if let Some((at, sizes)) = lock(&self.usage).get(t) {
+            if at.elapsed() < QUOTA_LISTING_TTL {
+                return Ok(sizes.clone());
+            }
+        }
+        let mut sizes = HashMap::new();
+        for m in self.store.blob.list(&format!("sessions/{t}"))? {
+            let parts: Vec<&str> = m.key.split('/').collect();
+            if parts.len() == 4 && parts[3] == "checkpoint" {
+                sizes.insert(parts[2].to_string(), m.size);
+            }
+        }
+        lock(&self.usage).insert(t.to_string(), (Instant::now(), sizes.clone()));
+        Ok(sizes)
+    }
+
+    /// Bytes of tenant `t`'s checkpoints other than session `id`'s (the
+    /// one a new checkpoint of `id` replaces).
+    fn used_by_others(&self, t: &str, id: &str) -> Result<u64, CheckpointError> {
+        let sizes = self.sizes(t).map_err(|e| {
+            CheckpointError::Store(format!("could not count the tenant's checkpoints ({e})"))
+        })?;
+        Ok(sizes
+            .iter()
+            .filter(|(k, _)| k.as_str() != id)
+            .map(|(_, v)| v)
+            .sum())
+    }
+
+    fn noted(&self, t: &str, id: &str, size: Option<u64>) {
+        if let Some((_, sizes)) = lock(&self.usage).get_mut(t) {
+            match size {
+                Some(n) => sizes.insert(id.to_string(), n),
+                None => sizes.remove(id),
+            };
+        }
+    }
+
+    fn over_quota(&self, used: u64) -> CheckpointError {
+        let quota = self.limits.tenant_quota_bytes;
+        CheckpointError::Quota(format!(
+            "your sessions' checkpoints take {} MiB of your quota of {} MiB of checkpoints, and \
+             this session's state does not fit in the {} MiB left: close sessions you no longer \
+             need (their checkpoints are deleted) or remove large objects, then checkpoint \
+             again; the operator sets the quota (rvisor serve --checkpoint-quota-mb); until \
+             then a restart or a lost worker takes the session back to its last checkpoint",
+            mib(used),
+            mib(quota),
+            quota.saturating_sub(used) >> 20
+        ))
+    }
+
+    fn fenced() -> CheckpointError {
+        CheckpointError::Fenced(
+            "this node no longer holds the session's lease (another node took it over); its \
+             checkpoint there is kept"
+                .into(),
+        )
     }
 }
 
@@ -517,38 +648,77 @@ fn io_err(e: BlobError) -> std::io::Error {
 }
 
 impl CheckpointStore for Checkpoints {
-    fn put(&self, key: &str, bytes: &[u8]) -> std::io::Result<()> {
-        let (k, id) = Self::split(key)?;
-        if !self.0.may_write(id) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::PermissionDenied,
-                "this node no longer holds the session's lease (another node took it over)",
-            ));
+    fn allowance(&self, key: &str) -> Result<Allowance, CheckpointError> {
+        let k = Self::key(key)?;
+        let cap = Allowance::cap(self.limits.max_bytes);
+        if self.limits.tenant_quota_bytes == u64::MAX {
+            return Ok(cap);
         }
-        self.0
-            .blob
-            .put(&k, bytes.to_vec())
-            .map(|_| ())
-            .map_err(io_err)
+        let used = self.used_by_others(k.tenant, k.id)?;
+        let room = self.limits.tenant_quota_bytes.saturating_sub(used);
+        if room >= cap.max_bytes {
+            return Ok(cap);
+        }
+        Ok(Allowance {
+            max_bytes: room,
+            refusal: self.over_quota(used),
+        })
     }
 
-    fn get(&self, key: &str) -> std::io::Result<Option<Vec<u8>>> {
-        let (k, _) = Self::split(key)?;
-        Ok(self.0.blob.get(&k).map_err(io_err)?.map(|b| b.bytes))
+    fn scratch(&self) -> std::io::Result<std::fs::File> {
+        std::fs::create_dir_all(&self.limits.spool_dir)?;
+        rvisor::checkpoint::anonymous_file(&self.limits.spool_dir)
+    }
+
+    fn put(&self, key: &str, src: &std::fs::File, len: u64) -> Result<(), CheckpointError> {
+        let k = Self::key(key)?;
+        if len > self.limits.max_bytes {
+            return Err(rvisor::checkpoint::over_cap(self.limits.max_bytes));
+        }
+        if !self.store.may_write(k.id) {
+            return Err(Self::fenced());
+        }
+        if self.limits.tenant_quota_bytes != u64::MAX {
+            let used = self.used_by_others(k.tenant, k.id)?;
+            if used.saturating_add(len) > self.limits.tenant_quota_bytes {
+                return Err(self.over_quota(used));
+            }
+        }
+        // Fenced twice: before the upload, and right before it is made
+        // visible (an upload in parts can outlast the lease).
+        let (store, id) = (self.store.clone(), k.id.to_string());
+        let committed = self
+            .store
+            .blob
+            .put_from(&k.blob, src, len, move || store.may_write(&id))
+            .map_err(|e| CheckpointError::Store(format!("could not store the checkpoint ({e})")))?;
+        if !committed {
+            return Err(Self::fenced());
+        }
+        self.noted(k.tenant, k.id, Some(len));
+        Ok(())
+    }
+
+    fn get(&self, key: &str, dst: &std::fs::File) -> std::io::Result<Option<u64>> {
+        let k = Self::split(key)?;
+        self.store.blob.get_into(&k.blob, dst).map_err(io_err)
     }
 
     fn delete(&self, key: &str) -> std::io::Result<()> {
-        let (k, id) = Self::split(key)?;
-        if !self.0.may_write(id) {
+        let k = Self::split(key)?;
+        if !self.store.may_write(k.id) {
             // Not ours any more: the new owner's checkpoint stays.
             return Ok(());
         }
-        self.0.blob.delete(&k).map_err(io_err)
+        self.store.blob.delete(&k.note()).map_err(io_err)?;
+        self.store.blob.delete(&k.blob).map_err(io_err)?;
+        self.noted(k.tenant, k.id, None);
+        Ok(())
     }
 
     fn list(&self) -> std::io::Result<Vec<String>> {
         let mut out = Vec::new();
-        for m in self.0.blob.list("sessions").map_err(io_err)? {
+        for m in self.store.blob.list("sessions").map_err(io_err)? {
             let parts: Vec<&str> = m.key.split('/').collect();
             if parts.len() == 4 && parts[3] == "checkpoint" {
                 out.push(format!("{}/{}", parts[1], parts[2]));
@@ -556,6 +726,53 @@ impl CheckpointStore for Checkpoints {
         }
         out.sort();
         Ok(out)
+    }
+
+    fn put_note(&self, key: &str, note: &[u8]) -> std::io::Result<()> {
+        let k = Self::split(key)?;
+        if !self.store.may_write(k.id) {
+            return Ok(());
+        }
+        self.store
+            .blob
+            .put(&k.note(), note.to_vec())
+            .map(|_| ())
+            .map_err(io_err)
+    }
+
+    fn get_note(&self, key: &str) -> std::io::Result<Option<Vec<u8>>> {
+        let k = Self::split(key)?;
+        Ok(self
+            .store
+            .blob
+            .get(&k.note())
+            .map_err(io_err)?
+            .map(|b| b.bytes))
+    }
+
+    fn delete_note(&self, key: &str) -> std::io::Result<()> {
+        let k = Self::split(key)?;
+        if !self.store.may_write(k.id) {
+            return Ok(());
+        }
+        self.store.blob.delete(&k.note()).map_err(io_err)
+    }
+
+    fn usage(&self, prefix: &str) -> std::io::Result<StoreUsage> {
+        let tenant = prefix.trim_end_matches('/');
+        let sizes = self.sizes(tenant).map_err(io_err)?;
+        Ok(StoreUsage {
+            checkpoints: sizes.len() as u64,
+            bytes: sizes.values().sum(),
+        })
+    }
+
+    fn limits(&self) -> StoreLimits {
+        StoreLimits {
+            max_checkpoint_bytes: self.limits.max_bytes,
+            tenant_quota_bytes: (self.limits.tenant_quota_bytes != u64::MAX)
+                .then_some(self.limits.tenant_quota_bytes),
+        }
     }
 }
 
@@ -573,14 +790,36 @@ mod tests {
         }
     }
 
+    fn limits() -> CheckpointLimits {
+        CheckpointLimits::default()
+    }
+
+    fn put(cp: &Arc<dyn CheckpointStore>, key: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        use std::io::Write;
+        let mut f = cp.scratch().unwrap();
+        f.write_all(bytes).unwrap();
+        cp.put(key, &f, bytes.len() as u64)
+    }
+
+    fn get(cp: &Arc<dyn CheckpointStore>, key: &str) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let f = cp.scratch().unwrap();
+        cp.get(key, &f).unwrap()?;
+        let mut out = Vec::new();
+        (&f).read_to_end(&mut out).unwrap();
+        Some(out)
+    }
+
     #[test]
     fn records_and_checkpoints_are_kept_by_tenant_and_deleted_together() {
         let s = SessionStore::with(BlobStore::in_memory(), None, DEFAULT_LEASE_TTL);
         s.put_record(&rec("a", "s-1")).unwrap();
         s.put_record(&rec("b/c", "s-2")).unwrap();
-        let cp = s.checkpoints();
-        cp.put(&format!("{}s-1", checkpoint_prefix("a")), b"state")
-            .unwrap();
+        let cp = s.checkpoints(limits());
+        let key = format!("{}s-1", checkpoint_prefix("a"));
+        put(&cp, &key, b"state").unwrap();
+        cp.put_note(&key, b"{}").unwrap();
+        assert_eq!(get(&cp, &key).as_deref(), Some(&b"state"[..]));
         assert_eq!(s.get_record("a", "s-1").unwrap(), Some(rec("a", "s-1")));
         // Another tenant's id answers like an unknown one.
         assert_eq!(s.get_record("b/c", "s-1").unwrap(), None);
@@ -590,7 +829,56 @@ mod tests {
         s.delete_session("a", "s-1");
         assert_eq!(s.get_record("a", "s-1").unwrap(), None);
         assert!(cp.list().unwrap().is_empty());
-        assert!(cp.put("no-tenant", b"x").is_err());
+        assert_eq!(cp.get_note(&key).unwrap(), None);
+        assert!(put(&cp, "no-tenant", b"x").is_err());
+    }
+
+    #[test]
+    fn a_tenants_checkpoints_are_held_to_its_quota_and_each_to_the_cap() {
+        let s = SessionStore::with(BlobStore::in_memory(), None, DEFAULT_LEASE_TTL);
+        let cp = s.checkpoints(CheckpointLimits {
+            max_bytes: 8,
+            tenant_quota_bytes: 10,
+            ..limits()
+        });
+        let (k1, k2) = (
+            format!("{}s-1", checkpoint_prefix("a")),
+            format!("{}s-2", checkpoint_prefix("a")),
+        );
+        let other = format!("{}s-3", checkpoint_prefix("b"));
+        assert_eq!(cp.allowance(&k1).unwrap().max_bytes, 8);
+        put(&cp, &k1, b"123456").unwrap();
+        // Another tenant's checkpoints do not count.
+        put(&cp, &other, b"12345678").unwrap();
+        // 4 bytes left for a second session of tenant a.
+        let a = cp.allowance(&k2).unwrap();
+        assert_eq!(a.max_bytes, 4);
+        assert!(
+            matches!(a.refusal, CheckpointError::Quota(_)),
+            "{:?}",
+            a.refusal
+        );
+        let e = put(&cp, &k2, b"12345").unwrap_err();
+        assert!(matches!(e, CheckpointError::Quota(_)), "{e:?}");
+        assert!(e.to_string().contains("--checkpoint-quota-mb"), "{e}");
+        put(&cp, &k2, b"1234").unwrap();
+        // Replacing a checkpoint counts only the one it replaces.
+        put(&cp, &k1, b"123456").unwrap();
+        let e = put(&cp, &k1, b"123456789").unwrap_err();
+        assert!(matches!(e, CheckpointError::TooLarge(_)), "{e:?}");
+        assert_eq!(get(&cp, &k1).as_deref(), Some(&b"123456"[..]));
+        let u = cp.usage(&checkpoint_prefix("a")).unwrap();
+        assert_eq!((u.checkpoints, u.bytes), (2, 10));
+        assert_eq!(
+            cp.limits(),
+            StoreLimits {
+                max_checkpoint_bytes: 8,
+                tenant_quota_bytes: Some(10)
+            }
+        );
+        // Deleting one gives its room back at once.
+        cp.delete(&k2).unwrap();
+        assert_eq!(cp.allowance(&k2).unwrap().max_bytes, 4);
     }
 
     #[test]
@@ -599,11 +887,15 @@ mod tests {
         let ttl = MIN_LEASE_TTL;
         let n1 = SessionStore::with(blob.clone(), Some("n1".into()), ttl);
         let n2 = SessionStore::with(blob, Some("n2".into()), ttl);
+        let (c1, c2) = (n1.checkpoints(limits()), n2.checkpoints(limits()));
         let key = format!("{}n1.s-1", checkpoint_prefix("t"));
         // No lease yet: no write.
-        assert!(n1.checkpoints().put(&key, b"x").is_err());
+        assert!(matches!(
+            put(&c1, &key, b"x"),
+            Err(CheckpointError::Fenced(_))
+        ));
         n1.take("n1.s-1", Duration::ZERO).unwrap();
-        n1.checkpoints().put(&key, b"one").unwrap();
+        put(&c1, &key, b"one").unwrap();
         // n2 cannot take a live lease without waiting for it.
         assert!(matches!(
             n2.take("n1.s-1", Duration::ZERO),
@@ -612,12 +904,9 @@ mod tests {
         // Released (a drain): n2 takes it at once, and n1 finds it lost.
         n1.release("n1.s-1");
         n2.take("n1.s-1", Duration::ZERO).unwrap();
-        n2.checkpoints().put(&key, b"two").unwrap();
-        assert!(n1.checkpoints().put(&key, b"stale").is_err());
-        assert_eq!(
-            n1.checkpoints().get(&key).unwrap().as_deref(),
-            Some(&b"two"[..])
-        );
+        put(&c2, &key, b"two").unwrap();
+        assert!(put(&c1, &key, b"stale").is_err());
+        assert_eq!(get(&c1, &key).as_deref(), Some(&b"two"[..]));
         assert!(n2.renew().is_empty());
     }
 

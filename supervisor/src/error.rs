@@ -402,27 +402,6 @@ pub enum ValidateError {
     NoWorker(String),
 }
 
-/// Why a session could not be checkpointed ([`crate::Session::checkpoint`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CheckpointError {
-    /// The supervisor keeps no checkpoints.
-    #[error(
-        "this session has no checkpoint store; start the supervisor with one \
-         (SupervisorConfig::checkpoints, rvisor serve --state-dir)"
-    )]
-    NoStore,
-    /// No call has run in the session yet: it has no state to keep.
-    #[error("nothing to checkpoint: no call has run in this session yet")]
-    NothingYet,
-    /// The session is closed (or closed before the checkpoint was taken).
-    #[error("the session is closed")]
-    Closed,
-    /// The worker could not write it, or the store could not keep it.
-    #[error("{0}")]
-    Failed(String),
-}
-
 /// Why a session cannot be rolled back to its checkpoint
 /// ([`crate::Session::restore`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -483,4 +462,41 @@ pub enum VariableError {
     /// Mixed element types.
     #[error("variable {0:?} mixes types; an array must hold numbers, strings or booleans only")]
     Mixed(String),
+}
+
+/// Why a checkpoint was not taken or not stored. The checkpoint already in
+/// the store (if any) stays valid whatever the cause. Each message says
+/// what went wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The checkpoint would pass the store's cap on one checkpoint.
+    #[error("{0}")]
+    TooLarge(String),
+    /// It would pass the tenant's quota of checkpoint bytes.
+    #[error("{0}")]
+    Quota(String),
+    /// This node no longer holds the session's lease (another node took
+    /// it over, or the lease ran out while the store was unreachable).
+    #[error("{0}")]
+    Fenced(String),
+    /// The store failed.
+    #[error("{0}")]
+    Store(String),
+    /// The worker did not write it (R failed, the worker ended or did not
+    /// answer in time).
+    #[error("{0}")]
+    Worker(String),
+    /// The supervisor keeps no checkpoints.
+    #[error(
+        "this session has no checkpoint store; start the supervisor with one \
+         (SupervisorConfig::checkpoints, rvisor serve --state-dir)"
+    )]
+    NoStore,
+    /// No call has run in the session yet: it has no state to keep.
+    #[error("nothing to checkpoint: no call has run in this session yet")]
+    NothingYet,
+    /// The session is closed (or closed before the checkpoint was taken).
+    #[error("the session is closed")]
+    Closed,
 }

@@ -78,8 +78,8 @@ pub use rvisor_protocol::{
 };
 pub use session::{
     CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, RunningCall, Session, SessionOptions,
-    SessionState, SessionStatus, Supervisor, SupervisorConfig, KILLED_OVER_BUDGET, RESUMED_MOVED,
-    RESUMED_RESTART,
+    SessionState, SessionStatus, Supervisor, SupervisorConfig, CHECKPOINT_FAILED, CHECKPOINT_RETRY,
+    KILLED_OVER_BUDGET, MAX_CHECKPOINT_RETRY, RESUMED_MOVED, RESUMED_RESTART,
 };
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
 pub use worker::{Canceller, Interrupter, Worker};

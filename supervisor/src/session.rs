@@ -13,7 +13,11 @@
 
 use crate::call::{validate_call, CallOptions};
 use crate::cancel::CancelToken;
-use crate::checkpoint::{CheckpointInfo, CheckpointStore, Manifest};
+use crate::checkpoint::{
+    CheckpointFailure, CheckpointFailureKind, CheckpointInfo, CheckpointState, CheckpointStatus,
+    CheckpointStore, Manifest, UnsavedCalls,
+};
+use crate::error::CheckpointError;
 use crate::error::{ConfineError, Error, ValidateError};
 use crate::events::{EventFeed, EventSink, Events, StreamLimits, Tail};
 use crate::ids;
@@ -211,6 +215,10 @@ pub struct SessionStatus {
     /// control hibernates the longest-idle live sessions first.
     #[serde(default)]
     pub idle_seconds: Option<f64>,
+    /// With a checkpoint store: where the session's checkpoint stands
+    /// (current, behind, failed and why); `None` without one.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointStatus>,
 }
 
 /// The running call of a session, as `status` shows it.
@@ -480,15 +488,26 @@ struct Inner {
     live: Option<Arc<LiveCall>>,
     /// A call ran since the last checkpoint.
     dirty: bool,
-    /// The idle checkpoint of the current state failed: not tried again
-    /// until the next call (the state stays dirty, so a hibernation or a
-    /// release tries once more rather than keep an older checkpoint).
-    idle_checkpoint_failed: bool,
+    /// Execution ids of the calls that completed since the checkpoint in
+    /// the store (the most recent `MAX_LOST_CALLS`), and how many in all:
+    /// what a restore now would lose.
+    unsaved_calls: VecDeque<String>,
+    unsaved_count: u64,
+    /// The checkpoint failures in a row, while they last (the state stays
+    /// dirty: a release tries once more rather than keep an older
+    /// checkpoint silently).
+    failure: Option<Failure>,
+    /// A note of unsaved calls may be beside the checkpoint in the store.
+    note_written: bool,
+    /// What the next result's notice says about calls a restore lost.
+    lost_words: Option<String>,
     /// When the last call ended (or the worker started).
     idle_since: Instant,
     /// The manifest of the checkpoint in the store, if this session wrote
     /// (or was resumed from) one.
     checkpoint: Option<crate::checkpoint::Manifest>,
+    /// Bytes of that checkpoint, when known.
+    checkpoint_len: Option<u64>,
     /// Restore the checkpoint into the next worker, and why (`hibernated`,
     /// or the reset reason).
     restore_next: Option<String>,
@@ -497,8 +516,7 @@ struct Inner {
     /// Why the last restore failed, for the next result's notice.
     restore_failure: Option<String>,
     /// Callers of [`Session::checkpoint`] waiting for the runner.
-    checkpoint_waiters:
-        Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, crate::CheckpointError>>>,
+    checkpoint_waiters: Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, CheckpointError>>>,
     /// Set by [`Session::hibernate`].
     hibernate_requested: bool,
     /// Callers of [`Session::hibernate_and_wait`] waiting for the runner.
@@ -515,6 +533,61 @@ struct Inner {
     /// Set by [`Session::kill_worker`]: why the host killed the worker,
     /// for the running call's result and the next result's notice.
     kill_reason: Option<String>,
+}
+
+/// The first wait before background checkpoints, hibernation and
+/// admission try a failed checkpoint again; it doubles with each failure
+/// in a row, up to [`MAX_CHECKPOINT_RETRY`].
+pub const CHECKPOINT_RETRY: Duration = Duration::from_secs(30);
+/// The longest wait between automatic attempts of a failing checkpoint.
+pub const MAX_CHECKPOINT_RETRY: Duration = Duration::from_secs(30 * 60);
+
+/// The checkpoint failures of a session in a row.
+#[derive(Debug, Clone)]
+struct Failure {
+    error: CheckpointError,
+    /// When the first one happened (RFC 3339).
+    since: String,
+    attempts: u32,
+    /// When automatic attempts may try again.
+    retry_at: Instant,
+    /// `unsaved_count` at the last failure: a state too large is tried
+    /// again only once a call has changed it.
+    calls_at: u64,
+}
+
+/// When an automatic checkpoint may be tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    Due,
+    In(Duration),
+    AfterACall,
+}
+
+impl Failure {
+    fn retry(&self, calls_now: u64) -> Retry {
+        if matches!(self.error, CheckpointError::TooLarge(_)) && calls_now == self.calls_at {
+            return Retry::AfterACall;
+        }
+        match self.retry_at.checked_duration_since(Instant::now()) {
+            Some(d) if !d.is_zero() => Retry::In(d),
+            _ => Retry::Due,
+        }
+    }
+
+    fn report(&self, calls_now: u64) -> CheckpointFailure {
+        CheckpointFailure {
+            kind: CheckpointFailureKind::from(&self.error),
+            reason: self.error.to_string(),
+            since: self.since.clone(),
+            attempts: self.attempts,
+            retry_in_seconds: match self.retry(calls_now) {
+                Retry::Due => Some(0.0),
+                Retry::In(d) => Some(d.as_secs_f64()),
+                Retry::AfterACall => None,
+            },
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -599,6 +672,9 @@ fn reset_words(reason: &str) -> &'static str {
         "exited" => "the previous worker exited",
         KILLED_OVER_BUDGET => "the server stopped the previous worker: the memory of its sessions was over the server's budget",
         r if r.starts_with("restore_failed") => "its checkpoint could not be restored",
+        r if r.starts_with(CHECKPOINT_FAILED) => {
+            "its state after the last checkpoint could not be saved"
+        }
         _ => "the previous worker ended",
     }
 }
@@ -611,6 +687,13 @@ fn restore_cause(reason: &str) -> &'static str {
         _ => "woke the session from hibernation: ",
     }
 }
+
+/// The start of `reset_reason` when a session was restored from an older
+/// checkpoint because its later state could not be saved (too large, over
+/// quota, a store or worker failure): `checkpoint_failed: <why>`. The
+/// result's `session.restored.lost_calls` names the calls whose work is
+/// gone.
+pub const CHECKPOINT_FAILED: &str = "checkpoint_failed";
 
 /// [`Supervisor::resume_session`]'s reason when the same server (node)
 /// was restarted.
@@ -650,6 +733,80 @@ fn call_end_reason(res: &RunResult, exit: Option<ExitInfo>) -> &'static str {
 }
 
 impl Inner {
+    /// Counts a call that completed in the worker: its work is in the
+    /// state, not yet in the store.
+    fn note_call(&mut self, execution_id: &str) {
+        self.dirty = true;
+        self.unsaved_count += 1;
+        self.unsaved_calls.push_back(execution_id.to_string());
+        while self.unsaved_calls.len() > rvisor_protocol::MAX_LOST_CALLS {
+            self.unsaved_calls.pop_front();
+        }
+    }
+
+    /// The store holds the state as it is now (a checkpoint was stored,
+    /// or the state was restored from one, or started empty).
+    fn saved(&mut self) {
+        self.dirty = false;
+        self.unsaved_calls.clear();
+        self.unsaved_count = 0;
+        self.failure = None;
+    }
+
+    /// When the next automatic checkpoint may be tried.
+    fn checkpoint_retry(&self) -> Retry {
+        self.failure
+            .as_ref()
+            .map_or(Retry::Due, |f| f.retry(self.unsaved_count))
+    }
+
+    /// Records a failed checkpoint (one more in a row).
+    fn checkpoint_failed(&mut self, e: &CheckpointError) {
+        let attempts = self.failure.as_ref().map_or(0, |f| f.attempts) + 1;
+        let wait = CHECKPOINT_RETRY
+            .saturating_mul(1 << (attempts - 1).min(16))
+            .min(MAX_CHECKPOINT_RETRY);
+        let since = self
+            .failure
+            .as_ref()
+            .map_or_else(now_rfc3339, |f| f.since.clone());
+        self.failure = Some(Failure {
+            error: e.clone(),
+            since,
+            attempts,
+            retry_at: Instant::now() + wait,
+            calls_at: self.unsaved_count,
+        });
+    }
+
+    /// The note that goes beside the checkpoint when the state after it
+    /// could not be saved.
+    fn unsaved_note(&self, reason: &str) -> UnsavedCalls {
+        UnsavedCalls {
+            checkpoint_created_at: self.checkpoint.as_ref().map_or(0.0, |m| m.created_at),
+            calls: self.unsaved_calls.iter().cloned().collect(),
+            count: self.unsaved_count,
+            reason: reason.to_string(),
+            at: now_rfc3339(),
+        }
+    }
+
+    fn checkpoint_status(&self) -> CheckpointStatus {
+        let known = self.checkpoint.as_ref().filter(|m| m.created_at > 0.0);
+        CheckpointStatus {
+            state: match (&self.failure, &self.checkpoint) {
+                (Some(_), _) => CheckpointState::Failed,
+                (None, None) => CheckpointState::None,
+                (None, Some(_)) if self.dirty => CheckpointState::Behind,
+                (None, Some(_)) => CheckpointState::Current,
+            },
+            taken_at: known.map(|m| m.taken_at()),
+            bytes: known.and(self.checkpoint_len),
+            calls_since: self.unsaved_count,
+            failure: self.failure.as_ref().map(|f| f.report(self.unsaved_count)),
+        }
+    }
+
     /// Records that the worker is being replaced, for status and the next
     /// result.
     fn record_reset(&mut self, reason: &str) {
@@ -754,20 +911,21 @@ impl Inner {
             // The state came back: not a fresh session.
             res.session.fresh = false;
             let cause = match &reset {
-                Some(reason) => format!(
+                Some(reason) if !reason.starts_with(CHECKPOINT_FAILED) => format!(
                     "a new worker (generation {}) replaced the previous one because {}; ",
                     self.generation,
                     reset_words(reason)
                 ),
-                None => restore_cause(&r.reason).to_string(),
+                _ => restore_cause(&r.reason).to_string(),
             };
             let lost = if r.lost.is_empty() {
                 String::new()
             } else {
                 format!("; not restored: {}", r.lost.join(", "))
             };
+            let calls = self.lost_words.take().unwrap_or_default();
             res.prepend_notice(&format!(
-                "rvisor: {cause}restored the state from the checkpoint of {} ({:.1} s old){lost}.",
+                "rvisor: {cause}restored the state from the checkpoint of {} ({:.1} s old){lost}{calls}.",
                 r.checkpoint_at, r.checkpoint_age_seconds
             ));
             res.session.restored = Some(r);
@@ -830,9 +988,14 @@ impl Shared {
                 closed: false,
                 live: None,
                 dirty: false,
-                idle_checkpoint_failed: false,
+                unsaved_calls: VecDeque::new(),
+                unsaved_count: 0,
+                failure: None,
+                note_written: false,
+                lost_words: None,
                 idle_since: Instant::now(),
                 checkpoint: None,
+                checkpoint_len: None,
                 restore_next: None,
                 unreported_restore: None,
                 restore_failure: None,
@@ -873,6 +1036,7 @@ impl Shared {
             running: i.live.as_ref().map(|l| l.report()),
             idle_seconds: (!i.closed && i.running.is_none() && i.queue.is_empty())
                 .then(|| i.idle_since.elapsed().as_secs_f64()),
+            checkpoint: self.store.as_ref().map(|_| i.checkpoint_status()),
         }
     }
 
@@ -899,8 +1063,14 @@ impl Shared {
                 } else {
                     i.record_reset("reset");
                     i.restore_next = None;
+                    // An empty state: nothing to lose, nothing failing.
+                    i.saved();
                 }
-                if i.restore_next.is_none() && i.checkpoint.take().is_some() {
+                let had = i.checkpoint.is_some() || i.note_written;
+                if i.restore_next.is_none() && had {
+                    i.checkpoint = None;
+                    i.checkpoint_len = None;
+                    i.note_written = false;
                     if let Some(store) = &self.store {
                         let _ = store.delete(&self.checkpoint_key());
                     }
@@ -963,7 +1133,19 @@ impl Shared {
             }
             if self.store.is_some() && worker.is_some() {
                 let idle = i.idle_since.elapsed();
-                let hibernate_in = self.opts.hibernate_after.map(|h| h.saturating_sub(idle));
+                // A failed checkpoint is tried again automatically only
+                // when due (a backoff; a state too large only once a call
+                // changed it); asked-for hibernations always try.
+                let due = match i.checkpoint_retry() {
+                    Retry::Due => Some(Duration::ZERO),
+                    Retry::In(d) => Some(d),
+                    Retry::AfterACall => None,
+                };
+                let hibernate_in = self
+                    .opts
+                    .hibernate_after
+                    .map(|h| h.saturating_sub(idle))
+                    .and_then(|h| due.map(|d| h.max(d)));
                 if i.hibernate_requested || hibernate_in == Some(Duration::ZERO) {
                     i.hibernate_requested = false;
                     drop(i);
@@ -977,16 +1159,13 @@ impl Shared {
                 let checkpoint_in = self
                     .opts
                     .checkpoint_after
-                    .filter(|_| i.dirty && !i.idle_checkpoint_failed)
-                    .map(|c| c.saturating_sub(idle));
+                    .filter(|_| i.dirty)
+                    .map(|c| c.saturating_sub(idle))
+                    .and_then(|c| due.map(|d| c.max(d)));
                 if checkpoint_in == Some(Duration::ZERO) {
                     drop(i);
-                    if self.take_checkpoint(worker, source).is_err() {
-                        // Tried once; the next call makes it due again.
-                        // Still dirty: the checkpoint in the store is
-                        // older than the state.
-                        lock(&self.inner).idle_checkpoint_failed = true;
-                    }
+                    // A failure is recorded (and backs off) inside.
+                    let _ = self.take_checkpoint(worker, source);
                     i = lock(&self.inner);
                     continue;
                 }
@@ -1010,15 +1189,18 @@ impl Shared {
     }
 
     /// Checkpoints the session's state into its store, unless no call ran
-    /// since the last checkpoint (then that one is the answer).
+    /// since the last checkpoint (then that one is the answer). The
+    /// worker's checkpoint streams into a scratch file of the store, which
+    /// the store then keeps: it is never in memory whole. A failure is
+    /// recorded for status (and backs off automatic attempts), and the
+    /// calls the stored checkpoint lacks are noted beside it.
     fn take_checkpoint(
         &self,
         worker: &mut Option<Worker>,
         source: &mut impl WorkerSource,
-    ) -> Result<CheckpointInfo, crate::CheckpointError> {
-        use crate::CheckpointError as E;
+    ) -> Result<CheckpointInfo, CheckpointError> {
         let Some(store) = self.store.clone() else {
-            return Err(E::NoStore);
+            return Err(CheckpointError::NoStore);
         };
         let key = self.checkpoint_key();
         {
@@ -1026,26 +1208,16 @@ impl Shared {
             if let (false, Some(m)) = (i.dirty, &i.checkpoint) {
                 return Ok(CheckpointInfo {
                     key,
-                    bytes: m.compressed_bytes,
+                    bytes: i.checkpoint_len.unwrap_or(m.compressed_bytes),
                     written: false,
                     manifest: m.clone(),
                 });
             }
         }
         let Some(w) = worker.as_mut() else {
-            return Err(E::NothingYet);
+            return Err(CheckpointError::NothingYet);
         };
-        // A directory given by the caller outlives the session's workers.
-        let file_bytes = if self.working_dir.is_some() && !self.owns_working_dir {
-            0
-        } else {
-            self.opts.checkpoint_file_bytes
-        };
-        let taken = w.checkpoint(
-            self.working_dir.as_deref(),
-            file_bytes,
-            self.opts.startup_timeout,
-        );
+        let out = self.write_checkpoint(store.as_ref(), &key, w);
         if let Some(status) = died_idle(w) {
             if let Some(w) = worker.take() {
                 source.forget(&w);
@@ -1057,22 +1229,83 @@ impl Shared {
                 i.restore_next = Some(reason.to_string());
             }
         }
-        let bytes = taken.map_err(|e| E::Failed(format!("the checkpoint failed: {e}")))?;
-        let manifest = Manifest::read(&bytes).map_err(E::Failed)?;
-        store.put(&key, &bytes).map_err(|e| {
-            E::Failed(format!(
-                "could not store the checkpoint under {key:?} ({e})"
-            ))
-        })?;
         let mut i = lock(&self.inner);
-        i.dirty = false;
-        i.checkpoint = Some(manifest.clone());
-        Ok(CheckpointInfo {
-            key,
-            bytes: bytes.len() as u64,
-            written: true,
-            manifest,
-        })
+        match out {
+            Ok((manifest, len)) => {
+                i.saved();
+                i.checkpoint = Some(manifest.clone());
+                i.checkpoint_len = Some(len);
+                let note = std::mem::take(&mut i.note_written);
+                drop(i);
+                if note {
+                    // What it said is saved now.
+                    let _ = store.delete_note(&key);
+                }
+                Ok(CheckpointInfo {
+                    key,
+                    bytes: len,
+                    written: true,
+                    manifest,
+                })
+            }
+            Err(e) => {
+                i.checkpoint_failed(&e);
+                let note = (i.unsaved_count > 0 && !matches!(e, CheckpointError::Fenced(_)))
+                    .then(|| i.unsaved_note(&e.to_string()));
+                drop(i);
+                if let Some(note) = note {
+                    let json = serde_json::to_vec(&note).unwrap_or_default();
+                    if store.put_note(&key, &json).is_ok() {
+                        lock(&self.inner).note_written = true;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Has `w` write the checkpoint into a scratch file of `store`, within
+    /// the store's allowance, and stores it; its manifest and length.
+    fn write_checkpoint(
+        &self,
+        store: &dyn CheckpointStore,
+        key: &str,
+        w: &mut Worker,
+    ) -> Result<(Manifest, u64), CheckpointError> {
+        let staging = |e: std::io::Error| {
+            CheckpointError::Store(format!("could not stage the checkpoint ({e})"))
+        };
+        let allowance = store.allowance(key)?;
+        // Nothing left of a quota: refused before the worker does any work.
+        if allowance.max_bytes == 0 {
+            return Err(allowance.refusal);
+        }
+        let scratch = store.scratch().map_err(staging)?;
+        // A directory given by the caller outlives the session's workers.
+        let file_bytes = if self.working_dir.is_some() && !self.owns_working_dir {
+            0
+        } else {
+            self.opts.checkpoint_file_bytes
+        };
+        let len = w
+            .checkpoint(
+                self.working_dir.as_deref(),
+                file_bytes,
+                &scratch,
+                allowance.max_bytes,
+                self.opts.startup_timeout,
+            )
+            .map_err(|e| match e {
+                CheckpointError::TooLarge(_) => allowance.refusal.clone(),
+                CheckpointError::Worker(why) => {
+                    CheckpointError::Worker(format!("the checkpoint failed: {why}"))
+                }
+                e => e,
+            })?;
+        let manifest = Manifest::read_from(&mut &scratch)
+            .map_err(|why| CheckpointError::Worker(format!("the checkpoint failed: {why}")))?;
+        store.put(key, &scratch, len)?;
+        Ok((manifest, len))
     }
 
     /// Checkpoints the session and releases its worker (it has exited
@@ -1083,8 +1316,9 @@ impl Shared {
         worker: &mut Option<Worker>,
         source: &mut impl WorkerSource,
     ) -> Result<(), String> {
+        // A failure is recorded (and backs off automatic attempts); the
+        // next idle period may try again when it is due.
         if let Err(e) = self.take_checkpoint(worker, source) {
-            // Try again after another idle period.
             lock(&self.inner).idle_since = Instant::now();
             return Err(e.to_string());
         }
@@ -1113,24 +1347,77 @@ impl Shared {
         let Some(reason) = lock(&self.inner).restore_next.take() else {
             let mut i = lock(&self.inner);
             i.install(&w);
+            // Empty: no call's work to lose, nothing to save yet.
             i.dirty = false;
+            i.unsaved_calls.clear();
+            i.unsaved_count = 0;
             i.idle_since = Instant::now();
             return Ok(w);
         };
         match self.load_checkpoint(&mut w) {
-            Ok(m) => {
+            Ok((m, len, note)) => {
                 let mut i = lock(&self.inner);
+                // The calls the restored state lacks: known here since the
+                // checkpoint, else from the note a failed checkpoint left
+                // (after a restart or a move), if it is about this one.
+                let note_found = note.is_some();
+                let note = note.filter(|n| n.checkpoint_created_at == m.created_at);
+                let (lost, count, why) = if i.unsaved_count > 0 {
+                    let why = i.failure.as_ref().map(|f| f.error.to_string());
+                    (
+                        i.unsaved_calls.iter().cloned().collect(),
+                        i.unsaved_count,
+                        why,
+                    )
+                } else if let Some(n) = note.filter(|n| n.count > 0) {
+                    (n.calls, n.count, Some(n.reason))
+                } else {
+                    (Vec::new(), 0, None)
+                };
+                if count > 0 {
+                    if let (None, Some(why)) = (&i.unreported_reset, &why) {
+                        // Not a kill: the state was rolled back because
+                        // it could not be saved. Say so in reset_reason.
+                        i.record_reset(&format!("{CHECKPOINT_FAILED}: {why}"));
+                    }
+                    let ids: Vec<&str> = lost.iter().map(String::as_str).collect();
+                    i.lost_words = Some(format!(
+                        "; the work of {count} call{} after it is gone{} ({}{})",
+                        if count == 1 { "" } else { "s" },
+                        why.as_deref()
+                            .map(|w| format!(": its state could not be saved: {w}"))
+                            .unwrap_or_default(),
+                        if count as usize > ids.len() {
+                            "the last: "
+                        } else {
+                            ""
+                        },
+                        ids.join(", ")
+                    ));
+                }
                 i.install(&w);
-                i.dirty = false;
+                i.saved();
                 i.idle_since = Instant::now();
                 i.unreported_restore = Some(rvisor_protocol::Restored {
                     checkpoint_age_seconds: m.age_seconds(),
                     checkpoint_at: m.taken_at(),
                     lost: m.unsaved.iter().map(|u| u.name.clone()).collect(),
                     reason,
+                    lost_calls: lost,
+                    lost_call_count: count,
                 });
                 // A resumed session knew only that a checkpoint existed.
                 i.checkpoint = Some(m);
+                i.checkpoint_len = Some(len);
+                let had_note = std::mem::take(&mut i.note_written) || note_found;
+                drop(i);
+                if had_note {
+                    // Reported now: a later restore of the same checkpoint
+                    // does not report these calls again.
+                    if let Some(store) = &self.store {
+                        let _ = store.delete_note(&self.checkpoint_key());
+                    }
+                }
                 Ok(w)
             }
             Err(why) => {
@@ -1143,31 +1430,57 @@ impl Shared {
                 i.install(&w);
                 i.restore_failure = Some(why);
                 i.checkpoint = None;
-                i.dirty = false;
+                i.checkpoint_len = None;
+                i.saved();
                 i.idle_since = Instant::now();
                 Ok(w)
             }
         }
     }
 
-    /// Loads the session's checkpoint from its store into `w`.
-    fn load_checkpoint(&self, w: &mut Worker) -> Result<Manifest, String> {
+    /// Loads the session's checkpoint from its store into `w` (through a
+    /// scratch file whose descriptor the worker reads); its manifest,
+    /// length, and the note of unsaved calls beside it, if any.
+    fn load_checkpoint(
+        &self,
+        w: &mut Worker,
+    ) -> Result<(Manifest, u64, Option<UnsavedCalls>), String> {
         let store = self
             .store
             .as_ref()
             .ok_or_else(|| "the session has no checkpoint store".to_string())?;
         let key = self.checkpoint_key();
-        let bytes = store
-            .get(&key)
+        // The note matters when this process does not know the calls
+        // (a resumed session knows nothing of its checkpoint yet) or
+        // wrote one; other restores skip the read.
+        let want_note = {
+            let i = lock(&self.inner);
+            i.note_written || i.checkpoint.as_ref().is_none_or(|m| m.created_at == 0.0)
+        };
+        let note: Option<UnsavedCalls> = want_note
+            .then(|| store.get_note(&key).ok().flatten())
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let scratch = store
+            .scratch()
+            .map_err(|e| format!("could not stage it from the store ({e})"))?;
+        let Some(len) = store
+            .get(&key, &scratch)
             .map_err(|e| format!("could not read it from the store ({e})"))?
-            .ok_or_else(|| format!("the store has no checkpoint {key:?}"))?;
-        let m = Manifest::read(&bytes)?;
+        else {
+            let never = note
+                .filter(|n| n.count > 0)
+                .map(|n| format!("; its state was never saved: {}", n.reason))
+                .unwrap_or_default();
+            return Err(format!("the store has no checkpoint {key:?}{never}"));
+        };
+        let m = Manifest::read_from(&mut &scratch)?;
         w.restore(
-            &bytes,
+            &scratch,
             self.working_dir.as_deref(),
             self.opts.startup_timeout,
         )?;
-        Ok(m)
+        Ok((m, len, note))
     }
 
     /// The result of `call` when no worker could start for it.
@@ -1325,7 +1638,9 @@ impl Shared {
             i.live = None;
             i.stamp(&self.id, &mut res);
             i.dirty = true;
-            i.idle_checkpoint_failed = false;
+            if alive {
+                i.note_call(&res.execution_id);
+            }
             i.idle_since = Instant::now();
             if alive {
                 i.state = if i.queue.is_empty() {
@@ -1375,20 +1690,28 @@ impl Shared {
             }
         }
         // Released (not closed): the state that changed since the last
-        // checkpoint is saved before the worker goes.
-        let (keep, save) = {
+        // checkpoint is saved before the worker goes. A state that was too
+        // large and has not changed since is not tried again (it would
+        // only cost the release its serialisation): the note of its
+        // unsaved calls is in the store already.
+        let (keep, save, hopeless) = {
             let i = lock(&self.inner);
-            (
-                i.keep_checkpoint,
-                i.keep_checkpoint && !i.abandoned && i.dirty,
-            )
+            let save = i.keep_checkpoint && !i.abandoned && i.dirty;
+            let hopeless = (save && i.checkpoint_retry() == Retry::AfterACall)
+                .then(|| i.failure.as_ref().map(|f| f.error.to_string()))
+                .flatten();
+            (i.keep_checkpoint, save, hopeless)
         };
-        let released = if save && worker.is_some() {
-            self.take_checkpoint(&mut worker, &mut source)
+        let released = match hopeless {
+            Some(why) => Err(format!(
+                "its state cannot be checkpointed ({why}); its last checkpoint stays and the \
+                 calls since are noted beside it"
+            )),
+            None if save && worker.is_some() => self
+                .take_checkpoint(&mut worker, &mut source)
                 .map(Some)
-                .map_err(|e| e.to_string())
-        } else {
-            Ok(None)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
         };
         if let Some(w) = worker.take() {
             retire(&mut source, w);
@@ -1398,7 +1721,8 @@ impl Shared {
         i.pid = None;
         i.checkpoint_waiters.clear();
         i.hibernate_waiters.clear();
-        if let (Some(store), true, false) = (&self.store, i.checkpoint.is_some(), keep) {
+        let kept = i.checkpoint.is_some() || i.note_written;
+        if let (Some(store), true, false) = (&self.store, kept, keep) {
             // A closed session's checkpoint is of no use to anyone.
             let _ = store.delete(&self.checkpoint_key());
         }
@@ -1701,18 +2025,18 @@ impl Session {
     /// the queued ones) into the supervisor's checkpoint store and returns
     /// what it holds. Costs nothing when no call ran since the last
     /// checkpoint (`written: false`). Blocks until it is done.
-    pub fn checkpoint(&self) -> Result<CheckpointInfo, crate::CheckpointError> {
+    pub fn checkpoint(&self) -> Result<CheckpointInfo, CheckpointError> {
         let s = self.shared();
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let mut i = lock(&s.inner);
             if i.closed {
-                return Err(crate::CheckpointError::Closed);
+                return Err(CheckpointError::Closed);
             }
             i.checkpoint_waiters.push(tx);
         }
         s.cv.notify_all();
-        rx.recv().map_err(|_| crate::CheckpointError::Closed)?
+        rx.recv().map_err(|_| CheckpointError::Closed)?
     }
 
     /// Rolls the session back to its last checkpoint: like
@@ -1749,8 +2073,10 @@ impl Session {
     /// Hibernates the session now if it is idle, and waits (at most
     /// `timeout`) until its worker has exited. `Ok` also when it holds no
     /// worker. `Err` says why not: no checkpoint store, the checkpoint
-    /// failed, a call arrived first, the session closed, or the timeout
-    /// passed (the hibernation may still happen later).
+    /// failed (or failed before and is not due to be tried again: then it
+    /// answers at once, see `SessionStatus.checkpoint`), a call arrived
+    /// first, the session closed, or the timeout passed (the hibernation
+    /// may still happen later).
     pub fn hibernate_and_wait(&self, timeout: Duration) -> Result<(), String> {
         let s = self.shared();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -1758,6 +2084,19 @@ impl Session {
             let mut i = lock(&s.inner);
             if i.closed {
                 return Err("the session is closed".into());
+            }
+            if let (Some(f), true) = (&i.failure, s.store.is_some() && i.pid.is_some()) {
+                let when = match f.retry(i.unsaved_count) {
+                    Retry::Due => None,
+                    Retry::In(d) => Some(format!("for {:.0} s", d.as_secs_f64().ceil())),
+                    Retry::AfterACall => Some("until a call changes its state".into()),
+                };
+                if let Some(when) = when {
+                    return Err(format!(
+                        "its state cannot be checkpointed ({}); not tried again {when}",
+                        f.error
+                    ));
+                }
             }
             i.hibernate_requested = true;
             i.hibernate_waiters.push(tx);
@@ -2789,7 +3128,9 @@ mod tests {
         file.extend_from_slice(&2u32.to_be_bytes());
         for how in [How::Cancel, How::CancelCall] {
             // Put back each time: a closed session deletes its checkpoint.
-            store.put("s-test", &file).unwrap();
+            let staged = crate::checkpoint::anonymous_file(&dir).unwrap();
+            std::io::Write::write_all(&mut &staged, &file).unwrap();
+            store.put("s-test", &staged, file.len() as u64).unwrap();
             let fake = Fake::new();
             let mut shared = Shared::new("s-test".into(), quick(), None, false);
             Arc::get_mut(&mut shared).unwrap().store = Some(store.clone());

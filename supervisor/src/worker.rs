@@ -8,7 +8,7 @@
 //! deadline, kill) runs the same against a fake worker in unit tests.
 
 use crate::call::{cpu_limit_result, mark_stopped, push_raw, validate_call, Stop};
-use crate::error::{Error, ValidateError};
+use crate::error::{CheckpointError, Error, ValidateError};
 use crate::events::EventSink;
 use crate::ids;
 use crate::process::{launch, OsTransport, Proc, TempDir, Transport};
@@ -900,61 +900,119 @@ impl Worker {
     }
 
     /// Has the worker write its session's state (see
-    /// `ToWorker::Checkpoint`) and returns the checkpoint file's bytes. The
-    /// file is a memfd passed to the worker, so a confined worker writes it
-    /// without seeing any host path. The worker is killed if it does not
-    /// answer within `timeout`.
+    /// `ToWorker::Checkpoint`) into `out`, at most `max_bytes` of it, and
+    /// returns the checkpoint's length. The worker writes into a pipe (so
+    /// a confined worker writes without seeing any host path, and its
+    /// file-size limit does not apply) that a thread of this call copies
+    /// into `out` as it comes, in the kernel, stopping one byte past
+    /// `max_bytes`: a checkpoint over it is `CheckpointError::TooLarge`
+    /// (with a message the caller replaces by its store's refusal) as soon
+    /// as it passes. The worker is killed if it does not answer within
+    /// `timeout`.
     pub fn checkpoint(
         &mut self,
         working_dir: Option<&Path>,
         max_file_bytes: u64,
+        out: &std::fs::File,
+        max_bytes: u64,
         timeout: Duration,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<u64, CheckpointError> {
         use std::io::{Read, Seek};
-        let mut file = memfd("rvisor-checkpoint")?;
+        let fail = |what: &str, e: std::io::Error| {
+            CheckpointError::Worker(format!("could not {what} for the checkpoint ({e})"))
+        };
+        let (reader, writer) = pipe().map_err(|e| fail("create a pipe", e))?;
+        let mut sink = out
+            .try_clone()
+            .map_err(|e| fail("open the staging file", e))?;
+        sink.rewind()
+            .and_then(|_| sink.set_len(0))
+            .map_err(|e| fail("empty the staging file", e))?;
+        // A File over the pipe: std copies from it with splice(2).
+        let mut source = std::fs::File::from(reader);
+        let limit = max_bytes.saturating_add(1);
+        let (tx, copied) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("rvisor-ckpt-read".into())
+            .spawn(move || {
+                let n = std::io::copy(&mut (&mut source).take(limit), &mut sink);
+                // Dropping the read end here makes a worker still writing
+                // past the cap get EPIPE.
+                drop(source);
+                let _ = tx.send(n);
+            })
+            .map_err(|e| fail("start the thread that reads it", e))?;
         let msg = ToWorker::Checkpoint {
             working_dir: working_dir.map(|p| p.display().to_string()),
             max_file_bytes,
+            max_bytes,
         };
-        self.state_exchange(&msg, &file, timeout)?;
-        let mut bytes = Vec::new();
-        file.rewind()
-            .and_then(|_| file.read_to_end(&mut bytes))
-            .map_err(|e| format!("could not read the checkpoint back ({e})"))?;
-        Ok(bytes)
+        let started = Instant::now();
+        let answer = self.state_exchange(&msg, writer.as_raw_fd(), timeout);
+        // Our copy of the write end must go, or the reader never sees the
+        // end of the file.
+        drop(writer);
+        // The worker closes its end when it answers (or when it dies);
+        // one that holds it open past the deadline is killed.
+        let left = timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_secs(1));
+        let n = match copied.recv_timeout(left) {
+            Ok(n) => n,
+            Err(_) => {
+                self.kill();
+                copied
+                    .recv_timeout(Duration::from_secs(5))
+                    .unwrap_or_else(|_| {
+                        Err(std::io::Error::other(
+                            "the worker kept the checkpoint's pipe open after it answered",
+                        ))
+                    })
+            }
+        };
+        match (n, answer) {
+            // Past the cap, or failed right at it (the worker stops there).
+            (Ok(n), a) if n > max_bytes || (n == max_bytes && a.is_err()) => Err(
+                CheckpointError::TooLarge(format!("the checkpoint passed {max_bytes} bytes")),
+            ),
+            (_, Err(why)) => Err(CheckpointError::Worker(why)),
+            (Err(e), Ok(_)) => Err(fail("read the worker's pipe", e)),
+            (Ok(n), Ok(_)) => Ok(n),
+        }
     }
 
-    /// Loads checkpoint `bytes` into this worker (before its first call).
+    /// Loads the checkpoint in `file` into this worker (before its first
+    /// call). The worker gets a descriptor of it open for reading only,
+    /// and reads the manifest from its tail, then the state.
     pub fn restore(
         &mut self,
-        bytes: &[u8],
+        file: &std::fs::File,
         working_dir: Option<&Path>,
         timeout: Duration,
     ) -> Result<(), String> {
-        use std::io::{Seek, Write};
-        let mut file = memfd("rvisor-restore")?;
-        file.write_all(bytes)
-            .and_then(|_| file.rewind())
-            .map_err(|e| format!("could not stage the checkpoint ({e})"))?;
+        // Its own, read-only open of the file (an anonymous file too can
+        // be opened again through /proc); the descriptor as it is else.
+        let own = std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let fd = own.as_ref().map_or(file.as_raw_fd(), |f| f.as_raw_fd());
         let msg = ToWorker::Restore {
             working_dir: working_dir.map(|p| p.display().to_string()),
         };
-        self.state_exchange(&msg, &file, timeout).map(|_| ())
+        self.state_exchange(&msg, fd, timeout).map(|_| ())
     }
 
-    /// Sends a checkpoint or restore request with `file` attached and waits
-    /// for its answer.
+    /// Sends a checkpoint or restore request with descriptor `fd` attached
+    /// and waits for its answer.
     fn state_exchange(
         &mut self,
         msg: &ToWorker,
-        file: &std::fs::File,
+        fd: std::os::fd::RawFd,
         timeout: Duration,
     ) -> Result<String, String> {
         if self.exited || self.link_closed() {
             return Err("the worker is not running".into());
         }
         self.transport
-            .send(msg, &[file.as_raw_fd()])
+            .send(msg, &[fd])
             .map_err(|e| format!("could not send the request to the worker ({e})"))?;
         let end = Instant::now() + timeout;
         loop {
@@ -1112,24 +1170,21 @@ impl Drop for Worker {
 /// How often a call with a CPU limit reads its cgroup's CPU account.
 const CPU_POLL: Duration = Duration::from_millis(100);
 
-/// CPU time (ns) in a cgroup's `cpuacct.usage`.
-/// An anonymous in-memory file (closed on exec).
-fn memfd(name: &str) -> Result<std::fs::File, String> {
+/// A pipe, both ends closed on exec: (read end, write end).
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     use std::os::fd::FromRawFd;
-    let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
-    // SAFETY: memfd_create with a NUL-terminated name we own; the returned
-    // descriptor, when valid, is owned by nobody else and moves into File.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(format!(
-            "could not create a file for the checkpoint ({})",
-            std::io::Error::last_os_error()
-        ));
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we own; on
+    // success they are fresh and owned by nobody else.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: `fd` is a fresh descriptor owned by this call.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    // SAFETY: both descriptors were just created by pipe2 and are owned
+    // here alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// CPU time (ns) in a cgroup's `cpuacct.usage`.
 fn read_cpu_ns(f: &Path) -> Option<u64> {
     std::fs::read_to_string(f).ok()?.trim().parse().ok()
 }

@@ -228,6 +228,25 @@ impl From<TableError> for ServiceError {
     }
 }
 
+impl From<rvisor::CheckpointError> for ServiceError {
+    fn from(e: rvisor::CheckpointError) -> Self {
+        use rvisor::CheckpointError as C;
+        let code = match &e {
+            C::TooLarge(_) => ErrorCode::TooLarge,
+            C::Quota(_) => ErrorCode::Quota,
+            // Another node owns the session now: a router sends the retry
+            // there.
+            C::Fenced(_) => ErrorCode::Busy,
+            C::Store(_) => ErrorCode::Storage,
+            C::NothingYet => ErrorCode::Conflict,
+            C::NoStore => ErrorCode::NotFound,
+            C::Closed => ErrorCode::Closed,
+            _ => ErrorCode::Internal,
+        };
+        Self::new(code, e.to_string())
+    }
+}
+
 /// A session could not be made: bad options are the client's to fix, a
 /// worker or host failure is the server's.
 pub(super) fn session_error(e: rvisor::Error) -> ServiceError {

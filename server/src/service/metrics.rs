@@ -68,6 +68,15 @@ pub struct UsageReport {
     pub tables: usize,
     /// Bytes those tables take.
     pub table_bytes: u64,
+    /// Checkpoints of the tenant's sessions in the store (with
+    /// `--state-dir` or `--store`; 0 otherwise).
+    pub checkpoints: u64,
+    /// Bytes they take, counted against `checkpoint_quota_bytes`.
+    pub checkpoint_bytes: u64,
+    /// The tenant's quota of checkpoint bytes (`null`: none, or no store).
+    pub checkpoint_quota_bytes: Option<u64>,
+    /// The cap on one checkpoint (`null`: no store).
+    pub max_checkpoint_bytes: Option<u64>,
     /// Calls since the server started.
     #[serde(flatten)]
     pub since_start: CallTotals,
@@ -98,6 +107,18 @@ impl Metrics {
 }
 
 impl Service {
+    /// What `tenant`'s checkpoints take in the store, and its limits
+    /// (`None` without a store, or when the store cannot be listed).
+    pub(super) fn checkpoint_usage(&self, tenant: &str) -> Option<rvisor::checkpoint::StoreUsage> {
+        let store = self.inner.sup.config().checkpoints.as_ref()?;
+        let prefix = if self.inner.cfg.durable.is_some() {
+            crate::durable::checkpoint_prefix(tenant)
+        } else {
+            String::new()
+        };
+        store.usage(&prefix).ok()
+    }
+
     /// `tenant`'s own use: open sessions, stored tables, calls by outcome
     /// and the time they took since the server started.
     pub fn usage(&self, tenant: &str) -> UsageReport {
@@ -106,11 +127,23 @@ impl Service {
             .filter(|e| e.tenant == tenant)
             .count();
         let (tables, table_bytes) = self.inner.tables.usage(tenant);
+        let ckpt = self.checkpoint_usage(tenant);
+        let limits = self
+            .inner
+            .sup
+            .config()
+            .checkpoints
+            .as_ref()
+            .map(|s| s.limits());
         UsageReport {
             tenant: tenant.to_string(),
             sessions,
             tables,
             table_bytes,
+            checkpoints: ckpt.as_ref().map_or(0, |u| u.checkpoints),
+            checkpoint_bytes: ckpt.as_ref().map_or(0, |u| u.bytes),
+            checkpoint_quota_bytes: limits.and_then(|l| l.tenant_quota_bytes),
+            max_checkpoint_bytes: limits.map(|l| l.max_checkpoint_bytes),
             since_start: lock(&self.inner.metrics.tenants)
                 .get(tenant)
                 .cloned()

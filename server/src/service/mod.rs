@@ -262,6 +262,11 @@ impl Service {
         admission["max_sessions"] = json!(self.inner.cfg.max_sessions);
         v["admission"] = admission;
         v["streams"] = self.streams_report();
+        // The limits on checkpoints (a tenant's own use is in /v1/usage).
+        v["checkpoints"] = match self.inner.sup.config().checkpoints.as_ref() {
+            None => Value::Null,
+            Some(store) => json!(store.limits()),
+        };
         v["node_id"] = json!(self.inner.sup.config().node_id);
         v["draining"] = json!(self.inner.drain.is_draining());
         v

@@ -342,8 +342,10 @@ impl Service {
     /// the checkpoint holds; `written: false` when nothing ran since the
     /// last one. Blocks until it is done. `conflict` when no call has run
     /// in it yet (nothing to keep), `not_found` when the server keeps no
-    /// checkpoints (no `--state-dir`), `internal` when the worker or the
-    /// store failed.
+    /// checkpoints (no `--state-dir`), `too_large` over the cap on one
+    /// checkpoint, `quota` over the tenant's quota of checkpoint bytes,
+    /// `busy` when another node took the session over, `storage` when the
+    /// store failed, `internal` when the worker did.
     pub fn checkpoint(
         &self,
         tenant: &str,
@@ -355,8 +357,7 @@ impl Service {
             rvisor::CheckpointError::NothingYet => ServiceError::conflict(format!(
                 "session {id} has nothing to checkpoint yet: no call has run in it; run one first"
             )),
-            rvisor::CheckpointError::Closed => ServiceError::new(ErrorCode::Closed, e.to_string()),
-            e => ServiceError::new(ErrorCode::Internal, e.to_string()),
+            e => ServiceError::from(e),
         })
     }
 
