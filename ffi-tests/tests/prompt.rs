@@ -474,3 +474,36 @@ fn r_s_doc_share_and_include_directories_are_where_r_says_confined() {
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert_eq!(r.console, "TRUE TRUE TRUE \nTRUE \n");
 }
+
+#[test]
+fn windows_line_endings_run_as_under_rscript_on_every_path() {
+    // Code written on Windows (or sent by a client that ends lines with CR
+    // LF): Rscript reads it as LF, a multi-line string included; R's own
+    // parse(text =) would refuse the CR as "unexpected input".
+    let code = "x <- 1\r\ny <- 2\r\ncat(x + y, '\\n')\r\ns <- 'a\r\nb'\r\ncat(nchar(s), '\\n')\r\n";
+    let expected = rscript(code);
+    assert_eq!(expected, "3 \n3 \n");
+    let mut w = worker();
+    let r = run(&mut w, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(stdout(&r), expected);
+    // A syntax error is reported on its line, as with LF.
+    let r = run(&mut w, "x <- 1\r\ny <- (2\r\n");
+    assert_eq!(r.outcome, Outcome::ParseError, "{}", r.console);
+    // Sessions, one-shot runs and validation: the same through the
+    // supervisor.
+    let sup = confined();
+    let s = sup.session().expect("a session");
+    let r = session_run(&s, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(stdout(&r), expected);
+    let r = sup.run_once(code, &rvisor::CallOptions::one_shot(None));
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(stdout(&r), expected);
+    let v = sup.validate(code);
+    assert!(v.valid, "{:?}", v.problems);
+    let v = sup.validate("x <- 1\r\ny <- (2\r\n");
+    assert!(!v.valid);
+    assert_eq!(v.problems[0].kind, "syntax", "{:?}", v.problems);
+    assert_eq!(v.problems[0].line, Some(3), "{:?}", v.problems);
+}

@@ -92,6 +92,25 @@ pub fn validate_call(code: &str, opts: &CallOptions) -> Result<(), CallError> {
     Ok(())
 }
 
+/// The code as R reads it from a file: Windows line endings (CR LF)
+/// become LF, as R's file reader makes them for `Rscript FILE` and
+/// `source()`. R's parser itself takes a CR for a stray character
+/// ("unexpected input"), so code written on Windows, or sent by a client
+/// that ends lines with CR LF, would fail before anything ran. A CR alone
+/// (not before LF) is left as it is, as R leaves it.
+///
+/// ```
+/// assert_eq!(rvisor::unix_newlines("x <- 1\r\ny <- 2\r\n"), "x <- 1\ny <- 2\n");
+/// assert_eq!(rvisor::unix_newlines("cat('a\rb')"), "cat('a\rb')");
+/// ```
+pub fn unix_newlines(code: &str) -> std::borrow::Cow<'_, str> {
+    if code.contains("\r\n") {
+        std::borrow::Cow::Owned(code.replace("\r\n", "\n"))
+    } else {
+        std::borrow::Cow::Borrowed(code)
+    }
+}
+
 /// Why the supervisor interrupted a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {

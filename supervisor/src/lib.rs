@@ -53,7 +53,7 @@ pub mod zygote;
 
 pub use batch::{Batch, BatchDone, BatchJob, BatchOptions};
 pub use call::CallOptions;
-pub use call::{validate_call, MAX_CODE_BYTES};
+pub use call::{unix_newlines, validate_call, MAX_CODE_BYTES};
 pub use cancel::{CancelOnDrop, CancelToken};
 pub use confine::{CgroupMode, Confinement, Limits};
 pub use error::{

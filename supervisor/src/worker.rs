@@ -537,7 +537,7 @@ impl Worker {
         let req = RunRequest {
             seq,
             execution_id: execution_id.to_string(),
-            code: code.to_string(),
+            code: crate::call::unix_newlines(code).into_owned(),
             plot_width: opts.plot_width,
             plot_height: opts.plot_height,
             max_output_bytes: opts.max_output_bytes,
@@ -860,7 +860,7 @@ impl Worker {
             return Err(ValidateError::NotRunning);
         }
         let msg = ToWorker::Validate {
-            script: script.to_string(),
+            script: crate::call::unix_newlines(script).into_owned(),
             forbidden: forbidden.to_vec(),
             max_nesting_depth,
             style: style.to_string(),

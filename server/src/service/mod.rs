@@ -326,7 +326,7 @@ pub fn validate(sup: &Supervisor, script: &str) -> rvisor::Validation {
     {
         return v;
     }
-    v.style = rvisor_lint::lint(script)
+    v.style = rvisor_lint::lint(&rvisor::unix_newlines(script))
         .into_iter()
         .map(|n| rvisor::StyleNote {
             rule: n.rule,
