@@ -11,9 +11,13 @@ setup:
 build: setup
 	$(CARGO) build --release --workspace
 
-# Runs examples/demo.R in a fresh embedded R worker: output, a warning, a plot.
-demo: build
-	./target/release/rvisor run examples/demo.R --plots-dir demo-plots
+# Runs examples/demo.R in a fresh embedded R worker: output, a warning, a
+# plot. Installs R only, and builds only the command and the worker, in the
+# `demo` profile (fast to build, as fast to run for the demo; Cargo.toml).
+demo:
+	@./scripts/setup.sh --demo
+	$(CARGO) build --profile demo -p rvisor-cli -p rvisor-worker
+	./target/demo/rvisor run examples/demo.R --plots-dir demo-plots
 
 # Every test: unit tests, the tests against real R (one process per test
 # under nextest), the doc examples, and the HTTP contract fuzzed against a

@@ -3,9 +3,29 @@
 # headers and shared library), the R packages the tests use, and
 # cargo-nextest if missing. Safe to run again: it installs only what is
 # missing. Needs root (or sudo) for apt-get.
+#
+#   scripts/setup.sh          # everything `make test` needs
+#   scripts/setup.sh --demo   # what `make demo` needs: R itself (libR and
+#                             # its base packages), nothing for the tests
 set -euo pipefail
 
+mode=all
+[ "${1:-}" = "--demo" ] && mode=demo
+
 need=()
+if [ "$mode" = demo ]; then
+  # The demo runs base R only (lm, a base plot); rvisor links libR.so
+  # from r-base-core and needs no headers to build.
+  command -v R >/dev/null 2>&1 || need+=(r-base-core)
+  if [ ${#need[@]} -gt 0 ]; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    echo "setup: installing ${need[*]}" >&2
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
+  fi
+  exit 0
+fi
 command -v R >/dev/null 2>&1 || need+=(r-base-core r-base-dev)
 [ -e /usr/share/R/include/R.h ] || [ -e "$(R RHOME 2>/dev/null)/include/R.h" ] || need+=(r-base-dev)
 r_has() { command -v Rscript >/dev/null 2>&1 && Rscript -e "quit(status = !requireNamespace('$1', quietly = TRUE))" >/dev/null 2>&1; }
