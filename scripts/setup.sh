@@ -39,6 +39,9 @@ r_has survival && r_has MASS && r_has boot || need+=(r-recommended)
 # nginx: the router of the multi-node test (ffi-tests/tests/multinode.rs
 # runs deploy/nginx/rvisor.conf in it). Debian puts it in /usr/sbin.
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+# valgrind: the instruction counts of the regression guard
+# (scripts/perf-guard.sh, run by .ci/run).
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

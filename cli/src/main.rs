@@ -9,7 +9,7 @@ use base64::Engine;
 use clap::{Parser, Subcommand};
 use rvisor::{CallOptions, Outcome, RunResult, Segment};
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -198,6 +198,18 @@ enum Cmd {
         /// Scripts of the batch row (R help examples).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         scripts: Option<u64>,
+        /// With `--only instructions`: compare the counts with this
+        /// baseline (perf/instructions.json) and exit 1 when a path's
+        /// count rose past `--margin` (the regression guard).
+        #[arg(long, value_name = "FILE")]
+        baseline: Option<PathBuf>,
+        /// With `--baseline`: the rise that counts as a regression (0.05: 5%).
+        #[arg(long, default_value_t = 0.05, value_name = "FRACTION")]
+        margin: f64,
+        /// With `--baseline`: write the counts as the new baseline instead of
+        /// comparing (commit it on its own, saying why).
+        #[arg(long, requires = "baseline")]
+        update_baseline: bool,
         #[command(flatten)]
         load: LoadArgs,
     },
@@ -1129,9 +1141,15 @@ fn command() -> ExitCode {
             only,
             reps,
             scripts,
+            baseline,
+            margin,
+            update_baseline,
             load,
         } => {
             let mut progress = |m: &str| eprintln!("bench: {m}");
+            if let Some(file) = baseline {
+                return instructions_guard(&file, margin, update_baseline, &mut progress);
+            }
             let load = match load.config(cli.confine.unconfined) {
                 Ok(l) => l,
                 Err(e) => {
@@ -1180,6 +1198,87 @@ fn command() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// `rvisor bench --only instructions --baseline FILE`: the regression
+/// guard (scripts/perf-guard.sh), or with `--update-baseline` a new
+/// baseline.
+fn instructions_guard(
+    file: &Path,
+    margin: f64,
+    update: bool,
+    progress: &mut dyn FnMut(&str),
+) -> ExitCode {
+    use bench::instructions;
+    let now = match instructions::run(&[], progress) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rvisor bench: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if update {
+        let text = serde_json::to_string_pretty(&now).unwrap_or_default() + "\n";
+        return match std::fs::write(file, text) {
+            Ok(()) => {
+                eprintln!(
+                    "rvisor bench: wrote the baseline {} ({} paths); commit it on its own",
+                    file.display(),
+                    now.paths.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rvisor bench: could not write {}: {e}", file.display());
+                ExitCode::from(1)
+            }
+        };
+    }
+    let baseline: instructions::Counts = match std::fs::read_to_string(file)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+    {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!(
+                "rvisor bench: could not read the baseline {} ({e}); make one with \
+                 --update-baseline",
+                file.display()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let rows = instructions::compare(&baseline, &now, margin);
+    println!("{}", instructions::table(&rows, margin));
+    if baseline.how != now.how {
+        // Another processor runs other code paths (glibc's string
+        // functions, BLAS kernels), another valgrind or build counts
+        // otherwise: the figures are not comparable, so they do not fail.
+        eprintln!(
+            "rvisor bench: the baseline was made with {:?} and this run with {:?}: the counts \
+             are shown but not held to it. Make a baseline on this machine kind \
+             (scripts/perf-guard.sh --update) and commit it",
+            baseline.how, now.how
+        );
+        return ExitCode::SUCCESS;
+    }
+    let regressed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.regressed)
+        .map(|r| r.path.as_str())
+        .collect();
+    if regressed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "rvisor bench: instructions per call rose more than {:.0}% on {}: find the change \
+             that did it, or, if the cost is wanted, update the baseline in a commit of its own \
+             (scripts/perf-guard.sh --update) saying why",
+            margin * 100.0,
+            regressed.join(", ")
+        );
+        ExitCode::from(1)
     }
 }
 

@@ -83,16 +83,7 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
     let _ = unsafe { r::call_driver(r.driver, c"mark_start", &[]) };
     loop {
         match link::recv_with_fds() {
-            Ok((ToWorker::Run(req), fds)) => {
-                let files = fds.into_iter().map(std::fs::File::from).collect();
-                let cap = req.max_output_bytes;
-                let res = eval::run(r, req, files);
-                pause::at("result", &res.execution_id, &res.code);
-                let payload = eval::result_frame(res, cap)?;
-                stream::end();
-                link::flush_stdio();
-                link::send_payload(&payload).map_err(|e| e.to_string())?;
-            }
+            Ok((ToWorker::Run(req), fds)) => answer_call(r, req, fds)?,
             Ok((
                 ToWorker::Validate {
                     script,
@@ -147,6 +138,27 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
             Err(e) => return Err(e.to_string()),
         }
     }
+}
+
+/// One call, from the request to its result sent: everything a call costs
+/// the worker. Not inlined, and named once: the instruction-count guard
+/// (`rvisor bench --only instructions`, scripts/perf-guard.sh) counts what
+/// runs inside this function (callgrind's `--toggle-collect`), so that R's
+/// start-up is not in the figure.
+#[inline(never)]
+pub fn answer_call(
+    r: &r::R,
+    req: rvisor_protocol::RunRequest,
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> Result<(), String> {
+    let files = fds.into_iter().map(std::fs::File::from).collect();
+    let cap = req.max_output_bytes;
+    let res = eval::run(r, req, files);
+    pause::at("result", &res.execution_id, &res.code);
+    let payload = eval::result_frame(res, cap)?;
+    stream::end();
+    link::flush_stdio();
+    link::send_payload(&payload).map_err(|e| e.to_string())
 }
 
 fn state_outcome(r: Result<String, String>) -> StateOutcome {

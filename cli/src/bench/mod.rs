@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod batch_rows;
+pub mod instructions;
 pub mod sessions_load;
 mod startup;
 
@@ -221,11 +222,22 @@ pub struct Report {
     /// restart (`--only sessions-load`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sessions_load: Option<sessions_load::LoadReport>,
+    /// Instructions per call of the hot paths under callgrind
+    /// (`--only instructions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<instructions::Counts>,
 }
 
 /// Parts of the benchmark (`rvisor bench --only`). `sessions-load` runs
-/// only when named (minutes, and gigabytes of checkpoints at its defaults).
-pub const SECTIONS: [&str; 4] = ["latency", "startup", "batch", "sessions-load"];
+/// only when named (minutes, and gigabytes of checkpoints at its defaults),
+/// and so does `instructions` (minutes under valgrind).
+pub const SECTIONS: [&str; 5] = [
+    "latency",
+    "startup",
+    "batch",
+    "sessions-load",
+    "instructions",
+];
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -245,7 +257,7 @@ pub struct Options {
 
 impl Options {
     fn wants(&self, section: &str) -> bool {
-        (self.only.is_empty() && section != "sessions-load")
+        (self.only.is_empty() && !["sessions-load", "instructions"].contains(&section))
             || self.only.iter().any(|s| s == section)
     }
 }
@@ -265,6 +277,7 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
             startup: None,
             batch: None,
             sessions_load: None,
+            instructions: None,
         }
     };
     if o.wants("startup") {
@@ -280,6 +293,9 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
     }
     if o.wants("sessions-load") {
         report.sessions_load = Some(sessions_load::run(&o.load, progress)?);
+    }
+    if o.wants("instructions") {
+        report.instructions = Some(instructions::run(&[], progress)?);
     }
     Ok(report)
 }
@@ -1039,6 +1055,7 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         startup: None,
         batch: None,
         sessions_load: None,
+        instructions: None,
     })
 }
 
@@ -1062,6 +1079,19 @@ pub fn table(r: &Report) -> String {
     }
     if let Some(l) = &r.sessions_load {
         s.push_str(&sessions_load::table(l));
+    }
+    if let Some(c) = &r.instructions {
+        s.push_str(&format!(
+            "\n## Instructions per call (callgrind, inside the worker's call)\n\n{}\n\n| path | warm: instructions per call | first {} calls: per call | warm calls |\n| --- | ---: | ---: | ---: |\n",
+            c.how,
+            instructions::WARM_UP
+        ));
+        for (p, n) in &c.paths {
+            s.push_str(&format!(
+                "| {p} | {} | {} | {} |\n",
+                n.instructions_per_call, n.first_calls, n.calls
+            ));
+        }
     }
     s
 }
