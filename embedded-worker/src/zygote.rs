@@ -396,6 +396,7 @@ fn warm(
     let loaded = preload(r, wanted, plots, phases);
     serve::warm_up_validation(r);
     serve::warm_up(r);
+    serve::warm_up_conditions(r);
     phases.mark("warm_up");
     loaded
 }
