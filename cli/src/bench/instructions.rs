@@ -126,7 +126,7 @@ fn total_ir(out: &Path) -> Result<u64, String> {
 /// instructions of those calls.
 fn measure(vg: &Path, dir: &Path, name: &str, code: &str, calls: usize) -> Result<u64, String> {
     let worker = rvisor::locate_worker().map_err(|e| e.to_string())?;
-    let out = dir.join(format!("{name}.callgrind"));
+    let out = dir.join(format!("{name}.{calls}.callgrind"));
     let wrapper = dir.join(format!("{name}.sh"));
     std::fs::write(
         &wrapper,
@@ -197,7 +197,12 @@ pub fn run(only: &[String], progress: &mut dyn FnMut(&str)) -> Result<Counts, St
         // these names); nothing else in this process reads them.
         std::env::set_var(k, v);
     }
-    let dir = std::env::temp_dir().join(format!("rvisor-instructions-{}", std::process::id()));
+    // RVISOR_INSTRUCTIONS_KEEP=DIR keeps callgrind's outputs there, to read
+    // with callgrind_annotate (where a path's instructions go).
+    let keep = std::env::var_os("RVISOR_INSTRUCTIONS_KEEP").map(PathBuf::from);
+    let dir = keep.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("rvisor-instructions-{}", std::process::id()))
+    });
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let worker = rvisor::locate_worker().map_err(|e| e.to_string())?;
     let mut counts = Counts {
@@ -231,7 +236,9 @@ pub fn run(only: &[String], progress: &mut dyn FnMut(&str)) -> Result<Counts, St
             },
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(counts)
 }
 
