@@ -13,17 +13,21 @@ mode=all
 [ "${1:-}" = "--demo" ] && mode=demo
 
 need=()
+# Installs the Debian packages listed in need (none: nothing to do).
+install_needed() {
+  [ ${#need[@]} -gt 0 ] || return 0
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "setup: installing ${need[*]}" >&2
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
+}
+
 if [ "$mode" = demo ]; then
   # The demo runs base R only (lm, a base plot); rvisor links libR.so
   # from r-base-core and needs no headers to build.
   command -v R >/dev/null 2>&1 || need+=(r-base-core)
-  if [ ${#need[@]} -gt 0 ]; then
-    sudo=""
-    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-    echo "setup: installing ${need[*]}" >&2
-    $sudo apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
-  fi
+  install_needed
   exit 0
 fi
 command -v R >/dev/null 2>&1 || need+=(r-base-core r-base-dev)
@@ -43,13 +47,7 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 # (scripts/perf-guard.sh, run by .ci/run).
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  echo "setup: installing ${need[*]}" >&2
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
-fi
+install_needed
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
