@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod confined;
+pub mod durable;
 
 use rvisor::{CallOptions, RunResult, Worker, WorkerConfig};
 use std::path::{Path, PathBuf};

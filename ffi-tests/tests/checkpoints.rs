@@ -9,12 +9,12 @@
 //! Sizes stay small (a cap of 32 MiB, states of at most 64 MiB); every
 //! wait is on a condition with a deadline; no test asserts a duration.
 
-use rvisor::checkpoint::{DirStore, Manifest};
-use rvisor::{Outcome, RunResult, Session, SessionOptions, SessionState, Supervisor};
+use rvisor::checkpoint::Manifest;
+use rvisor::{RunResult, Session, SessionOptions, SessionState, Supervisor};
+use rvisor_ffi_tests::durable::{ok, supervisor, wait_state};
 use rvisor_ffi_tests::{wait_for, ServeBin, TestDir};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long anything may take before the test calls it a hang.
@@ -22,43 +22,13 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 const MIB: u64 = 1 << 20;
 
-/// A confined supervisor whose sessions checkpoint into `dir`.
-fn supervisor(dir: &Path) -> (Supervisor, Arc<DirStore>) {
-    let store = Arc::new(DirStore::new(dir).unwrap());
-    let sup = Supervisor::new(rvisor::SupervisorConfig {
-        checkpoints: Some(store.clone()),
-        ..rvisor::SupervisorConfig::default()
-    })
-    .expect("supervisor starts");
-    (sup, store)
-}
-
-/// Session options with no automatic checkpoints or hibernation.
+/// Session options with no automatic checkpoints or hibernation, and a
+/// minute per call.
 fn manual() -> SessionOptions {
     SessionOptions {
-        checkpoint_after: None,
-        hibernate_after: None,
         timeout: Duration::from_secs(60),
-        ..SessionOptions::default()
+        ..rvisor_ffi_tests::durable::manual()
     }
-}
-
-fn ok(s: &Session, code: &str) -> RunResult {
-    let r = s.run(code).expect("queued").wait();
-    assert_eq!(
-        r.outcome,
-        Outcome::Complete,
-        "{code}: {:?} {}",
-        r.error,
-        r.console
-    );
-    r
-}
-
-fn wait_state(s: &Session, want: SessionState) {
-    wait_for(&format!("state {want:?}"), DEADLINE, || {
-        (s.status().state == want).then_some(())
-    })
 }
 
 /// `n` MiB of doubles that LZ4 cannot shrink much.

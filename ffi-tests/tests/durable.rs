@@ -5,9 +5,8 @@
 //! deadline; no test asserts a duration.
 
 use rvisor::checkpoint::{CheckpointStore, DirStore};
-use rvisor::{
-    Outcome, RunResult, Session, SessionOptions, SessionState, Supervisor, SupervisorConfig,
-};
+use rvisor::{Outcome, RunResult, SessionOptions, SessionState, Supervisor, SupervisorConfig};
+use rvisor_ffi_tests::durable::{manual, ok, supervisor, wait_state};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,59 +23,6 @@ fn state_dir(tag: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// A confined supervisor whose sessions checkpoint into `dir`.
-fn supervisor(dir: &std::path::Path) -> (Supervisor, Arc<DirStore>) {
-    let store = Arc::new(DirStore::new(dir).unwrap());
-    let sup = Supervisor::new(SupervisorConfig {
-        checkpoints: Some(store.clone()),
-        ..SupervisorConfig::default()
-    })
-    .expect("supervisor starts");
-    (sup, store)
-}
-
-/// Session options with no automatic checkpoints or hibernation: the tests
-/// ask for them.
-fn manual() -> SessionOptions {
-    SessionOptions {
-        checkpoint_after: None,
-        hibernate_after: None,
-        ..SessionOptions::default()
-    }
-}
-
-fn run(s: &Session, code: &str) -> RunResult {
-    let r = s.run(code).expect("queued").wait();
-    assert!(
-        matches!(r.outcome, Outcome::Complete | Outcome::Error),
-        "{code}: {:?} {:?} {}",
-        r.outcome,
-        r.error,
-        r.console
-    );
-    r
-}
-
-fn ok(s: &Session, code: &str) -> RunResult {
-    let r = run(s, code);
-    assert_eq!(
-        r.outcome,
-        Outcome::Complete,
-        "{code}: {:?} {}",
-        r.error,
-        r.console
-    );
-    r
-}
-
-fn wait_state(s: &Session, want: SessionState) {
-    let end = Instant::now() + DEADLINE;
-    while s.status().state != want {
-        assert!(Instant::now() < end, "state stayed {:?}", s.status().state);
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The state every restore test builds: objects, a closure, an attached

@@ -190,6 +190,11 @@ impl Service {
             }),
         };
         if let Some(d) = svc.inner.cfg.durable.clone() {
+            // Sessions past the TTL go before the rest are resumed and
+            // before any request could adopt one.
+            if let Some(ttl) = svc.inner.cfg.session_ttl {
+                svc.sweep_expired(&d, ttl);
+            }
             svc.resume_all(&d).map_err(|e| {
                 std::io::Error::other(format!(
                     "could not read the sessions kept in {}: {e}",

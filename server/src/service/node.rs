@@ -346,7 +346,8 @@ impl Service {
                 svc.lose(&id);
             }
         });
-        let mut last_sweep: Option<Instant> = None;
+        // The first sweep ran at start (Service::new).
+        let mut last_sweep = Some(Instant::now());
         self.every("rvisor-durable", every, move |svc| {
             svc.answer_handoffs(&d);
             let sweep_every = ttl.map_or(SESSION_SWEEP_EVERY, |t| t.min(SESSION_SWEEP_EVERY));
