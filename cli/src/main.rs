@@ -1252,13 +1252,13 @@ fn instructions_guard(
     let rows = instructions::compare(&baseline, &now, margin);
     println!("{}", instructions::table(&rows, margin));
     if baseline.how != now.how {
-        // Another processor runs other code paths (glibc's string
-        // functions, BLAS kernels), another valgrind or build counts
-        // otherwise: the figures are not comparable, so they do not fail.
+        // Another valgrind or build counts otherwise: the figures are not
+        // comparable, so they do not fail. (The processor is not part of
+        // `how`: see instructions::Counts::processor.)
         eprintln!(
             "rvisor bench: the baseline was made with {:?} and this run with {:?}: the counts \
-             are shown but not held to it. Make a baseline on this machine kind \
-             (scripts/perf-guard.sh --update) and commit it",
+             are shown but not held to it. Make a baseline with this valgrind and \
+             build (scripts/perf-guard.sh --update) and commit it",
             baseline.how, now.how
         );
         return ExitCode::SUCCESS;
