@@ -28,6 +28,11 @@ struct Server {
 
 impl Server {
     fn start(checkpoints: bool) -> Self {
+        Self::start_with(checkpoints, Vec::new())
+    }
+
+    /// [`Server::start`] with these tenants as operators.
+    fn start_with(checkpoints: bool, operators: Vec<String>) -> Self {
         let dir = TestDir::new("openapi");
         let store = checkpoints.then(|| {
             let s =
@@ -52,6 +57,7 @@ impl Server {
         .expect("the supervisor starts");
         let mut cfg = ServeConfig {
             tokens: Some(HashMap::from([(TOKEN.to_string(), "t".to_string())])),
+            operators,
             ..ServeConfig::default()
         };
         cfg.tables.dir = dir.path().join("tables");
@@ -614,4 +620,51 @@ fn the_document_is_public_and_says_which_operations_need_the_token() {
             "{method} {path}"
         );
     }
+}
+
+/// A draining node refuses new one-shot runs and sessions with 503
+/// `draining`, codes the document lists for those operations; existing
+/// sessions still answer.
+#[test]
+fn a_draining_node_answers_as_documented() {
+    let s = Server::start_with(false, vec!["t".to_string()]);
+    let doc: Value =
+        serde_json::from_str(&send(&s.base, None, "GET", "/v1/openapi.json", None, None).body)
+            .expect("the document is JSON");
+    let json_ct = Some("application/json");
+    let made = send(
+        &s.base,
+        Some(TOKEN),
+        "POST",
+        "/v1/sessions",
+        json_ct,
+        Some("{}"),
+    );
+    let id = conforms(&doc, "post", "/v1/sessions", "before the drain", &made)["id"]
+        .as_str()
+        .expect("a session id")
+        .to_string();
+    let d = send(&s.base, Some(TOKEN), "POST", "/v1/admin/drain", None, None);
+    assert_eq!(d.status, 200, "{}", d.body);
+    conforms(&doc, "post", "/v1/admin/drain", "drain", &d);
+    for (template, body) in [
+        ("/v1/run", "{\"script\": \"1 + 1\"}"),
+        ("/v1/sessions", "{}"),
+    ] {
+        let a = send(&s.base, Some(TOKEN), "POST", template, json_ct, Some(body));
+        assert_eq!(a.status, 503, "{template}: {}", a.body);
+        let e = conforms(&doc, "post", template, "draining", &a);
+        assert_eq!(e["error"]["code"], "draining", "{e}");
+    }
+    let path = format!("/v1/sessions/{id}/run");
+    let a = send(
+        &s.base,
+        Some(TOKEN),
+        "POST",
+        &path,
+        json_ct,
+        Some("{\"code\": \"1 + 1\"}"),
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    conforms(&doc, "post", "/v1/sessions/{id}/run", "draining", &a);
 }

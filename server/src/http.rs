@@ -254,7 +254,10 @@ struct ApiDoc;
 /// one of the operation's codes maps to it.
 /// Where the codes come from: a JSON body (`ApiJson`): `bad_request`,
 /// `too_large`, `invalid`; a path parameter (`ApiPath`): `bad_request`;
-/// `blocking`: `internal`; the rest from the [`Service`] call.
+/// `blocking`: `internal`; finding a session ([`SESSION_LOOKUP`]); the
+/// rest from the [`Service`] call. (A connection over the connection caps
+/// is answered 503 `busy` before any request is read, by no operation:
+/// docs/http.md, "Connections".)
 pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
     use ErrorCode as E;
     &[
@@ -265,6 +268,9 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             "/v1/validate",
             &[E::BadRequest, E::TooLarge, E::Invalid, E::Internal],
         ),
+        // No 429: one-shot runs are not counted against a tenant's call
+        // cap (`AdmissionConfig::max_calls_per_tenant` counts session
+        // calls), and have no queue.
         (
             "post",
             "/v1/run",
@@ -275,6 +281,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::DataPointerUnresolved,
                 E::Conflict,
                 E::NoWorker,
+                E::Draining,
                 E::Internal,
             ],
         ),
@@ -287,6 +294,8 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Invalid,
                 E::Quota,
                 E::NoWorker,
+                E::Draining,
+                E::Storage,
                 E::Internal,
             ],
         ),
@@ -301,19 +310,15 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::QueueFull,
                 E::Quota,
                 E::Busy,
+                E::NoWorker,
+                E::Draining,
+                E::Storage,
+                E::Internal,
             ],
         ),
-        ("get", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
-        (
-            "post",
-            "/v1/sessions/{id}/cancel",
-            &[E::BadRequest, E::NotFound],
-        ),
-        (
-            "post",
-            "/v1/sessions/{id}/reset",
-            &[E::BadRequest, E::NotFound],
-        ),
+        ("get", "/v1/sessions/{id}", SESSION_LOOKUP),
+        ("post", "/v1/sessions/{id}/cancel", SESSION_LOOKUP),
+        ("post", "/v1/sessions/{id}/reset", SESSION_LOOKUP),
         (
             "post",
             "/v1/sessions/{id}/checkpoint",
@@ -323,23 +328,33 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Closed,
                 E::Conflict,
                 E::TooLarge,
+                E::Invalid,
                 E::Quota,
                 E::Busy,
+                E::NoWorker,
+                E::Draining,
                 E::Storage,
                 E::Internal,
             ],
         ),
-        (
-            "post",
-            "/v1/sessions/{id}/hibernate",
-            &[E::BadRequest, E::NotFound],
-        ),
+        ("post", "/v1/sessions/{id}/hibernate", SESSION_LOOKUP),
         (
             "post",
             "/v1/sessions/{id}/restore",
-            &[E::BadRequest, E::NotFound, E::Closed, E::Conflict],
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::Closed,
+                E::Conflict,
+                E::Invalid,
+                E::Busy,
+                E::NoWorker,
+                E::Draining,
+                E::Storage,
+                E::Internal,
+            ],
         ),
-        ("delete", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
+        ("delete", "/v1/sessions/{id}", SESSION_LOOKUP),
         (
             "post",
             "/v1/tables",
@@ -363,8 +378,29 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
         ("get", "/metrics", &[E::Forbidden]),
         ("get", "/v1/usage", &[]),
         ("get", "/livez", &[]),
-        ("get", "/readyz", &[]),
+        ("get", "/readyz", &[E::Internal]),
         ("post", "/v1/admin/drain", &[E::Forbidden]),
+    ]
+};
+
+/// The codes of an operation on one session by id (`ApiPath`, then
+/// `Service::session`): `bad_request` for an id that is not UTF-8,
+/// `not_found`; with a store, a session this node does not hold is taken
+/// over from it (`Service::adopt`): `storage` when the store fails, `busy`
+/// while another node holds it, `draining` on a draining node, and its
+/// resumption with the stored options: `invalid` (options this server's
+/// rules no longer allow), `no_worker`, `internal`.
+pub const SESSION_LOOKUP: &[ErrorCode] = {
+    use ErrorCode as E;
+    &[
+        E::BadRequest,
+        E::NotFound,
+        E::Invalid,
+        E::Busy,
+        E::NoWorker,
+        E::Draining,
+        E::Storage,
+        E::Internal,
     ]
 };
 
