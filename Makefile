@@ -20,13 +20,16 @@ demo:
 	./target/demo/rvisor run examples/demo.R --plots-dir demo-plots
 
 # Every test: unit tests, the tests against real R (one process per test
-# under nextest), the doc examples, and the HTTP contract fuzzed against a
-# live server (schemathesis on its own /v1/openapi.json, bounded).
+# under nextest), the doc examples, the HTTP contract fuzzed against a
+# live server (schemathesis on its own /v1/openapi.json, bounded), and a
+# client generated from that document (openapi-python-client) run against
+# a live server with a token.
 test: setup
 	$(CARGO) build --workspace
 	RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker $(CARGO) test --workspace --doc
 	$(CARGO) nextest run --workspace --no-fail-fast
 	./scripts/fuzz-openapi.sh
+	./scripts/generated-client.sh
 
 # The confinement attack suite and the functional suites again as an
 # ordinary user, i.e. with rootless confinement (docs/confinement.md,

@@ -69,6 +69,14 @@ if command -v python3 >/dev/null 2>&1 && ! python3 -m schemathesis.cli --version
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "schemathesis==4.32.5"
 fi
 
+# openapi-python-client: scripts/generated-client.sh (in `make test`)
+# generates a Python client from a live server's /v1/openapi.json and runs
+# it against the server.
+if command -v python3 >/dev/null 2>&1 && ! python3 -m openapi_python_client --version 2>/dev/null | grep -q "0.29.1"; then
+  echo "setup: installing openapi-python-client (client generator, for the generated-client test)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "openapi-python-client==0.29.1"
+fi
+
 # moto's S3 server: the shared store of the multi-node test
 # (`moto_server -H 127.0.0.1 -p PORT`; Debian 12 has no S3 server).
 if command -v python3 >/dev/null 2>&1 && ! python3 -c "import moto, flask" >/dev/null 2>&1; then

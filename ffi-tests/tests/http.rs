@@ -1842,7 +1842,19 @@ fn the_openapi_document_lists_every_route_and_the_contract_types() {
     ] {
         assert!(run.get(key).is_some(), "RunResult.{key} missing");
     }
-    assert!(doc["components"]["securitySchemes"].get("bearer").is_some());
+    // A server without tokens requires none, and declares no scheme: a
+    // generated client sends no token (one with tokens: tests/openapi.rs).
+    assert!(
+        doc["components"].get("securitySchemes").is_none(),
+        "{}",
+        doc["components"]
+    );
+    assert!(doc.get("security").is_none());
+    for (path, item) in paths {
+        for (method, op) in item.as_object().unwrap() {
+            assert_eq!(op["security"], json!([]), "{method} {path}");
+        }
+    }
 }
 
 /// Property: whatever bytes arrive as a request body, every endpoint that

@@ -28,6 +28,11 @@ struct Server {
 
 impl Server {
     fn start(checkpoints: bool) -> Self {
+        Self::start_with(checkpoints, Vec::new())
+    }
+
+    /// [`Server::start`] with these tenants as operators.
+    fn start_with(checkpoints: bool, operators: Vec<String>) -> Self {
         let dir = TestDir::new("openapi");
         let store = checkpoints.then(|| {
             let s =
@@ -52,6 +57,7 @@ impl Server {
         .expect("the supervisor starts");
         let mut cfg = ServeConfig {
             tokens: Some(HashMap::from([(TOKEN.to_string(), "t".to_string())])),
+            operators,
             ..ServeConfig::default()
         };
         cfg.tables.dir = dir.path().join("tables");
@@ -222,14 +228,14 @@ fn every_answer_of_every_operation_is_documented() {
     // A server without a state directory: it offers no checkpoint
     // operations, and its document lists none.
     let s = Server::start(false);
-    let doc: Value = serde_json::from_str(
-        &send(&s.base, Some(TOKEN), "GET", "/v1/openapi.json", None, None).body,
-    )
-    .expect("the document is JSON");
+    // Fetched as a client generator does, without a token.
+    let doc: Value =
+        serde_json::from_str(&send(&s.base, None, "GET", "/v1/openapi.json", None, None).body)
+            .expect("the document is JSON");
     assert_eq!(doc["security"], json!([{"bearer": []}]));
 
     // Without a valid token, every operation answers 401, documented;
-    // the orchestrators' probes answer anyone.
+    // the orchestrators' probes and the document answer anyone.
     for (method, template, _) in OPERATION_ERRORS {
         if UNAUTHENTICATED.contains(template) {
             let a = send(&s.base, None, "GET", template, None, None);
@@ -524,4 +530,141 @@ fn the_checkpoint_operations_answer_as_documented_with_a_state_dir() {
     assert_eq!(info["written"], true, "{info}");
     op(rest, &at(rest), 200);
     op(hib, &at(hib), 200);
+}
+
+/// What a client generator needs from a server with tokens: the document
+/// without a token (it holds no secrets), and in it, on each operation,
+/// whether the operation needs the token, exactly as the server decides
+/// it, with 401 documented where it is answered, and 429 where a quota or
+/// a queue can refuse.
+#[test]
+fn the_document_is_public_and_says_which_operations_need_the_token() {
+    let s = Server::start(true);
+    let with = send(&s.base, Some(TOKEN), "GET", "/v1/openapi.json", None, None);
+    assert_eq!(with.status, 200, "{}", with.body);
+    let doc: Value = serde_json::from_str(&with.body).expect("the document is JSON");
+    for token in [None, Some("not-the-token-0123456789")] {
+        let a = send(&s.base, token, "GET", "/v1/openapi.json", None, None);
+        assert_eq!(
+            a.status, 200,
+            "the document with token {token:?}: {}",
+            a.body
+        );
+        assert!(
+            a.content_type.starts_with("application/json"),
+            "{}",
+            a.content_type
+        );
+        let v: Value = serde_json::from_str(&a.body).expect("the document is JSON");
+        assert_eq!(v, doc, "the same document with token {token:?}");
+    }
+    assert_eq!(
+        doc["paths"]["/v1/openapi.json"]["get"]["security"],
+        json!([])
+    );
+    assert!(doc["paths"]["/v1/openapi.json"]["get"]["responses"]
+        .get("401")
+        .is_none());
+
+    // Every operation of the document: a bearer requirement exactly when
+    // a request without a token is refused 401 (documented, parsed as the
+    // error body).
+    let mut protected = 0;
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("a path item") {
+            if !["get", "post", "put", "patch", "delete"].contains(&method.as_str()) {
+                continue;
+            }
+            let url = path
+                .replace("{id}", "s-0000000000000000")
+                .replace("{pointer}", "dp_00");
+            let a = send(&s.base, None, &method.to_uppercase(), &url, None, None);
+            let needs = op["security"] == json!([{"bearer": []}]);
+            assert!(
+                needs || op["security"] == json!([]),
+                "{method} {path}: security {}",
+                op["security"]
+            );
+            assert_eq!(
+                a.status == 401,
+                needs,
+                "{method} {path}: answered {} without a token, security {}",
+                a.status,
+                op["security"]
+            );
+            if needs {
+                protected += 1;
+                let e = conforms(&doc, method, path, "no token", &a);
+                assert_eq!(e["error"]["code"], "unauthorized", "{e}");
+            }
+        }
+    }
+    assert_eq!(protected, OPERATION_ERRORS.len() - UNAUTHENTICATED.len());
+    // A path the server does not have still needs the token.
+    assert_eq!(
+        send(&s.base, None, "GET", "/v1/nothing", None, None).status,
+        401
+    );
+
+    // 429 where a quota or a queue can refuse, with the error body.
+    for (method, path) in [
+        ("post", "/v1/sessions"),
+        ("post", "/v1/sessions/{id}/run"),
+        ("post", "/v1/sessions/{id}/checkpoint"),
+        ("post", "/v1/tables"),
+    ] {
+        assert_eq!(
+            doc["paths"][path][method]["responses"]["429"]["content"]["application/json"]["schema"]
+                ["$ref"],
+            "#/components/schemas/ErrorBody",
+            "{method} {path}"
+        );
+    }
+}
+
+/// A draining node refuses new one-shot runs and sessions with 503
+/// `draining`, codes the document lists for those operations; existing
+/// sessions still answer.
+#[test]
+fn a_draining_node_answers_as_documented() {
+    let s = Server::start_with(false, vec!["t".to_string()]);
+    let doc: Value =
+        serde_json::from_str(&send(&s.base, None, "GET", "/v1/openapi.json", None, None).body)
+            .expect("the document is JSON");
+    let json_ct = Some("application/json");
+    let made = send(
+        &s.base,
+        Some(TOKEN),
+        "POST",
+        "/v1/sessions",
+        json_ct,
+        Some("{}"),
+    );
+    let id = conforms(&doc, "post", "/v1/sessions", "before the drain", &made)["id"]
+        .as_str()
+        .expect("a session id")
+        .to_string();
+    let d = send(&s.base, Some(TOKEN), "POST", "/v1/admin/drain", None, None);
+    assert_eq!(d.status, 200, "{}", d.body);
+    conforms(&doc, "post", "/v1/admin/drain", "drain", &d);
+    for (template, body) in [
+        ("/v1/run", "{\"script\": \"1 + 1\"}"),
+        ("/v1/sessions", "{}"),
+    ] {
+        let a = send(&s.base, Some(TOKEN), "POST", template, json_ct, Some(body));
+        assert_eq!(a.status, 503, "{template}: {}", a.body);
+        let e = conforms(&doc, "post", template, "draining", &a);
+        assert_eq!(e["error"]["code"], "draining", "{e}");
+    }
+    let path = format!("/v1/sessions/{id}/run");
+    let a = send(
+        &s.base,
+        Some(TOKEN),
+        "POST",
+        &path,
+        json_ct,
+        Some("{\"code\": \"1 + 1\"}"),
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    conforms(&doc, "post", "/v1/sessions/{id}/run", "draining", &a);
 }

@@ -11,7 +11,7 @@ use crate::service::{
 };
 use crate::tables::TableFormat;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
@@ -247,13 +247,17 @@ pub struct PackagesBody {
 struct ApiDoc;
 
 /// The error codes each operation (method, path as the document writes it)
-/// can answer, besides `unauthorized`, which every route answers without a
-/// valid token when the server has tokens. The document's error responses
-/// are written from this table with `ErrorCode::http_status`, so a status
-/// is documented exactly when one of the operation's codes maps to it.
+/// can answer, besides `unauthorized`, which every route not in
+/// [`UNAUTHENTICATED`] answers without a valid token when the server has
+/// tokens. The document's error responses are written from this table
+/// with `ErrorCode::http_status`, so a status is documented exactly when
+/// one of the operation's codes maps to it.
 /// Where the codes come from: a JSON body (`ApiJson`): `bad_request`,
 /// `too_large`, `invalid`; a path parameter (`ApiPath`): `bad_request`;
-/// `blocking`: `internal`; the rest from the [`Service`] call.
+/// `blocking`: `internal`; finding a session ([`SESSION_LOOKUP`]); the
+/// rest from the [`Service`] call. (A connection over the connection caps
+/// is answered 503 `busy` before any request is read, by no operation:
+/// docs/http.md, "Connections".)
 pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
     use ErrorCode as E;
     &[
@@ -264,6 +268,9 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             "/v1/validate",
             &[E::BadRequest, E::TooLarge, E::Invalid, E::Internal],
         ),
+        // No 429: one-shot runs are not counted against a tenant's call
+        // cap (`AdmissionConfig::max_calls_per_tenant` counts session
+        // calls), and have no queue.
         (
             "post",
             "/v1/run",
@@ -274,6 +281,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::DataPointerUnresolved,
                 E::Conflict,
                 E::NoWorker,
+                E::Draining,
                 E::Internal,
             ],
         ),
@@ -286,6 +294,8 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Invalid,
                 E::Quota,
                 E::NoWorker,
+                E::Draining,
+                E::Storage,
                 E::Internal,
             ],
         ),
@@ -300,19 +310,15 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::QueueFull,
                 E::Quota,
                 E::Busy,
+                E::NoWorker,
+                E::Draining,
+                E::Storage,
+                E::Internal,
             ],
         ),
-        ("get", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
-        (
-            "post",
-            "/v1/sessions/{id}/cancel",
-            &[E::BadRequest, E::NotFound],
-        ),
-        (
-            "post",
-            "/v1/sessions/{id}/reset",
-            &[E::BadRequest, E::NotFound],
-        ),
+        ("get", "/v1/sessions/{id}", SESSION_LOOKUP),
+        ("post", "/v1/sessions/{id}/cancel", SESSION_LOOKUP),
+        ("post", "/v1/sessions/{id}/reset", SESSION_LOOKUP),
         (
             "post",
             "/v1/sessions/{id}/checkpoint",
@@ -322,23 +328,33 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Closed,
                 E::Conflict,
                 E::TooLarge,
+                E::Invalid,
                 E::Quota,
                 E::Busy,
+                E::NoWorker,
+                E::Draining,
                 E::Storage,
                 E::Internal,
             ],
         ),
-        (
-            "post",
-            "/v1/sessions/{id}/hibernate",
-            &[E::BadRequest, E::NotFound],
-        ),
+        ("post", "/v1/sessions/{id}/hibernate", SESSION_LOOKUP),
         (
             "post",
             "/v1/sessions/{id}/restore",
-            &[E::BadRequest, E::NotFound, E::Closed, E::Conflict],
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::Closed,
+                E::Conflict,
+                E::Invalid,
+                E::Busy,
+                E::NoWorker,
+                E::Draining,
+                E::Storage,
+                E::Internal,
+            ],
         ),
-        ("delete", "/v1/sessions/{id}", &[E::BadRequest, E::NotFound]),
+        ("delete", "/v1/sessions/{id}", SESSION_LOOKUP),
         (
             "post",
             "/v1/tables",
@@ -362,14 +378,40 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
         ("get", "/metrics", &[E::Forbidden]),
         ("get", "/v1/usage", &[]),
         ("get", "/livez", &[]),
-        ("get", "/readyz", &[]),
+        ("get", "/readyz", &[E::Internal]),
         ("post", "/v1/admin/drain", &[E::Forbidden]),
     ]
 };
 
-/// Paths answered without a token (orchestrators' probes): no 401, no
-/// bearer requirement in the document.
-pub const UNAUTHENTICATED: &[&str] = &["/livez", "/readyz"];
+/// The codes of an operation on one session by id (`ApiPath`, then
+/// `Service::session`): `bad_request` for an id that is not UTF-8,
+/// `not_found`; with a store, a session this node does not hold is taken
+/// over from it (`Service::adopt`): `storage` when the store fails, `busy`
+/// while another node holds it, `draining` on a draining node, and its
+/// resumption with the stored options: `invalid` (options this server's
+/// rules no longer allow), `no_worker`, `internal`.
+pub const SESSION_LOOKUP: &[ErrorCode] = {
+    use ErrorCode as E;
+    &[
+        E::BadRequest,
+        E::NotFound,
+        E::Invalid,
+        E::Busy,
+        E::NoWorker,
+        E::Draining,
+        E::Storage,
+        E::Internal,
+    ]
+};
+
+/// Paths answered without a token: the orchestrators' probes, and this
+/// document (it holds no secrets, and a client generator must be able to
+/// fetch it before it has a token). The auth layer lets a request through
+/// by this table (the path its route matched), and [`document`] writes
+/// the operations' `security` from it (none here; the bearer scheme on
+/// every other operation of a server with tokens), so the two cannot
+/// drift.
+pub const UNAUTHENTICATED: &[&str] = &["/livez", "/readyz", "/v1/openapi.json"];
 
 /// The operations only a server that keeps checkpoints (`--state-dir`, or
 /// a store) offers: the document of one that keeps none leaves them out,
@@ -381,10 +423,12 @@ pub const CHECKPOINT_OPERATIONS: &[(&str, &str)] = &[
 ];
 
 /// The OpenAPI document of a server: the generated one, with each
-/// operation's error responses (from [`OPERATION_ERRORS`]; 401 and the
-/// bearer requirement when `auth`), and the bounds the server checks
-/// requests against (its `rules` and confinement `limits`, `None` when
-/// unconfined) written into the request schemas, so that the schema
+/// operation's error responses (from [`OPERATION_ERRORS`]; 401 when
+/// `auth`, on every operation but those of [`UNAUTHENTICATED`]), who may
+/// call each operation (its `security`: the bearer scheme on those same
+/// operations when `auth`, nothing otherwise), and the bounds the server
+/// checks requests against (its `rules` and confinement `limits`, `None`
+/// when unconfined) written into the request schemas, so that the schema
 /// accepts what the decoder and the checks accept. Without `checkpoints`
 /// the [`CHECKPOINT_OPERATIONS`] are left out: the server does not offer
 /// them.
@@ -397,6 +441,7 @@ pub fn document(
     use utoipa::OpenApi;
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
     error_responses(&mut doc, auth);
+    security(&mut doc, auth);
     request_bounds(&mut doc, rules, limits);
     media_types(&mut doc);
     if !checkpoints {
@@ -481,28 +526,68 @@ fn error_responses(doc: &mut serde_json::Value, auth: bool) {
     if let Some(code) = doc.pointer_mut("/components/schemas/ErrorDetail/properties/code") {
         code["enum"] = json!(codes);
     }
-    let schemes = doc
-        .pointer_mut("/components")
-        .and_then(serde_json::Value::as_object_mut);
-    if let Some(c) = schemes {
-        c.insert(
-            "securitySchemes".into(),
-            json!({"bearer": {"type": "http", "scheme": "bearer", "description": "A token of the server's token file (`rvisor serve --tokens FILE`)."}}),
-        );
-    }
+}
+
+/// Who may call each operation, said where generators read it: on the
+/// operation (openapi-python-client, for one, reads no top-level
+/// `security`; an operation with none is anonymous to it). With tokens,
+/// every operation but those of [`UNAUTHENTICATED`] requires the bearer
+/// scheme (and documents 401); those require nothing (`security: []`),
+/// as the auth layer lets them through by the same table. Without
+/// tokens nothing requires a token and no scheme is declared.
+fn security(doc: &mut serde_json::Value, auth: bool) {
+    let bearer = json!([{"bearer": []}]);
     if let Some(d) = doc.as_object_mut() {
         if auth {
-            d.insert("security".into(), json!([{"bearer": []}]));
+            d.insert("security".into(), bearer.clone());
         } else {
             d.remove("security");
         }
     }
-    for path in UNAUTHENTICATED {
-        if let Some(op) = operation(doc, "get", path) {
-            op.insert("security".into(), json!([]));
+    if let Some(c) = doc
+        .pointer_mut("/components")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        if auth {
+            c.insert(
+                "securitySchemes".into(),
+                json!({"bearer": {"type": "http", "scheme": "bearer", "description": "A token of the server's token file (`rvisor serve --tokens FILE`), as `Authorization: Bearer <token>`. Without a valid one every operation that requires it answers 401 `unauthorized`."}}),
+            );
+        } else {
+            c.remove("securitySchemes");
+        }
+    }
+    let Some(paths) = doc
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        let needs_token = auth && !UNAUTHENTICATED.contains(&path.as_str());
+        for (method, op) in item.iter_mut() {
+            if !OPERATION_METHODS.contains(&method.as_str()) {
+                continue;
+            }
+            if let Some(op) = op.as_object_mut() {
+                let s = if needs_token {
+                    bearer.clone()
+                } else {
+                    json!([])
+                };
+                op.insert("security".into(), s);
+            }
         }
     }
 }
+
+/// The keys of a path item that are operations (OpenAPI 3.1).
+const OPERATION_METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
 
 /// Merges `extra` into the schema of property `prop` of component `schema`.
 fn narrow(doc: &mut serde_json::Value, schema: &str, prop: &str, extra: serde_json::Value) {
@@ -861,8 +946,18 @@ async fn log_requests(req: Request, next: Next) -> Response {
     res
 }
 
+/// The bearer check, around every route: a request whose route is one of
+/// [`UNAUTHENTICATED`] goes through without a token (with a valid one it
+/// is still the token's tenant's), every other one needs a valid token
+/// when the server has tokens, else it is answered 401 before its body
+/// is read. A request that matches no route needs one too (an unknown
+/// path answers 401, not 404, to a caller without a token).
 async fn auth(State(st): State<Handlers>, mut req: Request, next: Next) -> Response {
     st.service.count_request(Surface::Http);
+    let open = req
+        .extensions()
+        .get::<MatchedPath>()
+        .is_some_and(|p| UNAUTHENTICATED.contains(&p.as_str()));
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -872,14 +967,19 @@ async fn auth(State(st): State<Handlers>, mut req: Request, next: Next) -> Respo
         .service
         .authenticate(given, "as `Authorization: Bearer <token>`")
     {
-        Ok(t) => t,
+        Ok(t) => Some(t),
+        Err(_) if open => None,
         Err(e) => return ApiError(e).into_response(),
     };
-    req.extensions_mut().insert(Tenant(tenant.clone()));
+    if let Some(t) = &tenant {
+        req.extensions_mut().insert(Tenant(t.clone()));
+    }
     req.extensions_mut().insert(BodyTimeout(st.body_timeout));
     req.extensions_mut().insert(BodyLimit(st.max_body_bytes));
     let mut res = next.run(req).await;
-    res.extensions_mut().insert(Tenant(tenant));
+    if let Some(t) = tenant {
+        res.extensions_mut().insert(Tenant(t));
+    }
     res
 }
 
@@ -1389,19 +1489,18 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .route("/v1/usage", get(usage))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/admin/drain", post(admin_drain))
-        .layer(DefaultBodyLimit::max(cfg.max_body_bytes));
-    // Probes answer without a token: outside the auth layer.
-    let probes = Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .method_not_allowed_fallback(wrong_method);
-    let authed = uploads
+        .layer(DefaultBodyLimit::max(cfg.max_body_bytes));
+    // One auth layer around every route: it lets the routes of
+    // `UNAUTHENTICATED` (the probes, the OpenAPI document) through without
+    // a token, by the path they matched, the table the document's
+    // `security` is written from.
+    uploads
         .merge(rest)
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
-        .layer(middleware::from_fn_with_state(st.clone(), auth));
-    probes
-        .merge(authed)
+        .layer(middleware::from_fn_with_state(st.clone(), auth))
         .layer(middleware::from_fn(log_requests))
         .with_state(st)
 }
@@ -1693,6 +1792,88 @@ mod openapi_tests {
         assert_eq!(doc["security"], json!([{"bearer": []}]));
         let open = default_doc(false);
         assert!(open.get("security").is_none());
+        assert!(open["components"].get("securitySchemes").is_none());
+        // Nothing of a server without tokens requires one.
+        for (m, p) in operations(&open) {
+            assert_eq!(open["paths"][&p][&m]["security"], json!([]), "{m} {p}");
+        }
+    }
+
+    /// Generators read `security` on the operation (an operation without
+    /// one is anonymous to openapi-python-client): with tokens every
+    /// operation says whether it needs one, as the auth layer decides it
+    /// (`UNAUTHENTICATED`), and those that need one document 401.
+    #[test]
+    fn every_operation_says_whether_it_needs_the_token() {
+        let doc = default_doc(true);
+        let ops = operations(&doc);
+        assert_eq!(ops.len(), OPERATION_ERRORS.len());
+        for (m, p) in &ops {
+            let op = &doc["paths"][p][m];
+            let open = UNAUTHENTICATED.contains(&p.as_str());
+            let want = if open {
+                json!([])
+            } else {
+                json!([{"bearer": []}])
+            };
+            assert_eq!(op["security"], want, "{m} {p}");
+            assert_eq!(op["responses"].get("401").is_some(), !open, "{m} {p}");
+            if !open {
+                let d = op["responses"]["401"]["description"].as_str().unwrap_or("");
+                assert!(d.contains("`unauthorized`"), "{m} {p}: {d}");
+            }
+        }
+        // The probes and the document itself answer anyone; everything
+        // a client does with R needs the token.
+        for p in ["/livez", "/readyz", "/v1/openapi.json"] {
+            assert_eq!(doc["paths"][p]["get"]["security"], json!([]), "{p}");
+        }
+        for (m, p) in [
+            ("get", "/v1/health"),
+            ("post", "/v1/validate"),
+            ("post", "/v1/run"),
+            ("post", "/v1/sessions"),
+            ("post", "/v1/sessions/{id}/run"),
+            ("delete", "/v1/sessions/{id}"),
+            ("post", "/v1/tables"),
+            ("get", "/metrics"),
+        ] {
+            assert_eq!(
+                doc["paths"][p][m]["security"],
+                json!([{"bearer": []}]),
+                "{m} {p}"
+            );
+        }
+    }
+
+    /// 429 is documented exactly where a quota or a queue can refuse:
+    /// new sessions (session caps), session calls (queue, call cap,
+    /// admission), table uploads (table quotas) and checkpoints (the
+    /// checkpoint quota), with the error body.
+    #[test]
+    fn too_many_requests_is_documented_where_it_can_happen() {
+        let doc = default_doc(true);
+        let with_429: BTreeSet<(String, String)> = operations(&doc)
+            .into_iter()
+            .filter(|(m, p)| doc["paths"][p][m]["responses"].get("429").is_some())
+            .collect();
+        let want: BTreeSet<(String, String)> = [
+            ("post", "/v1/sessions"),
+            ("post", "/v1/sessions/{id}/run"),
+            ("post", "/v1/sessions/{id}/checkpoint"),
+            ("post", "/v1/tables"),
+        ]
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+        assert_eq!(with_429, want);
+        let run = &doc["paths"]["/v1/sessions/{id}/run"]["post"]["responses"]["429"];
+        assert_eq!(
+            run["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/ErrorBody"
+        );
+        let d = run["description"].as_str().unwrap_or("");
+        assert!(d.contains("`queue_full`") && d.contains("`quota`"), "{d}");
     }
 
     #[test]
