@@ -507,303 +507,61 @@ init <- function(plot_dir) {
   options(pager = show_files)
   setHook("before.plot.new", on_new_page)
   setHook("before.grid.newpage", on_new_page)
-  # attach() copies `helpers`; later changes (tools) go to the copy.
-  state$attached <- attach(helpers, name = "rvisor", warn.conflicts = FALSE)
+  # Attaching copies `helpers`; later changes (tools) go to the copy. R's
+  # own step of attach(): the closure around it would also look for S4
+  # metadata (helpers has none) and leave ~2,600 cons cells of methods'
+  # caches behind, which every user's gc() would count.
+  state$attached <- .Internal(attach(helpers, 2L, "rvisor"))
   # S3 dispatch skips attached environments between the global and base
   # environments (R >= 3.6), so the tools object's methods are not found in
-  # the attached copy: register them where dispatch looks (base's S3 table).
+  # the attached copy: register them where dispatch looks (base's S3 table,
+  # where registerS3method() puts methods of base's generics, without the
+  # methods package's look at the generic).
   # Without this, `tools$nope()` gave "attempt to apply non-function".
+  table <- .BaseNamespaceEnv[[".__S3MethodsTable__."]]
   for (g in c("$", "[[", "print"))
-    registerS3method(g, "rvisor_tools", get(paste0(g, ".rvisor_tools"), envir = helpers),
-                     envir = baseenv())
+    assign(paste0(g, ".rvisor_tools"), get(paste0(g, ".rvisor_tools"), envir = helpers),
+           envir = table)
   invisible()
 }
 
-## --- validation (runs nothing) ------------------------------------------------
-## Walks the parse data of `script`: forbidden functions (called, referred to,
-## `pkg::fn`, or named by a literal in do.call/match.fun/get/get0/
-## getExportedValue), nesting depth, and built-in style rules. Returns JSON.
-
-validate <- function(script, forbidden, max_depth, style_mode = "auto") {
-  problems <- list()
-  warns <- list()
-  style <- list()
-  add <- function(lst, ...) c(lst, list(list(...)))
-  exprs <- tryCatch(parse(text = script, keep.source = TRUE, encoding = "UTF-8"),
-                    error = function(e) e)
-  if (inherits(exprs, "error")) {
-    p <- parse_error_at(conditionMessage(exprs), script)
-    problems <- add(problems, kind = "syntax", message = p$message,
-                    line = p$line, column = p$column)
-    return(to_json(list(problems = problems, warnings = warns, style = style), unbox = TRUE))
-  }
-  pd <- utils::getParseData(exprs, includeText = NA)  # terminals only: 50x faster
-  if (!is.null(pd) && nrow(pd)) {
-    # Everything below is vectorised: a validate-fix loop calls this often.
-    tok <- pd$token
-    txt <- pd$text
-    by_id <- match(pd$parent, pd$id)
-    # Nesting depth: the number of expr ancestors of each token, computed
-    # one tree level per round for all tokens at once.
-    is_expr <- tok == "expr"
-    depth <- integer(nrow(pd))
-    cur <- by_id
-    while (any(live <- !is.na(cur))) {
-      depth[live] <- depth[live] + is_expr[cur[live]]
-      cur[live] <- by_id[cur[live]]
-    }
-    deepest <- which.max(depth)
-    if (length(deepest) && depth[deepest] > max_depth)
-      problems <- add(problems, kind = "nesting",
-                      message = sprintf("code is nested %d levels deep; the limit is %d: split it into functions or steps",
-                                        depth[deepest], max_depth),
-                      line = pd$line1[deepest], column = pd$col1[deepest])
-    sym <- tok %in% c("SYMBOL_FUNCTION_CALL", "SYMBOL")
-    for (i in which(sym & txt %in% forbidden))
-      problems <- add(problems, kind = "forbidden",
-                      message = sprintf("%s '%s' is not allowed here",
-                                        if (tok[i] == "SYMBOL") "use of" else "call to", txt[i]),
-                      line = pd$line1[i], column = pd$col1[i])
-    name_args <- c(do.call = 1L, match.fun = 1L, get = 1L, get0 = 1L, getExportedValue = 2L)
-    unquote <- function(s) gsub("^[\"'`]|[\"'`]$", "", s)
-    children <- function(id) { k <- which(pd$parent == id); k[order(pd$line1[k], pd$col1[k])] }
-    for (i in which(tok == "SYMBOL_FUNCTION_CALL" & txt %in% names(name_args))) {
-      nm <- txt[i]
-      kids <- children(pd$parent[by_id[i]])
-      args <- kids[tok[kids] == "expr"][-1L]  # drop the function itself
-      pos <- name_args[[nm]]
-      if (length(args) < pos) next
-      a <- args[[pos]]
-      leaf <- children(pd$id[a])
-      if (length(leaf) == 1L && tok[leaf] == "STR_CONST") {
-        target <- unquote(txt[leaf])
-        if (target %in% forbidden)
-          problems <- add(problems, kind = "forbidden",
-                          message = sprintf("call to '%s' through %s() is not allowed here", target, nm),
-                          line = pd$line1[leaf], column = pd$col1[leaf])
-      } else {
-        warns <- add(warns, kind = "forbidden",
-                     message = sprintf("%s() with a computed name cannot be checked; use the function directly", nm),
-                     line = pd$line1[a], column = pd$col1[a])
-      }
-    }
-    if (style_mode != "none") for (i in which(tok == "SYMBOL" & txt %in% c("T", "F")))
-      style <- add(style, rule = "T_and_F_symbol",
-                   message = sprintf("use %s instead of %s", if (txt[i] == "T") "TRUE" else "FALSE", txt[i]),
-                   line = pd$line1[i], column = pd$col1[i])
-    if (style_mode != "none") for (i in which(tok == "EQ_ASSIGN"))
-      style <- add(style, rule = "assignment", message = "use <- for assignment, not =",
-                   line = pd$line1[i], column = pd$col1[i])
-  }
-  lines <- if (style_mode == "none") character() else strsplit(script, "\n", fixed = TRUE)[[1L]]
-  for (k in seq_along(lines)) {
-    w <- nchar(lines[[k]], type = "width")
-    if (w > 80L)
-      style <- add(style, rule = "line_length", message = sprintf("line is %d characters; keep lines to 80", w),
-                   line = k, column = 81L)
-    if (grepl("[ \t]+$", lines[[k]]))
-      style <- add(style, rule = "trailing_whitespace", message = "trailing whitespace",
-                   line = k, column = nchar(sub("[ \t]+$", "", lines[[k]])) + 1L)
-  }
-  engine <- if (style_mode == "none") "none" else "builtin"
-  # lintr's default linters when lintr is installed, else the built-in set.
-  if (style_mode == "auto" && requireNamespace("lintr", quietly = TRUE)) {
-    lints <- tryCatch(as.data.frame(lintr::lint(text = script, parse_settings = FALSE)),
-                      error = function(e) NULL)
-    if (!is.null(lints)) {
-      engine <- paste("lintr", as.character(utils::packageVersion("lintr")))
-      style <- lapply(seq_len(nrow(lints)), function(k)
-        list(rule = sub("_linter$", "", lints$linter[[k]]), message = lints$message[[k]],
-             line = as.integer(lints$line_number[[k]]), column = as.integer(lints$column_number[[k]])))
-    }
-  }
-  to_json(list(problems = problems, warnings = warns, style = style, style_engine = engine), unbox = TRUE)
-}
-
-## --- checkpoints ------------------------------------------------------------
-## A session's state as one R object, serialised by checkpoint_state() and
-## loaded into a fresh worker by restore_state() (the worker compresses it
-## and writes the file; eval.rs). Options and environment variables are
-## saved as they differ from what they were when this worker started
-## serving (mark_start()).
-
+## What options and environment variables are when the worker starts
+## serving: a checkpoint (driver_state.R) saves only what the session
+## changed. The environment is kept as R's "NAME=value" strings, not as
+## Sys.getenv()'s named list (fewer objects for a user's gc() to count).
 mark_start <- function() {
   state$start_options <- options()
-  state$start_env <- as.list(Sys.getenv())
+  state$start_env <- env_strings()
   invisible()
 }
 
-## Objects that cannot cross into another process faithfully: a connection
-## would silently name whatever connection has its number there; an
-## external pointer comes back NULL (data.table's self-reference repairs
-## itself, so a data.table is kept).
-unsafe_kind <- function(v) {
-  if (inherits(v, "connection")) return("connection")
-  found <- FALSE
-  hook <- function(x) {
-    if (typeof(x) == "externalptr") found <<- TRUE
-    NULL
-  }
-  if (typeof(v) == "externalptr" && !inherits(v, "data.table")) return("external pointer")
-  if (inherits(v, "data.table")) return("")
-  invisible(serialize(v, NULL, version = 3L, xdr = FALSE, refhook = hook))
-  if (found) "external pointer" else ""
-}
+env_strings <- function() .Internal(Sys.getenv(character(), ""))
 
-## Files of `dir` (recursive, hidden ones too), up to `max_bytes` in all;
-## R's own temporary directory is left out.
-wd_files <- function(dir, max_bytes) {
-  out <- list()
-  skipped <- character()
-  if (!nzchar(dir) || !dir.exists(dir)) return(list(files = out, skipped = skipped))
-  tmp <- normalizePath(tempdir(), mustWork = FALSE)
-  rel <- list.files(dir, recursive = TRUE, all.files = TRUE, no.. = TRUE)
-  total <- 0
-  for (f in rel) {
-    full <- file.path(dir, f)
-    np <- normalizePath(full, mustWork = FALSE)
-    if (startsWith(np, tmp)) next
-    size <- file.size(full)
-    if (is.na(size) || dir.exists(full)) next
-    if (total + size > max_bytes) { skipped <- c(skipped, f); next }
-    data <- tryCatch(readBin(full, "raw", n = size), error = function(e) NULL)
-    if (is.null(data)) { skipped <- c(skipped, f); next }
-    total <- total + size
-    out[[length(out) + 1L]] <- list(path = f, data = data)
-  }
-  list(files = out, skipped = skipped)
-}
-
-## The state (a raw vector) and what the manifest says about it.
-checkpoint_state <- function(dir, max_file_bytes) {
-  g <- globalenv()
-  nms <- ls(g, all.names = TRUE, sorted = TRUE)
-  unsaved <- list()
-  keep <- character()
-  found <- FALSE
-  hook <- function(x) {
-    if (typeof(x) == "externalptr") found <<- TRUE
-    NULL
-  }
-  for (n in nms) {
-    v <- get(n, envir = g, inherits = FALSE)
-    if (inherits(v, "connection")) {
-      unsaved[[length(unsaved) + 1L]] <- list(name = n, reason = "connection")
-    } else keep <- c(keep, n)
-  }
-  objects <- mget(keep, envir = g, inherits = FALSE)
-  blob <- serialize(objects, NULL, version = 3L, xdr = FALSE, refhook = hook)
-  if (found) {
-    # Rare: find which objects hold an external pointer, drop them, again.
-    bad <- keep[vapply(keep, function(n) nzchar(unsafe_kind(objects[[n]])), NA)]
-    for (n in bad) unsaved[[length(unsaved) + 1L]] <- list(name = n, reason = "external pointer")
-    objects <- objects[setdiff(keep, bad)]
-    blob <- serialize(objects, NULL, version = 3L, xdr = FALSE)
-  }
-  opts <- options()
-  start <- state$start_options
-  changed <- names(opts)[!vapply(names(opts), function(k)
-    identical(opts[[k]], start[[k]]) && k %in% names(start), NA)]
-  removed <- setdiff(names(start), names(opts))
-  env <- as.list(Sys.getenv())
-  senv <- state$start_env
-  env_changed <- names(env)[!vapply(names(env), function(k) identical(env[[k]], senv[[k]]), NA)]
-  env_removed <- setdiff(names(senv), names(env))
-  search_path <- search()
-  attached <- sub("^package:", "", search_path[startsWith(search_path, "package:")])
-  ns <- loadedNamespaces()
-  versions <- vapply(ns, function(p) tryCatch(as.character(getNamespaceVersion(p)),
-                                               error = function(e) ""), "")
-  files <- wd_files(dir, max_file_bytes)
-  st <- list(
-    format = 1L,
-    objects = blob,
-    options = opts[changed],
-    options_removed = removed,
-    env = env[env_changed],
-    env_removed = env_removed,
-    attached = attached,
-    namespaces = ns,
-    rng_kind = RNGkind(),
-    files = files$files
-  )
-  raw <- serialize(st, NULL, version = 3L, xdr = FALSE)
-  # The worker writes the manifest (JSON) from these vectors.
-  list(raw, names(objects), length(blob),
-       vapply(unsaved, function(u) u$name, ""), vapply(unsaved, function(u) u$reason, ""),
-       attached, ns, unname(versions),
-       vapply(files$files, function(f) f$path, ""), files$skipped,
-       changed, c(env_changed, env_removed))
-}
-
-## Why a saved file cannot be written back to `p` under `dir`, or "": only
-## a plain relative path stays inside the directory (no leading "/", no
-## "..", "." or empty part), and no part of it may already be a symbolic
-## link (it could point anywhere).
-bad_file_path <- function(dir, p) {
-  if (!is.character(p) || length(p) != 1L || is.na(p) || !nzchar(p))
-    return("it names a file without a path")
-  shown <- encodeString(p, quote = '"')
-  parts <- strsplit(p, "/", fixed = TRUE)[[1L]]
-  if (startsWith(p, "/") || endsWith(p, "/") || any(parts %in% c("", ".", "..")))
-    return(sprintf("the file %s would be written outside the working directory", shown))
-  at <- dir
-  for (part in parts) {
-    at <- file.path(at, part)
-    link <- Sys.readlink(at)  # NA: nothing there yet
-    if (!is.na(link) && nzchar(link))
-      return(sprintf("the file %s would be written through a symbolic link", shown))
-  }
-  ""
-}
-
-## Loads a checkpoint's state (a raw vector) into this worker, before any
-## call ran in it. Checks the packages it needs and the files' paths first,
-## so that a checkpoint naming a package that is gone, or a file outside
-## the working directory, changes nothing.
-restore_state <- function(raw, dir) {
-  st <- unserialize(raw)
-  if (!is.list(st) || !identical(st$format, 1L))
-    stop("the checkpoint's format is not one this worker reads")
-  if (!is.list(st$files) || !all(vapply(st$files, function(f)
-        is.list(f) && is.raw(f$data), NA)))
-    stop("the checkpoint is damaged (its saved files are not path and bytes)", call. = FALSE)
-  if (nzchar(dir)) {
-    for (f in st$files) {
-      why <- bad_file_path(dir, f$path)
-      if (nzchar(why)) stop(sprintf("the checkpoint is refused: %s", why), call. = FALSE)
+## --- parts loaded on first use --------------------------------------------
+## Validation (driver_validate.R) and checkpoints (driver_state.R) are kept
+## as text until a worker first calls one of their functions: a worker that
+## only runs code never parses them, so their code is not among the objects
+## a user's gc() counts (docs/r-semantics.md). Each name a part defines is
+## bound to a promise that loads the whole part into this environment.
+## Called once, with every part (the text of each): R's JIT compiles a
+## closure with a loop on its second call, which would load the compiler's
+## namespace into every worker.
+on_demand <- function(...) {
+  env <- environment(on_demand)
+  for (text in c(...)) {
+    for (e in parse(text = text, keep.source = FALSE)) {
+      if (!is.call(e) || !identical(e[[1L]], as.name("<-")) || !is.name(e[[2L]]))
+        stop("a part loaded on demand may only assign names at top level")
+      name <- as.character(e[[2L]])
+      eval(bquote(delayedAssign(.(name), load_part(.(text), .(name)),
+                                eval.env = .(env), assign.env = .(env))))
     }
   }
-  missing <- st$namespaces[!vapply(st$namespaces, function(p)
-    nzchar(system.file(package = p)), NA)]
-  if (length(missing))
-    stop(sprintf(
-      "%s no longer installed; install %s again to use %s",
-      if (length(missing) == 1L) sprintf("package %s is", missing)
-      else sprintf("packages %s are", paste(missing, collapse = ", ")),
-      if (length(missing) == 1L) "it" else "them",
-      if (length(missing) == 1L) "it" else "them"),
-      call. = FALSE)
-  objects <- unserialize(st$objects)
-  for (p in setdiff(st$namespaces, loadedNamespaces()))
-    loadNamespace(p)
-  now <- sub("^package:", "", search()[startsWith(search(), "package:")])
-  for (p in rev(setdiff(st$attached, now)))
-    suppressPackageStartupMessages(library(p, character.only = TRUE))
-  if (length(st$options)) options(st$options)
-  for (k in st$options_removed) options(structure(list(NULL), names = k))
-  if (length(st$env)) do.call(Sys.setenv, st$env)
-  if (length(st$env_removed)) Sys.unsetenv(st$env_removed)
-  k <- st$rng_kind
-  suppressWarnings(RNGkind(k[[1L]], k[[2L]], if (length(k) > 2L) k[[3L]]))
-  g <- globalenv()
-  for (n in names(objects)) assign(n, objects[[n]], envir = g)
-  if (nzchar(dir)) {
-    for (f in st$files) {
-      full <- file.path(dir, f$path)
-      dir.create(dirname(full), recursive = TRUE, showWarnings = FALSE)
-      writeBin(f$data, full)
-    }
-  }
-  invisible(TRUE)
+  invisible()
+}
+
+load_part <- function(text, name) {
+  env <- environment(load_part)
+  for (e in parse(text = text, keep.source = FALSE)) eval(e, env)
+  get(name, envir = env, inherits = FALSE)
 }

@@ -266,6 +266,15 @@ pub struct R {
 
 const DRIVER_SOURCE: &str = include_str!("driver.R");
 
+/// The driver's parts loaded on first use (driver.R, "parts loaded on
+/// first use"): validation and checkpoints, which a worker that only runs
+/// code never needs, so their code is not among the objects a user's
+/// `gc()` counts.
+const DRIVER_PARTS: [&str; 2] = [
+    include_str!("driver_validate.R"),
+    include_str!("driver_state.R"),
+];
+
 /// Where R's hooks and the driver's native routines deliver what they get.
 /// Set once by [`start`]; plain function pointers, so the callbacks below
 /// can reach them from `extern "C"` frames without knowing their modules.
@@ -771,6 +780,14 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         Rf_defineVar(Rf_install(c"tool_sym".as_ptr()), sym, driver);
         eval_string(DRIVER_SOURCE, driver)
             .map_err(|e| format!("failed to load the driver: {e}"))?;
+        // One call for all parts: R's JIT compiles a closure (and loads the
+        // compiler's namespace, some 56,000 cons cells) on its second call.
+        let tok = RThread::assume();
+        protected(tok, |scope| {
+            let parts = DRIVER_PARTS.map(|text| scope.protect(mk_string(text)));
+            call_driver(driver, c"on_demand", &parts).map(|_| ())
+        })
+        .map_err(|e| format!("failed to bind the driver's parts: {e}"))?;
         eval_string(&driver_caps(), driver)
             .map_err(|e| format!("failed to set the driver's caps: {e}"))?;
         let version = strings(eval_string(
