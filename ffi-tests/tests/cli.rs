@@ -257,6 +257,53 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
 }
 
 #[test]
+fn run_finds_the_callers_project_root_as_rscript_does_once_the_project_is_exposed() {
+    // here::here() and rprojroot walk up from the working directory to
+    // the first directory holding DESCRIPTION, .git, *.Rproj...; the same
+    // walk in base R. Confined (the default), the script runs in its
+    // private directory and finds nothing; with the project exposed
+    // (--read-only PROJECT) it runs in the caller's directory, sees its
+    // parents up to the project, and finds what Rscript finds
+    // (docs/r-semantics.md, "The corpus").
+    let project = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rvisor-cli-project-{}", rvisor::ids::random_hex(6)));
+    let sub = project.join("analysis");
+    std::fs::create_dir_all(&sub).unwrap();
+    let project = project.canonicalize().unwrap();
+    std::fs::write(project.join("DESCRIPTION"), "Package: p\n").unwrap();
+    let f = script(
+        "root <- function(d = normalizePath(getwd())) {\n\
+           while (!file.exists(file.path(d, 'DESCRIPTION'))) {\n\
+             if (dirname(d) == d) return(NA)\n\
+             d <- dirname(d)\n\
+           }\n\
+           d\n\
+         }\n\
+         cat(root())\n",
+    );
+    let out = |mut c: Command| {
+        let out = c.current_dir(project.join("analysis")).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let mut rscript = Command::new("Rscript");
+    rscript.arg("--vanilla").arg(&f);
+    let found = project.display().to_string();
+    assert_eq!(out(rscript), found);
+    let mut confined = rvisor();
+    confined.arg("run").arg(&f);
+    assert_eq!(out(confined), "NA");
+    let mut exposed = rvisor();
+    exposed.args(["--read-only", &found, "run"]).arg(&f);
+    assert_eq!(out(exposed), found);
+    let _ = std::fs::remove_dir_all(&project);
+}
+
+#[test]
 fn run_writes_timing_marks_in_causal_order_when_asked() {
     let f = script("1 + 1\n");
     let marks =
