@@ -644,6 +644,11 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
     let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); SYSTEMS.len()]; WORKLOADS.len()];
     let mut notes: Vec<Vec<Option<String>>> = vec![vec![None; SYSTEMS.len()]; WORKLOADS.len()];
     let fast = RunOptions::default();
+    let plot_800 = RunOptions {
+        plot_width: Some(800),
+        plot_height: Some(600),
+        ..RunOptions::default()
+    };
     let mut kept_all = true;
 
     for round in 0..rounds {
@@ -717,6 +722,12 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
                             kept_all &=
                                 kept.console.contains("TRUE") && r.outcome == Outcome::TimedOut;
                             Ok(vec![late])
+                        }
+                        // The plot workloads draw 800x600 pages on every
+                        // system (rvisor's default is 1000x650: a third
+                        // more pixels to render, compress and send).
+                        "base_plot" | "ggplot" => {
+                            rvisor_calls(&session, w.code.unwrap_or(""), k_fast, &plot_800)
                         }
                         _ => rvisor_calls(&session, w.code.unwrap_or("1+1"), k_fast, &fast),
                     },
