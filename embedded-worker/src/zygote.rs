@@ -394,6 +394,7 @@ fn warm(
     phases: &mut Phases,
 ) -> (Vec<String>, Vec<(String, String)>) {
     let loaded = preload(r, wanted, plots, phases);
+    serve::compile_driver(r);
     serve::warm_up_validation(r);
     serve::warm_up(r);
     serve::warm_up_conditions(r);

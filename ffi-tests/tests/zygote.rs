@@ -257,18 +257,22 @@ fn the_warm_zygote_compiles_the_condition_handlers_and_leaves_no_trace_of_its_wa
         "cat(exists('last.warning', envir = baseenv()), exists('.Traceback', envir = baseenv()))",
     );
     assert_eq!(r.console, "FALSE FALSE");
-    // The driver's condition handlers came compiled with the fork: R's JIT
-    // compiled them in the warm zygote (before, a session's first two
-    // errors each compiled one, 13-16 ms apiece).
+    // The driver came compiled with the fork: the warm zygote compiled
+    // every function of it, the small ones R's JIT never compiles (it
+    // marks a small closure outside the global environment "never JIT":
+    // the message and interrupt handlers, begin_call) included, and its
+    // condition handlers ran there (before, a session's first two errors
+    // each compiled one, 13-16 ms apiece).
     let r = call_ok(
         &session,
-        "h <- globalCallingHandlers()[c('error', 'warning')]; \
-         cat(vapply(h, function(f) \
+        "h <- globalCallingHandlers(); d <- environment(h$error); \
+         f <- c(h[c('error', 'warning', 'message', 'interrupt')], \
+                list(d$begin_call, d$end_call, d$begin_expr, d$clip)); \
+         cat(length(h), vapply(f, function(f) \
            any(grepl('<bytecode', utils::capture.output(print(f)), fixed = TRUE)), NA))",
     );
-    // (The message and interrupt handlers are too small for R's JIT to
-    // compile at all: they always run interpreted.)
-    assert_eq!(r.console, "TRUE TRUE");
+    // Four handlers: the compiled ones replaced those installed before.
+    assert_eq!(r.console, "4 TRUE TRUE TRUE TRUE TRUE TRUE TRUE TRUE");
     let r = call(&session, "stop('first')");
     assert_eq!(r.outcome, rvisor::Outcome::Error);
     let r = call_ok(&session, "warnings()");
