@@ -331,7 +331,7 @@ pub fn probe(c: &Confinement, temp_root: &Path) -> Result<Sandbox, ConfineError>
                 "executable: only the {} allowed program files",
                 programs.len()
             ),
-            "memfd_create",
+            "execve let through for the allowed programs (Landlock refuses every other file); memfd_create",
         )
     };
     layers.extend([
