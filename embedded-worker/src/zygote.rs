@@ -771,13 +771,14 @@ fn become_worker(
     }
 }
 
-/// `PATH` in a confined worker: the system's program directories, then
-/// those of the allowed programs that live elsewhere, so that a program
-/// allowed by name is found by that name inside too.
+/// `PATH` in a confined worker: the directories of the allowed programs
+/// that live elsewhere, then the system's program directories, so that a
+/// program allowed by name is found by that name inside, as the
+/// supervisor found it on its own `PATH` (a pandoc in `~/.local/bin` over
+/// the system's).
 fn worker_path(c: Option<&rvisor_protocol::Confine>) -> String {
-    let mut dirs: Vec<String> = ["/usr/local/bin", "/usr/bin", "/bin"]
-        .map(String::from)
-        .to_vec();
+    let system = ["/usr/local/bin", "/usr/bin", "/bin"];
+    let mut dirs: Vec<&str> = Vec::new();
     for p in c.map(|c| c.programs.as_slice()).unwrap_or_default() {
         if p.reason != "default" && p.reason != "allowed" {
             continue;
@@ -788,10 +789,11 @@ fn worker_path(c: Option<&rvisor_protocol::Confine>) -> String {
         else {
             continue;
         };
-        if !dir.is_empty() && !dir.contains(':') && !dirs.iter().any(|d| d == dir) {
-            dirs.push(dir.to_string());
+        if !dir.is_empty() && !dir.contains(':') && !system.contains(&dir) && !dirs.contains(&dir) {
+            dirs.push(dir);
         }
     }
+    dirs.extend(system);
     dirs.join(":")
 }
 

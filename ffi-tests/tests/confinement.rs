@@ -1363,6 +1363,43 @@ cat("status =", .C("rv_system", status = integer(1))$status, "\n")
     sentinel.assert_unharmed();
 }
 
+/// A program allowed by its path outside the system paths is bound into
+/// the worker's view, alone (its directory's other files stay out), and
+/// found by its name: its directory comes first on the worker's PATH.
+#[test]
+fn programs_one_outside_the_system_paths_is_bound_in_and_found_by_name() {
+    let dir = host_dir("elsewhere");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let tool = bin.join("rv-id");
+    std::fs::copy(on_worker_path("id").expect("id is installed"), &tool).unwrap();
+    std::fs::write(bin.join("neighbour.txt"), "not for the worker").unwrap();
+    let sup = programs_supervisor(&[tool.to_str().unwrap()]);
+    let code = format!(
+        r#"cat("which:", Sys.which("rv-id"), "|\n")
+cat("runs:", system("rv-id -u", intern = TRUE), file.info(tempdir())$uid, "\n")
+cat("neighbour:", file.exists({neighbour}), "\n")
+"#,
+        neighbour = r_path(&bin.join("neighbour.txt"))
+    );
+    let r = once(&sup, &code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    assert!(
+        r.console.contains(&format!("which: {} |", tool.display())),
+        "{}",
+        r.console
+    );
+    let runs: Vec<&str> = r
+        .console
+        .lines()
+        .find_map(|l| l.strip_prefix("runs: "))
+        .expect("a runs line")
+        .split_whitespace()
+        .collect();
+    assert!(runs.len() == 2 && runs[0] == runs[1], "{}", r.console);
+    assert!(r.console.contains("neighbour: FALSE"), "{}", r.console);
+}
+
 /// A program that is not allowed is refused with a message that says so:
 /// rvisor, the program, the allow-list and the flag that allows it, on
 /// system(), system(intern = TRUE) and system2(); with no program allowed

@@ -394,6 +394,13 @@ fn executable_file(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// Whether `file` starts with `#!`.
+fn is_script(file: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    std::fs::File::open(file).is_ok_and(|mut f| f.read_exact(&mut head).is_ok() && &head == b"#!")
+}
+
 /// The interpreter the kernel loads to execute `file`: a script's `#!`
 /// program, or an ELF file's `PT_INTERP` (the dynamic loader). None for a
 /// static program, a relative interpreter or a file it cannot read.
@@ -552,6 +559,27 @@ pub fn resolve_programs(
         let Some(file_str) = file.to_str().map(str::to_string) else {
             return Err(refuse(&shown, "its path is not UTF-8".into()));
         };
+        if !rootless() {
+            // Workers run as uids of their own: the file must be theirs to
+            // execute (and, a script, to read).
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&file)
+                .map(|m| m.permissions().mode() & 0o7777)
+                .unwrap_or(0);
+            let script = is_script(&file);
+            let need = if script { 0o005 } else { 0o001 };
+            if mode & need != need {
+                return Err(refuse(
+                    &shown,
+                    format!(
+                        "{} has mode {mode:o}: confined workers run as their own uid and cannot {} it; chmod o+{} it",
+                        file.display(),
+                        if script { "read and execute" } else { "execute" },
+                        if script { "rx" } else { "x" }
+                    ),
+                ));
+            }
+        }
         if out.iter().any(|o| o.file == file_str) {
             continue;
         }
@@ -1272,6 +1300,17 @@ mod tests {
         // Under the workers' temporary root: refused.
         let err = resolve_programs(&Programs::only([script.to_str().unwrap()]), &d).unwrap_err();
         assert!(err.to_string().contains("scratch space"), "{err}");
+        // As root, workers have uids of their own: a file only its owner
+        // may execute is refused.
+        if !rootless() {
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o750)).unwrap();
+            let err = resolve_programs(
+                &Programs::only([script.to_str().unwrap()]),
+                Path::new("/tmp"),
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("chmod o+rx"), "{err}");
+        }
         // The default list skips what is not installed.
         let _ = resolve_programs(&Programs::default(), Path::new("/tmp")).unwrap();
         std::fs::remove_dir_all(&d).unwrap();
