@@ -649,12 +649,17 @@ install_program_guard <- function() {
       return(invisible(127L))
     }
     warns <- list()
-    res <- withCallingHandlers(
+    res <- tryCatch(withCallingHandlers(
       .Internal(system(command, intern, timeout)),
       warning = function(w) {
         warns[[length(warns) + 1L]] <<- w
         invokeRestart("muffleWarning")
-      })
+      }),
+      # R's own error, as system() gives it: the shell could not start
+      # ("cannot popen"), which glibc calls ENOMEM whatever the cause.
+      error = function(e) stop(simpleError(paste0(conditionMessage(e),
+        " (rvisor: glibc gives this reason for any failure to start the shell; in a confined worker it is usually the process limit, --processes, or the memory limit, --memory-mb)"),
+        call)))
     status <- if (intern) attr(res, "status") else res
     bad <- if (length(status) == 1L && !is.na(status) && status %in% c(126L, 127L))
              refused(command) else character()

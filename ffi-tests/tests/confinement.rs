@@ -1492,6 +1492,47 @@ cat("Sys.which:", Sys.which("whoami"), "|\n")
     assert!(!everything(&r).contains("Cannot allocate memory"), "{c}");
 }
 
+/// When the shell cannot start at all (here: the worker's process limit
+/// is reached), R's "cannot popen ..., probable reason 'Cannot allocate
+/// memory'" (glibc's word for any failure to start it) says what it
+/// usually means in a confined worker, and is raised by system() as R
+/// raises it.
+#[test]
+fn programs_a_shell_that_cannot_start_says_why() {
+    let sup = supervisor_with(Confinement {
+        programs: Programs::only(["id"]),
+        limits: Limits {
+            processes: 6,
+            ..Limits::default()
+        },
+        ..confinement()
+    });
+    let r = once(
+        &sup,
+        r#"kids <- lapply(1:12, function(i) tryCatch(parallel::mcparallel(Sys.sleep(60)), error = function(e) NULL))
+cat("forked:", sum(!vapply(kids, is.null, NA)), "
+")
+e <- tryCatch(system("id", intern = TRUE), error = function(e) e)
+cat("call:", deparse(conditionCall(e)), "
+")
+cat("message:", conditionMessage(e), "
+")
+"#,
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    assert!(
+        r.console.contains("call: system(\"id\", intern = TRUE)"),
+        "{}",
+        r.console
+    );
+    assert!(
+        r.console.contains("cannot popen 'id'")
+            && r.console.contains("usually the process limit, --processes"),
+        "{}",
+        r.console
+    );
+}
+
 /// Sys.which() finds a program only when it may run (it answers from the
 /// allow-list, without a shell, so it works with none allowed), and the
 /// shell's `test -x` (access(X_OK)) agrees: the program directories are
