@@ -54,7 +54,7 @@ const BINDS: &[&str] = &[
 /// bound back one by one with exec allowed: so no other file there can be
 /// executed, mapped executable by the dynamic loader run as a program
 /// (`ld.so /usr/bin/id`), or pass `access(X_OK)`, which is what `which`
-/// and the shell's `command -v` look at. Symlinks among them (merged
+/// and the shell's `test -x` look at. Symlinks among them (merged
 /// /usr: `/bin -> usr/bin`) are left alone: they lead to one of the others.
 const PROGRAM_DIRS: &[&str] = &[
     "/usr/local/sbin",
@@ -744,11 +744,11 @@ fn seccomp_programs(exec: bool) -> Result<Vec<seccompiler::BpfProgram>, String> 
         .collect()
 }
 
-type Programs = std::sync::OnceLock<Result<Vec<seccompiler::BpfProgram>, String>>;
+type Filters = std::sync::OnceLock<Result<Vec<seccompiler::BpfProgram>, String>>;
 
 /// The seccomp programs (without programs to run, and with), compiled once
 /// in the zygote before it forks (a worker then only installs one).
-static SECCOMP: [Programs; 2] = [Programs::new(), Programs::new()];
+static SECCOMP: [Filters; 2] = [Filters::new(), Filters::new()];
 
 /// Work that every confined worker needs and that can be done once, in
 /// the zygote, before forking.

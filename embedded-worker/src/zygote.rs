@@ -679,9 +679,9 @@ fn become_worker(
     }
     std::env::set_var("TMPDIR", &req.temp_dir);
     if req.confine.is_some() {
-        // A home that exists inside, programs only where they live (none
-        // can run anyway), and the time zone named: Sys.timezone() would
-        // otherwise shell out to timedatectl.
+        // A home that exists inside, programs only where they live (and
+        // where the allowed ones do), and the time zone named:
+        // Sys.timezone() would otherwise shell out to timedatectl.
         std::env::set_var("HOME", &req.temp_dir);
         std::env::set_var("PATH", worker_path(req.confine.as_ref()));
         if std::env::var_os("TZ").is_none() {

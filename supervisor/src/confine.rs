@@ -59,9 +59,9 @@ pub struct Programs {
 
 /// The programs allowed by default when they are installed: `pandoc`, so
 /// that R Markdown reports render (`rmarkdown::render()`; it runs pandoc
-/// through the shell). pandoc reads and writes documents; it runs nothing
-/// but filters named on its command line, which are programs too and
-/// refused unless allowed.
+/// through the shell). pandoc reads and writes documents; the programs it
+/// runs when asked to (a `--filter`, a PDF engine such as pdflatex) are
+/// refused unless allowed too.
 pub const DEFAULT_PROGRAMS: &[&str] = &["pandoc"];
 
 /// What `--allow-program` takes to clear the list (the default included).
