@@ -2227,7 +2227,8 @@ impl Supervisor {
         if cfg.worker.worker_bin.is_none() {
             crate::locate_worker()?;
         }
-        let mut sandbox = crate::confine::probe(&cfg.confinement).map_err(Error::Confinement)?;
+        let mut sandbox = crate::confine::probe(&cfg.confinement, &cfg.worker.temp_root)
+            .map_err(Error::Confinement)?;
         if cfg.confinement.enabled {
             cfg.confinement
                 .limits
@@ -2252,10 +2253,12 @@ impl Supervisor {
                 return Err(Error::Confinement(ConfineError::NeedsZygote));
             }
             cfg.worker.confine = Some(cfg.confinement.clone());
+            cfg.worker.programs = sandbox.programs.clone().unwrap_or_default();
         } else {
             cfg.worker.confine = None;
             cfg.worker.cgroups = None;
             cfg.worker.uids = None;
+            cfg.worker.programs = Vec::new();
         }
         sweep_stale_dirs(&cfg.worker.temp_root);
         mark("supervisor.probed");
