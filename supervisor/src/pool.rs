@@ -489,6 +489,27 @@ impl Pool {
         lock(&self.inner).current().map(|z| z.pid())
     }
 
+    /// The R version the zygote runs: at once when it is up, after at
+    /// most `timeout` while it starts; None without one.
+    pub fn r_version(&self, timeout: Duration) -> Option<String> {
+        let end = std::time::Instant::now() + timeout;
+        let mut i = lock(&self.inner);
+        loop {
+            if let Some(z) = i.current() {
+                return Some(z.hello().r_version.clone());
+            }
+            let now = std::time::Instant::now();
+            if !self.cfg.zygote || !i.starting || now >= end {
+                return None;
+            }
+            i = self
+                .cv
+                .wait_timeout(i, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// The process id of the preloaded zygote, once it is up.
     pub fn preloaded_zygote_pid(&self) -> Option<u32> {
         lock(&self.inner).preloaded.live().map(|z| z.pid())
