@@ -198,7 +198,8 @@ enum Cmd {
         json: bool,
         /// Run only these parts (comma-separated): latency (the workloads
         /// against the peers), startup (new processes to their first
-        /// result), batch (scripts through `rvisor batch` vs Rscript).
+        /// result), batch (scripts through `rvisor batch` vs Rscript),
+        /// memory (live sessions after a full gc(), rvisor and Rserve).
         #[arg(long, value_delimiter = ',', value_parser = bench::SECTIONS)]
         only: Vec<String>,
         /// Repetitions of the startup and batch rows.

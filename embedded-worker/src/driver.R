@@ -528,6 +528,8 @@ init <- function(plot_dir) {
 ## the device option, the plot hooks, the pager) are swapped for the
 ## compiled ones.
 compile_driver <- function() {
+  # Once: a preloaded zygote is forked from the warm one, compiled already.
+  if (isTRUE(state$compiled)) return(invisible())
   env <- environment(compile_driver)
   old <- list(handlers = our_handlers, on_new_page = on_new_page)
   for (nm in ls(env, all.names = TRUE)) {
@@ -551,6 +553,7 @@ compile_driver <- function() {
     hooks <- lapply(getHook(h), function(f) if (identical(f, old$on_new_page)) env$on_new_page else f)
     setHook(h, hooks, "replace")
   }
+  state$compiled <- TRUE
   invisible()
 }
 

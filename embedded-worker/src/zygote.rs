@@ -119,11 +119,16 @@ fn preload(
             "if (isNamespaceLoaded('grid')) { grid::grid.newpage(); grid::grid.text('warm') }",
         );
         if loaded.iter().any(|p| p == "ggplot2") {
+            // No geom_smooth: ggplot2 3.4's stat_smooth names `mgcv::gam`,
+            // which loads mgcv and with it Matrix, nlme, lattice and
+            // splines: 1.2 M more cons cells (~80 MB of heap), which every
+            // worker's full gc() would make private (docs/process-model.md,
+            // "Memory"). A session's first geom_smooth loads them itself.
             run_quiet(
                 r,
                 "print(ggplot2::ggplot(data.frame(x = c(1, 2, 3), y = c(3, 1, 2)), \
                  ggplot2::aes(x, y)) + ggplot2::geom_point() + ggplot2::geom_line() + \
-                 ggplot2::geom_smooth(method = 'lm', formula = y ~ x) + ggplot2::labs(title = 'warm'))",
+                 ggplot2::labs(title = 'warm'))",
             );
         }
         if loaded.iter().any(|p| p == "lattice") {
