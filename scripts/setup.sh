@@ -36,6 +36,12 @@ r_has() { command -v Rscript >/dev/null 2>&1 && Rscript -e "quit(status = !requi
 for pkg in ggplot2 jsonlite lintr; do
   r_has "$pkg" || need+=("r-cran-$pkg")
 done
+# R Markdown and the program it runs, for the allow-list of programs
+# (ffi-tests/tests/confinement.rs renders a report in a confined worker
+# with pandoc, the program rvisor allows by default when installed).
+r_has rmarkdown || need+=(r-cran-rmarkdown)
+r_has knitr || need+=(r-cran-knitr)
+command -v pandoc >/dev/null 2>&1 || need+=(pandoc)
 # R's recommended packages (MASS, lattice, Matrix, survival, ...), present in
 # every standard R installation: ten Debian packages with
 # --no-install-recommends.

@@ -48,6 +48,12 @@ struct ConfineArgs {
     /// A host path workers may read (repeatable); it keeps its path inside.
     #[arg(long = "read-only", global = true, value_name = "PATH")]
     read_only: Vec<PathBuf>,
+    /// A program workers may run (repeatable), confined like them: a name
+    /// (looked up on PATH now) or an absolute path. Added to the default,
+    /// pandoc when installed; `none` clears the list (the default too).
+    /// The shell R runs programs through comes with any program.
+    #[arg(long = "allow-program", global = true, value_name = "NAME|PATH")]
+    allow_program: Vec<String>,
     /// Per-worker cgroups (memory, pids, CPU accounting): `auto` uses them
     /// when the host offers writable v1 controllers, `required` refuses to
     /// start without them, `off` never uses them.
@@ -92,6 +98,9 @@ impl ConfineArgs {
                 .with_context(|| format!("--read-only {}: no such path", p.display()))?;
             c.read_only.push(abs);
         }
+        // Resolved (and refused, if a program is missing) when the
+        // supervisor starts.
+        c.programs = rvisor::Programs::from_flags(&self.allow_program);
         Ok(c)
     }
 }
@@ -189,7 +198,8 @@ enum Cmd {
         json: bool,
         /// Run only these parts (comma-separated): latency (the workloads
         /// against the peers), startup (new processes to their first
-        /// result), batch (scripts through `rvisor batch` vs Rscript).
+        /// result), batch (scripts through `rvisor batch` vs Rscript),
+        /// memory (live sessions after a full gc(), rvisor and Rserve).
         #[arg(long, value_delimiter = ',', value_parser = bench::SECTIONS)]
         only: Vec<String>,
         /// Repetitions of the startup and batch rows.
@@ -1009,6 +1019,16 @@ fn ops_health(json: bool) -> Result<ExitCode> {
         );
         for layer in &h.sandbox.layers {
             println!("  {layer}");
+        }
+        if let Some(programs) = &h.sandbox.programs {
+            if programs.is_empty() {
+                println!("programs: none (--allow-program NAME allows one)");
+            } else {
+                println!("programs workers may run:");
+                for p in programs {
+                    println!("  {:<24} {:<32} {}", p.name, p.file, p.reason);
+                }
+            }
         }
         let r = &h.rules;
         println!(

@@ -10,8 +10,15 @@
 //! minimal /dev), rlimits, an unprivileged uid/gid of its own with every
 //! capability dropped, no_new_privs, Landlock, and seccomp last. Any failure
 //! is returned: the caller ends the process rather than serve unconfined.
+//!
+//! Programs (docs/confinement.md, "Programs"): with an empty allow-list
+//! seccomp denies `execve` and nothing runs. Otherwise seccomp lets
+//! `execve` through and the allow-list is kept by the files: Landlock
+//! grants Execute on the allowed files alone, and in the new root the
+//! program directories are noexec with only those files bound back
+//! executable.
 
-use rvisor_protocol::Confine;
+use rvisor_protocol::{Confine, ProgramFile};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
@@ -40,6 +47,24 @@ const BINDS: &[&str] = &[
     "/etc/os-release",
     "/etc/nsswitch.conf",
     "/var/cache/fontconfig",
+];
+
+/// Directories that hold programs. In the new root each is bound again
+/// noexec (its files stay readable), and the allowed programs in it are
+/// bound back one by one with exec allowed: so no other file there can be
+/// executed, mapped executable by the dynamic loader run as a program
+/// (`ld.so /usr/bin/id`), or pass `access(X_OK)`, which is what `which`
+/// and the shell's `test -x` look at. Symlinks among them (merged
+/// /usr: `/bin -> usr/bin`) are left alone: they lead to one of the others.
+const PROGRAM_DIRS: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+    "/usr/games",
+    "/usr/local/games",
 ];
 
 /// Device nodes of the minimal /dev: the memory devices (major 1), by minor.
@@ -123,6 +148,11 @@ fn locked_flags(p: &Path) -> Result<libc::c_ulong, String> {
 /// Binds `src` read-only at `dst` (nosuid, nodev; exec stays allowed:
 /// shared libraries are mapped executable).
 fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
+    bind_ro_with(src, dst, 0)
+}
+
+/// [`bind_ro`] with `extra` mount flags (`MS_NOEXEC`).
+fn bind_ro_with(src: &Path, dst: &Path, extra: libc::c_ulong) -> Result<(), String> {
     let s = path_str(src)?;
     mount(Some(s), dst, None, libc::MS_BIND | libc::MS_REC, None)?;
     mount(
@@ -134,9 +164,46 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
             | libc::MS_RDONLY
             | libc::MS_NOSUID
             | libc::MS_NODEV
+            | extra
             | locked_flags(src)?,
         None,
     )
+}
+
+/// The program directories noexec, then each allowed program's file bound
+/// read-only at its own path with exec allowed (visible even where the
+/// view would not show it), and the path it is run as leading to it.
+/// After every other bind, so none covers these.
+fn programs_view(root: &Path, programs: &[ProgramFile]) -> Result<(), String> {
+    for d in PROGRAM_DIRS {
+        let inside = under(root, d);
+        match std::fs::symlink_metadata(&inside) {
+            Ok(m) if m.is_dir() => bind_ro_with(Path::new(d), &inside, libc::MS_NOEXEC)?,
+            _ => {}
+        }
+    }
+    for p in programs {
+        let file = Path::new(&p.file);
+        let dst = under(root, &p.file);
+        if std::fs::symlink_metadata(&dst).is_err() {
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
+            }
+            std::fs::write(&dst, b"").map_err(|e| format!("create {}: {e}", dst.display()))?;
+        }
+        bind_ro(file, &dst)?;
+        let called = under(root, &p.path);
+        if p.path != p.file && std::fs::symlink_metadata(&called).is_err() {
+            if let Some(parent) = called.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
+            }
+            std::os::unix::fs::symlink(file, &called)
+                .map_err(|e| format!("symlink {}: {e}", called.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// `root` + absolute `p`.
@@ -247,6 +314,7 @@ fn filesystem(c: &Confine, work: &str) -> Result<(), String> {
     for p in &c.read_only {
         expose(&root, p)?;
     }
+    programs_view(&root, &c.programs)?;
 
     // A /proc of this pid namespace only.
     let proc_dir = root.join("proc");
@@ -509,16 +577,25 @@ struct CapData {
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 /// Landlock: read anything in the new root (it holds only what was bound),
-/// write only the scratch space and /dev; execute nothing; no TCP; no
-/// signals or abstract sockets outside the domain.
-fn landlock(work: &str) -> Result<String, String> {
+/// write only the scratch space and /dev; execute only the allowed
+/// programs' files (none when the list is empty); no TCP; no signals or
+/// abstract sockets outside the domain.
+fn landlock(work: &str, programs: &[ProgramFile]) -> Result<String, String> {
     use landlock::{
-        path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset,
-        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+        path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath,
+        PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
     };
     let abi = ABI::V6;
     let read = AccessFs::from_read(abi) & !AccessFs::Execute;
     let write = AccessFs::from_all(abi) & !AccessFs::Execute;
+    // Each file on its own (never a directory: that would make all of it
+    // executable); a file that cannot be opened is an error, not a rule
+    // left out.
+    let mut exec = Vec::new();
+    for p in programs {
+        let fd = PathFd::new(&p.file).map_err(|e| format!("landlock: {}: {e}", p.file))?;
+        exec.push(PathBeneath::new(fd, AccessFs::Execute | AccessFs::ReadFile));
+    }
     let status = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
@@ -527,6 +604,7 @@ fn landlock(work: &str) -> Result<String, String> {
         .and_then(|r| r.create())
         .and_then(|r| r.add_rules(path_beneath_rules(["/"], read)))
         .and_then(|r| r.add_rules(path_beneath_rules(["/tmp", work, "/dev"], write)))
+        .and_then(|r| r.add_rules(exec.into_iter().map(Ok::<_, landlock::RulesetError>)))
         .and_then(|r| r.restrict_self())
         .map_err(|e| format!("landlock: {e}"))?;
     match status.ruleset {
@@ -536,18 +614,25 @@ fn landlock(work: &str) -> Result<String, String> {
     }
 }
 
-/// seccomp-bpf, last: system calls R never needs fail with EPERM (execve
-/// included: nothing runs programs after start-up); sockets other than Unix
-/// ones and clone into new namespaces too; clone3 says ENOSYS so glibc
-/// falls back to clone, whose flags a filter can read.
-fn seccomp_programs() -> Result<Vec<seccompiler::BpfProgram>, String> {
+/// seccomp-bpf, last: system calls R never needs fail with EPERM; sockets
+/// other than Unix ones and clone into new namespaces too; clone3 says
+/// ENOSYS so glibc falls back to clone, whose flags a filter can read.
+/// Without programs (`exec` false) execve and execveat are denied too:
+/// nothing runs programs after start-up. With programs they pass (Landlock
+/// decides which file may be executed) and memfd_create and memfd_secret
+/// are denied instead: Landlock does not check the execution of a memfd,
+/// so one written by the worker would run any code as a program.
+fn seccomp_programs(exec: bool) -> Result<Vec<seccompiler::BpfProgram>, String> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
     };
     use std::collections::BTreeMap;
+    let exec_calls: &[libc::c_long] = if exec {
+        &[libc::SYS_memfd_create, libc::SYS_memfd_secret]
+    } else {
+        &[libc::SYS_execve, libc::SYS_execveat]
+    };
     let denied: &[libc::c_long] = &[
-        libc::SYS_execve,
-        libc::SYS_execveat,
         libc::SYS_ptrace,
         libc::SYS_process_vm_readv,
         libc::SYS_process_vm_writev,
@@ -609,7 +694,7 @@ fn seccomp_programs() -> Result<Vec<seccompiler::BpfProgram>, String> {
             .map_err(|e| format!("seccomp: {e}"))
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for nr in denied {
+    for nr in denied.iter().chain(exec_calls) {
         rules.insert(*nr, vec![]);
     }
     let not_unix = || -> Result<Vec<SeccompRule>, String> {
@@ -659,20 +744,23 @@ fn seccomp_programs() -> Result<Vec<seccompiler::BpfProgram>, String> {
         .collect()
 }
 
-/// The seccomp programs, compiled once in the zygote before it forks (a
-/// worker then only installs them).
-static SECCOMP: std::sync::OnceLock<Result<Vec<seccompiler::BpfProgram>, String>> =
-    std::sync::OnceLock::new();
+type Filters = std::sync::OnceLock<Result<Vec<seccompiler::BpfProgram>, String>>;
+
+/// The seccomp programs (without programs to run, and with), compiled once
+/// in the zygote before it forks (a worker then only installs one).
+static SECCOMP: [Filters; 2] = [Filters::new(), Filters::new()];
 
 /// Work that every confined worker needs and that can be done once, in
 /// the zygote, before forking.
 pub fn prepare() {
-    let _ = SECCOMP.get_or_init(seccomp_programs);
+    for exec in [false, true] {
+        let _ = SECCOMP[exec as usize].get_or_init(|| seccomp_programs(exec));
+    }
 }
 
-fn seccomp() -> Result<(), String> {
-    let progs = SECCOMP
-        .get_or_init(seccomp_programs)
+fn seccomp(exec: bool) -> Result<(), String> {
+    let progs = SECCOMP[exec as usize]
+        .get_or_init(|| seccomp_programs(exec))
         .as_ref()
         .map_err(Clone::clone)?;
     for prog in progs {
@@ -723,7 +811,7 @@ pub fn apply(c: &Confine, work: &str) -> Result<(), String> {
         libc::sigemptyset(&mut act.sa_mask);
         libc::sigaction(libc::SIGXCPU, &act, std::ptr::null_mut());
     }
-    landlock(work)?;
-    seccomp()?;
+    landlock(work, &c.programs)?;
+    seccomp(!c.programs.is_empty())?;
     Ok(())
 }

@@ -525,6 +525,241 @@ init <- function(plot_dir) {
   invisible()
 }
 
+## Byte-compiles the driver's functions. R's JIT never compiles them: a
+## small closure whose environment is not the global one is marked "never
+## JIT" on its first call, so every call ran the AST interpreter
+## (begin_call 12.6 us instead of 3.8). Compiling all of them takes a few
+## hundred milliseconds, so only the warm zygote does it (its forks share
+## the compiled code). The functions held elsewhere (our global handlers,
+## the device option, the plot hooks, the pager) are swapped for the
+## compiled ones.
+compile_driver <- function() {
+  # Once: a preloaded zygote is forked from the warm one, compiled already.
+  if (isTRUE(state$compiled)) return(invisible())
+  env <- environment(compile_driver)
+  old <- list(handlers = our_handlers, on_new_page = on_new_page)
+  for (nm in ls(env, all.names = TRUE)) {
+    f <- get(nm, envir = env)
+    if (typeof(f) == "closure" && !identical(nm, "compile_driver")) {
+      cf <- tryCatch(compiler::cmpfun(f, options = list(suppressAll = TRUE)),
+                     error = function(e) f)
+      assign(nm, cf, envir = env)
+    }
+  }
+  env$our_handlers <- list(warning = env$on_warning, message = env$on_message,
+                           error = env$on_error, interrupt = env$on_interrupt)
+  # Our handlers installed so far are the old closures: drop them, and the
+  # next expression installs the compiled ones.
+  gh <- gh_env$gh
+  ours <- vapply(gh, function(h) any(vapply(old$handlers, identical, NA, h)), NA)
+  gh_env$gh <- gh[!ours]
+  state$gh <- NULL
+  options(device = env$open_device, pager = env$show_files)
+  for (h in c("before.plot.new", "before.grid.newpage")) {
+    hooks <- lapply(getHook(h), function(f) if (identical(f, old$on_new_page)) env$on_new_page else f)
+    setHook(h, hooks, "replace")
+  }
+  state$compiled <- TRUE
+  invisible()
+}
+
+## --- programs (a confined worker) ------------------------------------------
+## A confined worker may run only the programs of the server's allow-list
+## (docs/confinement.md, "Programs"); the kernel refuses the rest (seccomp
+## without any, else Landlock and the noexec program directories). What R
+## would word "Cannot allocate memory" (glibc's popen() turns every failure
+## to start the shell into ENOMEM) or "error in running command", this says
+## in words: what happened and what to do. It is no boundary: code that
+## gets around it meets the kernel's refusal.
+##
+## `install_program_guard()` patches base once, in the zygote, before its
+## first confined fork (its namespace and package environment share their
+## bindings); each confined worker then only calls `set_programs()`. In a
+## worker that did not (none is forked from such a zygote) all behaves as
+## R's own.
+## - Sys.which() answers from the allow-list: a program is found only if
+##   it may run, and no shell is started, so it works with none allowed
+##   and packages that look for a program when they load keep loading;
+## - system() and system2() say which program was refused, with a warning
+##   (after the shell's status 126 or 127), or, with no program allowed
+##   at all, an error (intern = TRUE, as R's "cannot popen") or a warning
+##   and status 127, as R has it;
+## - pipe() says so when no program may run at all.
+
+programs <- new.env(parent = emptyenv())
+programs$installed <- FALSE
+programs$confined <- FALSE
+programs$files <- character()   # the allowed files, symlinks resolved
+programs$listed <- character()  # the names the operator allowed
+
+## This worker's allow-list (`files`, and `listed`, the names the operator
+## gave: the shell and interpreters come with them).
+set_programs <- function(files, listed) {
+  programs$files <- files
+  programs$listed <- listed
+  programs$confined <- TRUE
+  invisible()
+}
+
+install_program_guard <- function() {
+  if (programs$installed) return(invisible())
+  g <- new.env(parent = baseenv())
+  g$st <- programs
+  g$r_which <- get("Sys.which", envir = baseenv())
+  g$builtins <- c(".", ":", "[", "alias", "bg", "break", "cd", "chdir", "command",
+                  "continue", "echo", "eval", "exec", "exit", "export", "false", "fc",
+                  "fg", "getopts", "hash", "jobs", "kill", "local", "printf", "pwd",
+                  "read", "readonly", "return", "set", "shift", "test", "times", "trap",
+                  "true", "type", "ulimit", "umask", "unalias", "unset", "wait")
+  g$prefixes <- c("!", "if", "then", "else", "elif", "do", "while", "until",
+                  "exec", "command", "nohup", "time", "{")
+  g$allowed <- function(f) normalizePath(f, mustWork = FALSE) %in% st$files
+  g$path_dirs <- function() {
+    d <- strsplit(Sys.getenv("PATH"), ":", fixed = TRUE)[[1L]]
+    d[!nzchar(d)] <- "."
+    d
+  }
+  # The programs a shell command runs: the first word of each simple
+  # command (past assignments, redirections and keywords), shell builtins
+  # left out. A rough reading, only used to explain a refusal.
+  g$command_words <- function(cmd) {
+    out <- character()
+    for (part in strsplit(paste(cmd, collapse = " "), "[;&|()`}\n]|\\$\\(", perl = TRUE)[[1L]]) {
+      w <- tryCatch(suppressWarnings(scan(text = part, what = "", quiet = TRUE,
+                                          quote = "\"'")),
+                    error = function(e) character())
+      i <- 1L
+      while (i <= length(w) && (grepl("^[A-Za-z_][A-Za-z0-9_]*=", w[[i]]) ||
+                                grepl("^[0-9]*[<>]", w[[i]]) || w[[i]] %in% prefixes)) {
+        if (grepl("^[0-9]*[<>]+&?$", w[[i]])) i <- i + 1L  # its target is the next word
+        i <- i + 1L
+      }
+      if (i <= length(w) && !(w[[i]] %in% builtins)) out <- c(out, w[[i]])
+    }
+    unique(out)
+  }
+  # Where the shell would find program `w`, or NA.
+  g$locate <- function(w) {
+    cands <- if (grepl("/", w, fixed = TRUE)) w else file.path(path_dirs(), w)
+    for (f in cands) if (file.exists(f) && !dir.exists(f)) return(f)
+    NA_character_
+  }
+  # The programs of `cmd` that exist but may not run.
+  g$refused <- function(cmd) {
+    w <- command_words(cmd)
+    w[vapply(w, function(x) { f <- locate(x); !is.na(f) && !allowed(f) }, NA)]
+  }
+  g$refusal <- function(cmd, progs = command_words(cmd)) {
+    what <- if (length(progs)) paste0("'", progs, "'")
+            else paste0("'", substr(paste(cmd, collapse = " "), 1L, 80L), "'")
+    many <- length(progs) > 1L
+    if (many)
+      what <- paste(paste(what[-length(what)], collapse = ", "), "and", what[length(what)])
+    flags <- paste("--allow-program", if (length(progs)) basename(progs) else "NAME",
+                   collapse = " ")
+    if (!length(st$files))
+      sprintf("rvisor: %s %s not run: this server's allow-list of programs is empty, so R code here may run no programs; an operator can allow %s with %s",
+              what, if (many) "were" else "was",
+              if (many) "them" else if (length(progs)) "it" else "one", flags)
+    else
+      sprintf("rvisor: %s %s not run: %s not in this server's allow-list of programs (allowed: %s); an operator can allow %s with %s",
+              what, if (many) "were" else "was", if (many) "they are" else "it is",
+              if (length(st$listed)) paste(st$listed, collapse = ", ") else "none",
+              if (many) "them" else "it", flags)
+  }
+  g$sys_which <- function(names) {
+    if (!st$confined) return(r_which(names))
+    res <- character(length(names))
+    names(res) <- names
+    dirs <- path_dirs()
+    for (i in seq_along(names)) {
+      n <- names[[i]]
+      if (is.na(n)) { res[i] <- NA; next }
+      cands <- if (grepl("/", n, fixed = TRUE)) n else file.path(dirs, n)
+      for (f in cands) if (nzchar(n) && file.exists(f) && !dir.exists(f) && allowed(f)) {
+        res[i] <- f
+        break
+      }
+    }
+    res
+  }
+  g$run_system <- function(command, intern, timeout) {
+    if (!st$confined) return(.Internal(system(command, intern, timeout)))
+    call <- sys.call(-1L)
+    if (!length(st$files)) {
+      msg <- refusal(command)
+      if (intern) stop(simpleError(msg, call))
+      warning(simpleWarning(msg, call))
+      return(invisible(127L))
+    }
+    warns <- list()
+    res <- tryCatch(withCallingHandlers(
+      .Internal(system(command, intern, timeout)),
+      warning = function(w) {
+        warns[[length(warns) + 1L]] <<- w
+        invokeRestart("muffleWarning")
+      }),
+      # R's own error, as system() gives it: the shell could not start
+      # ("cannot popen"), which glibc calls ENOMEM whatever the cause.
+      error = function(e) stop(simpleError(paste0(conditionMessage(e),
+        " (rvisor: glibc gives this reason for any failure to start the shell; in a confined worker it is usually the process limit, --processes, or the memory limit, --memory-mb)"),
+        call)))
+    status <- if (intern) attr(res, "status") else res
+    bad <- if (length(status) == 1L && !is.na(status) && status %in% c(126L, 127L))
+             refused(command) else character()
+    if (length(bad)) warning(simpleWarning(refusal(command, bad), call))
+    else for (w in warns) {
+      # R's own warning, as system() gives it.
+      w$call <- call
+      warning(w)
+    }
+    if (intern) res else invisible(res)
+  }
+  g$run_pipe <- function(description, open, encoding) {
+    if (st$confined && !length(st$files))
+      stop(simpleError(refusal(description), sys.call(-1L)))
+    .Internal(pipe(description, open, encoding))
+  }
+  for (f in c("allowed", "path_dirs", "command_words", "locate", "refused", "refusal",
+              "sys_which", "run_system", "run_pipe"))
+    environment(g[[f]]) <- g
+  replace_base <- function(name, value) {
+    for (e in list(baseenv(), .BaseNamespaceEnv)) {
+      unlockBinding(name, e)
+      assign(name, value, envir = e)
+      lockBinding(name, e)
+    }
+  }
+  # system(), system2() and pipe() as they are, but for their last call
+  # into R's internals, which goes to ours; each keeps its formals and
+  # finds the rest in base. Left alone if this R wrote them otherwise.
+  inner <- new.env(parent = .BaseNamespaceEnv)
+  inner$.rvisor_system <- g$run_system
+  inner$.rvisor_pipe <- g$run_pipe
+  swaps <- list(
+    list("system", quote(.Internal(system(command, intern, timeout))),
+         quote(.rvisor_system(command, intern, timeout))),
+    list("system2", quote(.Internal(system(command, intern, timeout))),
+         quote(.rvisor_system(command, intern, timeout))),
+    list("pipe", quote(.Internal(pipe(description, open, encoding))),
+         quote(.rvisor_pipe(description, open, encoding))))
+  for (sw in swaps) {
+    f <- get(sw[[1L]], envir = baseenv())
+    b <- body(f)
+    if (is.call(b) && identical(b[[1L]], as.name("{")) && identical(b[[length(b)]], sw[[2L]]))
+      b[[length(b)]] <- sw[[3L]]
+    else if (identical(b, sw[[2L]]))
+      b <- sw[[3L]]
+    else next
+    body(f) <- b
+    environment(f) <- inner
+    replace_base(sw[[1L]], f)
+  }
+  replace_base("Sys.which", g$sys_which)
+  programs$installed <- TRUE
+  invisible()
+}
+
 ## What options and environment variables are when the worker starts
 ## serving: a checkpoint (driver_state.R) saves only what the session
 ## changed. The environment is kept as R's "NAME=value" strings, not as

@@ -135,5 +135,16 @@ fn run_worker(stream: UnixStream) -> Result<(), String> {
     let r = serve::start_r().map_err(|e| format!("failed to start R: {e}"))?;
     interrupt::install();
     serve::warm_up(&r);
+    if std::env::var_os(WARM_LIKE_ZYGOTE).is_some() {
+        // What a worker forked from the warm zygote has (less the
+        // preloads): for `rvisor bench --only instructions`, which counts
+        // the calls of an exec'd worker under valgrind.
+        serve::compile_driver(&r);
+        serve::warm_up_conditions(&r);
+    }
     serve::serve_calls(&r, t0.elapsed().as_secs_f64() * 1000.0)
 }
+
+/// Set (to anything) in an exec'd worker's environment: it compiles the
+/// driver and warms its condition handlers as the warm zygote does.
+const WARM_LIKE_ZYGOTE: &str = "RVISOR_WORKER_WARM";

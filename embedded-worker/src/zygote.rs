@@ -119,11 +119,16 @@ fn preload(
             "if (isNamespaceLoaded('grid')) { grid::grid.newpage(); grid::grid.text('warm') }",
         );
         if loaded.iter().any(|p| p == "ggplot2") {
+            // No geom_smooth: ggplot2 3.4's stat_smooth names `mgcv::gam`,
+            // which loads mgcv and with it Matrix, nlme, lattice and
+            // splines: 1.2 M more cons cells (~80 MB of heap), which every
+            // worker's full gc() would make private (docs/process-model.md,
+            // "Memory"). A session's first geom_smooth loads them itself.
             run_quiet(
                 r,
                 "print(ggplot2::ggplot(data.frame(x = c(1, 2, 3), y = c(3, 1, 2)), \
                  ggplot2::aes(x, y)) + ggplot2::geom_point() + ggplot2::geom_line() + \
-                 ggplot2::geom_smooth(method = 'lm', formula = y ~ x) + ggplot2::labs(title = 'warm'))",
+                 ggplot2::labs(title = 'warm'))",
             );
         }
         if loaded.iter().any(|p| p == "lattice") {
@@ -394,6 +399,7 @@ fn warm(
     phases: &mut Phases,
 ) -> (Vec<String>, Vec<(String, String)>) {
     let loaded = preload(r, wanted, plots, phases);
+    serve::compile_driver(r);
     serve::warm_up_validation(r);
     serve::warm_up(r);
     serve::warm_up_conditions(r);
@@ -466,6 +472,7 @@ fn fork_worker(
         return refuse_fork(ctl, req.worker_id, message);
     }
     if let Some(c) = &req.confine {
+        guard_programs(r);
         let forked = if c.rootless {
             Ok(fork_rootless(r, ctl.as_raw_fd(), req.clone(), fds, pipe))
         } else {
@@ -497,6 +504,21 @@ fn fork_worker(
     let error = std::io::Error::last_os_error();
     drop(fds); // the child has its copies
     answer_fork(ctl, req.worker_id, pid, "fork failed", error)
+}
+
+/// Before the first confined fork: base R's system(), system2(), pipe()
+/// and Sys.which() are made to say in words what the worker's allow-list
+/// of programs refuses (the driver's `install_program_guard`), once, so
+/// that each confined worker only sets its list.
+fn guard_programs(r: &r::R) {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !DONE.swap(true, Ordering::SeqCst) {
+        // SAFETY: on the R thread (the zygote's only one); evaluates the
+        // driver's own function.
+        if let Err(e) = unsafe { r::eval_string("install_program_guard()", r.driver) } {
+            eprintln!("rvisor-worker (zygote): the programs' messages are R's own: {e}");
+        }
+    }
 }
 
 /// Forks a confined worker as pid 1 of a new pid namespace: the zygote
@@ -663,11 +685,11 @@ fn become_worker(
     }
     std::env::set_var("TMPDIR", &req.temp_dir);
     if req.confine.is_some() {
-        // A home that exists inside, programs only where they live (none
-        // can run anyway), and the time zone named: Sys.timezone() would
-        // otherwise shell out to timedatectl.
+        // A home that exists inside, programs only where they live (and
+        // where the allowed ones do), and the time zone named:
+        // Sys.timezone() would otherwise shell out to timedatectl.
         std::env::set_var("HOME", &req.temp_dir);
-        std::env::set_var("PATH", "/usr/local/bin:/usr/bin:/bin");
+        std::env::set_var("PATH", worker_path(req.confine.as_ref()));
         if std::env::var_os("TZ").is_none() {
             if let Some(tz) = host_time_zone() {
                 std::env::set_var("TZ", tz);
@@ -685,11 +707,28 @@ fn become_worker(
             // SAFETY: end the child at once.
             unsafe { libc::_exit(72) }
         }
-        // detectCores() shells out, which confinement forbids.
-        // SAFETY: on the R thread; evaluates a constant expression.
+        // detectCores() shells out, which confinement forbids; the
+        // programs the worker may run, and what R says of the others.
+        let r_vec = |v: Vec<&str>| {
+            let items: Vec<String> = v.into_iter().map(r_string).collect();
+            format!("c({})", items.join(", "))
+        };
+        let files = r_vec(c.programs.iter().map(|p| p.file.as_str()).collect());
+        let listed = r_vec(
+            c.programs
+                .iter()
+                .filter(|p| p.reason == "default" || p.reason == "allowed")
+                .map(|p| p.name.as_str())
+                .collect(),
+        );
+        // SAFETY: on the R thread; evaluates the driver's own functions
+        // with literal arguments.
         let _ = unsafe {
             r::eval_string(
-                &format!("options(mc.cores = {}L)", c.cores.max(1)),
+                &format!(
+                    "options(mc.cores = {}L); set_programs(as.character({files}), as.character({listed}))",
+                    c.cores.max(1)
+                ),
                 r.driver,
             )
         };
@@ -736,6 +775,32 @@ fn become_worker(
         libc::fflush(std::ptr::null_mut());
         libc::_exit(code)
     }
+}
+
+/// `PATH` in a confined worker: the directories of the allowed programs
+/// that live elsewhere, then the system's program directories, so that a
+/// program allowed by name is found by that name inside, as the
+/// supervisor found it on its own `PATH` (a pandoc in `~/.local/bin` over
+/// the system's).
+fn worker_path(c: Option<&rvisor_protocol::Confine>) -> String {
+    let system = ["/usr/local/bin", "/usr/bin", "/bin"];
+    let mut dirs: Vec<&str> = Vec::new();
+    for p in c.map(|c| c.programs.as_slice()).unwrap_or_default() {
+        if p.reason != "default" && p.reason != "allowed" {
+            continue;
+        }
+        let Some(dir) = std::path::Path::new(&p.path)
+            .parent()
+            .and_then(|d| d.to_str())
+        else {
+            continue;
+        };
+        if !dir.is_empty() && !dir.contains(':') && !system.contains(&dir) && !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    dirs.extend(system);
+    dirs.join(":")
 }
 
 /// The host's time zone name (`/etc/timezone`, else the target of the

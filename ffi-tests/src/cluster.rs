@@ -243,6 +243,7 @@ impl Node {
                 Store::Dir(_) => Vec::new(),
             },
             log: opts.logs.map(|d| d.join(format!("{id}.log"))),
+            confined: false,
         });
         let node = Node {
             id: id.to_string(),

@@ -106,9 +106,9 @@ impl Drop for TestDir {
     }
 }
 
-/// The real `rvisor serve` binary, unconfined (confinement is not the
-/// subject of the tests that use it), on a free loopback port with a data
-/// directory of its own; killed when dropped.
+/// The real `rvisor serve` binary, unconfined unless asked (confinement is
+/// not the subject of most tests that use it), on a free loopback port with
+/// a data directory of its own; killed when dropped.
 #[derive(Debug)]
 pub struct ServeBin {
     /// The server process.
@@ -132,6 +132,9 @@ pub struct ServeOptions<'a> {
     /// Where to append what the server writes on stderr (its log); by
     /// default it is read and dropped.
     pub log: Option<PathBuf>,
+    /// Confine the workers (the default in production); `false`: start it
+    /// `--unconfined`.
+    pub confined: bool,
 }
 
 impl ServeBin {
@@ -144,18 +147,16 @@ impl ServeBin {
         })
     }
 
-    /// Starts `rvisor --unconfined serve` as `opts` say and waits until it
-    /// listens.
+    /// Starts `rvisor serve` (`--unconfined` unless `opts.confined`) as
+    /// `opts` say and waits until it listens.
     pub fn start_with(opts: ServeOptions<'_>) -> Self {
         use std::io::{BufRead, Read};
         let dir = TestDir::new("rvisor-serve-bin");
         let mut cmd = std::process::Command::new(rvisor_bin());
-        cmd.args([
-            "--unconfined",
-            "serve",
-            "--listen",
-            opts.listen.unwrap_or("127.0.0.1:0"),
-        ]);
+        if !opts.confined {
+            cmd.arg("--unconfined");
+        }
+        cmd.args(["serve", "--listen", opts.listen.unwrap_or("127.0.0.1:0")]);
         match opts.tokens {
             Some(t) => cmd.arg("--tokens").arg(t),
             None => cmd.arg("--no-auth"),

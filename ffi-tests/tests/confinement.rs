@@ -28,8 +28,8 @@
 
 use rvisor::tools::read_worker_file;
 use rvisor::{
-    CallContext, CallOptions, Confinement, Limits, Outcome, PoolConfig, RunOptions, RunResult,
-    Session, SessionOptions, Supervisor, SupervisorConfig, Tool,
+    CallContext, CallOptions, Confinement, Limits, Outcome, PoolConfig, Programs, RunOptions,
+    RunResult, Session, SessionOptions, Supervisor, SupervisorConfig, Tool,
 };
 use rvisor_ffi_tests::confined::{
     assert_denied, assert_nobody_harmed, console, everything, rootless, run, secret, show, uid_of,
@@ -283,11 +283,17 @@ fn build_native() -> Native {
 }
 
 /// A supervisor whose workers may read (and load code from) the probe's
-/// directory, with `limits`.
+/// directory, with `limits`, and run no program (execve denied: a probe
+/// that got through would replace the worker).
 fn native_supervisor(native: &Native, limits: Limits) -> Supervisor {
+    native_supervisor_with(native, limits, Programs::none())
+}
+
+fn native_supervisor_with(native: &Native, limits: Limits, programs: Programs) -> Supervisor {
     supervisor_with(Confinement {
         read_only: vec![native.dir.path().to_path_buf()],
         limits,
+        programs,
         ..confinement()
     })
 }
@@ -715,39 +721,52 @@ u <- "http://127.0.0.1:{port}/secret"
 // Attacks: running programs
 
 /// R runs programs every way it can: system(), system2(), pipe(),
-/// .Internal(system()), and libc's system() through dyn.load + .C. Stopped
-/// by seccomp (execve denied) and Landlock (nothing executable); no output
-/// of `id` may appear and its redirect target may not be created.
-#[test]
-fn attack_run_programs() {
-    let sup = supervisor();
-    let sentinel = Sentinel::new(&sup);
+/// .Internal(system()), and libc's system() and popen() through dyn.load +
+/// .C; prints whether `id`'s output reached its redirect target.
+fn run_programs_attack(sup: &Supervisor) -> RunResult {
     let code = format!(
         r#"{ATTEMPT}
 mark <- file.path(tempdir(), "pwned")
 cmd <- paste("id >", mark)
+ran <- function() file.exists(mark) && any(grepl("uid=", readLines(mark, warn = FALSE)))
 .attempt("system_intern", system("id", intern = TRUE))
 .attempt("system", {{ s <- system(cmd); if (s != 0) stop("status ", s); s }})
 .attempt("system2", system2("id", stdout = TRUE))
 .attempt("pipe", readLines(pipe("id")))
 .attempt("internal_system", .Internal(system("id", TRUE, 0)))
-.attempt("shell_via_sh", system2("/bin/sh", c("-c", shQuote(cmd)), stdout = TRUE))
+.attempt("shell_via_sh", {{ s <- system2("/bin/sh", c("-c", shQuote(cmd)), stdout = TRUE); if (!ran()) stop("not run"); s }})
 .attempt("libc_system_raw", {{
   dyn.load({libc})
   .C("system", c(charToRaw(cmd), as.raw(0)))
-  if (!file.exists(mark)) stop("not run")
+  if (!ran()) stop("not run")
 }})
 .attempt("libc_popen_raw", {{
   .C("popen", c(charToRaw(cmd), as.raw(0)), c(charToRaw("r"), as.raw(0)))
-  if (!file.exists(mark)) stop("not run")
+  if (!ran()) stop("not run")
 }})
 cat("marker exists:", file.exists(mark), "\n")
+cat("id ran:", ran(), "\n")
 "#,
         libc = r_path(&libc_path()),
     );
-    let r = once(&sup, &code);
+    let r = once(sup, &code);
     assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
     assert_nothing_executed(&r);
+    assert!(r.console.contains("id ran: FALSE"), "{}", r.console);
+    r
+}
+
+/// Without any program allowed: every way fails, stopped by seccomp
+/// (execve denied) and Landlock (nothing executable), before a shell can
+/// even make the redirect target.
+#[test]
+fn attack_run_programs_with_none_allowed() {
+    let sup = supervisor_with(Confinement {
+        programs: Programs::none(),
+        ..confinement()
+    });
+    let sentinel = Sentinel::new(&sup);
+    let r = run_programs_attack(&sup);
     assert_denied(
         &r.console,
         &[
@@ -762,6 +781,30 @@ cat("marker exists:", file.exists(mark), "\n")
         ],
     );
     assert!(r.console.contains("marker exists: FALSE"), "{}", r.console);
+    sentinel.assert_unharmed();
+}
+
+/// With programs allowed (here `cat`, and so the shell): the shell starts,
+/// and `id` still never runs, whichever way it is asked for. Stopped by
+/// Landlock (execute only the allowed files) and the noexec program
+/// directories.
+#[test]
+fn attack_run_programs_with_programs_allowed() {
+    let sup = supervisor_with(Confinement {
+        programs: Programs::only(["cat"]),
+        ..confinement()
+    });
+    let sentinel = Sentinel::new(&sup);
+    let r = run_programs_attack(&sup);
+    assert_denied(
+        &r.console,
+        &[
+            "system",
+            "shell_via_sh",
+            "libc_system_raw",
+            "libc_popen_raw",
+        ],
+    );
     sentinel.assert_unharmed();
 }
 
@@ -976,6 +1019,652 @@ fn attack_native_exec_runs_nothing() {
         r.console
     );
     assert_eq!(console(&s, "cat(1 + 1)"), "2");
+}
+
+// ---------------------------------------------------------------------------
+// Programs: the operator's allow-list (docs/confinement.md, "Programs")
+
+/// A supervisor whose workers may run exactly `programs` (with the shell
+/// and the interpreters they need).
+fn programs_supervisor(programs: &[&str]) -> Supervisor {
+    supervisor_with(Confinement {
+        programs: Programs::only(programs.iter().copied()),
+        ..confinement()
+    })
+}
+
+/// [`confinement`] with a uid range of its own (`slot` 1, 2, ...) and no
+/// cgroups, for a test's second and third supervisor: the first may still
+/// hold its range for a moment after it is dropped, and the supervisors of
+/// one process share its cgroup parent (`rvisor-<pid>`), which the first
+/// removes when it goes.
+fn confinement_in(slot: u32) -> Confinement {
+    Confinement {
+        uid_base: 1_600_000_000 + (std::process::id() % 1_000_000) * 64 + slot * 16,
+        uid_count: 16,
+        cgroups: rvisor::CgroupMode::Off,
+        ..Confinement::default()
+    }
+}
+
+/// The allow-list health reports.
+fn allowed_programs(sup: &Supervisor) -> Vec<rvisor::AllowedProgram> {
+    sup.health()
+        .sandbox
+        .programs
+        .expect("a confined supervisor lists its programs")
+}
+
+/// The first executable `name` on the workers' PATH, as the shell finds it.
+fn on_worker_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    ["/usr/local/bin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Health (the library's, as HTTP and MCP give it) lists the allowed
+/// programs with the shell and the ELF interpreter they bring, each as the
+/// file the worker may execute; with none allowed the list is empty and
+/// execve is denied; by default it holds pandoc when pandoc is installed.
+#[test]
+fn programs_health_lists_the_allow_list() {
+    let sup = programs_supervisor(&["id"]);
+    let list = allowed_programs(&sup);
+    let id = list.iter().find(|p| p.name == "id").expect("id is listed");
+    assert_eq!(id.reason, "allowed", "{list:?}");
+    let real = |p: &str| std::fs::canonicalize(p).unwrap().display().to_string();
+    assert_eq!(id.file, real(&id.path), "{list:?}");
+    let sh = list
+        .iter()
+        .find(|p| p.reason == "shell")
+        .expect("the shell");
+    assert_eq!((sh.name.as_str(), sh.path.as_str()), ("sh", "/bin/sh"));
+    assert_eq!(sh.file, real("/bin/sh"));
+    assert!(
+        list.iter().any(|p| p.reason == "interpreter"),
+        "the ELF interpreter comes along: {list:?}"
+    );
+    for p in &list {
+        assert!(
+            Path::new(&p.file).is_absolute() && Path::new(&p.file).is_file(),
+            "{p:?}"
+        );
+    }
+    let h = serde_json::to_value(sup.health()).unwrap();
+    let first = &h["sandbox"]["programs"][0];
+    assert_eq!(first["name"], "id", "{h}");
+    for key in ["path", "file", "reason"] {
+        assert!(first[key].is_string(), "{key} in {first}");
+    }
+    let layers = sup.health().sandbox.layers.join("\n");
+    assert!(layers.contains("programs: id ("), "{layers}");
+    assert!(layers.contains("execve let through"), "{layers}");
+    // One supervisor at a time: a test process has one block of uids.
+    drop(sup);
+
+    let none = supervisor_with(Confinement {
+        programs: Programs::none(),
+        ..confinement_in(1)
+    });
+    assert_eq!(none.health().sandbox.programs, Some(vec![]));
+    let layers = none.health().sandbox.layers.join("\n");
+    assert!(layers.contains("programs: none (execve denied"), "{layers}");
+    assert!(layers.contains("seccomp: execve,"), "{layers}");
+    drop(none);
+
+    let default = allowed_programs(&supervisor_with(confinement_in(2)));
+    let pandoc = default.iter().find(|p| p.name == "pandoc");
+    match on_worker_path("pandoc") {
+        Some(_) => assert_eq!(pandoc.map(|p| p.reason.as_str()), Some("default")),
+        None => assert!(pandoc.is_none(), "{default:?}"),
+    }
+}
+
+/// A program that cannot be found is a start-up error that says which and
+/// where it was looked for; so is a relative path.
+#[test]
+fn programs_a_missing_program_is_a_startup_error() {
+    for (program, want) in [
+        ("rvisor-no-such-program", "no such program on PATH"),
+        ("bin/sh", "must be absolute"),
+        ("/usr/bin/rvisor-no-such-program", "no such executable file"),
+    ] {
+        let err = Supervisor::new(SupervisorConfig {
+            confinement: Confinement {
+                programs: Programs::only([program]),
+                ..confinement()
+            },
+            ..SupervisorConfig::default()
+        })
+        .expect_err("the supervisor refuses to start");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(program) && msg.contains(want) && msg.contains("--allow-program"),
+            "{msg}"
+        );
+    }
+}
+
+/// `GET /v1/health` of a confined `rvisor serve --allow-program id` lists
+/// the programs next to the fields it had (`mode`, `privilege`, `layers`);
+/// `rvisor health` prints them, `--allow-program none` empties the list,
+/// and a missing program keeps the command from starting.
+#[test]
+fn programs_health_endpoint_and_cli_show_the_list() {
+    let srv = rvisor_ffi_tests::ServeBin::start_with(rvisor_ffi_tests::ServeOptions {
+        confined: true,
+        args: &["--allow-program", "id"],
+        ..Default::default()
+    });
+    let h: Value = ureq::get(&format!("http://{}/v1/health", srv.addr))
+        .timeout(DEADLINE)
+        .call()
+        .expect("health answers")
+        .into_json()
+        .unwrap();
+    let sandbox = &h["sandbox"];
+    assert_eq!(sandbox["mode"], "confined", "{h}");
+    assert!(sandbox["privilege"].is_string(), "{h}");
+    assert!(sandbox["layers"].is_array(), "{h}");
+    let programs = sandbox["programs"].as_array().expect("sandbox.programs");
+    let names: Vec<&str> = programs.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert!(names.contains(&"id") && names.contains(&"sh"), "{h}");
+    drop(srv);
+
+    let cli = |args: &[&str]| {
+        Command::new(rvisor_ffi_tests::rvisor_bin())
+            .args(args)
+            .output()
+            .expect("rvisor runs")
+    };
+    let out = cli(&["--allow-program", "id", "health"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("programs workers may run:"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("id ") && l.contains("allowed")),
+        "{text}"
+    );
+    let out = cli(&["--allow-program", "none", "health", "--json"]);
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["sandbox"]["programs"], json!([]), "{j}");
+    let out = cli(&["--allow-program", "rvisor-no-such-program", "health"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("rvisor-no-such-program") && err.contains("PATH"),
+        "{err}"
+    );
+}
+
+/// An allowed program runs as confined as the worker that starts it: the
+/// worker's uid, rlimits, seccomp filter, pid namespace and Landlock
+/// domain; it cannot write outside the worker's scratch space, reach the
+/// host's loopback, or run a program that is not allowed itself, nor map
+/// one through the dynamic loader (`ld.so PROGRAM`).
+#[test]
+fn programs_an_allowed_program_runs_confined() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sup = programs_supervisor(&["id", "bash", "touch", "env"]);
+    let ld_so = allowed_programs(&sup)
+        .into_iter()
+        .find(|p| p.reason == "interpreter")
+        .expect("an ELF interpreter")
+        .path;
+    let sentinel = Sentinel::new(&sup);
+    let s = session(&sup);
+    let pid = worker_pid(&s);
+    let code = format!(
+        r#"out <- function(cmd) paste(suppressWarnings(system(cmd, intern = TRUE)), collapse = " ")
+bash_lines <- function(f) suppressWarnings(system(paste0("bash -c 'while IFS= read -r l; do echo \"$l\"; done < ", f, "'"), intern = TRUE))
+cat("uid:", out("id -u"), file.info(tempdir())$uid, "\n")
+keys <- c("Max address space", "Max processes", "Max file size", "Max open files", "Max core file size")
+mine <- readLines("/proc/self/limits"); theirs <- bash_lines("/proc/self/limits")
+pick <- function(x) sort(x[startsWith(x, keys[1]) | startsWith(x, keys[2]) | startsWith(x, keys[3]) | startsWith(x, keys[4]) | startsWith(x, keys[5])])
+cat("same limits:", identical(gsub(" +", " ", pick(mine)), gsub(" +", " ", pick(theirs))), length(pick(theirs)), "\n")
+st <- bash_lines("/proc/self/status")
+cat("status:", gsub("\t", "", st[grepl("^(Seccomp|NoNewPrivs|CapEff):", st)]), "\n")
+cat("pids:", out("bash -c 'echo $$ /proc/[0-9]*'"), "\n")
+ok <- file.path(tempdir(), "ok")
+cat("touch inside:", out(paste("touch", ok, "; echo $?")), file.exists(ok), "\n")
+cat("touch outside:", out("for f in /usr/lib/rv-pwned /etc/rv-pwned /rv-pwned /var/rv-pwned; do touch $f 2>/dev/null; echo $?; done"), "\n")
+cat("tcp:", out("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>&1; echo $?"), "\n")
+cat("exec others:", out("env whoami 2>/dev/null; echo $?; bash -c 'exec /usr/bin/whoami' 2>/dev/null; echo $?; sh -c whoami 2>/dev/null; echo $?"), "\n")
+cat("ld.so:", out("{ld_so} /usr/bin/whoami 2>/dev/null; echo $?"), "\n")
+"#
+    );
+    let r = run(&s, &code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    let line = |label: &str| -> Vec<String> {
+        r.console
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{label}: ")))
+            .unwrap_or_else(|| panic!("no {label:?} line:\n{}", r.console))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let uid = line("uid");
+    assert_eq!(uid[0], uid[1], "id -u is the worker's uid:\n{}", r.console);
+    if !rootless() {
+        assert_eq!(
+            uid[0],
+            uid_of(pid).expect("the worker's uid").to_string(),
+            "{}",
+            r.console
+        );
+    }
+    assert_eq!(line("same limits"), ["TRUE", "5"], "{}", r.console);
+    let status = line("status").join(" ");
+    for want in ["Seccomp:2", "NoNewPrivs:1", "CapEff:0000000000000000"] {
+        assert!(status.contains(want), "{want} in {status}");
+    }
+    let pids = line("pids");
+    let own: u32 = pids[0].parse().expect("bash's pid");
+    assert!(own < 64, "bash is in the worker's pid namespace: {pids:?}");
+    assert!(
+        pids[1..].contains(&"/proc/1".to_string()) && pids.len() < 20,
+        "only the worker's own processes are in view: {pids:?}"
+    );
+    assert_eq!(line("touch inside"), ["0", "TRUE"], "{}", r.console);
+    let outside = line("touch outside");
+    assert_eq!(outside.len(), 4, "{}", r.console);
+    assert!(outside.iter().all(|s| s != "0"), "{}", r.console);
+    for p in [
+        "/usr/lib/rv-pwned",
+        "/etc/rv-pwned",
+        "/rv-pwned",
+        "/var/rv-pwned",
+    ] {
+        assert!(!Path::new(p).exists(), "{p} was written on the host");
+    }
+    let tcp = line("tcp").join(" ");
+    assert!(!tcp.ends_with(" 0") && tcp != "0", "{tcp}");
+    assert!(
+        tcp.contains("Operation not permitted"),
+        "seccomp (inherited) denies the socket: {tcp}"
+    );
+    assert_eq!(line("exec others"), ["126", "126", "126"], "{}", r.console);
+    // The loader's own error status, and nothing the program printed.
+    let ld = line("ld.so");
+    assert!(ld.len() == 1 && ld[0] != "0", "{}", r.console);
+    match listener.accept() {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        Ok((_, peer)) => panic!("an allowed program connected to the host's loopback from {peer}"),
+        Err(e) => panic!("accept failed: {e}"),
+    }
+    sentinel.assert_unharmed();
+}
+
+/// Native code in a worker that may run programs (execve let through) can
+/// still execute nothing else: not a program off the list, not a copy of
+/// an allowed one in its scratch space, not a memfd (memfd_create is
+/// denied: Landlock would not check its execution); it cannot map a
+/// program executable for the dynamic loader, and access(X_OK) says no.
+#[test]
+fn programs_native_code_cannot_execute_anything_else() {
+    let native = build_native();
+    let sup = native_supervisor_with(&native, Limits::default(), Programs::only(["cat"]));
+    let sentinel = Sentinel::new(&sup);
+    const EPERM: i64 = libc::EPERM as i64;
+    const EACCES: i64 = libc::EACCES as i64;
+    let probes: Vec<(&str, Vec<i64>)> = vec![
+        ("execve_id", vec![EACCES]),
+        ("execveat_id", vec![EACCES]),
+        ("execve_copy_in_tmp", vec![EACCES]),
+        ("mmap_exec_program", vec![EPERM, EACCES]),
+        ("access_x_program", vec![EACCES]),
+        ("fexecve_memfd", vec![EPERM]),
+        ("memfd_secret", vec![EPERM]),
+    ];
+    let names: Vec<String> = probes.iter().map(|(n, _)| r_str(n)).collect();
+    let code = format!(
+        r#"{load}
+for (p in c({names})) cat(p, "=", .C("rv_probe", p, err = integer(1))$err, "\n")
+cat("status =", .C("rv_system", status = integer(1))$status, "\n")
+"#,
+        load = load_native(&native),
+        names = names.join(", "),
+    );
+    let r = once(&sup, &code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    assert_nothing_executed(&r);
+    let mut failures = Vec::new();
+    for (name, ok) in &probes {
+        let got = r
+            .console
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} = ")))
+            .and_then(|v| v.trim().parse::<i64>().ok());
+        match got {
+            Some(e) if ok.contains(&e) => {}
+            other => failures.push(format!(
+                "{name}: got {:?}, wanted one of {:?}",
+                other.map(errno_name),
+                ok.iter().map(|e| errno_name(*e)).collect::<Vec<_>>()
+            )),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "not refused:\n{}\n{}",
+        failures.join("\n"),
+        r.console
+    );
+    // libc's system() starts the (allowed) shell, which cannot run `id`.
+    assert!(!r.console.contains("status = 0 "), "{}", r.console);
+    sentinel.assert_unharmed();
+}
+
+/// A program allowed by its path outside the system paths is bound into
+/// the worker's view, alone (its directory's other files stay out), and
+/// found by its name: its directory comes first on the worker's PATH.
+#[test]
+fn programs_one_outside_the_system_paths_is_bound_in_and_found_by_name() {
+    let dir = host_dir("elsewhere");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let tool = bin.join("rv-id");
+    std::fs::copy(on_worker_path("id").expect("id is installed"), &tool).unwrap();
+    std::fs::write(bin.join("neighbour.txt"), "not for the worker").unwrap();
+    let sup = programs_supervisor(&[tool.to_str().unwrap()]);
+    let code = format!(
+        r#"cat("which:", Sys.which("rv-id"), "|\n")
+cat("runs:", system("rv-id -u", intern = TRUE), file.info(tempdir())$uid, "\n")
+cat("neighbour:", file.exists({neighbour}), "\n")
+"#,
+        neighbour = r_path(&bin.join("neighbour.txt"))
+    );
+    let r = once(&sup, &code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    assert!(
+        r.console.contains(&format!("which: {} |", tool.display())),
+        "{}",
+        r.console
+    );
+    let runs: Vec<&str> = r
+        .console
+        .lines()
+        .find_map(|l| l.strip_prefix("runs: "))
+        .expect("a runs line")
+        .split_whitespace()
+        .collect();
+    assert!(runs.len() == 2 && runs[0] == runs[1], "{}", r.console);
+    assert!(r.console.contains("neighbour: FALSE"), "{}", r.console);
+}
+
+/// A program that is not allowed is refused with a message that says so:
+/// rvisor, the program, the allow-list and the flag that allows it, on
+/// system(), system(intern = TRUE) and system2(); with no program allowed
+/// at all as well (the `which pandoc` of the issue). Never "Cannot
+/// allocate memory"; a program that is not installed keeps R's own words.
+#[test]
+fn programs_a_refused_program_says_why() {
+    let code = r#"msg <- function(expr) tryCatch(withCallingHandlers(expr, warning = function(w) {
+    cat("call:", deparse(conditionCall(w)), "\n"); invokeRestart("muffleWarning") }),
+  error = function(e) paste("ERROR", conditionMessage(e)))
+grab <- function(label, expr) {
+  m <- character()
+  r <- tryCatch(withCallingHandlers(expr, warning = function(w) {
+      m <<- c(m, conditionMessage(w)); invokeRestart("muffleWarning") }),
+    error = function(e) { m <<- c(m, paste("ERROR", conditionMessage(e))); NULL })
+  cat(label, "=>", if (length(m)) m else "(none)", "| value", if (is.numeric(r)) r else length(r), "\n")
+}
+grab("system", system("whoami"))
+grab("intern", system("whoami", intern = TRUE))
+grab("system2", system2("whoami", stdout = TRUE))
+grab("two", system("whoami; uname", intern = TRUE))
+grab("which", system("which pandoc", intern = TRUE))
+grab("pipe", readLines(pipe("whoami")))
+grab("missing", system("rvisor-no-such-program-x"))
+cat("Sys.which:", Sys.which("whoami"), "|\n")
+"#;
+    let verdict = |console: &str, label: &str| -> String {
+        console
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{label} => ")))
+            .unwrap_or_else(|| panic!("no {label} line:\n{console}"))
+            .to_string()
+    };
+    // Programs allowed, whoami not among them.
+    let sup = programs_supervisor(&["id"]);
+    let r = once(&sup, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    let c = &r.console;
+    for label in ["system", "intern", "system2"] {
+        let v = verdict(c, label);
+        assert!(
+            v.starts_with("rvisor: 'whoami' was not run: it is not in this server's allow-list of programs (allowed: id); an operator can allow it with --allow-program whoami"),
+            "{label}: {v}"
+        );
+    }
+    assert!(
+        verdict(c, "system").trim_end().ends_with("| value 126"),
+        "{c}"
+    );
+    let two = verdict(c, "two");
+    assert!(
+        two.contains("'whoami' and 'uname' were not run")
+            && two.contains("--allow-program whoami --allow-program uname"),
+        "{two}"
+    );
+    assert!(verdict(c, "which").contains("'which' was not run"), "{c}");
+    let missing = verdict(c, "missing");
+    assert!(
+        !missing.contains("rvisor") && missing.contains("value 127"),
+        "a program that is not installed is not blamed on the list: {missing}"
+    );
+    assert!(c.contains("Sys.which:  |"), "{c}");
+    assert!(!everything(&r).contains("Cannot allocate memory"), "{c}");
+    drop(sup);
+
+    // No program allowed at all: nothing runs, not even the shell.
+    let sup = supervisor_with(Confinement {
+        programs: Programs::none(),
+        ..confinement_in(1)
+    });
+    let r = once(&sup, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    let c = &r.console;
+    let empty = "this server's allow-list of programs is empty, so R code here may run no programs; an operator can allow it with --allow-program";
+    let v = verdict(c, "system");
+    assert!(
+        v.starts_with("rvisor: 'whoami' was not run: ")
+            && v.contains(empty)
+            && v.trim_end().ends_with("| value 127"),
+        "{v}"
+    );
+    for label in ["intern", "system2", "which", "pipe"] {
+        let v = verdict(c, label);
+        assert!(
+            v.starts_with("ERROR rvisor: '") && v.contains(empty),
+            "{label}: {v}"
+        );
+    }
+    assert!(verdict(c, "which").contains("--allow-program which"), "{c}");
+    assert!(!everything(&r).contains("Cannot allocate memory"), "{c}");
+}
+
+/// When the shell cannot start at all (here: the worker's process limit
+/// is reached), R's "cannot popen ..., probable reason 'Cannot allocate
+/// memory'" (glibc's word for any failure to start it) says what it
+/// usually means in a confined worker, and is raised by system() as R
+/// raises it.
+#[test]
+fn programs_a_shell_that_cannot_start_says_why() {
+    let sup = supervisor_with(Confinement {
+        programs: Programs::only(["id"]),
+        limits: Limits {
+            processes: 6,
+            ..Limits::default()
+        },
+        ..confinement()
+    });
+    let r = once(
+        &sup,
+        r#"kids <- lapply(1:12, function(i) tryCatch(parallel::mcparallel(Sys.sleep(60)), error = function(e) NULL))
+cat("forked:", sum(!vapply(kids, is.null, NA)), "
+")
+e <- tryCatch(system("id", intern = TRUE), error = function(e) e)
+cat("call:", deparse(conditionCall(e)), "
+")
+cat("message:", conditionMessage(e), "
+")
+"#,
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    assert!(
+        r.console.contains("call: system(\"id\", intern = TRUE)"),
+        "{}",
+        r.console
+    );
+    assert!(
+        r.console.contains("cannot popen 'id'")
+            && r.console.contains("usually the process limit, --processes"),
+        "{}",
+        r.console
+    );
+}
+
+/// Sys.which() finds a program only when it may run (it answers from the
+/// allow-list, without a shell, so it works with none allowed), and the
+/// shell's `test -x` (access(X_OK)) agrees: the program directories are
+/// noexec but for the allowed files.
+#[test]
+fn programs_sys_which_finds_allowed_programs_only() {
+    let code = r#"w <- Sys.which(c("id", "whoami", "sh", "rvisor-no-such-program", NA, "/usr/bin/whoami"))
+for (n in seq_along(w)) cat(names(w)[n], "=", w[[n]], "|\n")
+cat("id file:", normalizePath(w[["id"]], mustWork = FALSE), "|\n")
+v <- tryCatch(suppressWarnings(system(paste("for p in", w[["id"]], "/usr/bin/whoami; do [ -x $p ] && echo $p; done; echo end"), intern = TRUE)), error = function(e) "error")
+cat("shell:", v, "\n")
+"#;
+    let sup = programs_supervisor(&["id"]);
+    let r = once(&sup, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    let c = &r.console;
+    let id = on_worker_path("id").expect("id is installed");
+    let id_real = std::fs::canonicalize(&id).unwrap();
+    assert!(c.contains(&format!("id = {} |", id.display())), "{c}");
+    assert!(
+        c.contains(&format!("id file: {} |", id_real.display())),
+        "{c}"
+    );
+    for missing in ["whoami", "rvisor-no-such-program", "/usr/bin/whoami"] {
+        assert!(c.contains(&format!("{missing} =  |")), "{missing}: {c}");
+    }
+    assert!(c.contains("NA = NA |"), "{c}");
+    assert!(!c.contains("sh =  |"), "the shell may run: {c}");
+    assert!(
+        c.contains(&format!("shell: {} end", id.display())),
+        "the shell finds id only: {c}"
+    );
+
+    let sup = supervisor_with(Confinement {
+        programs: Programs::none(),
+        ..confinement_in(1)
+    });
+    let r = once(&sup, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(&r));
+    for name in ["id", "whoami", "sh"] {
+        assert!(r.console.contains(&format!("{name} =  |")), "{}", r.console);
+    }
+}
+
+/// R code that renders `report.Rmd` (a heading, a table and a plot) in the
+/// worker's scratch space with `format` and says what the HTML holds.
+fn render_report(format: &str) -> String {
+    format!(
+        r##"stopifnot(requireNamespace("rmarkdown", quietly = TRUE), requireNamespace("knitr", quietly = TRUE))
+cat("pandoc available:", rmarkdown::pandoc_available(), "\n")
+d <- file.path(tempdir(), "report"); dir.create(d)
+writeLines(c("---", "title: Quarterly", "---", "", "# Results", "", "```{{r}}", "summary(cars)", "plot(cars)", "```"), file.path(d, "report.Rmd"))
+out <- rmarkdown::render(file.path(d, "report.Rmd"), output_format = {format}, quiet = TRUE)
+html <- paste(readLines(out), collapse = "\n")
+cat("file:", out == file.path(d, "report.html"), file.exists(out), "\n")
+cat("heading:", grepl("Results", html, fixed = TRUE), "\n")
+cat("table:", grepl("speed", html, fixed = TRUE), "\n")
+cat("plot:", grepl("data:image/png;base64", html, fixed = TRUE), "\n")
+"##
+    )
+}
+
+fn assert_rendered(r: &RunResult) {
+    assert_eq!(r.outcome, Outcome::Complete, "{}", everything(r));
+    for want in [
+        "pandoc available: TRUE",
+        "file: TRUE TRUE",
+        "heading: TRUE",
+        "table: TRUE",
+        "plot: TRUE",
+    ] {
+        assert!(r.console.contains(want), "{want}:\n{}", everything(r));
+    }
+}
+
+/// With the default list (pandoc, when installed) an R Markdown report
+/// renders to HTML in a confined worker: knitr runs the chunks, pandoc
+/// (through the shell) writes one self-contained file with the plot in it.
+#[test]
+fn programs_rmarkdown_renders_a_report_with_pandoc() {
+    assert!(
+        on_worker_path("pandoc").is_some(),
+        "pandoc is needed (scripts/setup.sh installs it with r-cran-rmarkdown)"
+    );
+    let sup = supervisor();
+    let r = once(
+        &sup,
+        &render_report("rmarkdown::html_document(theme = NULL)"),
+    );
+    assert_rendered(&r);
+    // Without pandoc allowed R Markdown says it has none.
+    let sup = supervisor_with(Confinement {
+        programs: Programs::none(),
+        ..confinement_in(1)
+    });
+    let r = once(
+        &sup,
+        "cat(rmarkdown::pandoc_available(), nzchar(Sys.which('pandoc')))",
+    );
+    assert_eq!(r.console, "FALSE FALSE", "{}", everything(&r));
+}
+
+/// The default html_document (Bootstrap, jQuery). Debian's r-cran-jquerylib
+/// finds the system jQuery's version with `dpkg -s libjs-jquery | grep |
+/// sed | cut` as it renders: with pandoc alone the refusal names those
+/// programs, and the recipe of docs/confinement.md (allow them and
+/// dpkg-query, read /var/lib/dpkg) renders the report. Elsewhere the
+/// default list is enough.
+#[test]
+fn programs_rmarkdown_default_html_document() {
+    let sup = supervisor();
+    let shells_out = once(
+        &sup,
+        "cat(requireNamespace('jquerylib', quietly = TRUE) && any(grepl('dpkg', deparse(jquerylib:::expand_version))))",
+    );
+    if shells_out.console != "TRUE" {
+        assert_rendered(&once(&sup, &render_report("rmarkdown::html_document()")));
+        return;
+    }
+    let r = once(&sup, &render_report("rmarkdown::html_document()"));
+    let all = everything(&r);
+    assert!(
+        all.contains("'dpkg', 'grep', 'sed' and 'cut' were not run"),
+        "the refusal names the programs: {all}"
+    );
+    drop(sup);
+    let sup = supervisor_with(Confinement {
+        programs: Programs::from_flags(["dpkg", "dpkg-query", "grep", "sed", "cut"]),
+        read_only: vec![PathBuf::from("/var/lib/dpkg")],
+        ..confinement_in(1)
+    });
+    assert_rendered(&once(&sup, &render_report("rmarkdown::html_document()")));
 }
 
 /// Native code connects to an abstract Unix socket the host listens on (the

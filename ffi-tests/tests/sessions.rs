@@ -1429,6 +1429,37 @@ fn jsonl_cancel_works_mid_run() {
 }
 
 #[test]
+fn jsonl_a_busy_session_holds_back_no_other_sessions_result() {
+    let mut cli = Cli::start();
+    assert_eq!(cli.run(1, Some("a"), "invisible(0)")["outcome"], "complete");
+    let st = cli.status(20, Some("a"));
+    let pid = st["pid"].as_u64().expect("a worker pid") as u32;
+    let wd = inside(
+        pid,
+        Path::new(st["working_dir"].as_str().expect("a working dir")),
+    );
+    // Session a's call waits for a file the test writes; its next call
+    // queues behind it.
+    cli.send_json(json!({"id": 2, "op": "run", "session": "a",
+        "code": "invisible(file.create('started')); while (!file.exists('go')) Sys.sleep(0.02); 'first'"}));
+    cli.send_json(json!({"id": 3, "op": "run", "session": "a", "code": "'second'"}));
+    wait_until("a's call to start", || wd.join("started").exists());
+    // Session b answers meanwhile, call after call.
+    for id in 4..8 {
+        let b = cli.run(id, Some("b"), "1+1");
+        assert_eq!(b["console"], "[1] 2\n", "{b}");
+    }
+    let a = cli.status(8, Some("a"));
+    assert_eq!(a["state"], "running", "{a}");
+    std::fs::write(wd.join("go"), "").unwrap();
+    let first = cli.response(&json!(2));
+    assert_eq!(first["result"]["console"], "[1] \"first\"\n", "{first}");
+    let second = cli.response(&json!(3));
+    assert_eq!(second["result"]["console"], "[1] \"second\"\n", "{second}");
+    assert!(cli.finish().success());
+}
+
+#[test]
 fn jsonl_named_sessions_are_separate() {
     let mut cli = Cli::start();
     assert_eq!(

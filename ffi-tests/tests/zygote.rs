@@ -1,7 +1,8 @@
-//! The zygote and its pool end to end: an embedded R initialised once (with
-//! packages preloaded) that forks ready workers, the pre-forked spares, the
-//! restart after the zygote dies, and plain spawning when it is disabled or
-//! down. Every test runs real R.
+//! The zygote and its pool end to end: an embedded R initialised once that
+//! forks ready workers (the warm zygote, and the preloaded one for code that
+//! names a preloaded package), the pre-forked spares, the restart after the
+//! zygote dies, and plain spawning when it is disabled or down. Every test
+//! runs real R.
 //!
 //! Workers forked from the zygote are confined by the OS (the default): the
 //! zygote forks each into a new pid namespace, so the worker is the
@@ -230,20 +231,118 @@ fn ready_zygote_preloads_ggplot2_keeps_spares_and_forks_session_workers() {
         st.preloaded.iter().any(|p| p == "ggplot2"),
         "ggplot2 preloaded: {st:?}"
     );
+    let pz = st.preloaded_zygote_pid.expect("a preloaded zygote");
+    assert_eq!(
+        ppid_of(pz),
+        z,
+        "the preloaded zygote is the warm one's child"
+    );
+    assert!(st.startup_ms.contains_key("preloaded.preload"), "{st:?}");
     assert_eq!(st.spares_target, 2);
-    assert!(st.zygote_starts >= 1, "{st:?}");
+    assert!(st.zygote_starts >= 3, "base, warm, preloaded: {st:?}");
     assert_eq!(st.last_error, None);
-    wait_until("the spares to reach their target", || {
+    wait_until("the spares of both zygotes to reach their target", || {
         let st = sup.pool_status();
-        st.spares >= st.spares_target
+        st.spares >= st.spares_target && st.preloaded_spares >= st.spares_target
     });
 
+    // A session whose first call names ggplot2 is forked by the preloaded
+    // zygote: the namespace is loaded (not attached) before library().
     let session = sup.session().expect("session");
-    let pid = worker_pid(&session);
-    assert_forked_by(z, pid);
-    // The preloaded package came with the fork: its namespace is loaded.
-    let r = call_ok(&session, "cat('ggplot2' %in% loadedNamespaces())");
-    assert_eq!(r.console, "TRUE");
+    let r = call_ok(
+        &session,
+        "cat(isNamespaceLoaded('ggplot2'), 'package:ggplot2' %in% search())",
+    );
+    assert_eq!(r.console, "TRUE FALSE");
+    let pid = session.status().pid.expect("a worker");
+    assert_forked_by(pz, pid);
+    // Without the preload's expensive extras: geom_smooth's mgcv (and its
+    // Matrix) are not in the zygote's heap.
+    let r = call_ok(
+        &session,
+        "cat(isNamespaceLoaded('mgcv'), isNamespaceLoaded('Matrix'))",
+    );
+    assert_eq!(r.console, "FALSE FALSE");
+}
+
+/// Sessions that do not name a preloaded package run in workers of the
+/// warm zygote, without it (a full gc() there makes a third of the heap
+/// private); ggplot2 works there all the same, loaded on first use, with
+/// and without library(). A session that named it keeps preloaded workers
+/// across resets; one-shot runs are routed by their code.
+#[test]
+fn sessions_that_do_not_name_ggplot2_run_without_it_and_can_still_use_it() {
+    let sup = ready_supervisor();
+    let st = sup.pool_status();
+    let warm = st.zygote_pid.expect("a warm zygote");
+    let pz = st.preloaded_zygote_pid.expect("a preloaded zygote");
+
+    // (The package's name is built at run time where a call must not
+    // name it.)
+    let plain = sup.session().expect("session");
+    let r = call_ok(
+        &plain,
+        "gg <- paste0('gg', 'plot2'); cat(isNamespaceLoaded(gg))",
+    );
+    assert_eq!(r.console, "FALSE");
+    let pid = plain.status().pid.expect("a worker");
+    assert_forked_by(warm, pid);
+    let r = call_ok(
+        &plain,
+        "cat(isNamespaceLoaded('grid'), isNamespaceLoaded('scales'))",
+    );
+    assert_eq!(
+        r.console, "FALSE FALSE",
+        "nothing of ggplot2 in the warm zygote"
+    );
+    // Base graphics are warm there: a plot renders.
+    assert_one_png(&call_ok(&plain, "plot(1:10)"));
+    // ggplot2:: without library(): loaded by `::`, the plot renders, in the
+    // same worker (nothing is moved).
+    let r = call_ok(
+        &plain,
+        "print(ggplot2::ggplot(mtcars, ggplot2::aes(wt, mpg)) + ggplot2::geom_point())",
+    );
+    assert_one_png(&r);
+    assert_eq!(plain.status().pid, Some(pid));
+    assert_eq!(plain.status().generation, 1);
+    // A later session that uses library() first thing gets it preloaded,
+    // and its plots render.
+    let lib = sup.session().expect("session");
+    let r = call_ok(
+        &lib,
+        "library(ggplot2); ggplot(mtcars, aes(wt, mpg)) + geom_point()",
+    );
+    assert_one_png(&r);
+    assert_forked_by(pz, lib.status().pid.expect("a worker"));
+    // library() in a session without the preload loads and attaches it.
+    let late = sup.session().expect("session");
+    call_ok(&late, "x <- 1");
+    let first = late.status().pid.expect("a worker");
+    assert_forked_by(warm, first);
+    let r = call_ok(
+        &late,
+        "library(ggplot2); print(ggplot(mtcars, aes(wt, mpg)) + geom_point()); cat(x)",
+    );
+    assert_one_png(&r);
+    assert!(r.console.ends_with('1'), "{:?}", r.console);
+    // From then on its workers are preloaded ones: after a reset too.
+    late.reset();
+    let r = call_ok(&late, "cat(isNamespaceLoaded(paste0('gg', 'plot2')))");
+    assert_eq!(r.console.lines().last(), Some("TRUE"), "{:?}", r.console);
+    assert_forked_by(pz, late.status().pid.expect("a worker"));
+
+    // One-shot runs: by their code.
+    let opts = CallOptions::default();
+    let r = sup.run_once("cat(isNamespaceLoaded(paste0('gg', 'plot2')))", &opts);
+    assert_complete(&r);
+    assert_eq!(r.console, "FALSE");
+    let r = sup.run_once(
+        "cat(isNamespaceLoaded('ggplot2')); print(ggplot2::ggplot(mtcars, ggplot2::aes(wt, mpg)) + ggplot2::geom_point())",
+        &opts,
+    );
+    assert_one_png(&r);
+    assert!(r.console.starts_with("TRUE"), "{:?}", r.console);
 }
 
 #[test]
@@ -257,18 +356,22 @@ fn the_warm_zygote_compiles_the_condition_handlers_and_leaves_no_trace_of_its_wa
         "cat(exists('last.warning', envir = baseenv()), exists('.Traceback', envir = baseenv()))",
     );
     assert_eq!(r.console, "FALSE FALSE");
-    // The driver's condition handlers came compiled with the fork: R's JIT
-    // compiled them in the warm zygote (before, a session's first two
-    // errors each compiled one, 13-16 ms apiece).
+    // The driver came compiled with the fork: the warm zygote compiled
+    // every function of it, the small ones R's JIT never compiles (it
+    // marks a small closure outside the global environment "never JIT":
+    // the message and interrupt handlers, begin_call) included, and its
+    // condition handlers ran there (before, a session's first two errors
+    // each compiled one, 13-16 ms apiece).
     let r = call_ok(
         &session,
-        "h <- globalCallingHandlers()[c('error', 'warning')]; \
-         cat(vapply(h, function(f) \
+        "h <- globalCallingHandlers(); d <- environment(h$error); \
+         f <- c(h[c('error', 'warning', 'message', 'interrupt')], \
+                list(d$begin_call, d$end_call, d$begin_expr, d$clip)); \
+         cat(length(h), vapply(f, function(f) \
            any(grepl('<bytecode', utils::capture.output(print(f)), fixed = TRUE)), NA))",
     );
-    // (The message and interrupt handlers are too small for R's JIT to
-    // compile at all: they always run interpreted.)
-    assert_eq!(r.console, "TRUE TRUE");
+    // Four handlers: the compiled ones replaced those installed before.
+    assert_eq!(r.console, "4 TRUE TRUE TRUE TRUE TRUE TRUE TRUE TRUE");
     let r = call(&session, "stop('first')");
     assert_eq!(r.outcome, rvisor::Outcome::Error);
     let r = call_ok(&session, "warnings()");
@@ -427,25 +530,33 @@ fn killed_zygote_is_replaced_and_sessions_keep_working() {
     // zygote again, which outlived it).
     wait_until("a restarted zygote", || {
         let st = sup.pool_status();
-        st.mode == PoolMode::Zygote
-            && st.warm
-            && st.zygote_pid.is_some_and(|p| p != old)
-            && st.zygote_starts >= 3
+        st.mode == PoolMode::Zygote && st.warm && st.zygote_pid.is_some_and(|p| p != old)
     });
     assert_eq!(
         sup.pool().base_zygote_pid(),
         before_base,
         "the base zygote outlived the warm one"
     );
+    // The preloaded zygote, its child, died with it and comes back too,
+    // forked from the new warm zygote.
+    let sup = ready(sup);
     let st = sup.pool_status();
     assert!(
         st.preloaded.iter().any(|p| p == "ggplot2"),
         "the new zygote preloaded ggplot2: {st:?}"
     );
-    // New sessions are forked from the new zygote again.
-    let sup = ready(sup);
+    assert!(st.zygote_starts >= 5, "{st:?}");
+    let pz = st.preloaded_zygote_pid.expect("a preloaded zygote");
+    assert_eq!(Some(ppid_of(pz)), st.zygote_pid, "{st:?}");
+    // New sessions are forked from the new zygotes again.
     let later = sup.session().expect("session");
     assert_forked(&sup, &later);
+    let gg = sup.session().expect("session");
+    assert_eq!(
+        call_ok(&gg, "cat(isNamespaceLoaded('ggplot2'))").console,
+        "TRUE"
+    );
+    assert_forked_by(pz, gg.status().pid.expect("a worker"));
 }
 
 #[test]
@@ -519,9 +630,10 @@ fn gated_package(lib: &Path, gate: &Path) {
     );
 }
 
-/// The hand-over: the base zygote serves while the warm one is still
-/// loading its preloads (here: a package whose load waits for a file), and
-/// once the warm one is up, new workers come from it with the preload.
+/// The hand-over: the base and warm zygotes serve while the preloaded one
+/// is still loading its preloads (here: a package whose load waits for a
+/// file), code naming the preload too, and once the preloaded one is up,
+/// new workers for such code come from it with the preload.
 #[test]
 fn base_zygote_serves_while_the_warm_one_loads() {
     let dir = rvisor_ffi_tests::TestDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "gated");
@@ -545,22 +657,25 @@ fn base_zygote_serves_while_the_warm_one_loads() {
     cfg.defaults.libpath = vec![lib.clone()];
     let sup = Supervisor::new(cfg).expect("supervisor starts");
 
-    // While the warm zygote waits for the gate, sessions are forked by the
-    // base zygote and answer.
+    // While the preloaded zygote waits for the gate, sessions, even those
+    // naming the preload, are forked by the base or warm zygote and answer.
     let session = sup.session().expect("session");
     let r = call_ok(&session, "cat('rvgated' %in% loadedNamespaces(), 1 + 1)");
     assert_eq!(r.console, "FALSE 2");
     let st = sup.pool_status();
     assert_eq!(st.mode, PoolMode::Zygote, "{st:?}");
     assert!(
-        !st.warm,
-        "the warm zygote cannot be up before the gate opens: {st:?}"
+        st.preloaded.is_empty() && st.preloaded_zygote_pid.is_none(),
+        "the preloaded zygote cannot be up before the gate opens: {st:?}"
     );
     let base = sup.pool().base_zygote_pid().expect("a base zygote");
-    assert_eq!(st.zygote_pid, Some(base), "forks come from the base zygote");
-    assert_forked_by(base, worker_pid(&session));
+    let parent = ppid_of(session.status().pid.expect("a worker"));
+    assert!(
+        parent == base || Some(parent) == sup.pool_status().zygote_pid,
+        "forked by the base ({base}) or the warm zygote, not {parent}"
+    );
     assert!(st.startup_ms.contains_key("base.r_start"), "{st:?}");
-    // A second session while still warming: forked at once as well.
+    // A second session while still preloading: forked at once as well.
     let second = sup.session().expect("session");
     assert_eq!(call_ok(&second, "cat(2 + 2)").console, "4");
 
@@ -569,14 +684,22 @@ fn base_zygote_serves_while_the_warm_one_loads() {
     let st = sup.pool_status();
     assert!(st.warm, "{st:?}");
     assert_eq!(st.preloaded, ["rvgated"], "{st:?}");
-    assert!(st.startup_ms.contains_key("warm.preload"), "{st:?}");
+    assert!(st.startup_ms.contains_key("preloaded.preload"), "{st:?}");
     let warm = st.zygote_pid.expect("a warm zygote");
     assert_ne!(warm, base);
     assert_eq!(ppid_of(warm), base, "the warm zygote is the base's child");
+    let pz = st.preloaded_zygote_pid.expect("a preloaded zygote");
+    assert_eq!(
+        ppid_of(pz),
+        warm,
+        "the preloaded zygote is the warm one's child"
+    );
     let later = sup.session().expect("session");
-    assert_forked_by(warm, worker_pid(&later));
     let r = call_ok(&later, "cat('rvgated' %in% loadedNamespaces())");
     assert_eq!(r.console, "TRUE");
+    assert_forked_by(pz, later.status().pid.expect("a worker"));
+    let other = sup.session().expect("session");
+    assert_forked_by(warm, worker_pid(&other));
     // The early sessions keep their workers (and state) from the base.
     assert_eq!(call_ok(&session, "cat(3)").console, "3");
     assert_eq!(session.status().generation, 1);
@@ -652,12 +775,13 @@ fn explicit_preload_loads_what_exists_and_skips_the_rest() {
     assert!(!st.preloaded.iter().any(|p| p == "ggplot2"));
 
     let session = sup.session().expect("session");
-    assert_forked(&sup, &session);
     let r = call_ok(
         &session,
         "cat('tools' %in% loadedNamespaces(), 'nonexistentpkg123' %in% loadedNamespaces())",
     );
     assert_eq!(r.console, "TRUE FALSE");
+    let pz = st.preloaded_zygote_pid.expect("a preloaded zygote");
+    assert_forked_by(pz, session.status().pid.expect("a worker"));
 }
 
 // ---------------------------------------------------------------------------
@@ -808,15 +932,20 @@ fn forked_worker_has_the_search_path_of_a_spawned_one() {
     let forked = sup.session().expect("forked session");
     assert_forked(&sup, &forked);
     let forked_search = lines(&call_ok(&forked, search));
-    // Preloading loads namespaces; it attaches nothing the user did not ask
-    // for, so code that works in one kind of worker works in the other.
     assert_eq!(forked_search, spawned_search);
-    assert!(!forked_search.iter().any(|p| p == "package:ggplot2"));
+    // A worker of the preloaded zygote (the first call names ggplot2):
+    // preloading loads namespaces; it attaches nothing the user did not
+    // ask for, so code that works in one kind of worker works in the
+    // others.
+    let preloaded = sup.session().expect("preloaded session");
     let r = call_ok(
-        &forked,
+        &preloaded,
         "cat('ggplot2' %in% loadedNamespaces(), exists('ggplot'))",
     );
     assert_eq!(r.console, "TRUE FALSE");
-    let r = call_ok(&forked, "library(ggplot2); cat(exists('ggplot'))");
+    let preloaded_search = lines(&call_ok(&preloaded, search));
+    assert_eq!(preloaded_search, spawned_search);
+    assert!(!preloaded_search.iter().any(|p| p == "package:ggplot2"));
+    let r = call_ok(&preloaded, "library(ggplot2); cat(exists('ggplot'))");
     assert_eq!(r.console, "TRUE");
 }

@@ -107,6 +107,30 @@ pub struct Confine {
     /// instead of switching to a host uid of its own.
     #[serde(default)]
     pub rootless: bool,
+    /// The programs the worker may run (the server's allow-list, resolved
+    /// by the supervisor at start, with the shell and the interpreters they
+    /// need). Empty: `execve` stays denied by seccomp and nothing runs.
+    /// Otherwise each `file` is made executable for Landlock and in the
+    /// worker's view, and nothing else is.
+    #[serde(default)]
+    pub programs: Vec<ProgramFile>,
+}
+
+/// One program a confined worker may run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramFile {
+    /// The name it is known by (`pandoc`, `sh`).
+    pub name: String,
+    /// The path it is run as (`/usr/bin/pandoc`, `/bin/sh`): the worker
+    /// makes it lead to `file` inside when it would not.
+    pub path: String,
+    /// The file itself, every symlink resolved (`/usr/bin/dash`): what the
+    /// kernel checks when it is executed.
+    pub file: String,
+    /// Why it is there: `default` or `allowed` (the server's list),
+    /// `shell` (R runs programs through it), `interpreter` (the kernel
+    /// loads it to run another one: an ELF interpreter or a script's `#!`).
+    pub reason: String,
 }
 
 /// Zygote to supervisor.

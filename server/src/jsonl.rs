@@ -12,8 +12,10 @@ use crate::tables::TableConfig;
 use rvisor::Supervisor;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::io::{BufRead, Write};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,6 +140,61 @@ fn error_of(id: &Value, e: &ServiceError) -> Value {
     json!({"id": id, "error": e.to_json()})
 }
 
+/// Work that waits for a call's result and writes it.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The threads that wait for results while requests go on being read.
+/// A session's plain calls are waited for by one thread of that session,
+/// in order (a session runs its calls in order, so each result is written
+/// as soon as it is ready): a thread started per call cost about as much
+/// as a `1+1`. Streamed calls and checkpoints get a thread each.
+#[derive(Default)]
+struct Waiters {
+    by_session: HashMap<String, mpsc::Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Waiters {
+    /// Runs `job` after the jobs already given for session `sid`.
+    fn in_order(&mut self, sid: &str, job: Job) {
+        let job = match self.by_session.get(sid) {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return,
+                Err(mpsc::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let (tx, rx) = mpsc::channel::<Job>();
+        let _ = tx.send(job);
+        self.by_session.insert(sid.to_string(), tx);
+        self.threads.push(std::thread::spawn(move || {
+            for job in rx {
+                job();
+            }
+        }));
+    }
+
+    /// Runs `job` on a thread of its own.
+    fn alone(&mut self, job: impl FnOnce() + Send + 'static) {
+        self.threads.push(std::thread::spawn(job));
+        self.threads.retain(|h| !h.is_finished());
+    }
+
+    /// Session `sid` takes no more calls: its thread ends after the
+    /// results it waits for.
+    fn closed(&mut self, sid: &str) {
+        self.by_session.remove(sid);
+    }
+
+    /// Waits until every result has been written.
+    fn finish(mut self) {
+        self.by_session.clear();
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
 fn serve_with<R: BufRead, W: Write + Send + 'static>(
     service: &Service,
     input: R,
@@ -162,7 +219,7 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
         }
     };
     let tenant = LOCAL_TENANT;
-    let mut waiters = Vec::new();
+    let mut waiters = Waiters::default();
     for line in input.split(b'\n') {
         let line = line?;
         if line.iter().all(u8::is_ascii_whitespace) {
@@ -256,12 +313,14 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                         let emit = emit.clone();
                         let id = req.id.clone();
                         let stream = req.stream;
-                        waiters.push(std::thread::spawn(move || {
-                            if !stream {
-                                let r = call.wait();
-                                emit(&result_line(&id, &r));
-                                return;
-                            }
+                        if !stream {
+                            waiters.in_order(
+                                &sid,
+                                Box::new(move || emit(&result_line(&id, &call.wait()))),
+                            );
+                            continue;
+                        }
+                        waiters.alone(move || {
                             let mut events = call.events();
                             while let Some(e) = events.next_blocking() {
                                 match &e.kind {
@@ -271,8 +330,7 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                                     _ => emit(&event_line(&id, &e)),
                                 }
                             }
-                        }));
-                        waiters.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
+                        });
                         continue;
                     }
                     Err(e) => Err(e),
@@ -283,12 +341,10 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                 // that requests (a cancel) are still read meanwhile.
                 let (emit, service) = (emit.clone(), service.clone());
                 let (id, tenant, sid) = (req.id.clone(), tenant.to_string(), sid.clone());
-                waiters.push(std::thread::spawn(move || {
-                    match service.checkpoint(&tenant, &sid) {
-                        Ok(info) => emit(&json!({"id": id, "checkpoint": info})),
-                        Err(e) => emit(&error_of(&id, &e)),
-                    }
-                }));
+                waiters.alone(move || match service.checkpoint(&tenant, &sid) {
+                    Ok(info) => emit(&json!({"id": id, "checkpoint": info})),
+                    Err(e) => emit(&error_of(&id, &e)),
+                });
                 continue;
             }
             "restore" => service.restore(tenant, &sid),
@@ -296,17 +352,17 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
             "status" => service.session_status(tenant, &sid),
             "cancel" => service.cancel(tenant, &sid),
             "reset" => service.reset(tenant, &sid),
-            _ => service.close(tenant, &sid),
+            _ => {
+                waiters.closed(&sid);
+                service.close(tenant, &sid)
+            }
         };
         match answer {
             Ok(status) => emit(&status_line(&req.id, &status)),
             Err(e) => emit(&error_of(&req.id, &e)),
         }
-        waiters.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
     }
-    for h in waiters {
-        let _ = h.join();
-    }
+    waiters.finish();
     Ok(())
 }
 

@@ -11,7 +11,7 @@
 use crate::error::{CgroupMissing, ConfineError, LimitsError, ReadOnlyRefusal};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// How workers are confined. `Confinement::default()` confines with every
@@ -35,6 +35,97 @@ pub struct Confinement {
     pub uid_count: u32,
     /// Memory and process limits through cgroups as well as rlimits.
     pub cgroups: CgroupMode,
+    /// The programs R code may run (`system()`, `pipe()`, packages that
+    /// call a program), each confined like the worker; the rest are
+    /// refused.
+    pub programs: Programs,
+}
+
+/// The programs that a confined worker may run: the operator's allow-list
+/// (docs/confinement.md, "Programs"). Resolved once, when the supervisor
+/// starts: a name through `PATH`, a path as given, every symlink followed
+/// to the file itself. When the list is not empty, the shell R runs
+/// programs through (`/bin/sh`) and the interpreters the kernel loads to
+/// run them (the ELF interpreter, a script's `#!`) are allowed with it;
+/// health lists them all (`sandbox.programs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Programs {
+    /// Start from [`DEFAULT_PROGRAMS`], those of them that are installed.
+    pub defaults: bool,
+    /// More programs: a name (looked up on `PATH`) or an absolute path. One
+    /// that cannot be found is a start-up error.
+    pub allow: Vec<String>,
+}
+
+/// The programs allowed by default when they are installed: `pandoc`, so
+/// that R Markdown reports render (`rmarkdown::render()`; it runs pandoc
+/// through the shell). pandoc reads and writes documents; the programs it
+/// runs when asked to (a `--filter`, a PDF engine such as pdflatex) are
+/// refused unless allowed too.
+pub const DEFAULT_PROGRAMS: &[&str] = &["pandoc"];
+
+/// What `--allow-program` takes to clear the list (the default included).
+pub const NO_PROGRAMS: &str = "none";
+
+impl Default for Programs {
+    fn default() -> Self {
+        Self {
+            defaults: true,
+            allow: Vec::new(),
+        }
+    }
+}
+
+impl Programs {
+    /// No programs at all: `execve` stays denied.
+    pub fn none() -> Self {
+        Self {
+            defaults: false,
+            allow: Vec::new(),
+        }
+    }
+
+    /// Exactly these programs (names or absolute paths), no default.
+    pub fn only<S: Into<String>>(programs: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            defaults: false,
+            allow: programs.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The list that repeated `--allow-program` flags give: the default
+    /// with each NAME or PATH added, where [`NO_PROGRAMS`] clears
+    /// everything before it (the default included).
+    pub fn from_flags<S: AsRef<str>>(flags: impl IntoIterator<Item = S>) -> Self {
+        let mut p = Self::default();
+        for f in flags {
+            let f = f.as_ref().trim();
+            if f == NO_PROGRAMS {
+                p = Self::none();
+            } else if !f.is_empty() {
+                p.allow.push(f.to_string());
+            }
+        }
+        p
+    }
+}
+
+/// A program confined workers may run, as health lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AllowedProgram {
+    /// The name it is known by (`pandoc`, `sh`).
+    pub name: String,
+    /// The path it runs as (`/usr/bin/pandoc`, `/bin/sh`).
+    pub path: String,
+    /// The file itself, every symlink resolved (`/usr/bin/dash`): the one
+    /// file the worker may execute for it.
+    pub file: String,
+    /// Why it is allowed: `default` (installed, and the default list was
+    /// kept), `allowed` (the operator's `--allow-program`), `shell` (R runs
+    /// programs through `/bin/sh`), `interpreter` (the kernel loads it to
+    /// run another allowed program: an ELF interpreter, a script's `#!`).
+    pub reason: String,
 }
 
 /// Whether workers get cgroups (memory incl. their tmpfs, and pids).
@@ -111,6 +202,7 @@ impl Default for Confinement {
             uid_base: 2_100_000_000,
             uid_count: 100_000,
             cgroups: CgroupMode::Auto,
+            programs: Programs::default(),
         }
     }
 }
@@ -144,6 +236,10 @@ pub struct Sandbox {
     pub limits: Option<Limits>,
     /// Whether workers may reach the network.
     pub network: bool,
+    /// The programs a worker may run (empty: none, `execve` is denied);
+    /// absent when unconfined (workers run any program).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub programs: Option<Vec<AllowedProgram>>,
 }
 
 /// The kernel's Landlock ABI version, or None.
@@ -162,9 +258,11 @@ fn landlock_abi() -> Option<i64> {
     (v > 0).then_some(v)
 }
 
-/// Checks that this host can confine workers as `c` asks; the answer lists
-/// the layers, or says what is missing and what to do.
-pub fn probe(c: &Confinement) -> Result<Sandbox, ConfineError> {
+/// Checks that this host can confine workers as `c` asks and resolves the
+/// programs they may run (`temp_root`: the parent of the workers' private
+/// directories, where no program may live); the answer lists the layers,
+/// or says what is missing and what to do.
+pub fn probe(c: &Confinement, temp_root: &Path) -> Result<Sandbox, ConfineError> {
     if !c.enabled {
         return Ok(Sandbox {
             mode: "unconfined".into(),
@@ -172,8 +270,10 @@ pub fn probe(c: &Confinement) -> Result<Sandbox, ConfineError> {
             layers: Vec::new(),
             limits: None,
             network: true,
+            programs: None,
         });
     }
+    let programs = resolve_programs(&c.programs, temp_root)?;
     let rootless = rootless();
     if rootless {
         probe_user_namespaces()?;
@@ -213,19 +313,30 @@ pub fn probe(c: &Confinement) -> Result<Sandbox, ConfineError> {
         namespaces.insert(0, "user");
     }
     layers.push(format!("namespaces: {}", namespaces.join(", ")));
-    layers.push(if rootless {
-        "filesystem: new root of read-only binds, private tmpfs (nosuid, nodev, noexec) for tmp and work dir, own /proc and minimal /dev (null, zero, full, random, urandom bound from the host)".into()
-    } else {
-        "filesystem: new root of read-only binds, private tmpfs (nosuid, nodev, noexec) for tmp and work dir, own /proc and minimal /dev".into()
-    });
+    layers.push(format!(
+        "filesystem: new root of read-only binds, program directories (/usr/bin, /bin, ...) noexec but for the allowed programs, private tmpfs (nosuid, nodev, noexec) for tmp and work dir, own /proc and minimal /dev{}",
+        if rootless { " (null, zero, full, random, urandom bound from the host)" } else { "" }
+    ));
     layers.push(if rootless {
         "credentials: the supervisor's host uid, kept apart per worker by its user, pid and mount namespaces; no capabilities (every set and the bounding set cleared), no_new_privs, not dumpable".into()
     } else {
         format!("credentials: own uid/gid per worker from {}, no supplementary groups, no capabilities, no_new_privs, not dumpable", c.uid_base)
     });
+    layers.push(programs_layer(&programs));
+    let (executable, exec_calls) = if programs.is_empty() {
+        ("nothing executable".to_string(), "execve")
+    } else {
+        (
+            format!(
+                "executable: only the {} allowed program files",
+                programs.len()
+            ),
+            "execve let through for the allowed programs (Landlock refuses every other file); memfd_create",
+        )
+    };
     layers.extend([
-            format!("landlock: ABI {abi} (files: read-only outside tmp/work dir, nothing executable; TCP bind/connect denied; signals and abstract sockets scoped)"),
-            "seccomp: execve, ptrace, process_vm_*, mount, unshare/setns, bpf, keyctl, io_uring, perf, userfaultfd, non-Unix sockets and more denied".into(),
+            format!("landlock: ABI {abi} (files: read-only outside tmp/work dir, {executable}; TCP bind/connect denied; signals and abstract sockets scoped)"),
+            format!("seccomp: {exec_calls}, ptrace, process_vm_*, mount, unshare/setns, bpf, keyctl, io_uring, perf, userfaultfd, non-Unix sockets and more denied"),
             format!(
                 "rlimits: address space {} MiB, {} processes{}, file size {} MiB, {} open files, core 0{}",
                 l.memory_bytes >> 20,
@@ -242,7 +353,251 @@ pub fn probe(c: &Confinement) -> Result<Sandbox, ConfineError> {
         layers,
         limits: Some(l.clone()),
         network: c.network,
+        programs: Some(programs),
     })
+}
+
+/// The health line for programs.
+fn programs_layer(programs: &[AllowedProgram]) -> String {
+    if programs.is_empty() {
+        return "programs: none (execve denied; allow one with --allow-program NAME)".into();
+    }
+    let list: Vec<String> = programs
+        .iter()
+        .map(|p| match p.reason.as_str() {
+            "default" | "allowed" => format!("{} ({})", p.name, p.file),
+            why => format!("{} ({}, {why})", p.name, p.file),
+        })
+        .collect();
+    format!(
+        "programs: {}; each runs confined like the worker, and can itself run only these",
+        list.join(", ")
+    )
+}
+
+/// The directories a name is looked up in: the supervisor's `PATH`
+/// (absolute entries only), else the workers' own.
+fn search_path() -> Vec<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| WORKER_PATH.into());
+    std::env::split_paths(&path)
+        .filter(|d| d.is_absolute())
+        .collect()
+}
+
+/// `PATH` in a confined worker (the directories of allowed programs that
+/// live elsewhere are added to it).
+pub const WORKER_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// Whether `p` is a regular file (symlinks followed) with an execute bit.
+fn executable_file(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Whether `file` starts with `#!`.
+fn is_script(file: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    std::fs::File::open(file).is_ok_and(|mut f| f.read_exact(&mut head).is_ok() && &head == b"#!")
+}
+
+/// The interpreter the kernel loads to execute `file`: a script's `#!`
+/// program, or an ELF file's `PT_INTERP` (the dynamic loader). None for a
+/// static program, a relative interpreter or a file it cannot read.
+fn interpreter_of(file: &Path) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(file).ok()?;
+    // The kernel reads the first 256 bytes for a `#!` line too.
+    let mut head = [0u8; 256];
+    let n = f.read_at(&mut head, 0).ok()?;
+    let head = &head[..n];
+    if let Some(line) = head.strip_prefix(b"#!") {
+        let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+        let interp = String::from_utf8_lossy(line)
+            .split_whitespace()
+            .next()?
+            .to_string();
+        return interp.starts_with('/').then_some(interp);
+    }
+    // ELF, little-endian (the hosts rvisor runs on), 32 or 64 bits.
+    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[5] != 1 {
+        return None;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as u64;
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let wide = head[4] == 2;
+    let (phoff, phentsize, phnum) = if wide {
+        (u64_at(head, 32), u16_at(head, 54), u16_at(head, 56))
+    } else {
+        (u32_at(head, 28), u16_at(head, 42), u16_at(head, 44))
+    };
+    let min_entry = if wide { 56 } else { 32 };
+    if phentsize < min_entry || phnum > 4096 {
+        return None;
+    }
+    let mut ph = vec![0u8; phentsize as usize];
+    for i in 0..phnum {
+        f.read_exact_at(&mut ph, phoff.checked_add(i * phentsize)?)
+            .ok()?;
+        const PT_INTERP: u64 = 3;
+        if u32_at(&ph, 0) != PT_INTERP {
+            continue;
+        }
+        let (offset, size) = if wide {
+            (u64_at(&ph, 8), u64_at(&ph, 32))
+        } else {
+            (u32_at(&ph, 4), u32_at(&ph, 16))
+        };
+        let mut name = vec![0u8; size.min(4096) as usize];
+        f.read_exact_at(&mut name, offset).ok()?;
+        let name = String::from_utf8(name).ok()?;
+        let name = name.trim_end_matches('\0');
+        return name.starts_with('/').then(|| name.to_string());
+    }
+    None
+}
+
+/// Resolves the allow-list (see [`Programs`]): the programs found, then
+/// the shell and the interpreters they need, each file once. A program
+/// given explicitly that cannot be found or used is an error saying why.
+pub fn resolve_programs(
+    p: &Programs,
+    temp_root: &Path,
+) -> Result<Vec<AllowedProgram>, ConfineError> {
+    let dirs = search_path();
+    let find = |name: &str| -> Option<PathBuf> {
+        dirs.iter()
+            .map(|d| d.join(name))
+            .find(|c| executable_file(c))
+    };
+    let refuse = |program: &str, why: String| ConfineError::Program {
+        program: program.to_string(),
+        why,
+    };
+    let mut wanted: Vec<(String, PathBuf, &'static str)> = Vec::new();
+    if p.defaults {
+        for name in DEFAULT_PROGRAMS {
+            if let Some(path) = find(name) {
+                wanted.push((name.to_string(), path, "default"));
+            }
+        }
+    }
+    for entry in &p.allow {
+        let entry = entry.trim();
+        let path = if entry.contains('/') {
+            let path = PathBuf::from(entry);
+            if !path.is_absolute() {
+                return Err(refuse(entry, "a path must be absolute".into()));
+            }
+            if !executable_file(&path) {
+                return Err(refuse(
+                    entry,
+                    "no such executable file (a program must be a regular file with an execute bit)"
+                        .into(),
+                ));
+            }
+            path
+        } else if entry.is_empty() || entry == "." || entry == ".." {
+            return Err(refuse(entry, "not a program name".into()));
+        } else {
+            find(entry).ok_or_else(|| {
+                refuse(
+                    entry,
+                    format!(
+                        "no such program on PATH ({}); install it, or give its absolute path",
+                        std::env::join_paths(&dirs)
+                            .map(|p| p.to_string_lossy().into_owned())
+                            .unwrap_or_default()
+                    ),
+                )
+            })?
+        };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| entry.to_string());
+        wanted.push((name, path, "allowed"));
+    }
+    if !wanted.is_empty() {
+        wanted.push(("sh".into(), PathBuf::from("/bin/sh"), "shell"));
+    }
+    let temp_root = std::fs::canonicalize(temp_root).unwrap_or_else(|_| temp_root.to_path_buf());
+    let mut out: Vec<AllowedProgram> = Vec::new();
+    let mut i = 0;
+    while i < wanted.len() {
+        let (name, path, reason) = wanted[i].clone();
+        i += 1;
+        let shown = path.display().to_string();
+        let file = std::fs::canonicalize(&path).map_err(|e| {
+            refuse(
+                &shown,
+                match reason {
+                    "shell" => format!("the shell R runs programs through cannot be used: {e}"),
+                    _ => e.to_string(),
+                },
+            )
+        })?;
+        for kernel in ["/proc", "/sys", "/dev"] {
+            if file.starts_with(kernel) {
+                return Err(refuse(
+                    &shown,
+                    format!("{} is under {kernel}", file.display()),
+                ));
+            }
+        }
+        if file.starts_with(&temp_root) || file.starts_with("/tmp") {
+            return Err(refuse(
+                &shown,
+                format!(
+                    "{} is under {} or /tmp, which workers see as their own private scratch space; install it elsewhere",
+                    file.display(),
+                    temp_root.display()
+                ),
+            ));
+        }
+        let Some(file_str) = file.to_str().map(str::to_string) else {
+            return Err(refuse(&shown, "its path is not UTF-8".into()));
+        };
+        if !rootless() {
+            // Workers run as uids of their own: the file must be theirs to
+            // execute (and, a script, to read).
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&file)
+                .map(|m| m.permissions().mode() & 0o7777)
+                .unwrap_or(0);
+            let script = is_script(&file);
+            let need = if script { 0o005 } else { 0o001 };
+            if mode & need != need {
+                return Err(refuse(
+                    &shown,
+                    format!(
+                        "{} has mode {mode:o}: confined workers run as their own uid and cannot {} it; chmod o+{} it",
+                        file.display(),
+                        if script { "read and execute" } else { "execute" },
+                        if script { "rx" } else { "x" }
+                    ),
+                ));
+            }
+        }
+        if out.iter().any(|o| o.file == file_str) {
+            continue;
+        }
+        if let Some(interp) = interpreter_of(&file) {
+            let iname = Path::new(&interp)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| interp.clone());
+            wanted.push((iname, PathBuf::from(interp), "interpreter"));
+        }
+        out.push(AllowedProgram {
+            name,
+            path: shown,
+            file: file_str,
+            reason: reason.into(),
+        });
+    }
+    Ok(out)
 }
 
 /// Whether workers are confined rootless: the supervisor is not root.
@@ -781,6 +1136,7 @@ pub(crate) fn request(
     uid: u32,
     libpath: &[PathBuf],
     cgroups: &[PathBuf],
+    programs: &[AllowedProgram],
 ) -> rvisor_protocol::Confine {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get() as u32)
@@ -807,6 +1163,15 @@ pub(crate) fn request(
             .map(|d| d.join("cgroup.procs").display().to_string())
             .collect(),
         rootless: rootless(),
+        programs: programs
+            .iter()
+            .map(|p| rvisor_protocol::ProgramFile {
+                name: p.name.clone(),
+                path: p.path.clone(),
+                file: p.file.clone(),
+                reason: p.reason.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -851,8 +1216,109 @@ mod tests {
     }
 
     #[test]
+    fn allow_program_flags_add_to_the_default_and_none_clears() {
+        assert_eq!(Programs::from_flags::<&str>([]), Programs::default());
+        assert_eq!(
+            Programs::from_flags(["git", "/usr/bin/R"]),
+            Programs {
+                defaults: true,
+                allow: vec!["git".into(), "/usr/bin/R".into()],
+            }
+        );
+        assert_eq!(Programs::from_flags(["none"]), Programs::none());
+        assert_eq!(Programs::from_flags(["git", "none"]), Programs::none());
+        assert_eq!(
+            Programs::from_flags(["none", "git"]),
+            Programs::only(["git"])
+        );
+    }
+
+    #[test]
+    fn programs_resolve_to_their_files_with_the_shell_and_interpreters() {
+        let dir = std::env::temp_dir();
+        assert!(resolve_programs(&Programs::none(), &dir)
+            .unwrap()
+            .is_empty());
+        let sh = std::fs::canonicalize("/bin/sh").unwrap();
+        let list = resolve_programs(&Programs::only(["sh"]), &dir).unwrap();
+        let files: Vec<&str> = list.iter().map(|p| p.file.as_str()).collect();
+        assert_eq!(list[0].name, "sh");
+        assert_eq!(list[0].reason, "allowed");
+        assert_eq!(list[0].file, sh.to_str().unwrap());
+        // The shell is there once, and so is the ELF interpreter it needs.
+        assert_eq!(
+            files.iter().filter(|f| **f == sh.to_str().unwrap()).count(),
+            1
+        );
+        let interp = interpreter_of(&sh).expect("the shell is dynamically linked");
+        let interp = std::fs::canonicalize(interp).unwrap();
+        let entry = list
+            .iter()
+            .find(|p| p.file == interp.to_str().unwrap())
+            .expect("the ELF interpreter is allowed with the shell");
+        assert_eq!(entry.reason, "interpreter");
+    }
+
+    #[test]
+    fn a_script_brings_its_interpreter_and_a_missing_program_is_an_error() {
+        // Outside /tmp, which workers see as their own.
+        let d = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/tmp"))
+            .join(format!("programs-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let script = d.join("tool");
+        std::fs::write(&script, "#! /usr/bin/env sh\necho hi\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(interpreter_of(&script).as_deref(), Some("/usr/bin/env"));
+        let list = resolve_programs(
+            &Programs::only([script.to_str().unwrap()]),
+            Path::new("/tmp"),
+        )
+        .unwrap();
+        assert_eq!(list[0].name, "tool");
+        let env = std::fs::canonicalize("/usr/bin/env").unwrap();
+        let entry = list.iter().find(|p| p.file == env.to_str().unwrap());
+        assert_eq!(
+            entry.map(|e| e.reason.as_str()),
+            Some("interpreter"),
+            "{list:?}"
+        );
+        assert!(list.iter().any(|p| p.reason == "shell"), "{list:?}");
+
+        let err = resolve_programs(
+            &Programs::only(["rvisor-no-such-program"]),
+            Path::new("/tmp"),
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("rvisor-no-such-program") && msg.contains("PATH"),
+            "{msg}"
+        );
+        let err = resolve_programs(&Programs::only(["bin/sh"]), Path::new("/tmp")).unwrap_err();
+        assert!(err.to_string().contains("absolute"), "{err}");
+        // Under the workers' temporary root: refused.
+        let err = resolve_programs(&Programs::only([script.to_str().unwrap()]), &d).unwrap_err();
+        assert!(err.to_string().contains("scratch space"), "{err}");
+        // As root, workers have uids of their own: a file only its owner
+        // may execute is refused.
+        if !rootless() {
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o750)).unwrap();
+            let err = resolve_programs(
+                &Programs::only([script.to_str().unwrap()]),
+                Path::new("/tmp"),
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("chmod o+rx"), "{err}");
+        }
+        // The default list skips what is not installed.
+        let _ = resolve_programs(&Programs::default(), Path::new("/tmp")).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn unconfined_is_reported_as_such() {
-        let s = probe(&Confinement::unconfined()).unwrap();
+        let s = probe(&Confinement::unconfined(), Path::new("/tmp")).unwrap();
         assert_eq!(s.mode, "unconfined");
         assert!(s.layers.is_empty());
     }

@@ -174,6 +174,14 @@ pub enum ConfineError {
     /// The limits leave R no room to run.
     #[error(transparent)]
     Limits(#[from] LimitsError),
+    /// A program of the allow-list cannot be allowed.
+    #[error("allowed program {program:?} (--allow-program, Confinement.programs): {why}")]
+    Program {
+        /// The name or path as configured (or the interpreter it needs).
+        program: String,
+        /// Why.
+        why: String,
+    },
     /// A read-only path is unusable.
     #[error("read-only path {path}: {why}")]
     ReadOnlyPath {

@@ -55,7 +55,9 @@ pub use batch::{Batch, BatchDone, BatchJob, BatchOptions};
 pub use call::CallOptions;
 pub use call::{unix_newlines, validate_call, MAX_CODE_BYTES};
 pub use cancel::{CancelOnDrop, CancelToken};
-pub use confine::{CgroupMode, Confinement, Limits};
+pub use confine::{
+    AllowedProgram, CgroupMode, Confinement, Limits, Programs, DEFAULT_PROGRAMS, NO_PROGRAMS,
+};
 pub use error::{
     CallError, CgroupMissing, CheckpointError, ConfineError, Error, LimitsError, ReadOnlyRefusal,
     RestoreError, ValidateError, VariableError, WorkerFileError,

@@ -209,9 +209,16 @@ impl Supervisor {
 
     /// Liveness, versions, the live rules, workers and confinement.
     pub fn health(&self) -> Health {
-        let r_version = self
-            .with_validator(|w| Ok(w.hello().r_version.clone()))
-            .unwrap_or_else(|e| format!("unknown ({e})"));
+        // The zygote's hello says it (waited for while it starts, a
+        // fraction of a second); a worker is started only without one (the
+        // validation worker, which then lives as long as the supervisor: a
+        // health check is no reason for its memory).
+        let r_version = match self.pool().r_version(self.config().worker.startup_timeout) {
+            Some(v) => v,
+            None => self
+                .with_validator(|w| Ok(w.hello().r_version.clone()))
+                .unwrap_or_else(|e| format!("unknown ({e})")),
+        };
         Health {
             status: "ok".into(),
             version: env!("CARGO_PKG_VERSION").into(),

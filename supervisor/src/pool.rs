@@ -2,6 +2,16 @@
 //! spares so that a new session or a reset is a hand-over, and plain
 //! spawning when the zygote is not (yet) there.
 //!
+//! Three zygotes, each forked from the one before: the *base* zygote (R
+//! up, nothing else: it serves within R's start-up time), the *warm* one
+//! (the driver, validation, conditions and base graphics warmed up, no
+//! package loaded) and the *preloaded* one (the warm one plus the preloads,
+//! ggplot2 by default, and their plots warmed up). Code that names a
+//! preloaded package gets a worker of the preloaded zygote; other code one
+//! of the warm zygote, whose heap is a third of the size: a full `gc()`
+//! writes to every R object of the heap a worker was forked with, which
+//! makes those pages the worker's own (docs/process-model.md, "Memory").
+//!
 //! A keeper thread owns the zygote: it starts it (off the request path),
 //! restarts it if it dies, and keeps the spares topped up. It lives as long
 //! as the pool, which matters: the zygote's parent-death signal fires when
@@ -25,13 +35,19 @@ pub struct PoolConfig {
     pub zygote: bool,
     /// Pre-forked spares kept ready (default 2).
     pub spares: usize,
-    /// Packages the zygote loads before forking (None: ggplot2 when
-    /// installed). Changing them needs a new zygote (a new supervisor).
-    /// Workers are forked from a base zygote (R up, nothing loaded) as
-    /// soon as R has started; a warm zygote forked from it loads these and
-    /// warms the plot devices meanwhile, then takes over (the hand-over:
-    /// no request waits for the preloads). `Some(vec![])`: no warm zygote
-    /// and no plot warm-up at all, for one-shot commands.
+    /// Packages the preloaded zygote loads (None: ggplot2 when installed).
+    /// Changing them needs a new zygote (a new supervisor). Workers are
+    /// forked from a base zygote (R up, nothing loaded) as soon as R has
+    /// started; a warm zygote forked from it warms the driver and the plot
+    /// devices meanwhile and then takes over (the hand-over: no request
+    /// waits for it), and a preloaded zygote forked from the warm one
+    /// loads these. A session whose call names one of them (`ggplot2::`,
+    /// `library(ggplot2)`) before it has a worker, or any call of it once
+    /// one did, and a one-shot run whose code names one, get workers of
+    /// the preloaded zygote ([`Pool::names_preload`]); others get workers
+    /// without them, which load a package on first use as R does.
+    /// `Some(vec![])`: no warm zygote and no plot warm-up at all, for
+    /// one-shot commands.
     pub preload: Option<Vec<String>>,
 }
 
@@ -64,43 +80,92 @@ pub enum PoolMode {
 pub struct PoolStatus {
     /// Which way workers are made now.
     pub mode: PoolMode,
-    /// The zygote's process id, when it runs.
+    /// The process id of the zygote that forks workers without preloads
+    /// (the warm one once it is up, else the base one), when it runs.
     pub zygote_pid: Option<u32>,
-    /// Ready spares.
+    /// Ready spares without preloads.
     pub spares: usize,
-    /// Spares the pool aims to keep.
+    /// Spares the pool aims to keep, of each kind (without preloads and,
+    /// once the preloaded zygote is up, with them).
     pub spares_target: usize,
-    /// Packages the zygote preloaded.
+    /// Packages the preloaded zygote loaded (empty until it is up).
     pub preloaded: Vec<String>,
-    /// Whether workers come from the warm zygote (preloads and plot
-    /// warm-up done). False while only the base zygote serves, and for a
-    /// pool without preloads.
+    /// The preloaded zygote's process id, once it is up.
+    #[serde(default)]
+    pub preloaded_zygote_pid: Option<u32>,
+    /// Ready spares of the preloaded zygote.
+    #[serde(default)]
+    pub preloaded_spares: usize,
+    /// Whether workers come from the warm zygote (driver and plot warm-up
+    /// done). False while only the base zygote serves, and for a pool
+    /// without preloads.
     pub warm: bool,
     /// Zygote processes (base and warm) started so far.
     pub zygote_starts: u64,
     /// Where the zygotes' start-up went, milliseconds: `base.r_start`,
-    /// `base.warm_up`, `base.seccomp`, `base.total`, then `warm.preload`,
-    /// `warm.plots`, `warm.warm_up`, `warm.total` (from the base zygote's
-    /// fork of it) once the warm zygote is up.
+    /// `base.warm_up`, `base.seccomp`, `base.total`, then `warm.plots`,
+    /// `warm.warm_up`, `warm.total` (from the base zygote's fork of it)
+    /// once the warm zygote is up, and `preloaded.preload`,
+    /// `preloaded.plots`, `preloaded.warm_up`, `preloaded.total` (from the
+    /// warm zygote's fork of it) once the preloaded one is.
     pub startup_ms: std::collections::BTreeMap<String, f64>,
     /// Why the zygote last failed, if it did.
     pub last_error: Option<String>,
+}
+
+/// A zygote forked from another on request (the warm one from the base,
+/// the preloaded one from the warm), and the attempts at making it.
+#[derive(Debug, Default)]
+struct Stage {
+    zygote: Option<Arc<Zygote>>,
+    /// It is being made (on a thread of its own).
+    making: bool,
+    /// The latest attempt failed.
+    failed: bool,
+    /// When to try again after a failure.
+    retry_at: Option<std::time::Instant>,
+    backoff: Duration,
+    /// Ready workers it forked.
+    spares: VecDeque<Worker>,
+}
+
+impl Stage {
+    fn live(&self) -> Option<Arc<Zygote>> {
+        self.zygote.clone().filter(|z| z.is_alive())
+    }
+
+    /// Forgets the zygote and its spares (it died, or its parent did), and
+    /// allows a new attempt at once; returns them to be dropped outside
+    /// the lock.
+    fn clear(&mut self) -> (Option<Arc<Zygote>>, VecDeque<Worker>) {
+        self.failed = false;
+        self.retry_at = None;
+        self.backoff = Duration::from_millis(250);
+        (self.zygote.take(), std::mem::take(&mut self.spares))
+    }
+}
+
+/// Which of the forked zygotes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Warm,
+    Preloaded,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     /// The zygote R starts in (a base zygote when a warm one is wanted).
     base: Option<Arc<Zygote>>,
-    /// The warm zygote, forked from `base`; forks go to it once it is up.
-    warm: Option<Arc<Zygote>>,
-    /// A warm zygote is being made (on a thread of its own).
-    warming: bool,
-    /// The latest attempt at a warm zygote failed.
-    warm_failed: bool,
-    /// When to try for a warm zygote again after a failure.
-    warm_retry_at: Option<std::time::Instant>,
-    warm_backoff: Duration,
-    spares: VecDeque<Worker>,
+    /// The warm zygote, forked from `base`; forks without preloads go to
+    /// it once it is up. Its spares are those of the base zygote until
+    /// then.
+    warm: Stage,
+    /// The preloaded zygote, forked from the warm one; forks with preloads
+    /// go to it once it is up.
+    preloaded: Stage,
+    /// The preloaded zygote loaded none of the packages (none is
+    /// installed): it is not kept, and its forks are the warm one's.
+    nothing_to_preload: bool,
     starting: bool,
     starts: u64,
     /// Zygote starts that failed (not forks: those fail when it dies).
@@ -125,13 +190,19 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 }
 
 impl Inner {
-    /// The zygote that forks now: the warm one when it is up, else the
-    /// base one, if alive.
+    /// The zygote that forks workers without preloads now: the warm one
+    /// when it is up, else the base one, if alive.
     fn current(&self) -> Option<Arc<Zygote>> {
         self.warm
-            .clone()
-            .filter(|z| z.is_alive())
+            .live()
             .or_else(|| self.base.clone().filter(|z| z.is_alive()))
+    }
+
+    fn stage(&mut self, which: Which) -> &mut Stage {
+        match which {
+            Which::Warm => &mut self.warm,
+            Which::Preloaded => &mut self.preloaded,
+        }
     }
 }
 
@@ -160,9 +231,29 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Whether this pool makes a warm zygote after the base one.
+    /// Whether this pool makes a warm zygote after the base one (and a
+    /// preloaded one after that).
     fn split(&self) -> bool {
         self.cfg.preload.as_ref().is_none_or(|p| !p.is_empty())
+    }
+
+    /// Whether `code` names a package the preloaded zygote loads (as a
+    /// whole word: `ggplot2::ggplot`, `library(ggplot2)`,
+    /// `requireNamespace("ggplot2")`), so that it should run in a worker
+    /// of that zygote. Code that reaches the package without naming it
+    /// (another package that imports it) loads it in its worker, as R
+    /// does.
+    pub fn names_preload(&self, code: &str) -> bool {
+        self.split()
+            && self
+                .cfg
+                .preload
+                .as_deref()
+                .unwrap_or(&[])
+                .iter()
+                .map(String::as_str)
+                .chain(self.cfg.preload.is_none().then_some(DEFAULT_PRELOAD))
+                .any(|p| names_package(code, p))
     }
 
     /// Whether a worker with `cfg` can come from the zygote: R's library
@@ -179,25 +270,46 @@ impl Pool {
             && cfg.confine == self.base.confine
     }
 
-    /// A live spare that fits `cfg`, if there is one (the keeper refills).
-    fn take_spare(&self, cfg: &WorkerConfig) -> Option<Worker> {
+    /// A live spare that fits `cfg`, if there is one (the keeper refills):
+    /// with `preloads`, one of the preloaded zygote (none while it is not
+    /// up), else one without preloads.
+    fn take_spare(&self, cfg: &WorkerConfig, preloads: bool) -> Option<Worker> {
         if !self.spare_compatible(cfg) {
             return None;
         }
-        let spare = lock(&self.inner).spares.pop_front();
+        let spare = {
+            let mut i = lock(&self.inner);
+            if preloads {
+                i.preloaded.spares.pop_front()
+            } else {
+                i.warm.spares.pop_front()
+            }
+        };
         self.cv.notify_all();
         let mut w = spare?;
         w.is_alive().then_some(w)
     }
 
-    /// A ready worker for `cfg`: a spare if one fits, else forked from the
-    /// zygote, else spawned.
+    /// A ready worker for `cfg` without preloads: a spare if one fits,
+    /// else forked from the zygote, else spawned.
     pub fn acquire(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
+        self.acquire_with(cfg, false)
+    }
+
+    /// A ready worker for `cfg`, with `preloads` one of the preloaded
+    /// zygote when it is up (a spare, else a fork); otherwise, or when it
+    /// is not, as [`Pool::acquire`] makes them.
+    pub fn acquire_with(&self, cfg: &WorkerConfig, preloads: bool) -> Result<Worker, Error> {
         if cfg.confine.is_some() {
-            return self.acquire_confined(cfg);
+            return self.acquire_confined(cfg, preloads);
         }
         if self.cfg.zygote && self.zygote_compatible(cfg) {
-            if let Some(w) = self.take_spare(cfg) {
+            if preloads {
+                if let Some(w) = self.preloaded_worker(cfg) {
+                    return Ok(w);
+                }
+            }
+            if let Some(w) = self.take_spare(cfg, false) {
                 return Ok(w);
             }
             let zygote = lock(&self.inner).current();
@@ -210,9 +322,18 @@ impl Pool {
         Worker::spawn(cfg)
     }
 
+    /// A worker of the preloaded zygote (a spare, else a fork), if it is up.
+    fn preloaded_worker(&self, cfg: &WorkerConfig) -> Option<Worker> {
+        if let Some(w) = self.take_spare(cfg, true) {
+            return Some(w);
+        }
+        let zygote = lock(&self.inner).preloaded.live()?;
+        zygote.fork(cfg).ok()
+    }
+
     /// A confined worker: only the zygote makes them, so this waits for it
     /// to be up (within the start-up timeout) and reports why it is not.
-    fn acquire_confined(&self, cfg: &WorkerConfig) -> Result<Worker, Error> {
+    fn acquire_confined(&self, cfg: &WorkerConfig, preloads: bool) -> Result<Worker, Error> {
         if !self.cfg.zygote || !self.zygote_compatible(cfg) {
             return Err(Error::Startup(
                 "confined workers are forked by the zygote, and this worker's settings \
@@ -220,7 +341,12 @@ impl Pool {
                     .into(),
             ));
         }
-        if let Some(w) = self.take_spare(cfg) {
+        if preloads {
+            if let Some(w) = self.preloaded_worker(cfg) {
+                return Ok(w);
+            }
+        }
+        if let Some(w) = self.take_spare(cfg, false) {
             return Ok(w);
         }
         let end = std::time::Instant::now() + cfg.startup_timeout;
@@ -269,7 +395,12 @@ impl Pool {
         let live = i.current();
         let live = live.as_ref();
         let mut startup_ms = std::collections::BTreeMap::new();
-        for (stage, z) in [("base", &i.base), ("warm", &i.warm)] {
+        let preloaded = i.preloaded.live();
+        for (stage, z) in [
+            ("base", &i.base),
+            ("warm", &i.warm.zygote),
+            ("preloaded", &preloaded),
+        ] {
             if let Some(z) = z.as_ref().filter(|z| z.is_alive()) {
                 for (phase, ms) in &z.hello().phases_ms {
                     *startup_ms.entry(format!("{stage}.{phase}")).or_insert(0.0) += ms;
@@ -284,11 +415,14 @@ impl Pool {
                 (None, false) => PoolMode::Spawn,
             },
             zygote_pid: live.map(|z| z.pid()),
-            spares: i.spares.len(),
+            spares: i.warm.spares.len(),
             spares_target: if self.cfg.zygote { self.cfg.spares } else { 0 },
-            preloaded: live
+            preloaded: preloaded
+                .as_ref()
                 .map(|z| z.hello().preloaded.clone())
                 .unwrap_or_default(),
+            preloaded_zygote_pid: preloaded.as_ref().map(|z| z.pid()),
+            preloaded_spares: i.preloaded.spares.len(),
             warm: live.is_some_and(|z| z.is_warm()),
             zygote_starts: i.starts,
             startup_ms,
@@ -296,10 +430,10 @@ impl Pool {
         }
     }
 
-    /// Waits until the zygote is up (or failed), with its preloads (the
-    /// warm zygote, or its failure) and the spares, at most `timeout`;
-    /// returns whether it is up. For tests and benchmarks that want the
-    /// fast path.
+    /// Waits until the zygote is up (or failed), with its warm and
+    /// preloaded zygotes (or their failures) and the spares of each, at
+    /// most `timeout`; returns whether it is up. For tests and benchmarks
+    /// that want the fast path.
     pub fn wait_ready(&self, timeout: Duration) -> bool {
         let end = std::time::Instant::now() + timeout;
         let mut i = lock(&self.inner);
@@ -308,9 +442,16 @@ impl Pool {
             let up = current.is_some();
             let warm_done = !self.split()
                 || current.as_ref().is_some_and(|z| z.is_warm())
-                || (i.warm_failed && !i.warming);
-            let full = i.spares.len() >= self.cfg.spares;
-            if (up && full && warm_done) || (!i.starting && !up) {
+                || (i.warm.failed && !i.warm.making);
+            let preloaded = i.preloaded.live();
+            let preloaded_done = !self.split()
+                || i.nothing_to_preload
+                || preloaded.is_some()
+                || (i.preloaded.failed && !i.preloaded.making)
+                || (warm_done && i.warm.live().is_none());
+            let full = i.warm.spares.len() >= self.cfg.spares
+                && (preloaded.is_none() || i.preloaded.spares.len() >= self.cfg.spares);
+            if (up && full && warm_done && preloaded_done) || (!i.starting && !up) {
                 return up;
             }
             let now = std::time::Instant::now();
@@ -328,21 +469,50 @@ impl Pool {
     /// Stops the keeper, kills the zygote and the spares.
     pub fn shutdown(&self) {
         self.shut.store(true, Ordering::SeqCst);
-        let (base, warm, spares) = {
+        let (base, warm, preloaded) = {
             let mut i = lock(&self.inner);
-            (i.base.take(), i.warm.take(), std::mem::take(&mut i.spares))
+            (i.base.take(), i.warm.clear(), i.preloaded.clear())
         };
-        drop(spares);
-        for z in [warm, base].into_iter().flatten() {
+        let (warm, warm_spares) = warm;
+        let (preloaded, preloaded_spares) = preloaded;
+        drop(warm_spares);
+        drop(preloaded_spares);
+        for z in [preloaded, warm, base].into_iter().flatten() {
             z.kill();
         }
         self.cv.notify_all();
     }
 
-    /// The process id of the zygote that forks now (the warm one once it
-    /// is up), for tests that kill it.
+    /// The process id of the zygote that forks workers without preloads
+    /// now (the warm one once it is up), for tests that kill it.
     pub fn zygote_pid(&self) -> Option<u32> {
         lock(&self.inner).current().map(|z| z.pid())
+    }
+
+    /// The R version the zygote runs: at once when it is up, after at
+    /// most `timeout` while it starts; None without one.
+    pub fn r_version(&self, timeout: Duration) -> Option<String> {
+        let end = std::time::Instant::now() + timeout;
+        let mut i = lock(&self.inner);
+        loop {
+            if let Some(z) = i.current() {
+                return Some(z.hello().r_version.clone());
+            }
+            let now = std::time::Instant::now();
+            if !self.cfg.zygote || !i.starting || now >= end {
+                return None;
+            }
+            i = self
+                .cv
+                .wait_timeout(i, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The process id of the preloaded zygote, once it is up.
+    pub fn preloaded_zygote_pid(&self) -> Option<u32> {
+        lock(&self.inner).preloaded.live().map(|z| z.pid())
     }
 
     /// The process id of the base zygote (the one R started in; the warm
@@ -367,8 +537,24 @@ impl Drop for Pool {
     }
 }
 
-/// The keeper thread: (re)starts the zygote, asks it for a warm zygote
-/// (when the pool preloads), and keeps spares ready.
+/// The package the preloaded zygote loads when the pool names none.
+pub const DEFAULT_PRELOAD: &str = "ggplot2";
+
+/// Whether `code` contains `pkg` as a whole word: not inside a longer name
+/// (R names are letters, digits, `.` and `_`).
+fn names_package(code: &str, pkg: &str) -> bool {
+    if pkg.is_empty() {
+        return false;
+    }
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '.' || c == '_');
+    code.match_indices(pkg).any(|(at, _)| {
+        !word(code[..at].chars().next_back()) && !word(code[at + pkg.len()..].chars().next())
+    })
+}
+
+/// The keeper thread: (re)starts the zygote, asks it for a warm zygote and
+/// that one for a preloaded zygote (when the pool preloads), and keeps
+/// spares of each ready.
 fn keeper(pool: std::sync::Weak<Pool>) {
     let mut backoff = Duration::from_millis(250);
     loop {
@@ -381,9 +567,9 @@ fn keeper(pool: std::sync::Weak<Pool>) {
             let old = {
                 let mut i = lock(&p.inner);
                 i.starting = true;
-                // Children of a dead zygote are dead too; so is a warm
-                // zygote whose base died.
-                (i.base.take(), i.warm.take(), std::mem::take(&mut i.spares))
+                // Children of a dead zygote are dead too; so are the warm
+                // and preloaded zygotes whose base died.
+                (i.base.take(), i.warm.clear(), i.preloaded.clear())
             };
             drop(old);
             p.cv.notify_all();
@@ -406,9 +592,7 @@ fn keeper(pool: std::sync::Weak<Pool>) {
                     i.starts += 1;
                     i.last_error = None;
                     i.last_start_failed = false;
-                    i.warm_failed = false;
-                    i.warm_retry_at = None;
-                    i.warm_backoff = Duration::from_millis(250);
+                    i.nothing_to_preload = false;
                     backoff = Duration::from_millis(250);
                     drop(i);
                     p.cv.notify_all();
@@ -429,23 +613,40 @@ fn keeper(pool: std::sync::Weak<Pool>) {
         }
         let base = base.expect("checked above");
         if p.split() {
-            start_warming(&p, &pool, &base);
+            start_making(&p, &pool, &base, Which::Warm);
+            let warm = {
+                let i = lock(&p.inner);
+                i.warm.live().filter(|_| !i.nothing_to_preload)
+            };
+            if let Some(warm) = warm {
+                start_making(&p, &pool, &warm, Which::Preloaded);
+            }
         }
-        // Top up the spares, one fork at a time, outside the lock.
+        // Top up the spares, one fork at a time, outside the lock: those
+        // without preloads first (most sessions), then the preloaded ones.
         let zygote = {
             let i = lock(&p.inner);
-            (i.spares.len() < p.cfg.spares)
-                .then(|| i.current())
-                .flatten()
+            if i.warm.spares.len() < p.cfg.spares {
+                i.current().map(|z| (z, Which::Warm))
+            } else if i.preloaded.spares.len() < p.cfg.spares {
+                i.preloaded.live().map(|z| (z, Which::Preloaded))
+            } else {
+                None
+            }
         };
-        if let Some(zygote) = zygote.filter(|_| !p.shut.load(Ordering::SeqCst)) {
+        if let Some((zygote, which)) = zygote.filter(|_| !p.shut.load(Ordering::SeqCst)) {
             match zygote.fork(&p.base) {
                 Ok(w) => {
                     let mut i = lock(&p.inner);
-                    // A spare of a base zygote that was replaced by a warm
-                    // one meanwhile would lack the preloads: drop it.
-                    if i.current().is_some_and(|z| Arc::ptr_eq(&z, &zygote)) {
-                        i.spares.push_back(w);
+                    // A spare of a zygote that was replaced meanwhile (the
+                    // base one by the warm one, which has the warm-up)
+                    // is dropped.
+                    let still = match which {
+                        Which::Warm => i.current(),
+                        Which::Preloaded => i.preloaded.live(),
+                    };
+                    if still.is_some_and(|z| Arc::ptr_eq(&z, &zygote)) {
+                        i.stage(which).spares.push_back(w);
                     } else {
                         drop(i);
                         drop(w);
@@ -460,12 +661,14 @@ fn keeper(pool: std::sync::Weak<Pool>) {
             }
             continue;
         }
-        // Sleep until a spare is taken, a zygote comes or goes, a warm-up
-        // retry is due, or shutdown. The timeout is a safety net only; the
+        // Sleep until a spare is taken, a zygote comes or goes, a retry
+        // is due, or shutdown. The timeout is a safety net only; the
         // events above notify.
         let i = lock(&p.inner);
-        let wait = i
-            .warm_retry_at
+        let wait = [i.warm.retry_at, i.preloaded.retry_at]
+            .into_iter()
+            .flatten()
+            .min()
             .map(|t| t.saturating_duration_since(std::time::Instant::now()))
             .unwrap_or(Duration::from_secs(5))
             .clamp(Duration::from_millis(10), Duration::from_secs(5));
@@ -473,32 +676,55 @@ fn keeper(pool: std::sync::Weak<Pool>) {
     }
 }
 
-/// Starts making a warm zygote from `base` on a thread of its own, unless
-/// one is up, being made, or a retry after a failure is not due yet. When
-/// it is up it takes over the forking and the spares of the base zygote
-/// are replaced.
-fn start_warming(p: &Arc<Pool>, pool: &std::sync::Weak<Pool>, base: &Arc<Zygote>) {
+/// Starts making the `which` zygote from `parent` on a thread of its own,
+/// unless it is up, being made, or a retry after a failure is not due yet.
+/// When it is up it takes over its forks: the warm zygote those of the
+/// base one (whose spares are replaced), the preloaded one those of code
+/// that names a preload.
+fn start_making(p: &Arc<Pool>, pool: &std::sync::Weak<Pool>, parent: &Arc<Zygote>, which: Which) {
     let mut i = lock(&p.inner);
-    if i.warming || i.warm.as_ref().is_some_and(|z| z.is_alive()) {
+    let stage = i.stage(which);
+    if stage.making || stage.live().is_some() {
         return;
     }
-    if i.warm_retry_at
+    if stage
+        .retry_at
         .is_some_and(|t| std::time::Instant::now() < t)
     {
         return;
     }
-    // A warm zygote that died left dead spares behind.
-    let dead = i.warm.take().map(|_| std::mem::take(&mut i.spares));
-    i.warming = true;
+    // A zygote that died left dead spares behind; so did its preloaded
+    // child, which died with it. (Before the first warm zygote, the warm
+    // spares are the base zygote's: they stay until it is up.)
+    let had = stage.zygote.take().is_some();
+    let mut dead = Vec::new();
+    if had {
+        dead.push(std::mem::take(&mut stage.spares));
+    }
+    stage.making = true;
+    if which == Which::Warm && had {
+        let (z, spares) = i.preloaded.clear();
+        drop(z);
+        dead.push(spares);
+    }
     drop(i);
     drop(dead);
-    let (weak, base) = (pool.clone(), base.clone());
+    let (weak, parent) = (pool.clone(), parent.clone());
+    let name = match which {
+        Which::Warm => "rvisor-warm-zygote",
+        Which::Preloaded => "rvisor-preloaded-zygote",
+    };
     let spawned = std::thread::Builder::new()
-        .name("rvisor-warm-zygote".into())
+        .name(name.into())
         .spawn(move || {
             let Some(p) = weak.upgrade() else { return };
             let cfg = p.base.clone();
-            let preload = p.cfg.preload.clone();
+            // The warm zygote loads no package; the preloaded one the
+            // pool's list (None: ggplot2 when installed).
+            let preload = match which {
+                Which::Warm => Some(Vec::new()),
+                Which::Preloaded => p.cfg.preload.clone(),
+            };
             drop(p);
             let poke = {
                 let weak = weak.clone();
@@ -508,38 +734,92 @@ fn start_warming(p: &Arc<Pool>, pool: &std::sync::Weak<Pool>, base: &Arc<Zygote>
                     }
                 }
             };
-            let made = base.warm(&cfg, preload.as_deref(), true, poke);
+            let made = parent.warm(&cfg, preload.as_deref(), true, poke);
             let Some(p) = weak.upgrade() else { return };
             let mut i = lock(&p.inner);
-            i.warming = false;
-            let same_base = i.base.as_ref().is_some_and(|b| Arc::ptr_eq(b, &base));
-            let old_spares = match made {
-                Ok(w) if same_base && base.is_alive() => {
-                    i.warm = Some(Arc::new(w));
-                    i.starts += 1;
-                    i.warm_failed = false;
-                    i.warm_retry_at = None;
-                    i.warm_backoff = Duration::from_millis(250);
-                    std::mem::take(&mut i.spares)
-                }
-                Ok(_) => VecDeque::new(), // its base was replaced: it dies with it
-                Err(e) => {
-                    i.last_error = Some(format!("warm zygote: {e}"));
-                    i.warm_failed = true;
-                    let wait = i.warm_backoff.max(Duration::from_millis(250));
-                    i.warm_retry_at = Some(std::time::Instant::now() + wait);
-                    i.warm_backoff = (wait * 2).min(Duration::from_secs(30));
-                    VecDeque::new()
-                }
+            let same_parent = match which {
+                Which::Warm => i.base.as_ref().is_some_and(|b| Arc::ptr_eq(b, &parent)),
+                Which::Preloaded => i.warm.live().is_some_and(|w| Arc::ptr_eq(&w, &parent)),
             };
+            let mut old_spares = VecDeque::new();
+            let mut unused = None;
+            match made {
+                Ok(z) if same_parent && parent.is_alive() => {
+                    if which == Which::Preloaded && z.hello().preloaded.is_empty() {
+                        // None of the packages is installed: nothing to
+                        // fork from it that the warm zygote has not.
+                        i.nothing_to_preload = true;
+                        unused = Some(z);
+                    } else {
+                        if which == Which::Warm {
+                            old_spares = std::mem::take(&mut i.warm.spares);
+                        }
+                        i.stage(which).zygote = Some(Arc::new(z));
+                    }
+                    i.starts += 1;
+                    let stage = i.stage(which);
+                    stage.failed = false;
+                    stage.retry_at = None;
+                    stage.backoff = Duration::from_millis(250);
+                }
+                Ok(_) => {} // its parent was replaced: it dies with it
+                Err(e) => {
+                    let label = match which {
+                        Which::Warm => "warm zygote",
+                        Which::Preloaded => "preloaded zygote",
+                    };
+                    i.last_error = Some(format!("{label}: {e}"));
+                    let stage = i.stage(which);
+                    stage.failed = true;
+                    let wait = stage.backoff.max(Duration::from_millis(250));
+                    stage.retry_at = Some(std::time::Instant::now() + wait);
+                    stage.backoff = (wait * 2).min(Duration::from_secs(30));
+                }
+            }
+            i.stage(which).making = false;
             drop(i);
             drop(old_spares);
+            if let Some(z) = unused {
+                z.kill();
+            }
             p.cv.notify_all();
         });
     if spawned.is_err() {
         let mut i = lock(&p.inner);
-        i.warming = false;
-        i.warm_failed = true;
-        i.warm_retry_at = Some(std::time::Instant::now() + Duration::from_secs(1));
+        let stage = i.stage(which);
+        stage.making = false;
+        stage.failed = true;
+        stage.retry_at = Some(std::time::Instant::now() + Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_package;
+
+    #[test]
+    fn a_package_is_named_as_a_whole_word() {
+        for code in [
+            "library(ggplot2)",
+            "library('ggplot2'); ggplot(mtcars)",
+            "p <- ggplot2::ggplot(mtcars)",
+            "requireNamespace(\"ggplot2\")",
+            "x <- 1\nsuppressMessages(require(ggplot2))",
+            "ggplot2",
+        ] {
+            assert!(names_package(code, "ggplot2"), "{code}");
+        }
+        for code in [
+            "1 + 1",
+            "ggplot(mtcars)",
+            "library(ggplot2movies)",
+            "my.ggplot2 <- 1",
+            "x_ggplot2",
+            "ggplot2_theme()",
+            "ggplot",
+        ] {
+            assert!(!names_package(code, "ggplot2"), "{code}");
+        }
+        assert!(!names_package("anything", ""));
     }
 }

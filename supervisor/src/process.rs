@@ -7,7 +7,7 @@
 //! `zygote` (which starts the zygote and forks workers): neither imports the
 //! other through it.
 
-use crate::confine::{Cgroups, Confinement, Limits, Uids};
+use crate::confine::{AllowedProgram, Cgroups, Confinement, Limits, Uids};
 use crate::error::{ConfineError, Error};
 use crate::ids;
 use rvisor_protocol::{write_frame, FrameError, ToWorker};
@@ -55,6 +55,9 @@ pub struct WorkerConfig {
     pub cgroups: Option<Arc<Cgroups>>,
     /// The uids confined workers get (this supervisor's host-wide block).
     pub uids: Option<Arc<Uids>>,
+    /// The programs confined workers may run, resolved (set by the
+    /// supervisor from `Confinement.programs`).
+    pub programs: Vec<AllowedProgram>,
 }
 
 impl Default for WorkerConfig {
@@ -69,6 +72,7 @@ impl Default for WorkerConfig {
             confine: None,
             cgroups: None,
             uids: None,
+            programs: Vec::new(),
         }
     }
 }

@@ -638,17 +638,27 @@ struct PoolSource {
     pool: Arc<crate::Pool>,
     cfg: WorkerConfig,
     registry: Arc<Registry>,
+    /// A call of the session named a preloaded package: its workers come
+    /// from the preloaded zygote from then on (the next one after a reset
+    /// or hibernation too).
+    preloads: bool,
 }
 
 impl WorkerSource for PoolSource {
     fn start(&mut self) -> Result<Worker, Error> {
-        let w = self.pool.acquire(&self.cfg)?;
+        let w = self.pool.acquire_with(&self.cfg, self.preloads)?;
         self.registry.insert(&w);
         Ok(w)
     }
 
     fn forget(&mut self, w: &Worker) {
         self.registry.remove(w);
+    }
+
+    fn will_run(&mut self, code: &str) {
+        if !self.preloads && self.pool.names_preload(code) {
+            self.preloads = true;
+        }
     }
 }
 
@@ -1584,7 +1594,9 @@ impl Shared {
                 i.state = SessionState::Starting;
             }
 
-            // Start a worker if there is none (lazily, or after a reset).
+            // Start a worker if there is none (lazily, or after a reset):
+            // with the preloads if this call (or an earlier one) names one.
+            source.will_run(&call.code);
             if worker.is_none() {
                 match self.start_worker(&mut source) {
                     Ok(w) => {
@@ -2227,7 +2239,8 @@ impl Supervisor {
         if cfg.worker.worker_bin.is_none() {
             crate::locate_worker()?;
         }
-        let mut sandbox = crate::confine::probe(&cfg.confinement).map_err(Error::Confinement)?;
+        let mut sandbox = crate::confine::probe(&cfg.confinement, &cfg.worker.temp_root)
+            .map_err(Error::Confinement)?;
         if cfg.confinement.enabled {
             cfg.confinement
                 .limits
@@ -2252,10 +2265,12 @@ impl Supervisor {
                 return Err(Error::Confinement(ConfineError::NeedsZygote));
             }
             cfg.worker.confine = Some(cfg.confinement.clone());
+            cfg.worker.programs = sandbox.programs.clone().unwrap_or_default();
         } else {
             cfg.worker.confine = None;
             cfg.worker.cgroups = None;
             cfg.worker.uids = None;
+            cfg.worker.programs = Vec::new();
         }
         sweep_stale_dirs(&cfg.worker.temp_root);
         mark("supervisor.probed");
@@ -2431,6 +2446,7 @@ impl Supervisor {
             pool: self.inner.pool.clone(),
             cfg: worker_cfg,
             registry: self.inner.registry.clone(),
+            preloads: false,
         };
         let session = start_runner(shared, source)?;
         let mut sessions = lock(&self.inner.sessions);
@@ -2632,7 +2648,9 @@ impl Supervisor {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
         mark("run_once.acquire");
-        let acquired = self.inner.pool.acquire(&cfg);
+        let pool = &self.inner.pool;
+        let preloads = pool.names_preload(code) || preamble.is_some_and(|p| pool.names_preload(p));
+        let acquired = pool.acquire_with(&cfg, preloads);
         mark("run_once.acquired");
         let mut worker = match acquired {
             Ok(w) => w,

@@ -99,6 +99,10 @@ pub(crate) trait WorkerSource: Send + 'static {
     fn start(&mut self) -> Result<Worker, Error>;
     /// Forgets a worker that has ended or is being ended.
     fn forget(&mut self, w: &Worker);
+    /// Sees the code of each call the session is about to run, before a
+    /// worker is started for it: a call naming a preloaded package makes
+    /// this and later workers of the session come with the preloads.
+    fn will_run(&mut self, _code: &str) {}
 }
 
 /// A running worker.

@@ -456,7 +456,13 @@ impl Zygote {
                     None => Vec::new(),
                 };
                 (
-                    Some(crate::confine::request(c, uid, &cfg.libpath, &groups)),
+                    Some(crate::confine::request(
+                        c,
+                        uid,
+                        &cfg.libpath,
+                        &groups,
+                        &cfg.programs,
+                    )),
                     Some(uid),
                     groups,
                 )

@@ -135,7 +135,10 @@ fn measure(vg: &Path, dir: &Path, name: &str, code: &str, calls: usize) -> Resul
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nexec {} --tool=callgrind --collect-atstart=no \
+            // RVISOR_WORKER_WARM: the worker compiles its driver and warms
+            // its condition handlers as the warm zygote does, so the calls
+            // counted are those of a session's worker.
+            "#!/bin/sh\nRVISOR_WORKER_WARM=1 exec {} --tool=callgrind --collect-atstart=no \
              --toggle-collect='*serve::answer_call*' --callgrind-out-file={} -q {} \"$@\"\n",
             vg.display(),
             out.display(),

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 mod batch_rows;
 pub mod instructions;
+mod memory;
 pub mod sessions_load;
 mod startup;
 
@@ -226,15 +227,22 @@ pub struct Report {
     /// (`--only instructions`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instructions: Option<instructions::Counts>,
+    /// Live sessions' memory after a full gc(), rvisor and Rserve
+    /// (`--only memory`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_after_gc: Option<memory::MemoryReport>,
 }
 
 /// Parts of the benchmark (`rvisor bench --only`). `sessions-load` runs
 /// only when named (minutes, and gigabytes of checkpoints at its defaults),
-/// and so does `instructions` (minutes under valgrind).
-pub const SECTIONS: [&str; 5] = [
+/// and so does `instructions` (minutes under valgrind). `memory` (live
+/// sessions after a full gc(), rvisor and Rserve: about a minute) runs by
+/// default and with `--quick` too.
+pub const SECTIONS: [&str; 6] = [
     "latency",
     "startup",
     "batch",
+    "memory",
     "sessions-load",
     "instructions",
 ];
@@ -278,6 +286,7 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
             batch: None,
             sessions_load: None,
             instructions: None,
+            memory_after_gc: None,
         }
     };
     if o.wants("startup") {
@@ -290,6 +299,11 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
         let reps = o.reps.unwrap_or(if o.quick { 1 } else { 3 });
         let scripts = o.scripts.unwrap_or(if o.quick { 40 } else { 300 });
         report.batch = Some(batch_rows::run(scripts, reps, progress)?);
+    }
+    if o.wants("memory") {
+        ensure_peers(progress);
+        let mut peers = Peers::start();
+        report.memory_after_gc = Some(memory::run(peers.as_mut(), progress)?);
     }
     if o.wants("sessions-load") {
         report.sessions_load = Some(sessions_load::run(&o.load, progress)?);
@@ -409,7 +423,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The R peer driver in a child process.
-struct Peers {
+pub(crate) struct Peers {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -438,7 +452,7 @@ impl Peers {
     }
 
     /// Sends one request; returns the samples or why there are none.
-    fn ask(&mut self, peer: &str, workload: &str, n: usize) -> Result<Vec<f64>, String> {
+    pub(crate) fn ask(&mut self, peer: &str, workload: &str, n: usize) -> Result<Vec<f64>, String> {
         writeln!(self.stdin, "{peer} {workload} {n}").map_err(|e| e.to_string())?;
         self.stdin.flush().map_err(|e| e.to_string())?;
         loop {
@@ -564,12 +578,15 @@ fn machine() -> String {
     )
 }
 
+/// The session the workloads run in. It runs a ggplot workload, and says
+/// so first: its first call names ggplot2, so its worker comes from the
+/// preloaded zygote, as such a session's does.
 fn rvisor_session(sup: &Supervisor) -> Result<Session, String> {
     let s = sup.session().map_err(|e| e.to_string())?;
     for code in [
+        "invisible(loadNamespace('ggplot2'))",
         "x <- 0",
         "dat <- data.frame(a = 1:2000, b = rnorm(2000), c = sample(letters, 2000, TRUE))",
-        "invisible(loadNamespace('ggplot2'))",
     ] {
         s.run(code).map_err(|e| e.to_string())?.wait();
     }
@@ -644,6 +661,11 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
     let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); SYSTEMS.len()]; WORKLOADS.len()];
     let mut notes: Vec<Vec<Option<String>>> = vec![vec![None; SYSTEMS.len()]; WORKLOADS.len()];
     let fast = RunOptions::default();
+    let plot_800 = RunOptions {
+        plot_width: Some(800),
+        plot_height: Some(600),
+        ..RunOptions::default()
+    };
     let mut kept_all = true;
 
     for round in 0..rounds {
@@ -717,6 +739,12 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
                             kept_all &=
                                 kept.console.contains("TRUE") && r.outcome == Outcome::TimedOut;
                             Ok(vec![late])
+                        }
+                        // The plot workloads draw 800x600 pages on every
+                        // system (rvisor's default is 1000x650: a third
+                        // more pixels to render, compress and send).
+                        "base_plot" | "ggplot" => {
+                            rvisor_calls(&session, w.code.unwrap_or(""), k_fast, &plot_800)
                         }
                         _ => rvisor_calls(&session, w.code.unwrap_or("1+1"), k_fast, &fast),
                     },
@@ -978,29 +1006,46 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         };
         extra.push(summarise(label, "rvisor", v, Some(note.into())));
     }
-    let (mut first, mut later) = (Vec::new(), Vec::new());
+    let (mut first, mut later, mut on_first_use) = (Vec::new(), Vec::new(), Vec::new());
     let gg = "print(ggplot2::ggplot(mtcars, ggplot2::aes(wt, mpg)) + ggplot2::geom_point())";
     for _ in 0..k.min(8) {
+        // A session that names ggplot2 (its worker comes with it preloaded).
         let s = sup.session().map_err(|e| e.to_string())?;
-        s.run("1").map_err(|e| e.to_string())?.wait();
+        s.run("library(ggplot2)").map_err(|e| e.to_string())?.wait();
         let t = Instant::now();
         s.run(gg).map_err(|e| e.to_string())?.wait();
         first.push(ms(t.elapsed()));
         let t = Instant::now();
         s.run(gg).map_err(|e| e.to_string())?.wait();
         later.push(ms(t.elapsed()));
+        // One whose earlier calls did not: ggplot2 is loaded on first use.
+        let s = sup.session().map_err(|e| e.to_string())?;
+        s.run("1").map_err(|e| e.to_string())?.wait();
+        let t = Instant::now();
+        s.run(gg).map_err(|e| e.to_string())?.wait();
+        on_first_use.push(ms(t.elapsed()));
     }
     extra.push(summarise(
         "first_ggplot_in_new_session",
         "rvisor",
         first,
-        None,
+        Some("after library(ggplot2), the session's first call".into()),
     ));
     extra.push(summarise(
         "later_ggplot_same_session",
         "rvisor",
         later,
         None,
+    ));
+    extra.push(summarise(
+        "first_ggplot_loaded_on_first_use",
+        "rvisor",
+        on_first_use,
+        Some(
+            "after `1`: the session's earlier calls did not name ggplot2, so its worker \
+             has it not preloaded and loads it"
+                .into(),
+        ),
     ));
     // A worker killed and replaced (what a timeout kill or a reset does),
     // then the next call.
@@ -1056,6 +1101,7 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         batch: None,
         sessions_load: None,
         instructions: None,
+        memory_after_gc: None,
     })
 }
 
@@ -1076,6 +1122,9 @@ pub fn table(r: &Report) -> String {
     }
     if let Some(b) = &r.batch {
         s.push_str(&batch_rows::table(b));
+    }
+    if let Some(m) = &r.memory_after_gc {
+        s.push_str(&memory::table(m));
     }
     if let Some(l) = &r.sessions_load {
         s.push_str(&sessions_load::table(l));

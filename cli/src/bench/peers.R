@@ -142,9 +142,60 @@ rs_process_start <- function(n) {
   out
 }
 
+## Memory of live sessions after a full gc() (`rvisor bench --only
+## memory`): a daemon of its own (nothing preloaded, as Rserve::Rserve()
+## starts it), n connections (a forked child each), the case's calls in
+## every connection in turn, then the PSS of the daemon's whole process
+## tree (smaps_rollup) / n and the median private bytes of a connection's
+## process. The calls match cli/src/bench/memory.rs's CASES.
+rs_ggplot <- quote({
+  f <- tempfile(fileext = ".png"); grDevices::png(f, 800, 600)
+  print(ggplot2::ggplot(mtcars, ggplot2::aes(wt, mpg)) + ggplot2::geom_point()); grDevices::dev.off()
+  unlink(f); NULL
+})
+rs_gc <- quote({ v <- rnorm(1e5); invisible(gc()); NULL })
+memory_cases <- list(
+  gc = list(rs_gc),
+  ggplot_gc = list(rs_ggplot, rs_gc),
+  ggplot_later_gc = list(quote({ v <- rnorm(1e5); NULL }), rs_ggplot, quote({ invisible(gc()); NULL }))
+)
+ppid_of <- function(pid) {
+  s <- tryCatch(readLines(sprintf("/proc/%s/stat", pid), warn = FALSE), error = function(e) "")
+  if (!length(s) || !nzchar(s)) return(NA_integer_)
+  as.integer(strsplit(sub(".*\\) ", "", s), " ")[[1]][2])
+}
+rs_memory_tree <- function(case, n) {
+  calls <- memory_cases[[case]]
+  if (is.null(calls)) return(paste("NA memory case", case, "unknown"))
+  port <- 7000L + sample.int(2000L, 1L)
+  Rserve::Rserve(port = port, args = "--no-save --slave", quote = FALSE)
+  conns <- list()
+  for (j in 1:2000) {
+    k <- tryCatch(RSclient::RS.connect(port = port), error = function(e) NULL)
+    if (!is.null(k)) break
+    Sys.sleep(0.005)
+  }
+  if (is.null(k)) return("NA Rserve did not start")
+  conns[[1]] <- k
+  daemon <- RSclient::RS.eval(k, as.integer(strsplit(sub(".*\\) ", "", readLines("/proc/self/stat")), " ")[[1]][2]))
+  on.exit({
+    for (c in conns) try(RSclient::RS.close(c), silent = TRUE)
+    invisible(tools::pskill(daemon, tools::SIGTERM))
+  })
+  for (i in seq_len(n - 1)) conns[[i + 1]] <- RSclient::RS.connect(port = port)
+  for (code in calls) for (c in conns) RSclient::RS.eval(c, code, lazy = FALSE)
+  Sys.sleep(0.5)
+  procs <- as.integer(list.files("/proc", pattern = "^[0-9]+$"))
+  kids <- procs[vapply(procs, function(p) identical(ppid_of(p), as.integer(daemon)), TRUE)]
+  tree <- c(daemon, kids)
+  mem <- vapply(tree, memory_of, numeric(3))
+  c(sum(mem[2, ], na.rm = TRUE) / n, stats::median(mem[3, -1], na.rm = TRUE), length(kids))
+}
+
 run_rserve <- function(workload, n) {
   if (!has_rs) return("NA Rserve/RSclient not installed")
   if (workload == "process_start") return(rs_process_start(n))
+  if (startsWith(workload, "pss_")) return(rs_memory_tree(sub("^pss_", "", workload), n))
   if (is.null(rs_conn)) {
     rs_conn <<- tryCatch(rs_start(), error = function(e) NULL)
     if (is.null(rs_conn)) return("NA Rserve did not start")

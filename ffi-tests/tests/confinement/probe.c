@@ -37,6 +37,7 @@
 static int err_of(long rc) { return rc < 0 ? errno : 0; }
 
 static char *sh_argv[] = {"/bin/sh", "-c", "id", NULL};
+static char *id_argv[] = {"/usr/bin/id", NULL};
 static char *no_env[] = {NULL};
 
 /* A child that does nothing until it is killed (bounded by the caller). */
@@ -75,6 +76,42 @@ static int probe(const char *name) {
         return (execve("/bin/sh", sh_argv, no_env), errno);
     if (!strcmp(name, "execveat_sh"))
         return err_of(syscall(SYS_execveat, AT_FDCWD, "/bin/sh", sh_argv, no_env, 0));
+    /* With programs allowed (execve let through): a program not on the
+     * allow-list, a copy of an allowed one in the scratch space, mapping a
+     * program executable (what `ld.so PROGRAM` does), and access(X_OK). */
+    if (!strcmp(name, "execve_id"))
+        return (execve("/usr/bin/id", id_argv, no_env), errno);
+    if (!strcmp(name, "execveat_id"))
+        return err_of(syscall(SYS_execveat, AT_FDCWD, "/usr/bin/id", id_argv, no_env, 0));
+    if (!strcmp(name, "execve_copy_in_tmp")) {
+        int in = open("/bin/sh", O_RDONLY | O_CLOEXEC);
+        int out = open("/tmp/rv-copied-sh", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+        if (in < 0 || out < 0)
+            return errno;
+        char buf[65536];
+        ssize_t n;
+        while ((n = read(in, buf, sizeof buf)) > 0)
+            if (write(out, buf, (size_t)n) != n)
+                return errno;
+        close(in);
+        close(out);
+        return (execve("/tmp/rv-copied-sh", sh_argv, no_env), errno);
+    }
+    if (!strcmp(name, "mmap_exec_program")) {
+        int fd = open("/usr/bin/id", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return errno;
+        void *m = mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+        int e = m == MAP_FAILED ? errno : 0;
+        if (m != MAP_FAILED)
+            munmap(m, 4096);
+        close(fd);
+        return e;
+    }
+    if (!strcmp(name, "access_x_program"))
+        return err_of(access("/usr/bin/id", X_OK));
+    if (!strcmp(name, "memfd_secret"))
+        return err_of(syscall(SYS_memfd_secret, 0));
     if (!strcmp(name, "fexecve_memfd")) {
         int fd = (int)syscall(SYS_memfd_create, "x", 0);
         if (fd < 0)
