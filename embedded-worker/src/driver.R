@@ -723,13 +723,11 @@ install_program_guard <- function() {
   for (f in c("allowed", "path_dirs", "command_words", "locate", "refused", "refusal",
               "sys_which", "run_system", "run_pipe"))
     environment(g[[f]]) <- g
-  replace_base <- function(name, value) {
-    for (e in list(baseenv(), .BaseNamespaceEnv)) {
-      unlockBinding(name, e)
-      assign(name, value, envir = e)
-      lockBinding(name, e)
-    }
-  }
+  # The new bindings, made in one loop below: a helper closure called
+  # for each would be compiled by R's JIT on its second call, which forces
+  # most of the compiler's lazily loaded functions (~56,000 cons cells,
+  # in every worker forked after it, counted by a user's gc()).
+  replaced <- list()
   # system(), system2() and pipe() as they are, but for their last call
   # into R's internals, which goes to ours; each keeps its formals and
   # finds the rest in base. Left alone if this R wrote them otherwise.
@@ -753,9 +751,16 @@ install_program_guard <- function() {
     else next
     body(f) <- b
     environment(f) <- inner
-    replace_base(sw[[1L]], f)
+    replaced[[sw[[1L]]]] <- f
   }
-  replace_base("Sys.which", g$sys_which)
+  replaced$Sys.which <- g$sys_which
+  for (name in names(replaced)) {
+    for (e in list(baseenv(), .BaseNamespaceEnv)) {
+      unlockBinding(name, e)
+      assign(name, replaced[[name]], envir = e)
+      lockBinding(name, e)
+    }
+  }
   programs$installed <- TRUE
   invisible()
 }
@@ -779,8 +784,9 @@ env_strings <- function() .Internal(Sys.getenv(character(), ""))
 ## a user's gc() counts (docs/r-semantics.md). Each name a part defines is
 ## bound to a promise that loads the whole part into this environment.
 ## Called once, with every part (the text of each): R's JIT compiles a
-## closure with a loop on its second call, which would load the compiler's
-## namespace into every worker.
+## closure with a loop on its second call, and a first compile forces most
+## of the compiler's lazily loaded functions (~56,000 cons cells) in every
+## worker.
 on_demand <- function(...) {
   env <- environment(on_demand)
   for (text in c(...)) {

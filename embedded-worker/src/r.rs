@@ -780,8 +780,10 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         Rf_defineVar(Rf_install(c"tool_sym".as_ptr()), sym, driver);
         eval_string(DRIVER_SOURCE, driver)
             .map_err(|e| format!("failed to load the driver: {e}"))?;
-        // One call for all parts: R's JIT compiles a closure (and loads the
-        // compiler's namespace, some 56,000 cons cells) on its second call.
+        // One call for all parts: R's JIT compiles a closure on its second
+        // call, and a worker's first compile forces most of the compiler's
+        // lazily loaded functions (some 56,000 cons cells, which every
+        // user's gc() would count).
         let tok = RThread::assume();
         protected(tok, |scope| {
             let parts = DRIVER_PARTS.map(|text| scope.protect(mk_string(text)));

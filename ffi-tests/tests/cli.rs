@@ -213,10 +213,13 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
     // "The corpus"): kept small. The driver's rarely used parts
     // (validation, checkpoints) stay text until first used; attaching its
     // helpers leaves no caches of the methods package; no closure of the
-    // driver is called twice before user code (R's JIT would compile it
-    // and load the compiler's namespace, some 56,000 cons cells). Measured
-    // on R 4.2: 11,051 cons cells and 12,834 vector cells more than
-    // Rscript before, 5,727 and 6,376 after.
+    // driver or of its program guard is called twice before user code
+    // (R's JIT would compile it, and a worker's first compile forces most
+    // of the compiler's lazily loaded functions, some 56,000 cons cells).
+    // Measured on R 4.2: 11,051 cons cells and 12,834 vector cells more
+    // than Rscript before, 5,727 and 6,376 after; 8,036 and 6,742 with the
+    // program guard's code (the allow-list of programs), which every
+    // confined worker holds.
     let f = script(
         "invisible(gc()); g <- gc()
          cat(g[1, 1], g[2, 1], '\n')
@@ -249,7 +252,7 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
     let (theirs, rns) = counts(rscript, "Rscript");
     assert_eq!(ns, rns, "loaded namespaces");
     let (n, v) = (ours[0] - theirs[0], ours[1] - theirs[1]);
-    assert!((0..7_000).contains(&n), "{n} cons cells more than Rscript");
+    assert!((0..9_000).contains(&n), "{n} cons cells more than Rscript");
     assert!(
         (0..9_000).contains(&v),
         "{v} vector cells more than Rscript"
