@@ -395,19 +395,46 @@ pub(crate) fn follow_events(
 
 /// After [`follow_events`]: the plots, and the console text the stream
 /// did not carry (a notice the supervisor put first, raw output of child
-/// processes and C code after), to stderr.
+/// processes and C code after), each part where its segment goes: raw
+/// standard output (a program's that `system()` ran) to stdout, as under
+/// Rscript, the rest to stderr.
 pub(crate) fn print_rest(
     r: &RunResult,
     printed: &str,
     mut on_plot: impl FnMut(&rvisor::Plot, &mut dyn Write) -> Result<()>,
 ) -> Result<()> {
-    let mut err = std::io::stderr().lock();
-    let all: String = r.segments.iter().filter_map(|s| s.console_text()).collect();
+    let parts: Vec<(bool, String)> = r
+        .segments
+        .iter()
+        .filter_map(|s| Some((matches!(s, Segment::Stdout { .. }), s.console_text()?)))
+        .collect();
+    let all: String = parts.iter().map(|(_, t)| t.as_str()).collect();
     let streamed = without_result_block(printed);
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr().lock();
     if let Some(at) = all.find(streamed.as_str()) {
-        err.write_all(&all.as_bytes()[..at])?;
-        err.write_all(&all.as_bytes()[at + streamed.len()..])?;
+        let shown = at..at + streamed.len();
+        let mut start = 0;
+        for (to_stdout, text) in &parts {
+            let end = start + text.len();
+            // This segment's bytes before and after the streamed text.
+            for range in [start..end.min(shown.start), start.max(shown.end)..end] {
+                if range.start >= range.end {
+                    continue;
+                }
+                let bytes = &all.as_bytes()[range];
+                if *to_stdout {
+                    err.flush()?;
+                    out.write_all(bytes)?;
+                } else {
+                    out.flush()?;
+                    err.write_all(bytes)?;
+                }
+            }
+            start = end;
+        }
     }
+    out.flush()?;
     for p in &r.plots {
         on_plot(p, &mut err)?;
     }

@@ -307,6 +307,31 @@ fn run_finds_the_callers_project_root_as_rscript_does_once_the_project_is_expose
 }
 
 #[test]
+fn run_prints_a_programs_output_on_stdout_as_rscript_does() {
+    // A program system() runs writes to the worker's own standard output
+    // (raw output, attached to the result after the call's console text);
+    // under Rscript it is standard output: `rvisor run x.R > out` keeps it
+    // (the corpus found glue's shell transformer's output on stderr).
+    let f = script("cat('before\\n'); system('echo from-sh'); cat('after\\n')\n");
+    let out = rvisor()
+        .args(["--allow-program", "cat", "run"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("before\nafter\n"), "{stdout}");
+    assert!(
+        stdout.contains("from-sh\n"),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(!stderr.contains("from-sh"), "{stderr}");
+}
+
+#[test]
 fn run_writes_timing_marks_in_causal_order_when_asked() {
     let f = script("1 + 1\n");
     let marks =
