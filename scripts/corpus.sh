@@ -11,6 +11,8 @@
 #   CORPUS_KEEP=DIR     both sides of every script that does not match
 #   CORPUS_TIMEOUT=120  seconds per run
 #   CORPUS_BATCH=1      the scripts through `rvisor batch` too (a column)
+#   CORPUS_FLAGS="--allow-program cat --read-only /var/lib/dpkg"
+#                       flags for rvisor (programs, paths it may read)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -q -p rvisor-cli -p rvisor-worker

@@ -31,7 +31,10 @@
 ## both sides of every script that does not match (normalised stdout, and
 ## stderr as .err.txt), CORPUS_TIMEOUT (default 120) is each run's limit in
 ## seconds, CORPUS_BATCH=1 runs the scripts through `rvisor batch
-## --no-preload -j JOBS` too. Corpus classes: docs/r-semantics.md.
+## --no-preload -j JOBS` too, CORPUS_FLAGS="--allow-program cat ..." are
+## flags for rvisor (split at spaces: programs allowed besides the
+## default, pandoc; paths exposed read-only). Corpus classes:
+## docs/r-semantics.md.
 
 args <- commandArgs(trailingOnly = TRUE)
 vignettes <- length(args) >= 1L && identical(args[[1L]], "--vignettes")
@@ -202,6 +205,8 @@ run_batch <- function(files, flags) {
 ## writes far more.
 out_cap <- 1e6
 run_timeout <- as.numeric(Sys.getenv("CORPUS_TIMEOUT", "120"))
+## rvisor's flags of the operator (--allow-program, --read-only...).
+allow_flags <- strsplit(trimws(Sys.getenv("CORPUS_FLAGS")), " +")[[1L]]
 
 ## Every installed package's vignette code, one package once (the first
 ## library of .libPaths() that has it, as library() picks), sorted by
@@ -270,7 +275,8 @@ rvisor_side <- function(f) {
   dir <- file.path(work, "runs", paste0(sub("[.]R$", "", basename(f)), ".rvisor"))
   plots <- paste0(dir, ".plots")
   env <- if (nzchar(Sys.getenv("RVISOR_WORKER"))) paste0("RVISOR_WORKER=", Sys.getenv("RVISOR_WORKER"))
-  r <- run_in(c(rvisor, "run", "--timeout", run_timeout, "--plots-dir", plots, f), dir, env)
+  r <- run_in(c(rvisor, allow_flags, "run", "--timeout", run_timeout, "--plots-dir", plots, f),
+              dir, env)
   r$plots <- length(list.files(plots))
   r$wd <- dir
   r
@@ -304,10 +310,14 @@ normalise <- function(x, wd) {
   x
 }
 
-## How a confined worker's refused programs show: R's words for a failed
-## system(), system2(), pipe() or Sys.which(). Until programs can be
-## allowed (the operator's allow-list), a script that needs one differs.
-refused_pattern <- "cannot popen|error in running command|had status 127|cannot run program|sh: [0-9]+: .*: not found"
+## How a confined worker's refused programs show: rvisor's words for a
+## program outside the operator's allow-list of programs ("rvisor: 'cat'
+## was not run: ..."), and R's for a failed system(), system2(), pipe()
+## or Sys.which() (which a worker without the guard gives). A script that
+## needs a program the allow-list leaves out differs.
+refused_pattern <- paste("rvisor: .* (was|were) not run: |allow-list of programs|cannot popen",
+                         "error in running command|had status 127|sh: [0-9]+: .*: not found",
+                         sep = "|")
 refused <- function(r) any(grepl(refused_pattern, c(r$stdout, r$stderr)))
 
 ## Differences that are choices (docs/r-semantics.md, "The corpus"), each
@@ -404,7 +414,7 @@ vignettes_mode <- function() {
     bdir <- file.path(work, "runs", "batch")
     dir.create(bdir, recursive = TRUE)
     old <- setwd(bdir)
-    batch <- run_batch(unname(files), c("--no-preload", "--timeout", run_timeout))
+    batch <- run_batch(unname(files), c(allow_flags, "--no-preload", "--timeout", run_timeout))
     setwd(old)
     res$batch <- vapply(seq_along(files), function(i) {
       b <- batch[[files[[i]]]]
