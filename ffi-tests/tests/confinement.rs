@@ -1368,7 +1368,12 @@ cat("status =", .C("rv_system", status = integer(1))$status, "\n")
 /// found by its name: its directory comes first on the worker's PATH.
 #[test]
 fn programs_one_outside_the_system_paths_is_bound_in_and_found_by_name() {
-    let dir = host_dir("elsewhere");
+    // Outside /tmp, which workers see as their own: a checkout under
+    // /tmp has its target/ (CARGO_TARGET_TMPDIR) there.
+    let dir = TestDir::new_in(
+        Path::new("/var/tmp"),
+        &format!("rvisor-confinement-elsewhere-{}", std::process::id()),
+    );
     let bin = dir.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let tool = bin.join("rv-id");

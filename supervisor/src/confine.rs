@@ -1261,9 +1261,10 @@ mod tests {
 
     #[test]
     fn a_script_brings_its_interpreter_and_a_missing_program_is_an_error() {
-        // Outside /tmp, which workers see as their own.
-        let d = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/tmp"))
-            .join(format!("programs-unit-{}", std::process::id()));
+        // Outside /tmp, which workers see as their own (and which a
+        // checkout under /tmp would put target/ in).
+        let d =
+            PathBuf::from("/var/tmp").join(format!("rvisor-programs-unit-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         let script = d.join("tool");
         std::fs::write(&script, "#! /usr/bin/env sh\necho hi\n").unwrap();
