@@ -536,16 +536,33 @@ init <- function(plot_dir) {
 compile_driver <- function() {
   # Once: a preloaded zygote is forked from the warm one, compiled already.
   if (isTRUE(state$compiled)) return(invisible())
+  adopt_compiled(compiled_closures())
+}
+
+## The driver's closures, byte-compiled, by name.
+compiled_closures <- function() {
   env <- environment(compile_driver)
-  old <- list(handlers = our_handlers, on_new_page = on_new_page)
+  out <- list()
   for (nm in ls(env, all.names = TRUE)) {
     f <- get(nm, envir = env)
-    if (typeof(f) == "closure" && !identical(nm, "compile_driver")) {
+    if (typeof(f) == "closure" && identical(environment(f), env) &&
+        !nm %in% c("compile_driver", "compiled_closures", "adopt_compiled",
+                   "compile_driver_to_file", "install_compiled_driver")) {
       cf <- tryCatch(compiler::cmpfun(f, options = list(suppressAll = TRUE)),
-                     error = function(e) f)
-      assign(nm, cf, envir = env)
+                     error = function(e) NULL)
+      if (!is.null(cf)) out[[nm]] <- cf
     }
   }
+  out
+}
+
+## Puts compiled closures in place of the driver's, and swaps those held
+## elsewhere (our global handlers, the device option, the plot hooks, the
+## pager) for the compiled ones.
+adopt_compiled <- function(fns) {
+  env <- environment(compile_driver)
+  old <- list(handlers = our_handlers, on_new_page = on_new_page)
+  for (nm in names(fns)) assign(nm, fns[[nm]], envir = env)
   env$our_handlers <- list(warning = env$on_warning, message = env$on_message,
                            error = env$on_error, interrupt = env$on_interrupt)
   # Our handlers installed so far are the old closures: drop them, and the
@@ -561,6 +578,55 @@ compile_driver <- function() {
   }
   state$compiled <- TRUE
   invisible()
+}
+
+## Compiling apart. compiler::cmpfun() forces some 60,000 cons cells of
+## the compiler's own functions out of its lazy-load database (Rscript:
+## 273,430 cells after start, 332,917 after one cmpfun()), and they end up
+## interleaved with the compiled code on the heap's pages. A worker forked
+## from the warm zygote inherits those pages, and its first full gc()
+## writes mark bits on every one of them: 8 MB more private memory per live
+## session (docs/process-model.md, "Memory"). So the warm zygote compiles
+## in a child process it forks for the purpose (compile_driver_to_file,
+## then _exit) and reads the compiled closures back (install_compiled_driver):
+## byte code serialises whole, and unserialize() needs no compiler. The
+## driver's environment is written as a reference (refhook) and read back
+## as the reader's own (`environment<-` would drop the byte code).
+## The JIT off while the warm zygote warms up: on, it would compile the
+## closures the warm-ups call twice (validation's, ggplot2's ggproto
+## methods) and with them force the compiler's code into the heap every
+## worker inherits. Off, then back at the level R started with; the
+## driver is compiled apart (above), and a session's own closures are
+## compiled by the JIT in the session, as Rscript does.
+jit_off <- function() {
+  if (is.null(state$jit_level)) state$jit_level <- compiler::enableJIT(0L)
+  invisible()
+}
+
+jit_restore <- function() {
+  if (!is.null(state$jit_level)) {
+    compiler::enableJIT(state$jit_level)
+    state$jit_level <- NULL
+  }
+  invisible()
+}
+
+compiled_driver_file <- function() file.path(tempdir(), "rvisor-compiled-driver.rds")
+
+compile_driver_to_file <- function() {
+  if (isTRUE(state$compiled)) return(invisible())
+  env <- environment(compile_driver)
+  saveRDS(compiled_closures(), compiled_driver_file(), compress = FALSE,
+          refhook = function(e) if (identical(e, env)) "rvisor-driver")
+  invisible()
+}
+
+install_compiled_driver <- function() {
+  if (isTRUE(state$compiled)) return(invisible())
+  path <- compiled_driver_file()
+  on.exit(unlink(path))
+  env <- environment(compile_driver)
+  adopt_compiled(readRDS(path, refhook = function(name) env))
 }
 
 ## --- programs (a confined worker) ------------------------------------------

@@ -398,13 +398,77 @@ fn warm(
     plots: bool,
     phases: &mut Phases,
 ) -> (Vec<String>, Vec<(String, String)>) {
+    call_quiet(r, c"jit_off");
     let loaded = preload(r, wanted, plots, phases);
-    serve::compile_driver(r);
     serve::warm_up_validation(r);
     serve::warm_up(r);
     serve::warm_up_conditions(r);
+    compile_driver_apart(r);
+    call_quiet(r, c"jit_restore");
     phases.mark("warm_up");
     loaded
+}
+
+/// Calls a driver function of no arguments, saying on stderr (the
+/// supervisor's log) if it failed.
+fn call_quiet(r: &r::R, name: &std::ffi::CStr) {
+    // SAFETY: on the R thread, between calls; the driver's environment is
+    // preserved for the life of R.
+    if let Err(e) = unsafe { r::call_driver(r.driver, name, &[]) } {
+        eprintln!(
+            "rvisor-worker (zygote): {} failed: {e}",
+            name.to_string_lossy()
+        );
+    }
+}
+
+/// Byte-compiles the driver in a child process and adopts the compiled
+/// closures it wrote (driver.R's compile_driver_to_file and
+/// install_compiled_driver): the compiler's own code, which compiling
+/// forces into the heap, stays in the child, so the workers this zygote
+/// forks do not inherit it (8 MB of private memory per live session after
+/// a full gc(); docs/process-model.md, "Memory"). Compiles here instead if
+/// the child fails.
+fn compile_driver_apart(r: &r::R) {
+    // SAFETY: the zygote is single-threaded (no other thread can hold a
+    // lock the child would need); the child runs R code on its only thread
+    // and leaves with `_exit`, running none of the parent's atexit
+    // handlers or destructors, and it touches none of the parent's sockets.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: on the R thread of the child; the driver's environment
+        // is preserved for the life of R.
+        let ok = unsafe { r::call_driver(r.driver, c"compile_driver_to_file", &[]) }.is_ok();
+        // SAFETY: ends the child without unwinding or atexit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+    }
+    let mut done = pid > 0;
+    if done {
+        let mut status = 0;
+        let waited = loop {
+            // SAFETY: waits for our own child; `status` is a valid out-pointer.
+            let w = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if w >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                break w;
+            }
+        };
+        done = waited == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    }
+    if done {
+        // SAFETY: on the R thread, between calls; the driver's environment
+        // is preserved for the life of R.
+        match unsafe { r::call_driver(r.driver, c"install_compiled_driver", &[]) } {
+            Ok(_) => return,
+            Err(e) => {
+                eprintln!("rvisor-worker (warm zygote): could not read the compiled driver: {e}")
+            }
+        }
+    } else {
+        eprintln!(
+            "rvisor-worker (warm zygote): compiling the driver in a child failed; compiling here"
+        );
+    }
+    serve::compile_driver(r);
 }
 
 /// Says hello on `ctl` (ready since `t0`, with what was preloaded), then
