@@ -114,6 +114,12 @@ macro_rules! output_enum {
                 /// Index into `plots`.
                 index: usize,
             },
+            /// A rich output (a table, an HTML value, a plot page);
+            /// `index` points into [`RunResult::displays`].
+            Display {
+                /// Index into `displays`.
+                index: usize,
+            },
         }
     };
     (@enum [$($m:tt)*] $name:ident [$($extra:tt)*]
@@ -170,7 +176,7 @@ impl Segment {
                 Some(call) => format!("Error in {call} : {message}\n"),
                 None => format!("Error: {message}\n"),
             }),
-            Segment::Plot { .. } => None,
+            Segment::Plot { .. } | Segment::Display { .. } => None,
         }
     }
 
@@ -334,6 +340,11 @@ pub struct RunResult {
     /// `truncated` is true whenever this is not empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub truncated_fields: Vec<String>,
+    /// Rich outputs in order, each a MIME bundle shaped like Jupyter's
+    /// `display_data` content (see [`crate::display`]); a `display`
+    /// segment marks where each happened. Empty (and absent) when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displays: Vec<crate::Display>,
 }
 
 /// Caps on what one call sends back, so a result stays small whatever R
@@ -448,6 +459,7 @@ impl RunResult {
             validation: None,
             published: Vec::new(),
             truncated_fields: Vec::new(),
+            displays: Vec::new(),
         }
     }
 

@@ -193,6 +193,8 @@ struct NngRequest {
     #[serde(default)]
     plot_height: Option<Value>,
     #[serde(default)]
+    display: Option<Value>,
+    #[serde(default)]
     variables: Option<Value>,
     #[serde(default)]
     dataframes: Option<Value>,
@@ -324,6 +326,7 @@ impl Adapter {
                     ("timeout_seconds", req.timeout_seconds.clone()),
                     ("variables", req.variables.clone()),
                     ("dataframes", req.dataframes.clone()),
+                    ("display", req.display.clone()),
                 ]) {
                     Ok(r) => r,
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
@@ -409,6 +412,7 @@ impl Adapter {
                     ("timeout_seconds", req.timeout_seconds.clone()),
                     ("plot_width", req.plot_width.clone()),
                     ("plot_height", req.plot_height.clone()),
+                    ("display", req.display.clone()),
                 ]) {
                     Ok(r) => r,
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
