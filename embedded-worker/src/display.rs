@@ -48,14 +48,22 @@ pub fn from_driver(mimes: Vec<String>, values: Vec<String>, meta: Option<String>
         let v = if mime == "text/plain" {
             let (kept, cut) = bounds::cut(&value, TEXT_PLAIN_BYTES);
             if cut {
-                note(&mut metadata, &mime, "cut at 64 KiB (the console has the text)");
+                note(
+                    &mut metadata,
+                    &mime,
+                    "cut at 64 KiB (the console has the text)",
+                );
             }
             Value::String(kept.to_string())
         } else if mime.ends_with("json") {
             match serde_json::from_str(&value) {
                 Ok(v) => v,
                 Err(e) => {
-                    note(&mut metadata, &mime, &format!("left out: invalid JSON ({e})"));
+                    note(
+                        &mut metadata,
+                        &mime,
+                        &format!("left out: invalid JSON ({e})"),
+                    );
                     continue;
                 }
             }
@@ -163,8 +171,16 @@ mod tests {
         console::begin(100);
         begin();
         from_driver(
-            vec!["text/plain".into(), "text/html".into(), "application/json".into()],
-            vec!["  x\n1 1\n".into(), "<table>".repeat(50), r#"{"nrow":1}"#.into()],
+            vec![
+                "text/plain".into(),
+                "text/html".into(),
+                "application/json".into(),
+            ],
+            vec![
+                "  x\n1 1\n".into(),
+                "<table>".repeat(50),
+                r#"{"nrow":1}"#.into(),
+            ],
             Some(r#"{"rvisor":{"kind":"table"}}"#.into()),
         );
         from_driver(

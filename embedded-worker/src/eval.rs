@@ -4,7 +4,9 @@
 use crate::console::{self, Capture};
 use crate::r::sys::*;
 use crate::r::{self, RThread, R};
-use crate::{display, ffi, hydrate, interrupt, link, pause, result_block, srcref, stream, tools, values};
+use crate::{
+    display, ffi, hydrate, interrupt, link, pause, result_block, srcref, stream, tools, values,
+};
 use base64::Engine;
 use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
@@ -439,7 +441,7 @@ fn bind_inputs(tok: RThread, req: &RunRequest, files: Vec<std::fs::File>) -> Res
 }
 
 /// What one top-level expression did, written by its `R_ToplevelExec`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Step {
     visible: bool,
     html: bool,
@@ -449,17 +451,6 @@ struct Step {
     /// `keep.source` is on after it: the next expression is parsed again
     /// with source references.
     keep_source: bool,
-}
-
-impl Default for Step {
-    fn default() -> Self {
-        Step {
-            visible: false,
-            html: false,
-            table: None,
-            keep_source: false,
-        }
-    }
 }
 
 /// The display options as the driver's `begin_call` takes them: enabled,
@@ -594,8 +585,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                     let html = HTML_CLASSES
                         .iter()
                         .any(|c| Rf_inherits(v, c.as_ptr()) == Rboolean::TRUE);
-                    if rich && (html || Rf_inherits(v, c"knitr_kable".as_ptr()) == Rboolean::TRUE)
-                    {
+                    if rich && (html || Rf_inherits(v, c"knitr_kable".as_ptr()) == Rboolean::TRUE) {
                         // Its HTML as a display (or, when none can be
                         // made, `unsupported` with the reason).
                         let call = Rf_protect(Rf_lang2(Rf_install(c"show_html".as_ptr()), v));
@@ -708,7 +698,8 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
 /// interrupt or error inside it ends only the display (the driver catches
 /// errors; `protected` the rest).
 fn show_table(tok: RThread, driver: SEXP, v: SEXP, before: (usize, usize)) {
-    let text = console::stdout_since(before, rvisor_protocol::display::TEXT_PLAIN_BYTES);
+    // One byte more than a display keeps, so a cut is seen and noted.
+    let text = console::stdout_since(before, rvisor_protocol::display::TEXT_PLAIN_BYTES + 1);
     let text = text.as_str();
     let _ = r::protected(tok, |scope| {
         // SAFETY: on the R thread inside `protected`; `v` is preserved by
