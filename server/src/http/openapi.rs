@@ -437,6 +437,21 @@ fn request_bounds(
             );
         }
     }
+    // `DisplayOptions::problem` refuses limits out of these ranges.
+    for p in ["max_rows", "max_cols"] {
+        narrow(
+            doc,
+            "DisplayOptions",
+            p,
+            json!({"minimum": 1, "maximum": rvisor_protocol::display::MAX_TABLE_SIDE}),
+        );
+    }
+    narrow(
+        doc,
+        "DisplayOptions",
+        "html_max_bytes",
+        json!({"minimum": 1}),
+    );
     // `Session::run` refuses blank code and code over the size limit.
     narrow(
         doc,
@@ -861,6 +876,29 @@ mod openapi_tests {
             unconfined["components"]["schemas"]["NewSession"]["properties"]["limits"]["oneOf"],
             json!([{"type": "null"}])
         );
+    }
+
+    #[test]
+    fn displays_and_their_options_are_in_the_document() {
+        let doc = document(true, &rvisor::SafetyRules::default(), None, true);
+        let s = &doc["components"]["schemas"];
+        assert!(
+            s["RunResult"]["properties"]["displays"].is_object(),
+            "{}",
+            s["RunResult"]
+        );
+        assert!(s["Display"]["properties"]["data"].is_object());
+        assert!(s["Display"]["properties"]["metadata"].is_object());
+        for req in ["RunScript", "NewSession", "SessionRun"] {
+            assert!(s[req]["properties"]["display"].is_object(), "{req}");
+        }
+        assert_eq!(s["DisplayOptions"]["properties"]["max_rows"]["minimum"], 1);
+        assert_eq!(
+            s["DisplayOptions"]["properties"]["max_cols"]["maximum"],
+            rvisor_protocol::display::MAX_TABLE_SIDE
+        );
+        let segment = s["Segment"].to_string();
+        assert!(segment.contains("\"display\""), "{segment}");
     }
 
     #[test]
