@@ -109,8 +109,11 @@ show_table <- function(x, text) {
   res <- tryCatch(suppressWarnings({
     if (!requireNamespace("repr", quietly = TRUE))
       stop("the R package repr is not installed (Debian: r-cran-repr)")
-    w <- table_window(x, o$rows, o$cols)
-    old <- options(repr.matrix.max.rows = o$rows, repr.matrix.max.cols = o$cols)
+    # repr shows at least 2 rows and 2 columns (its own minimum).
+    rows <- max(o$rows, 2L)
+    cols <- max(o$cols, 2L)
+    w <- table_window(x, rows, cols)
+    old <- options(repr.matrix.max.rows = rows, repr.matrix.max.cols = cols)
     on.exit(options(old))
     c("text/html" = fix_caption(repr::repr_html(w), w, x),
       "text/markdown" = fix_caption(repr::repr_markdown(w), w, x),

@@ -517,3 +517,141 @@ fn bad_display_options_are_refused_with_what_to_change() {
     assert_eq!(r.outcome, Outcome::Rejected);
     assert!(r.console.contains("display.max_rows is 0"), "{}", r.console);
 }
+
+fn http(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+    accept: &str,
+) -> (u16, String) {
+    let req = agent
+        .request(method, url)
+        .set("Accept", accept)
+        .set("Content-Type", "application/json");
+    let res = match body {
+        Some(b) => req.send_string(&b.to_string()),
+        None => req.call(),
+    };
+    let res = match res {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {url}: {e}"),
+    };
+    (res.status(), res.into_string().unwrap())
+}
+
+#[test]
+fn http_and_jsonl_carry_displays_and_take_display_options() {
+    let srv = rvisor_ffi_tests::ServeBin::start(&[]);
+    let base = format!("http://{}", srv.addr);
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(120))
+        .build();
+    let (status, body) = http(
+        &agent,
+        "POST",
+        &format!("{base}/v1/sessions"),
+        Some(serde_json::json!({"display": {"max_rows": 2}})),
+        "application/json",
+    );
+    assert_eq!(status, 201, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let run = |code: &str, display: Value, accept: &str| {
+        http(
+            &agent,
+            "POST",
+            &format!("{base}/v1/sessions/{id}/run"),
+            Some(serde_json::json!({"code": code, "display": display})),
+            accept,
+        )
+    };
+    let (status, body) = run("head(mtcars)", Value::Null, "application/json");
+    assert_eq!(status, 200, "{body}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    let j = &r["displays"][0]["data"]["application/json"];
+    assert_eq!(
+        j["rows"].as_array().unwrap().len(),
+        2,
+        "the session's limit"
+    );
+    // A call's option goes over the session's.
+    let (_, body) = run(
+        "head(mtcars)",
+        serde_json::json!({"max_rows": 4}),
+        "application/json",
+    );
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        r["displays"][0]["data"]["application/json"]["rows"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    let (status, body) = run("1", serde_json::json!({"max_rows": 0}), "application/json");
+    assert!((400..500).contains(&status), "{status} {body}");
+    let (status, body) = run("htmltools::tags$i('it')", Value::Null, "text/html");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("<iframe sandbox=\"allow-scripts\" srcdoc=\""),
+        "{body}"
+    );
+    assert!(body.contains("&lt;i&gt;it&lt;/i&gt;"), "{body}");
+    // One-shot runs too.
+    let (status, body) = http(
+        &agent,
+        "POST",
+        &format!("{base}/v1/run"),
+        Some(serde_json::json!({"script": "plot(1:2)", "display": {"plot_format": "svg"}})),
+        "application/json",
+    );
+    assert_eq!(status, 200, "{body}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(r["plots"][0]["mime"], "image/svg+xml");
+    assert!(r["displays"][0]["data"]["image/svg+xml"]
+        .as_str()
+        .unwrap()
+        .contains("<svg"));
+
+    // session --jsonl: the same JSON, the same options.
+    use std::io::{BufRead, Write};
+    let mut child = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .args(["--unconfined", "session", "--jsonl"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("rvisor session --jsonl starts");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        serde_json::json!({"id": 1, "op": "run", "code": "data.frame(a = 1:5)", "display": {"max_rows": 1}})
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    drop(stdin);
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let d = &v["result"]["displays"][0];
+    assert_eq!(d["data"]["application/json"]["nrow"], 5, "{line}");
+    assert_eq!(
+        d["data"]["application/json"]["rows"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(d["data"]["text/markdown"]
+        .as_str()
+        .unwrap()
+        .contains("5 × 1"));
+    let _ = child.wait();
+}
