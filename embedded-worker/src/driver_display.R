@@ -6,15 +6,21 @@
 ## "unsupported") and never lets an error out: a bundle that cannot be
 ## made becomes a note, the value's text still printed.
 
-## A table cut to what repr shows with these limits: at most `n` rows from
-## each end and `n` columns from each end, so repr (which types and
-## formats every column it is given) costs the same for 1e6 rows or
-## 10,000 columns as for 40. Automatic row names stay automatic.
+## A table cut to what repr shows with these limits: repr shows the first
+## and last halves of `rows` (and of `cols`), so half of it plus one from
+## each end keeps every cell it shows and still more than it shows (it
+## then marks the cut as it would), and repr (which types and formats
+## every column it is given) costs the same for 1e6 rows or 10,000
+## columns as for 22. Automatic row names stay automatic.
 table_window <- function(x, rows, cols) {
   nr <- NROW(x)
   nc <- NCOL(x)
-  i <- if (nr > 2L * rows + 1L) c(seq_len(rows), seq.int(nr - rows + 1L, nr)) else seq_len(nr)
-  j <- if (nc > 2L * cols + 1L) c(seq_len(cols), seq.int(nc - cols + 1L, nc)) else seq_len(nc)
+  end <- function(n, limit) {
+    k <- limit %/% 2L + 1L
+    if (n > 2L * k) c(seq_len(k), seq.int(n - k + 1L, n)) else seq_len(n)
+  }
+  i <- end(nr, rows)
+  j <- end(nc, cols)
   if (length(i) == nr && length(j) == nc) return(x)
   auto <- is.data.frame(x) && .row_names_info(x) < 0L
   y <- x[i, j, drop = FALSE]

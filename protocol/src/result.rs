@@ -20,7 +20,9 @@ pub enum Outcome {
     TimedOut,
     /// Output went past `max_output_bytes`; capture stopped, the session lives.
     OutputTruncated,
-    /// A visible value renders only as HTML, which rvisor cannot show.
+    /// A visible value renders only as HTML and none could be made (its
+    /// dependencies cannot be inlined, or displays are off); the message
+    /// says why.
     UnsupportedOutput,
     /// The call was cancelled while running.
     Cancelled,
