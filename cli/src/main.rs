@@ -1504,6 +1504,15 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
             None => print_console(&result, |_, _| Ok(()))?,
         }
         let mut err = std::io::stderr().lock();
+        // An HTML value has no console text: its line says what it was.
+        for d in &result.displays {
+            let kind = d.metadata.get("rvisor").and_then(|m| m.get("kind"));
+            if kind.and_then(|k| k.as_str()) == Some("html") {
+                if let Some(t) = d.data.get("text/plain").and_then(|t| t.as_str()) {
+                    writeln!(err, "rvisor: {t}")?;
+                }
+            }
+        }
         if result.truncated {
             writeln!(err, "rvisor: output truncated at the output limit")?;
         }

@@ -655,3 +655,48 @@ fn http_and_jsonl_carry_displays_and_take_display_options() {
         .contains("5 × 1"));
     let _ = child.wait();
 }
+
+#[test]
+fn the_cli_writes_displays_next_to_plots() {
+    let dir = TestDir::new("rvisor-cli-displays");
+    let script = dir.path().join("s.R");
+    std::fs::write(
+        &script,
+        "head(mtcars, 3)\nhtmltools::tags$b('x')\nplot(1:3)\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .arg("--unconfined")
+        .arg("run")
+        .arg(&script)
+        .args(["--plot-format", "both", "--max-rows", "2", "--plots-dir"])
+        .arg(&out_dir)
+        .output()
+        .expect("rvisor run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("shown as HTML"), "{stderr}");
+    for f in [
+        "display-001.html",
+        "display-001.md",
+        "display-001.json",
+        "display-002.html",
+        "plot-001.png",
+        "plot-001.svg",
+    ] {
+        assert!(out_dir.join(f).exists(), "{f} missing; {stderr}");
+    }
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("display-001.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["rows"].as_array().unwrap().len(), 2);
+    let bad = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .arg("run")
+        .arg(&script)
+        .args(["--plot-format", "gif"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("png, svg or both"));
+}

@@ -847,6 +847,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(e.message.contains("invalid request"), "{}", e.message);
+        let r: SessionRun = decode(&[
+            ("code", Some(json!("1"))),
+            (
+                "display",
+                Some(json!({"max_rows": 3, "plot_format": "svg"})),
+            ),
+        ])
+        .unwrap();
+        let d = r.display.unwrap();
+        assert_eq!(d.max_rows, Some(3));
+        assert_eq!(d.plot_format, Some(rvisor::PlotFormat::Svg));
+        let e = decode::<SessionRun>(&[
+            ("code", Some(json!("1"))),
+            ("display", Some(json!({"rows": 3}))),
+        ])
+        .unwrap_err();
+        assert!(e.message.contains("rows"), "{}", e.message);
     }
 
     #[tokio::test]
