@@ -277,7 +277,7 @@ rvisor_side <- function(f) {
   env <- if (nzchar(Sys.getenv("RVISOR_WORKER"))) paste0("RVISOR_WORKER=", Sys.getenv("RVISOR_WORKER"))
   r <- run_in(c(rvisor, allow_flags, "run", "--timeout", run_timeout, "--plots-dir", plots, f),
               dir, env)
-  r$plots <- length(list.files(plots))
+  r$plots <- length(list.files(plots, pattern = "^plot-[0-9]+[.]png$"))  # not the displays beside them
   r$wd <- dir
   r
 }

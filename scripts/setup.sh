@@ -42,6 +42,14 @@ done
 r_has rmarkdown || need+=(r-cran-rmarkdown)
 r_has knitr || need+=(r-cran-knitr)
 command -v pandoc >/dev/null 2>&1 || need+=(pandoc)
+# Rich results (docs/output-and-plots.md, "Displays"): repr renders tables
+# as HTML and Markdown; htmlwidgets, DT, plotly and flextable are the
+# HTML-only values the tests show; svglite for SVG plots on request;
+# chromium opens a widget's HTML offline in ffi-tests/tests/displays.rs.
+for pkg in repr htmlwidgets DT plotly svglite flextable; do
+  r_has "$pkg" || need+=("r-cran-$(echo "$pkg" | tr 'A-Z' 'a-z')")
+done
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # R's recommended packages (MASS, lattice, Matrix, survival, ...), present in
 # every standard R installation: ten Debian packages with
 # --no-install-recommends.

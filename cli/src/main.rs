@@ -2,6 +2,7 @@
 
 mod batch;
 mod bench;
+mod displays;
 mod repl;
 
 use anyhow::{bail, Context, Result};
@@ -253,6 +254,8 @@ struct RunArgs {
     /// (repeatable); column types are inferred, NA and empty are missing.
     #[arg(long = "table", value_name = "NAME=FILE.csv")]
     tables: Vec<String>,
+    #[command(flatten)]
+    display: displays::DisplayArgs,
 }
 
 /// Session options shared by `session` and `repl`.
@@ -290,6 +293,8 @@ struct SessionArgs {
     /// (docs/sessions.md).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    display: displays::DisplayArgs,
 }
 
 impl SessionArgs {
@@ -325,6 +330,7 @@ impl SessionArgs {
             },
             libpath: self.libpath.clone(),
             working_dir: self.working_dir.clone(),
+            display: self.display.options(),
             ..rvisor::SessionOptions::default()
         })
     }
@@ -1353,6 +1359,7 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         height,
         vars,
         tables: table_args,
+        display,
     } = args;
     let (json, timeout, width, height) = (*json, *timeout, *width, *height);
     let code = read_code(file)?;
@@ -1413,6 +1420,7 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
         plot_width: width,
         plot_height: height,
+        display: display.options(),
         ..CallOptions::default()
     };
     let execution_id = rvisor::ids::execution_id();
@@ -1423,6 +1431,9 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
     let checked = rvisor::validate_call(&code, &opts);
     if let Err(e @ rvisor::CallError::PlotSize { .. }) = &checked {
         bail!("--width/--height: {e}");
+    }
+    if let Err(e @ rvisor::CallError::Display(_)) = &checked {
+        bail!("--max-rows/--max-cols: {e}");
     }
     let result = if let Err(e) = checked {
         RunResult::failed(execution_id, code, Outcome::Rejected, e.to_string())
@@ -1471,12 +1482,16 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("failed to create {}", dir.display()))?;
         for (i, p) in result.plots.iter().enumerate() {
+            if p.mime != "image/png" {
+                continue; // SVG pages are written with the displays
+            }
             let path = dir.join(format!("plot-{:03}.png", i + 1));
             let data = base64::engine::general_purpose::STANDARD.decode(&p.data_base64)?;
             std::fs::write(&path, data)
                 .with_context(|| format!("failed to write {}", path.display()))?;
             saved.push(path);
         }
+        saved.extend(displays::save(&result, dir, &mut 0, 0)?);
     }
 
     if json {
@@ -1489,11 +1504,20 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
             None => print_console(&result, |_, _| Ok(()))?,
         }
         let mut err = std::io::stderr().lock();
+        // An HTML value has no console text: its line says what it was.
+        for d in &result.displays {
+            let kind = d.metadata.get("rvisor").and_then(|m| m.get("kind"));
+            if kind.and_then(|k| k.as_str()) == Some("html") {
+                if let Some(t) = d.data.get("text/plain").and_then(|t| t.as_str()) {
+                    writeln!(err, "rvisor: {t}")?;
+                }
+            }
+        }
         if result.truncated {
             writeln!(err, "rvisor: output truncated at the output limit")?;
         }
         for p in &saved {
-            writeln!(err, "rvisor: plot saved to {}", p.display())?;
+            writeln!(err, "rvisor: saved {}", p.display())?;
         }
         if plots_dir.is_none() && !result.plots.is_empty() {
             writeln!(

@@ -16,7 +16,8 @@ rvisor repl: R in a persistent embedded session.
   :help     this help
   :quit     leave (also Ctrl-D)
 Ctrl-C interrupts the running call; variables are kept.
-Plots are saved as PNG files and their paths printed.";
+Plots are saved as PNG files, tables and HTML values as .html, .md and .json
+files next to them, and their paths printed.";
 
 /// Whether R's parser stopped because the input is not finished yet.
 fn incomplete(r: &RunResult) -> bool {
@@ -53,12 +54,18 @@ fn print_result(
     printed: &Option<String>,
     plots_dir: &Path,
     counter: &mut usize,
+    displays: &mut usize,
 ) -> Result<()> {
     let on_plot = |p: &rvisor::Plot, err: &mut dyn Write| -> Result<()> {
         std::fs::create_dir_all(plots_dir)
             .with_context(|| format!("failed to create {}", plots_dir.display()))?;
         *counter += 1;
-        let path = plots_dir.join(format!("plot-{:03}.png", *counter));
+        let ext = if p.mime == "image/svg+xml" {
+            "svg"
+        } else {
+            "png"
+        };
+        let path = plots_dir.join(format!("plot-{:03}.{ext}", *counter));
         let data = base64::engine::general_purpose::STANDARD.decode(&p.data_base64)?;
         std::fs::write(&path, data)
             .with_context(|| format!("failed to write {}", path.display()))?;
@@ -70,6 +77,20 @@ fn print_result(
         None => super::print_console(r, on_plot)?,
     }
     let mut err = std::io::stderr().lock();
+    // Displays: an HTML value's text line (a table's text is in the
+    // console already), then the files of every display.
+    for d in &r.displays {
+        let kind = d.metadata.get("rvisor").and_then(|m| m.get("kind"));
+        if kind.and_then(|k| k.as_str()) == Some("html") {
+            if let Some(t) = d.data.get("text/plain").and_then(|t| t.as_str()) {
+                writeln!(err, "{t}")?;
+            }
+        }
+    }
+    let before = counter.saturating_sub(r.plots.len());
+    for path in crate::displays::save(r, plots_dir, displays, before)? {
+        writeln!(err, "[display saved to {}]", path.display())?;
+    }
     if r.truncated {
         writeln!(err, "[output truncated at the output limit]")?;
     }
@@ -101,6 +122,7 @@ pub fn run(session: Session, plots_dir: PathBuf) -> Result<ExitCode> {
     eprintln!("rvisor repl (R in an embedded worker). :help for commands, Ctrl-D to leave.");
     let mut buffer = String::new();
     let mut counter = 0usize;
+    let mut displays = 0usize;
     loop {
         let prompt = if buffer.is_empty() { "> " } else { "+ " };
         let line = match rl.readline(prompt) {
@@ -160,7 +182,7 @@ pub fn run(session: Session, plots_dir: PathBuf) -> Result<ExitCode> {
         }
         let _ = rl.add_history_entry(buffer.as_str());
         buffer.clear();
-        print_result(&result, &printed, &plots_dir, &mut counter)?;
+        print_result(&result, &printed, &plots_dir, &mut counter, &mut displays)?;
     }
     if let Some(h) = &history {
         let _ = rl.save_history(h);

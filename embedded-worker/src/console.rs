@@ -157,6 +157,59 @@ pub fn admit_bytes(n: u64) -> bool {
     })
 }
 
+/// Where the capture stands: the number of segments and the length of
+/// the last one's text, for [`stdout_since`]. No allocation, no R.
+pub fn position() -> (usize, usize) {
+    CAPTURE.with(|c| {
+        let c = c.borrow();
+        let last = match c.segments.last() {
+            Some(Segment::Stdout { text }) => text.len(),
+            _ => 0,
+        };
+        (c.segments.len(), last)
+    })
+}
+
+/// The standard output written since `pos` (a [`position`]), at most `max`
+/// bytes (cut at a character boundary): what a `print()` just wrote.
+pub fn stdout_since(pos: (usize, usize), max: usize) -> String {
+    CAPTURE.with(|c| {
+        let c = c.borrow();
+        let mut out = String::new();
+        let first = pos.0.saturating_sub(1);
+        for (i, seg) in c.segments.iter().enumerate().skip(first) {
+            if let Segment::Stdout { text } = seg {
+                let from = if i + 1 == pos.0 { pos.1 } else { 0 };
+                if i + 1 < pos.0 || from > text.len() || !text.is_char_boundary(from) {
+                    continue;
+                }
+                out.push_str(&text[from..]);
+                if out.len() >= max {
+                    break;
+                }
+            }
+        }
+        let keep = rvisor_protocol::bounds::cut(&out, max).0.len();
+        out.truncate(keep);
+        out
+    })
+}
+
+/// Counts `n` bytes of a display against the cap; false (and `displays`
+/// marked cut) when they do not fit.
+pub fn admit_display(n: u64) -> bool {
+    CAPTURE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.full || c.bytes + n > c.cap {
+            c.mark("displays");
+            false
+        } else {
+            c.bytes += n;
+            true
+        }
+    })
+}
+
 impl Capture {
     fn mark(&mut self, field: &'static str) {
         self.truncated = true;
@@ -256,6 +309,22 @@ mod tests {
         let c = take();
         assert!(c.segments.is_empty(), "the traceback does not fit");
         assert_eq!(c.fields, vec!["console"]);
+    }
+
+    #[test]
+    fn stdout_since_takes_only_the_new_text() {
+        begin(1000);
+        write_text(Stream::Stdout, b"before ");
+        let pos = position();
+        write_text(Stream::Stdout, b"printed\n");
+        write_text(Stream::Stderr, b"e\n");
+        write_text(Stream::Stdout, b"more\n");
+        assert_eq!(stdout_since(pos, 1000), "printed\nmore\n");
+        assert_eq!(stdout_since(pos, 3), "pri");
+        assert!(admit_display(10));
+        assert!(!admit_display(10_000));
+        let c = take();
+        assert_eq!(c.fields, vec!["displays"]);
     }
 
     #[test]

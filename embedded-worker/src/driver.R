@@ -23,6 +23,10 @@ state$warn_n <- 0L         # warnings kept in this call
 state$warn_dropped <- 0    # warnings past caps$warnings in this call
 state$lastw <- list()      # R's record of the expression's deferred warnings: calls
 state$lastw_names <- character()  # ... and their messages (last.warning's names)
+## The call's display options (RunRequest.display): set by begin_call().
+state$display <- list(enabled = TRUE, rows = 20L, cols = 20L, html_max = 5242880,
+                      png = TRUE, svg = FALSE)
+state$recs <- list()       # with SVG asked for: each finished page, recorded
 
 ## Caps on what a call reports (rvisor_protocol::bounds); the worker
 ## replaces these with its own values when it loads the driver, and sets
@@ -193,9 +197,15 @@ high_level_caller <- function() {
   FALSE
 }
 
+## SVG only (RunRequest.display.plot_format "svg"): the device itself is
+## cairo's svg(), one file per page, sized in inches at 72 pixels each.
 open_device <- function() {
-  grDevices::png(filename = file.path(state$plot_dir, "rvisor-plot-%04d.png"),
-                 width = state$width, height = state$height, type = "cairo")
+  if (state$display$png)
+    grDevices::png(filename = file.path(state$plot_dir, "rvisor-plot-%04d.png"),
+                   width = state$width, height = state$height, type = "cairo")
+  else
+    grDevices::svg(filename = file.path(state$plot_dir, "rvisor-plot-%04d.svg"),
+                   width = state$width / 72, height = state$height / 72, onefile = FALSE)
   grDevices::dev.control("enable")
   state$dev <- grDevices::dev.cur()
   state$replayed <- FALSE
@@ -224,6 +234,11 @@ on_new_page <- function(...) {
   if (cur == 1L) state$newpage_pending <- TRUE
   else if (state$replayed && cur == state$dev) check_replay()
   if (cur > 1L && cur == state$dev) {
+    # PNG and SVG both: the finished page is kept to be drawn again as SVG
+    # when the call ends (pages past the cap are not).
+    if (state$display$svg && state$display$png && state$page_n >= 1L &&
+        length(state$recs) <= caps$plots)
+      state$recs[[length(state$recs) + 1L]] <- grDevices::recordPlot()
     # The page before this one is finished: its index among the pages the
     # call reports (a replayed page that got nothing new is not reported).
     done <- state$page_n - as.integer(state$drop_first)
@@ -245,6 +260,7 @@ finish_plots <- function() {
       if (state$replayed) check_replay()
       rec <- grDevices::recordPlot()
       if (length(rec[[1L]]) > 0L) state$last <- rec
+      if (state$display$svg && state$display$png) state$recs[[length(state$recs) + 1L]] <- rec
       grDevices::dev.off()
       if (prev != d && prev %in% grDevices::dev.list()) grDevices::dev.set(prev)
     } else {
@@ -252,11 +268,14 @@ finish_plots <- function() {
     }
   }
   state$replayed <- FALSE
-  files <- sort(list.files(state$plot_dir, pattern = "^rvisor-plot-[0-9]+[.]png$",
+  files <- sort(list.files(state$plot_dir, pattern = "^rvisor-plot-[0-9]+[.](png|svg)$",
                            full.names = TRUE))
+  recs <- state$recs
+  state$recs <- list()
   if (state$drop_first && length(files)) {
     unlink(files[[1L]])
     files <- files[-1L]
+    if (length(recs)) recs <- recs[-1L]
   }
   state$drop_first <- FALSE
   if (length(files) > caps$plots) {
@@ -266,6 +285,16 @@ finish_plots <- function() {
     files <- files[seq_len(caps$plots)]
   }
   if (length(files)) .Call(emit, "plots", files, NULL, NULL)
+  if (length(recs) && length(files)) {
+    svgs <- file.path(state$plot_dir, sprintf("rvisor-plot-%04d.svg",
+                                              seq_len(min(length(recs), length(files)))))
+    for (k in seq_along(svgs)) {
+      grDevices::svg(filename = svgs[[k]], width = state$width / 72,
+                     height = state$height / 72)
+      tryCatch(grDevices::replayPlot(recs[[k]]), finally = grDevices::dev.off())
+    }
+    .Call(emit, "svgs", svgs, NULL, NULL)
+  }
 }
 
 ## --- pager -------------------------------------------------------------------
@@ -325,10 +354,17 @@ parse_code <- function(code) {
 ## the expressions itself (or, when its parse failed, calls parse_code()
 ## for R's message, line and column) and ends with end_call(). It has
 ## already changed directory.
-begin_call <- function(width, height, tools) {
+begin_call <- function(width, height, tools, display) {
   if (!identical(tools, state$tool_names)) set_tools(tools)
   state$width <- width
   state$height <- height
+  d <- state$display
+  if (d$enabled != display[[1L]] || d$rows != display[[2L]] || d$cols != display[[3L]] ||
+      d$html_max != display[[4L]] || d$png != display[[5L]] || d$svg != display[[6L]])
+    state$display <- list(enabled = display[[1L]] != 0, rows = as.integer(display[[2L]]),
+                          cols = as.integer(display[[3L]]), html_max = display[[4L]],
+                          png = display[[5L]] != 0, svg = display[[6L]] != 0)
+  state$recs <- list()
   state$newpage_pending <- FALSE
   state$warnings <- list()
   state$lastw <- list()
@@ -401,6 +437,14 @@ helpers$rvisor_result <- function(x) {
   invisible(x)
 }
 helpers$.rvisor_to_json <- to_json
+
+## Shows a value now as a display (a table: its text, HTML, Markdown and
+## JSON preview; an HTML-only value: its self-contained HTML), as the
+## prompt shows a visible one; other values print. Returns `x` invisibly.
+helpers$rvisor_display <- function(x) {
+  display_now(x)
+  invisible(x)
+}
 
 ## Reports progress to a client that streams the call (an event of kind
 ## "progress"); does nothing otherwise. `value` out of `total`, with an

@@ -4,7 +4,9 @@
 use crate::console::{self, Capture};
 use crate::r::sys::*;
 use crate::r::{self, RThread, R};
-use crate::{ffi, hydrate, interrupt, link, pause, result_block, srcref, stream, tools, values};
+use crate::{
+    display, ffi, hydrate, interrupt, link, pause, result_block, srcref, stream, tools, values,
+};
 use base64::Engine;
 use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
@@ -20,6 +22,8 @@ struct CallState {
     parse_error: bool,
     unsupported: bool,
     plot_files: Vec<String>,
+    /// SVG pages made beside the PNG ones (plot format `both`).
+    svg_files: Vec<String>,
     /// Warnings past `bounds::MAX_WARNINGS`, counted by the driver.
     warnings_dropped: u64,
     /// Plot pages past `bounds::MAX_PLOTS`, deleted by the driver.
@@ -157,6 +161,8 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
             first(&a).unwrap_or_default().as_bytes(),
         ),
         "plots" => CALL.with(|s| s.borrow_mut().plot_files = a),
+        "svgs" => CALL.with(|s| s.borrow_mut().svg_files = a),
+        "display" => display::from_driver(a, b, first(&c)),
         "warning_pending" => CALL.with(|s| s.borrow_mut().warning_pending = true),
         "interrupted" => {
             // R prints nothing useful for an interrupt ("Error: " for a
@@ -268,6 +274,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     // SAFETY: on the R thread; the driver environment is preserved.
     unsafe { r::set_max_out(r.driver, req.max_output_bytes) };
     CALL.with(|s| *s.borrow_mut() = CallState::default());
+    display::begin();
     pause::at("sent", &req.execution_id, &req.code);
     interrupt::begin_call(req.seq);
 
@@ -438,9 +445,28 @@ fn bind_inputs(tok: RThread, req: &RunRequest, files: Vec<std::fs::File>) -> Res
 struct Step {
     visible: bool,
     html: bool,
+    /// A table (data frame, matrix) was printed: the value (preserved
+    /// until its display is made) and where the console stood before.
+    table: Option<(SEXP, (usize, usize))>,
     /// `keep.source` is on after it: the next expression is parsed again
     /// with source references.
     keep_source: bool,
+}
+
+/// The display options as the driver's `begin_call` takes them: enabled,
+/// rows, columns, HTML cap (at most the output cap: the driver's strings
+/// are copied up to it), PNG, SVG.
+fn display_vector(req: &RunRequest) -> [f64; 6] {
+    let d = &req.display;
+    let f = d.plot_format();
+    [
+        f64::from(u8::from(d.enabled())),
+        f64::from(d.max_rows()),
+        f64::from(d.max_cols()),
+        d.html_max_bytes().min(req.max_output_bytes) as f64,
+        f64::from(u8::from(f.png())),
+        f64::from(u8::from(f.svg())),
+    ]
 }
 
 /// Classes whose values render only as HTML.
@@ -477,6 +503,8 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
     let code_str = req.code.as_str();
     let tools_list = req.tools.as_slice();
     let (width, height) = (req.plot_width, req.plot_height);
+    let rich = req.display.enabled();
+    let dvec = display_vector(req);
     pause::at("parsing", &req.execution_id, &req.code);
     // The code and its parse stay preserved across the expressions (each
     // R_ToplevelExec resets R's protection stack to where it began).
@@ -495,7 +523,11 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
             for (i, name) in tools_list.iter().enumerate() {
                 SET_STRING_ELT(tools, i as R_xlen_t, r::mk_char(name));
             }
-            r::call_driver(driver, c"begin_call", &[w, h, tools])?;
+            let d = scope.protect(Rf_allocVector(SEXPTYPE::REALSXP, dvec.len() as R_xlen_t));
+            for (i, x) in dvec.iter().enumerate() {
+                *REAL(d).add(i) = *x;
+            }
+            r::call_driver(driver, c"begin_call", &[w, h, tools, d])?;
             R_PreserveObject(code);
             R_PreserveObject(exprs);
             Ok((code, exprs, srcref::keep_source()))
@@ -553,15 +585,30 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                     let html = HTML_CLASSES
                         .iter()
                         .any(|c| Rf_inherits(v, c.as_ptr()) == Rboolean::TRUE);
-                    (*out).html = html;
-                    if html {
+                    if rich && (html || Rf_inherits(v, c"knitr_kable".as_ptr()) == Rboolean::TRUE) {
+                        // Its HTML as a display (or, when none can be
+                        // made, `unsupported` with the reason).
+                        let call = Rf_protect(Rf_lang2(Rf_install(c"show_html".as_ptr()), v));
+                        Rf_eval(call, driver);
+                    } else if html {
+                        (*out).html = true;
                         let call = Rf_protect(Rf_lang2(
                             Rf_findVarInFrame(driver, Rf_install(c"report_html".as_ptr())),
                             v,
                         ));
                         Rf_eval(call, driver);
                     } else {
+                        let table = rich
+                            && (Rf_isMatrix(v) == Rboolean::TRUE
+                                || Rf_inherits(v, c"data.frame".as_ptr()) == Rboolean::TRUE);
+                        let before = if table { console::position() } else { (0, 0) };
                         Rf_PrintValue(v);
+                        if table {
+                            // Kept past this top-level context for its
+                            // display, made once the print has returned.
+                            R_PreserveObject(v);
+                            (*out).table = Some((v, before));
+                        }
                     }
                 }
                 // Then the task callbacks, as R's REPL runs them (after
@@ -574,6 +621,13 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
         });
         keep_source = step.keep_source;
         r::quiet_stderr(false);
+        if let Some((v, before)) = step.table {
+            if ended == r::Ended::Returned {
+                show_table(tok, driver, v, before);
+            }
+            // SAFETY: on the R thread; `v` was preserved in the expression.
+            unsafe { R_ReleaseObject(v) };
+        }
         if CALL.with(|s| std::mem::take(&mut s.borrow_mut().warning_pending)) {
             // The expression's warnings are reported, and R's record of
             // them becomes `last.warning` (what warnings() shows), as at
@@ -592,7 +646,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                 Ok(())
             });
         }
-        if step.html {
+        if step.html || CALL.with(|s| s.borrow().unsupported) {
             status = "unsupported";
         }
         match ended {
@@ -637,6 +691,25 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
         CALL.with(|s| s.borrow_mut().status = Some(status.to_string()));
     }
     ended.map(|_| ())
+}
+
+/// Makes the display of a table the expression printed: the driver's
+/// `show_table` with the text the print wrote (its `text/plain`). An
+/// interrupt or error inside it ends only the display (the driver catches
+/// errors; `protected` the rest).
+fn show_table(tok: RThread, driver: SEXP, v: SEXP, before: (usize, usize)) {
+    // One byte more than a display keeps, so a cut is seen and noted.
+    let text = console::stdout_since(before, rvisor_protocol::display::TEXT_PLAIN_BYTES + 1);
+    let text = text.as_str();
+    let _ = r::protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; `v` is preserved by
+        // the caller, the text protected by `scope` until the call ran.
+        unsafe {
+            let t = scope.protect(r::mk_string(text));
+            r::call_driver(driver, c"show_table", &[v, t])?;
+        }
+        Ok(())
+    });
 }
 
 /// R's NULL.
@@ -696,6 +769,10 @@ fn finish(
 ) -> RunResult {
     let plots = collect_plots(&call.plot_files, req.plot_width, req.plot_height);
     stream::plots_kept(plots.len());
+    // SVG pages made beside PNG ones: read only for pages kept, within the cap.
+    let mut svgs = read_svgs(&call.svg_files, plots.len());
+    let (mut displays, displays_dropped) = display::take();
+    let rich = req.display.enabled();
     let Capture {
         mut segments,
         bytes,
@@ -718,8 +795,26 @@ fn finish(
     }
     res.result = block.value;
     for (i, plot) in plots.into_iter().enumerate() {
-        res.plots.push(plot);
         res.segments.push(Segment::Plot { index: i });
+        if rich {
+            // The page as a display too (its image repeated, so a client
+            // of displays alone has every output; counted once in the cap).
+            let svg = svgs.get_mut(i).and_then(Option::take);
+            displays.push(display::of_plot(i, &plot, svg));
+            res.segments.push(Segment::Display {
+                index: displays.len() - 1,
+            });
+        }
+        res.plots.push(plot);
+    }
+    res.displays = displays;
+    if displays_dropped > 0 {
+        res.push_segment(Segment::Stderr {
+            text: format!(
+                "rvisor: {displays_dropped} more displays were not kept (at most {} per call)\n",
+                rvisor_protocol::display::MAX_DISPLAYS
+            ),
+        });
     }
     for field in fields {
         res.mark_truncated(field);
@@ -849,7 +944,10 @@ pub fn result_frame(res: RunResult, max_output_bytes: u64) -> Result<Vec<u8>, St
         if keep == 0 {
             // Only the bounded parts are left: drop plots and the block too.
             res.plots.clear();
-            res.segments.retain(|s| !matches!(s, Segment::Plot { .. }));
+            res.displays.clear();
+            res.segments
+                .retain(|s| !matches!(s, Segment::Plot { .. } | Segment::Display { .. }));
+            res.mark_truncated("displays");
             res.result = None;
             res.mark_truncated("plots");
             res.mark_truncated("result");
@@ -905,8 +1003,27 @@ fn shrink_text(res: &mut RunResult, original: &[Segment], keep: usize) {
     }
 }
 
-/// Reads the PNG files the driver reported, deletes them, and keeps those
-/// that fit under the output cap.
+/// Reads the SVG pages made beside the first `kept` PNG pages (each
+/// counted against the output cap; one that does not fit is `None`) and
+/// deletes them all.
+fn read_svgs(files: &[String], kept: usize) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let size = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+        let svg = if i < kept && size > 0 && console::admit_bytes(size) {
+            std::fs::read_to_string(f).ok()
+        } else {
+            None
+        };
+        let _ = std::fs::remove_file(f);
+        out.push(svg);
+    }
+    out
+}
+
+/// Reads the plot files (PNG, or SVG when only SVG was asked for) the
+/// driver reported, deletes them, and keeps those that fit under the
+/// output cap.
 fn collect_plots(files: &[String], width: u32, height: u32) -> Vec<Plot> {
     let mut out = Vec::new();
     for f in files {
@@ -923,8 +1040,9 @@ fn collect_plots(files: &[String], width: u32, height: u32) -> Vec<Plot> {
         if data.is_empty() {
             continue;
         }
+        let svg = f.ends_with(".svg");
         out.push(Plot {
-            mime: "image/png".into(),
+            mime: if svg { "image/svg+xml" } else { "image/png" }.into(),
             width,
             height,
             data_base64: base64::engine::general_purpose::STANDARD.encode(&data),

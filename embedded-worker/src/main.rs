@@ -7,6 +7,7 @@
 
 mod confine;
 mod console;
+mod display;
 mod eval;
 mod ffi;
 mod hydrate;

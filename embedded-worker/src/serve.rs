@@ -247,6 +247,7 @@ fn warm_up_with(r: &r::R, codes: &[&str]) {
             variables: Vec::new(),
             tables: Vec::new(),
             stream: rvisor_protocol::StreamMode::Off,
+            display: Default::default(),
         };
         let _ = eval::run(r, req, Vec::new());
     }

@@ -53,6 +53,7 @@ fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
             variables: Vec::new(),
             tables: Vec::new(),
             stream: rvisor_protocol::StreamMode::Off,
+            display: Default::default(),
         },
         Vec::new(),
     )

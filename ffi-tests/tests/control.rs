@@ -156,10 +156,18 @@ fn truncated_error_is_still_an_error() {
 #[test]
 fn html_only_values_are_unsupported_output() {
     let mut w = worker();
-    let r = run(
-        &mut w,
-        "w <- structure(list(x = 1), class = c('datatables', 'htmlwidget'))\nw\ncat('after\\n')",
-    );
+    let code =
+        "w <- structure(list(x = 1), class = c('datatables', 'htmlwidget'))\nw\ncat('after\\n')";
+    // With displays off, as before displays existed (with displays on,
+    // HTML-only values are displays: tests/displays.rs).
+    let off = rvisor::CallOptions {
+        display: rvisor::DisplayOptions {
+            enabled: Some(false),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let r = w.run(code, &off);
     assert_eq!(r.outcome, Outcome::UnsupportedOutput, "{}", r.console);
     assert!(!r.success);
     assert!(r.console.contains("renders only as HTML"));

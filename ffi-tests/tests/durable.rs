@@ -761,6 +761,7 @@ mod admission {
             timeout_seconds: None,
             plot_width: None,
             plot_height: None,
+            display: None,
         };
         let r = svc
             .session_run(tenant, id, &req)
@@ -931,6 +932,7 @@ mod admission {
             timeout_seconds: None,
             plot_width: None,
             plot_height: None,
+            display: None,
         };
         let pending = svc
             .session_run(tenant, id, &req)
@@ -1071,6 +1073,7 @@ mod admission {
             timeout_seconds: None,
             plot_width: None,
             plot_height: None,
+            display: None,
         };
         let e = svc.session_run(t, &b, &req).unwrap_err();
         assert_eq!(e.code, ErrorCode::Busy, "{e}");

@@ -449,3 +449,54 @@ fn without_a_state_dir_no_checkpoint_tools_are_offered() {
     assert!(!names.contains(&"checkpoint_r_session"), "{names:?}");
     assert!(!names.contains(&"restore_r_session"), "{names:?}");
 }
+
+#[test]
+fn rich_results_come_as_markdown_resources_images_and_structured_content() {
+    let mut c = Client::start();
+    c.initialize();
+    let tools = c.request("tools/list", json!({}));
+    let list = tools["result"]["tools"].as_array().unwrap();
+    for name in ["run_r_code", "run_r_script"] {
+        let t = list.iter().find(|t| t["name"] == name).unwrap();
+        assert!(
+            t["outputSchema"]["properties"]["displays"].is_object(),
+            "{t}"
+        );
+        assert!(t["inputSchema"]["properties"]["display"].is_object());
+        let d = t["description"].as_str().unwrap();
+        assert!(d.contains("Markdown") && d.contains("text/html"), "{d}");
+    }
+    let r = c.call(
+        "run_r_code",
+        json!({"code": "head(mtcars, 8)\nhtmltools::tags$b('bold')\nplot(1:3)",
+               "display": {"max_rows": 3, "plot_format": "both"}}),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    let content = r["content"].as_array().unwrap();
+    let kinds: Vec<&str> = content
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    // Console, the table's Markdown, its HTML, the tag's line and HTML,
+    // the SVG page, the PNG page.
+    assert_eq!(
+        kinds,
+        ["text", "text", "resource", "text", "resource", "resource", "image"],
+        "{r}"
+    );
+    let md = content[1]["text"].as_str().unwrap();
+    assert!(md.contains("| Mazda RX4 |"), "{md}");
+    assert!(md.contains("8 × 11"), "{md}");
+    assert!(!md.contains("Hornet Sportabout"), "cut at 3 rows: {md}");
+    assert_eq!(content[2]["resource"]["mimeType"], "text/html");
+    assert!(content[4]["resource"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("<b>bold</b>"));
+    assert_eq!(content[5]["resource"]["mimeType"], "image/svg+xml");
+    assert_eq!(content[6]["mimeType"], "image/png");
+    let s = &r["structuredContent"];
+    assert_eq!(s["displays"].as_array().unwrap().len(), 3);
+    assert_eq!(s["displays"][0]["data"]["application/json"]["nrow"], 8);
+    assert_eq!(s["segments"][1]["kind"], "display");
+}

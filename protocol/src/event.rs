@@ -105,6 +105,7 @@ impl EventKind {
             EventKind::Message { .. } => "message",
             EventKind::Error { .. } => "error",
             EventKind::Plot { .. } => "plot",
+            EventKind::Display { .. } => "display",
             EventKind::Progress { .. } => "progress",
             EventKind::Result { .. } => "result",
             EventKind::Lagged { .. } => "lagged",

@@ -5,6 +5,7 @@
 //! crate has no R and no I/O runtime: host programs may depend on it alone.
 
 pub mod checkpoint;
+pub mod display;
 pub mod event;
 pub mod fdpass;
 pub mod frame;
@@ -13,6 +14,7 @@ pub mod timing;
 pub mod worker;
 pub mod zygote;
 
+pub use display::{Display, DisplayOptions, PlotFormat};
 pub use event::*;
 pub use frame::{read_frame, write_frame, FrameDecoder, FrameError, MAX_FRAME_BYTES};
 pub use result::*;
@@ -22,7 +24,7 @@ pub use zygote::*;
 /// Version of the supervisor <-> worker frame protocol. Bump on every
 /// incompatible change of [`ToWorker`] or [`FromWorker`]; the hello exchange
 /// refuses a worker built with another version.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Version of the [`RunResult`] schema (the `schema_version` field).
 pub const SCHEMA_VERSION: u32 = 1;

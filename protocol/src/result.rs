@@ -20,7 +20,9 @@ pub enum Outcome {
     TimedOut,
     /// Output went past `max_output_bytes`; capture stopped, the session lives.
     OutputTruncated,
-    /// A visible value renders only as HTML, which rvisor cannot show.
+    /// A visible value renders only as HTML and none could be made (its
+    /// dependencies cannot be inlined, or displays are off); the message
+    /// says why.
     UnsupportedOutput,
     /// The call was cancelled while running.
     Cancelled,
@@ -114,6 +116,12 @@ macro_rules! output_enum {
                 /// Index into `plots`.
                 index: usize,
             },
+            /// A rich output (a table, an HTML value, a plot page);
+            /// `index` points into [`RunResult::displays`].
+            Display {
+                /// Index into `displays`.
+                index: usize,
+            },
         }
     };
     (@enum [$($m:tt)*] $name:ident [$($extra:tt)*]
@@ -170,7 +178,7 @@ impl Segment {
                 Some(call) => format!("Error in {call} : {message}\n"),
                 None => format!("Error: {message}\n"),
             }),
-            Segment::Plot { .. } => None,
+            Segment::Plot { .. } | Segment::Display { .. } => None,
         }
     }
 
@@ -334,6 +342,11 @@ pub struct RunResult {
     /// `truncated` is true whenever this is not empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub truncated_fields: Vec<String>,
+    /// Rich outputs in order, each a MIME bundle shaped like Jupyter's
+    /// `display_data` content (see [`crate::display`]); a `display`
+    /// segment marks where each happened. Empty (and absent) when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displays: Vec<crate::Display>,
 }
 
 /// Caps on what one call sends back, so a result stays small whatever R
@@ -448,6 +461,7 @@ impl RunResult {
             validation: None,
             published: Vec::new(),
             truncated_fields: Vec::new(),
+            displays: Vec::new(),
         }
     }
 

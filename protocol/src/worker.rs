@@ -124,6 +124,9 @@ pub struct RunRequest {
     /// Which events to send while the call runs ([`FromWorker::Events`]).
     #[serde(default)]
     pub stream: StreamMode,
+    /// Which rich results to make (tables, HTML values, plot formats).
+    #[serde(default)]
+    pub display: crate::DisplayOptions,
 }
 
 /// What a tool handler produced.

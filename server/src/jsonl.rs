@@ -31,6 +31,9 @@ struct Request {
     plot_width: Option<u32>,
     #[serde(default)]
     plot_height: Option<u32>,
+    /// Display options of a run (docs/output-and-plots.md, "Displays").
+    #[serde(default)]
+    display: Option<rvisor::DisplayOptions>,
     #[serde(default)]
     session: Option<String>,
     /// A run sends `{"id", "event"}` lines while it runs, before its
@@ -302,6 +305,7 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                     timeout_seconds: req.timeout_seconds,
                     plot_width: req.plot_width,
                     plot_height: req.plot_height,
+                    display: req.display,
                 };
                 let queued = if req.stream {
                     service.session_run_streaming(tenant, &sid, &run)

@@ -5,9 +5,12 @@
 //! variables and data pointers), and one persistent session per connection
 //! (with a checkpoint store, `rvisor mcp --state-dir`, also its checkpoint
 //! and roll-back: `checkpoint_r_session`, `restore_r_session`).
-//! Results come back as MCP content: console text, plots as images, the
-//! RunResult as structured content, `isError` when the R code failed, timed
-//! out or was refused. While a run goes on, a call with
+//! Results come back as MCP content: console text, each table's Markdown
+//! (compact, for the model) and an HTML value's text line, plots as
+//! images (PNG) or embedded resources (SVG), HTML (widgets, tables) as
+//! embedded `text/html` resources, the RunResult as structured content
+//! (the run tools declare an `outputSchema`), `isError` when the R code
+//! failed, timed out or was refused. While a run goes on, a call with
 //! `_meta.progressToken` gets `notifications/progress` (from
 //! `rvisor_progress()` and text progress bars), and after
 //! `logging/setLevel` the console text comes as `notifications/message`
@@ -74,21 +77,25 @@ fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
         },
         {
             "name": "run_r_script",
-            "description": "Run an R script once in a fresh R session (nothing persists). For exploring, shaping and summarising data, not for fitting or searching for models. Prints, warnings, errors and plots come back; rvisor_result(x) returns structured JSON; rvisor_publish(df) returns a new data pointer.",
+            "description": format!("Run an R script once in a fresh R session (nothing persists). For exploring, shaping and summarising data, not for fitting or searching for models. {RETURNS} rvisor_result(x) returns structured JSON; rvisor_publish(df) returns a new data pointer."),
             "inputSchema": {"type": "object", "properties": {
                 "script": {"type": "string"},
                 "timeout_seconds": {"type": "number", "description": timeout},
                 "variables": vars,
-                "dataframes": frames
-            }, "required": ["script"]}
+                "dataframes": frames,
+                "display": display_schema()
+            }, "required": ["script"]},
+            "outputSchema": output_schema()
         },
         {
             "name": "run_r_code",
-            "description": "Run R code in this conversation's persistent R session: variables, loaded packages and options stay between calls. Plots come back as images.",
+            "description": format!("Run R code in this conversation's persistent R session: variables, loaded packages and options stay between calls. {RETURNS}"),
             "inputSchema": {"type": "object", "properties": {
                 "code": {"type": "string"},
-                "timeout_seconds": {"type": "number", "description": timeout}
-            }, "required": ["code"]}
+                "timeout_seconds": {"type": "number", "description": timeout},
+                "display": display_schema()
+            }, "required": ["code"]},
+            "outputSchema": output_schema()
         },
         {
             "name": "reset_r_session",
@@ -118,6 +125,44 @@ fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
     list
 }
 
+/// What the run tools' descriptions say comes back.
+const RETURNS: &str = "Returns the console text (prints, messages, warnings, errors); a printed data frame or matrix also as a compact Markdown table (at most 20 rows and 20 columns unless display.max_rows/max_cols say otherwise); HTML values (htmlwidgets such as DT or plotly, htmltools tags, flextable) as self-contained text/html resources with a one-line text note; plots as PNG images (display.plot_format svg or both adds SVG resources); the whole RunResult, with every display's MIME bundle in displays, as structured content.";
+
+/// The `display` argument of the run tools (rvisor::DisplayOptions).
+fn display_schema() -> Value {
+    json!({"type": "object", "additionalProperties": false,
+           "description": "Rich results: tables as Markdown/HTML/JSON preview, HTML values, plot formats.",
+           "properties": {
+        "enabled": {"type": "boolean", "description": "false: text and PNG plots only (HTML values are then refused as unsupported_output). Default true."},
+        "max_rows": {"type": "integer", "minimum": 1, "maximum": rvisor_protocol::display::MAX_TABLE_SIDE, "description": "Rows of a table shown (default 20)."},
+        "max_cols": {"type": "integer", "minimum": 1, "maximum": rvisor_protocol::display::MAX_TABLE_SIDE, "description": "Columns of a table shown (default 20)."},
+        "html_max_bytes": {"type": "integer", "minimum": 1, "description": "Most bytes of one value's HTML (default 5 MiB); past it the HTML is left out with a note."},
+        "plot_format": {"type": "string", "enum": ["png", "svg", "both"], "description": "Plot images: png (default), svg or both."}
+    }})
+}
+
+/// The run tools' `outputSchema`: a RunResult (CONTRACT.md). Open-ended
+/// (no required fields, other properties allowed) so that a refusal's
+/// `{"error": {code, message}}` conforms too.
+fn output_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "outcome": {"type": "string"},
+        "success": {"type": "boolean"},
+        "console": {"type": "string"},
+        "segments": {"type": "array", "items": {"type": "object"}},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+        "error": {"type": ["object", "null"]},
+        "plots": {"type": "array", "items": {"type": "object", "properties": {
+            "mime": {"type": "string"}, "width": {"type": "integer"},
+            "height": {"type": "integer"}, "data_base64": {"type": "string"}}}},
+        "displays": {"type": "array", "description": "MIME bundles shaped like Jupyter's display_data: data (MIME type to value) and metadata", "items": {"type": "object", "properties": {
+            "data": {"type": "object"}, "metadata": {"type": "object"}}}},
+        "result": {},
+        "truncated": {"type": "boolean"},
+        "duration_ms": {"type": "number"}
+    }})
+}
+
 /// A result as MCP tool content.
 fn result_content(r: &RunResult) -> Value {
     let mut content = Vec::new();
@@ -128,11 +173,42 @@ fn result_content(r: &RunResult) -> Value {
     for p in &r.published {
         text.push_str(&format!("\npublished: {p}"));
     }
-    if text.trim().is_empty() {
+    if text.trim().is_empty() && r.displays.is_empty() {
         text = format!("({})", r.outcome);
     }
-    content.push(json!({"type": "text", "text": text}));
-    for p in &r.plots {
+    if !text.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for (i, d) in r.displays.iter().enumerate() {
+        let kind = d
+            .metadata
+            .get("rvisor")
+            .and_then(|m| m.get("kind"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let uri = |ext: &str| format!("rvisor://{}/display/{}.{ext}", r.execution_id, i + 1);
+        let text_of = |mime: &str| d.data.get(mime).and_then(Value::as_str);
+        if kind == "table" {
+            if let Some(md) = text_of("text/markdown") {
+                content.push(json!({"type": "text", "text": md}));
+            }
+        } else if kind == "html" {
+            if let Some(t) = text_of("text/plain") {
+                content.push(json!({"type": "text", "text": t}));
+            }
+        }
+        if kind != "plot" {
+            if let Some(html) = text_of("text/html") {
+                content.push(json!({"type": "resource", "resource": {
+                    "uri": uri("html"), "mimeType": "text/html", "text": html}}));
+            }
+        }
+        if let Some(svg) = text_of("image/svg+xml") {
+            content.push(json!({"type": "resource", "resource": {
+                "uri": uri("svg"), "mimeType": "image/svg+xml", "text": svg}}));
+        }
+    }
+    for p in r.plots.iter().filter(|p| p.mime == "image/png") {
         content.push(json!({"type": "image", "data": p.data_base64, "mimeType": p.mime}));
     }
     let failed = !r.success;
@@ -286,7 +362,13 @@ impl State {
             "run_r_script" => {
                 let req: RunScript = decode(
                     args,
-                    &["script", "timeout_seconds", "variables", "dataframes"],
+                    &[
+                        "script",
+                        "timeout_seconds",
+                        "variables",
+                        "dataframes",
+                        "display",
+                    ],
                 )?;
                 let ran = if follow.wanted() {
                     let (feed, mut events) = svc.event_feed(TENANT);
@@ -316,7 +398,7 @@ impl State {
                 }
             }
             "run_r_code" => {
-                let req: SessionRun = decode(args, &["code", "timeout_seconds"])?;
+                let req: SessionRun = decode(args, &["code", "timeout_seconds", "display"])?;
                 let call = svc.named_session(TENANT, "main", true).and_then(|id| {
                     let id = id.unwrap_or_default();
                     if follow.wanted() {

@@ -193,6 +193,8 @@ struct NngRequest {
     #[serde(default)]
     plot_height: Option<Value>,
     #[serde(default)]
+    display: Option<Value>,
+    #[serde(default)]
     variables: Option<Value>,
     #[serde(default)]
     dataframes: Option<Value>,
@@ -324,6 +326,7 @@ impl Adapter {
                     ("timeout_seconds", req.timeout_seconds.clone()),
                     ("variables", req.variables.clone()),
                     ("dataframes", req.dataframes.clone()),
+                    ("display", req.display.clone()),
                 ]) {
                     Ok(r) => r,
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
@@ -409,6 +412,7 @@ impl Adapter {
                     ("timeout_seconds", req.timeout_seconds.clone()),
                     ("plot_width", req.plot_width.clone()),
                     ("plot_height", req.plot_height.clone()),
+                    ("display", req.display.clone()),
                 ]) {
                     Ok(r) => r,
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
@@ -843,6 +847,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.code, ErrorCode::Invalid);
         assert!(e.message.contains("invalid request"), "{}", e.message);
+        let r: SessionRun = decode(&[
+            ("code", Some(json!("1"))),
+            (
+                "display",
+                Some(json!({"max_rows": 3, "plot_format": "svg"})),
+            ),
+        ])
+        .unwrap();
+        let d = r.display.unwrap();
+        assert_eq!(d.max_rows, Some(3));
+        assert_eq!(d.plot_format, Some(rvisor::PlotFormat::Svg));
+        let e = decode::<SessionRun>(&[
+            ("code", Some(json!("1"))),
+            ("display", Some(json!({"rows": 3}))),
+        ])
+        .unwrap_err();
+        assert!(e.message.contains("rows"), "{}", e.message);
     }
 
     #[tokio::test]

@@ -4,8 +4,8 @@
 
 use crate::error::CallError;
 use rvisor_protocol::{
-    ErrorInfo, Outcome, RunResult, Segment, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_PLOT_HEIGHT,
-    DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE,
+    DisplayOptions, ErrorInfo, Outcome, RunResult, Segment, DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,6 +31,9 @@ pub struct CallOptions {
     /// CPU time the call may use (enforced by the kernel, RLIMIT_CPU). Only
     /// for workers used once: the limit cannot be raised again.
     pub cpu_limit: Option<Duration>,
+    /// Which rich results the call makes (tables, HTML values, plot
+    /// formats; docs/output-and-plots.md, "Displays").
+    pub display: DisplayOptions,
 }
 
 impl Default for CallOptions {
@@ -43,6 +46,7 @@ impl Default for CallOptions {
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             working_dir: None,
             cpu_limit: None,
+            display: DisplayOptions::default(),
         }
     }
 }
@@ -63,7 +67,7 @@ impl CallOptions {
 
 /// Checks a call before it is sent: non-empty code within
 /// [`MAX_CODE_BYTES`], plot sides within 1..=[`MAX_PLOT_SIDE`], a non-zero
-/// output cap. The message says what to change.
+/// output cap, display limits in range. The message says what to change.
 pub fn validate_call(code: &str, opts: &CallOptions) -> Result<(), CallError> {
     if code.trim().is_empty() {
         return Err(CallError::Empty);
@@ -88,6 +92,9 @@ pub fn validate_call(code: &str, opts: &CallOptions) -> Result<(), CallError> {
     }
     if opts.max_output_bytes == 0 {
         return Err(CallError::NoOutput);
+    }
+    if let Some(why) = opts.display.problem() {
+        return Err(CallError::Display(why));
     }
     Ok(())
 }

@@ -330,6 +330,9 @@ pub enum CallError {
     /// An output cap of 0.
     #[error("max_output_bytes must be at least 1")]
     NoOutput,
+    /// A display option out of range (the message names it and its range).
+    #[error("{0}")]
+    Display(String),
 }
 
 /// Why a worker's file could not be read for a tool (the R code named it).

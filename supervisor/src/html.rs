@@ -9,11 +9,17 @@
 //! All text taken from the result (code, output, messages, JSON, ids) is
 //! HTML-escaped, so output such as `<script>` comes out inert. Plots are
 //! inlined as `data:image/png;base64,...` URLs; a plot whose mime type is not
-//! `image/png` or whose data is not plain base64 is left out.
+//! `image/png` or whose data is not plain base64 is left out (an SVG page
+//! is shown from its display, as a `data:image/svg+xml` image, which runs
+//! no script). Displays with HTML (tables, widgets) are shown in sandboxed
+//! iframes (`srcdoc`, escaped): a table's with no permission at all, a
+//! widget's with scripts only, never the page's origin, so their HTML
+//! cannot reach the page around them.
 
 use std::fmt::Write as _;
 
-use rvisor_protocol::{ErrorInfo, Plot, RunResult, Segment};
+use base64::Engine;
+use rvisor_protocol::{Display, ErrorInfo, Plot, RunResult, Segment};
 
 /// The scoped style sheet put inside every fragment.
 const STYLE: &str = "\
@@ -38,7 +44,10 @@ background:#eef1f4;color:#1f2328;font-weight:600}\
 .rvisor-result .rvisor-traceback{margin:2px 0 0 0;padding-left:2em;color:#a40e26;font-size:12px}\
 .rvisor-result .rvisor-plot{margin:6px 0}\
 .rvisor-result .rvisor-plot img{max-width:100%;height:auto;display:block}\
-.rvisor-result .rvisor-json{background:#f6f8fa;padding:4px 8px;margin:6px 0}";
+.rvisor-result .rvisor-json{background:#f6f8fa;padding:4px 8px;margin:6px 0}\
+.rvisor-result .rvisor-display{margin:6px 0}\
+.rvisor-result .rvisor-display iframe{width:100%;border:1px solid #d0d7de;border-radius:4px;background:#fff}\
+.rvisor-result .rvisor-display img{max-width:100%;height:auto;display:block}";
 
 /// Renders one call's result as a self-contained HTML fragment.
 ///
@@ -170,6 +179,15 @@ fn render_segments(out: &mut String, result: &RunResult) {
                 close_pre(out, &mut in_pre);
                 let _ = write!(out, "<div class=\"rvisor-plot\">{img}</div>");
             }
+            Segment::Display { index } => {
+                let Some(d) = result.displays.get(*index) else {
+                    continue;
+                };
+                if let Some(html) = display_html(d, result, *index) {
+                    close_pre(out, &mut in_pre);
+                    let _ = write!(out, "<div class=\"rvisor-display\">{html}</div>");
+                }
+            }
             Segment::Error { traceback, .. } => {
                 close_pre(out, &mut in_pre);
                 let text = segment.console_text().unwrap_or_default();
@@ -238,6 +256,55 @@ fn plot_img(plot: &Plot, index: usize) -> Option<String> {
         plot.height,
         index.saturating_add(1)
     ))
+}
+
+/// How a display shows inline: HTML in a sandboxed iframe (a table's with
+/// no permissions, other HTML with scripts only); an SVG page not shown as
+/// a PNG plot as an image; `None` for what the console or a plot segment
+/// already shows (a table's text, a PNG page) or an HTML value's text line
+/// when it has no HTML (shown as text).
+fn display_html(d: &Display, result: &RunResult, index: usize) -> Option<String> {
+    let kind = d
+        .metadata
+        .get("rvisor")
+        .and_then(|m| m.get("kind"))
+        .and_then(|k| k.as_str())
+        .unwrap_or("");
+    if let Some(html) = d.data.get("text/html").and_then(|h| h.as_str()) {
+        let (sandbox, height) = if kind == "table" {
+            let rows = html.matches("<tr").count().min(25);
+            ("", 48 + 26 * rows)
+        } else {
+            ("allow-scripts", 420)
+        };
+        return Some(format!(
+            "<iframe sandbox=\"{sandbox}\" srcdoc=\"{}\" style=\"height:{height}px\" \
+             title=\"display {}\" loading=\"lazy\"></iframe>",
+            escape(html),
+            index.saturating_add(1)
+        ));
+    }
+    if kind == "plot" {
+        let page = d.metadata["rvisor"]["plot"].as_u64().unwrap_or(u64::MAX) as usize;
+        let png_shown = result
+            .plots
+            .get(page)
+            .is_some_and(|p| p.mime.eq_ignore_ascii_case("image/png"));
+        let svg = d.data.get("image/svg+xml").and_then(|s| s.as_str())?;
+        if png_shown {
+            return None;
+        }
+        return Some(format!(
+            "<img src=\"data:image/svg+xml;base64,{}\" alt=\"plot {}\">",
+            base64::engine::general_purpose::STANDARD.encode(svg),
+            page.saturating_add(1)
+        ));
+    }
+    if kind == "html" {
+        let text = d.data.get("text/plain").and_then(|t| t.as_str())?;
+        return Some(format!("<pre>{}</pre>", escape(text)));
+    }
+    None
 }
 
 /// True when `s` is non-empty and only holds characters of the standard
@@ -325,6 +392,49 @@ mod tests {
         haystack
             .find(needle)
             .unwrap_or_else(|| panic!("{needle:?} not found in {haystack}"))
+    }
+
+    #[test]
+    fn displays_show_in_sandboxed_iframes_and_svg_pages_as_images() {
+        let mut r = RunResult::empty("e".into(), "x".into());
+        let mut table = Display::default();
+        table.data.insert(
+            "text/html".into(),
+            "<table><tr><td>1</td></tr></table>".into(),
+        );
+        table
+            .metadata
+            .insert("rvisor".into(), serde_json::json!({"kind": "table"}));
+        let mut widget = Display::default();
+        widget
+            .data
+            .insert("text/html".into(), "<script>alert(\"x\")</script>".into());
+        widget
+            .metadata
+            .insert("rvisor".into(), serde_json::json!({"kind": "html"}));
+        let mut svg = Display::default();
+        svg.data.insert("image/svg+xml".into(), "<svg/>".into());
+        svg.metadata.insert(
+            "rvisor".into(),
+            serde_json::json!({"kind": "plot", "plot": 0}),
+        );
+        r.plots.push(Plot {
+            mime: "image/svg+xml".into(),
+            width: 10,
+            height: 10,
+            data_base64: "PHN2Zy8+".into(),
+        });
+        r.displays = vec![table, widget, svg];
+        for index in 0..3 {
+            r.segments.push(Segment::Display { index });
+        }
+        let html = render(&r);
+        assert!(html.contains("<iframe sandbox=\"\" srcdoc=\"&lt;table&gt;"));
+        assert!(html.contains(
+            "<iframe sandbox=\"allow-scripts\" srcdoc=\"&lt;script&gt;alert(&quot;x&quot;)"
+        ));
+        assert!(!html.contains("<script>"), "no live script in the page");
+        assert!(html.contains("src=\"data:image/svg+xml;base64,PHN2Zy8+\""));
     }
 
     #[test]

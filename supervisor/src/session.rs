@@ -66,6 +66,9 @@ pub struct SessionOptions {
     pub plot_width: u32,
     /// Plot height in pixels (default 650).
     pub plot_height: u32,
+    /// Rich results of the session's calls (default: on, PNG plots; a
+    /// call's [`RunOptions::display`] overrides it field by field).
+    pub display: rvisor_protocol::DisplayOptions,
     /// Environment variables R code may read.
     pub env: EnvPolicy,
     /// R library directories, in order.
@@ -126,6 +129,7 @@ impl Default for SessionOptions {
             max_output_bytes: crate::DEFAULT_MAX_OUTPUT_BYTES,
             plot_width: crate::DEFAULT_PLOT_WIDTH,
             plot_height: crate::DEFAULT_PLOT_HEIGHT,
+            display: rvisor_protocol::DisplayOptions::default(),
             env: EnvPolicy::Minimal,
             libpath: Vec::new(),
             working_dir: None,
@@ -151,6 +155,8 @@ pub struct RunOptions {
     pub plot_width: Option<u32>,
     /// Plot height of this call.
     pub plot_height: Option<u32>,
+    /// Display options of this call, over the session's field by field.
+    pub display: rvisor_protocol::DisplayOptions,
     /// How many bytes of a streaming call's events may wait for its
     /// reader ([`Session::run_streaming_with`]; default
     /// [`crate::DEFAULT_STREAM_BUFFER_BYTES`]): past them a reader that
@@ -1880,6 +1886,7 @@ impl Session {
             working_dir: s.working_dir.clone(),
             // A session's worker lives on: no CPU limit that could not be lifted.
             cpu_limit: None,
+            display: s.opts.display.over(&over.display),
         };
         validate_call(code, &opts).map_err(|e| Rejection::Invalid(e.to_string()))?;
         let slot = Arc::new(Slot::default());
@@ -2319,6 +2326,9 @@ impl Supervisor {
                 "plot sizes must be between 1 and {} pixels",
                 crate::MAX_PLOT_SIDE
             )));
+        }
+        if let Some(why) = opts.display.problem() {
+            return Err(Error::Invalid(why));
         }
         let mut names = std::collections::HashSet::new();
         for t in &opts.tools {

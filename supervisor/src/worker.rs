@@ -551,6 +551,7 @@ impl Worker {
             variables: ctx.variables.clone(),
             tables: ctx.tables.iter().map(|(n, _)| n.clone()).collect(),
             stream,
+            display: opts.display,
         };
         let fds: Vec<std::os::fd::RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let sent = self.transport.send(&ToWorker::Run(req), &fds);

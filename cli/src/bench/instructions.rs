@@ -24,6 +24,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Paths measured with displays off: `print_data_frame` is the printing
+/// path its baseline was made for. What a visible table's display adds
+/// (repr's HTML and Markdown, the JSON preview) is timed by `rvisor bench
+/// --only displays`; it loads packages, so its allocations would make R
+/// collect garbage inside the measured calls here.
+const TEXT_ONLY: &[&str] = &["print_data_frame"];
+
 /// The paths measured: name, code, calls.
 pub const PATHS: &[(&str, &str, usize)] = &[
     ("one_plus_one", "1 + 1", 40),
@@ -166,6 +173,10 @@ fn measure(vg: &Path, dir: &Path, name: &str, code: &str, calls: usize) -> Resul
     .map_err(|e| format!("the worker did not start under valgrind: {e}"))?;
     let opts = CallOptions {
         timeout: Some(Duration::from_secs(600)),
+        display: rvisor::DisplayOptions {
+            enabled: TEXT_ONLY.contains(&name).then_some(false),
+            ..rvisor::DisplayOptions::default()
+        },
         ..CallOptions::default()
     };
     // R says on the console at each collection from here on (a constant

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod batch_rows;
+mod displays;
 pub mod instructions;
 mod memory;
 pub mod sessions_load;
@@ -238,8 +239,9 @@ pub struct Report {
 /// and so does `instructions` (minutes under valgrind). `memory` (live
 /// sessions after a full gc(), rvisor and Rserve: about a minute) runs by
 /// default and with `--quick` too.
-pub const SECTIONS: [&str; 6] = [
+pub const SECTIONS: [&str; 7] = [
     "latency",
+    "displays",
     "startup",
     "batch",
     "memory",
@@ -289,6 +291,9 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
             memory_after_gc: None,
         }
     };
+    if o.wants("displays") {
+        report.extra.extend(displays::run(o.quick, progress)?);
+    }
     if o.wants("startup") {
         // Peers are installed by the latency part only: without Rserve the
         // Rserve row says so.

@@ -24,7 +24,10 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 mod openapi;
-pub use openapi::{document, openapi_json, service_document, UNAUTHENTICATED};
+pub use openapi::{
+    document, openapi_json, service_document, CHECKPOINT_OPERATIONS, OPERATION_ERRORS,
+    UNAUTHENTICATED,
+};
 
 /// How the server runs.
 #[derive(Debug, Clone)]

@@ -437,6 +437,21 @@ fn request_bounds(
             );
         }
     }
+    // `DisplayOptions::problem` refuses limits out of these ranges.
+    for p in ["max_rows", "max_cols"] {
+        narrow(
+            doc,
+            "DisplayOptions",
+            p,
+            json!({"minimum": 1, "maximum": rvisor_protocol::display::MAX_TABLE_SIDE}),
+        );
+    }
+    narrow(
+        doc,
+        "DisplayOptions",
+        "html_max_bytes",
+        json!({"minimum": 1}),
+    );
     // `Session::run` refuses blank code and code over the size limit.
     narrow(
         doc,
@@ -523,7 +538,7 @@ fn media_types(doc: &mut serde_json::Value) {
     for path in ["/v1/run", "/v1/sessions/{id}/run"] {
         if let Some(ok) = operation(doc, "post", path).and_then(|op| op.get_mut("responses")) {
             ok["200"]["content"]["text/html"] = json!({"schema": {"type": "string", "description": "A self-contained HTML fragment"}});
-            ok["200"]["content"]["text/event-stream"] = json!({"schema": {"type": "string", "description": "Server-Sent Events while the call runs: `id` is the event's seq, `event` its kind (stdout, stderr, message, warning, error, plot, progress; `lagged` in place of events a client read too slowly to be sent: events first_seq..seq, holding `bytes` bytes of text, all of it in the result), `data` the event's JSON ({execution_id, seq, kind, ...}); the last event, named `result`, carries the RunResult. Closing the stream cancels the call"}});
+            ok["200"]["content"]["text/event-stream"] = json!({"schema": {"type": "string", "description": "Server-Sent Events while the call runs: `id` is the event's seq, `event` its kind (stdout, stderr, message, warning, error, plot, display, progress; `lagged` in place of events a client read too slowly to be sent: events first_seq..seq, holding `bytes` bytes of text, all of it in the result), `data` the event's JSON ({execution_id, seq, kind, ...}); the last event, named `result`, carries the RunResult. Closing the stream cancels the call"}});
             ok["200"]["content"]["application/x-ndjson"] = json!({"schema": {"type": "string", "description": "One event per line while the call runs ({execution_id, seq, kind, ...}; kind `lagged` in place of events a client read too slowly to be sent); the last line has kind `result` and the RunResult in `result`. Closing the stream cancels the call"}});
         }
     }
@@ -861,6 +876,29 @@ mod openapi_tests {
             unconfined["components"]["schemas"]["NewSession"]["properties"]["limits"]["oneOf"],
             json!([{"type": "null"}])
         );
+    }
+
+    #[test]
+    fn displays_and_their_options_are_in_the_document() {
+        let doc = document(true, &rvisor::SafetyRules::default(), None, true);
+        let s = &doc["components"]["schemas"];
+        assert!(
+            s["RunResult"]["properties"]["displays"].is_object(),
+            "{}",
+            s["RunResult"]
+        );
+        assert!(s["Display"]["properties"]["data"].is_object());
+        assert!(s["Display"]["properties"]["metadata"].is_object());
+        for req in ["RunScript", "NewSession", "SessionRun"] {
+            assert!(s[req]["properties"]["display"].is_object(), "{req}");
+        }
+        assert_eq!(s["DisplayOptions"]["properties"]["max_rows"]["minimum"], 1);
+        assert_eq!(
+            s["DisplayOptions"]["properties"]["max_cols"]["maximum"],
+            rvisor_protocol::display::MAX_TABLE_SIDE
+        );
+        let segment = s["Segment"].to_string();
+        assert!(segment.contains("\"display\""), "{segment}");
     }
 
     #[test]

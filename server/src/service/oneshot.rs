@@ -60,6 +60,10 @@ impl Service {
         let rules = self.rules();
         let timeout = check_timeout(req.timeout_seconds, rules)?;
         let limits = tighter_limits(self.server_limits(), req.limits.as_ref())?;
+        let display = req.display.unwrap_or_default();
+        if let Some(why) = display.problem() {
+            return Err(ServiceError::invalid(why));
+        }
         let variables: Vec<(String, Value)> = req
             .variables
             .into_iter()
@@ -119,7 +123,10 @@ impl Service {
             tenant.to_string(),
             published.clone(),
         );
-        let opts = CallOptions::one_shot(Some(timeout));
+        let opts = CallOptions {
+            display,
+            ..CallOptions::one_shot(Some(timeout))
+        };
         let ctx = CallContext {
             variables,
             tables,

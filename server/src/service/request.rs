@@ -63,6 +63,10 @@ pub struct RunScript {
     /// server's).
     #[serde(default, deserialize_with = "objects::opt")]
     pub limits: Option<LimitsRequest>,
+    /// Rich results (tables as HTML, Markdown and a JSON preview; HTML
+    /// values; plot formats): docs/output-and-plots.md, "Displays".
+    #[serde(default)]
+    pub display: Option<rvisor::DisplayOptions>,
 }
 
 /// Options of a new session.
@@ -81,6 +85,10 @@ pub struct NewSession {
     /// Plot height in pixels.
     #[serde(default, deserialize_with = "whole::opt_u32")]
     pub plot_height: Option<u32>,
+    /// Rich results (tables as HTML, Markdown and a JSON preview; HTML
+    /// values; plot formats): docs/output-and-plots.md, "Displays".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<rvisor::DisplayOptions>,
 }
 
 /// One call in a session.
@@ -98,6 +106,9 @@ pub struct SessionRun {
     /// Plot height in pixels for this call (the session's otherwise).
     #[serde(default, deserialize_with = "whole::opt_u32")]
     pub plot_height: Option<u32>,
+    /// Display options for this call, over the session's field by field.
+    #[serde(default)]
+    pub display: Option<rvisor::DisplayOptions>,
 }
 
 /// Serde helpers for whole numbers: JSON may spell one `3` or `3.0`, and

@@ -46,6 +46,12 @@ impl Service {
         if let Some(h) = req.plot_height {
             opts.plot_height = h;
         }
+        if let Some(d) = &req.display {
+            if let Some(why) = d.problem() {
+                return Err(ServiceError::invalid(why));
+            }
+            opts.display = opts.display.over(d);
+        }
         opts.limits = tighter_limits(self.server_limits(), req.limits.as_ref())?;
         Ok(opts)
     }
@@ -244,6 +250,7 @@ impl Service {
             timeout,
             plot_width: req.plot_width,
             plot_height: req.plot_height,
+            display: req.display.unwrap_or_default(),
             stream_limits: self.stream_limits(tenant),
         };
         // Admission: a session without a worker gets one only within the

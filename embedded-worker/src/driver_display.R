@@ -1,0 +1,264 @@
+## Rich results: tables and HTML-only values as MIME bundles (Jupyter's
+## display_data). Loaded on first use (driver.R, "parts loaded on first
+## use"): a call that prints no table and no HTML value never parses this
+## file, and repr, htmltools and jsonlite are loaded only when a value
+## needs them. Every function here reports through `emit` ("display",
+## "unsupported") and never lets an error out: a bundle that cannot be
+## made becomes a note, the value's text still printed.
+
+## A table cut to what repr shows with these limits: repr shows the first
+## and last halves of `rows` (and of `cols`), so half of it plus one from
+## each end keeps every cell it shows and still more than it shows (it
+## then marks the cut as it would), and repr (which types and formats
+## every column it is given) costs the same for 1e6 rows or 10,000
+## columns as for 22. Automatic row names stay automatic.
+table_window <- function(x, rows, cols) {
+  nr <- NROW(x)
+  nc <- NCOL(x)
+  end <- function(n, limit) {
+    k <- limit %/% 2L + 1L
+    if (n > 2L * k) c(seq_len(k), seq.int(n - k + 1L, n)) else seq_len(n)
+  }
+  i <- end(nr, rows)
+  j <- end(nc, cols)
+  if (length(i) == nr && length(j) == nc) return(x)
+  auto <- is.data.frame(x) && .row_names_info(x) < 0L
+  y <- x[i, j, drop = FALSE]
+  if (auto) attr(y, "row.names") <- .set_row_names(length(i))
+  y
+}
+
+## repr's caption names the window's size: put the table's own back.
+fix_caption <- function(text, small, big) {
+  if (identical(dim(small), dim(big))) return(text)
+  times <- repr:::chars$times_s
+  sub(paste(NROW(small), times, NCOL(small)), paste(NROW(big), times, NCOL(big)),
+      text, fixed = TRUE)
+}
+
+## One cell of the JSON preview: numbers and logicals as themselves (NA,
+## NaN, Inf as null), everything else as its format()ed text, cut to 256
+## characters.
+preview_column <- function(v, i) {
+  v <- v[i]
+  if (is.factor(v)) v <- as.character(v)
+  if (is.list(v)) v <- vapply(v, function(e) paste(format(e), collapse = ", "), "")
+  if (is.numeric(v) && !is.object(v)) {
+    v <- as.numeric(v)
+    v[!is.finite(v)] <- NA
+    return(v)
+  }
+  if (is.logical(v) && !is.object(v)) return(v)
+  s <- if (is.character(v)) v else format(v)
+  na <- is.na(v)
+  long <- !na & nchar(s, type = "chars", allowNA = TRUE) > 256L
+  long[is.na(long)] <- FALSE
+  s[long] <- paste0(substr(s[long], 1L, 255L), "\u2026")
+  s[na] <- NA
+  s
+}
+
+## The type of a column: its R class (integer, numeric, character,
+## factor, Date, POSIXct, list...).
+column_type <- function(v) class(v)[[1L]]
+
+## A typed preview of a table: its size, its columns' names and types
+## (the first `cols`), the first `rows` rows, and whether it was cut.
+preview_json <- function(x, rows, cols) {
+  nr <- NROW(x)
+  nc <- NCOL(x)
+  j <- seq_len(min(nc, cols))
+  i <- seq_len(min(nr, rows))
+  df <- if (is.data.frame(x)) x else as.data.frame(x, stringsAsFactors = FALSE)
+  nm <- names(df)
+  if (is.null(nm)) nm <- paste0("V", seq_len(nc))
+  nm <- nm[j]
+  types <- vapply(j, function(k) column_type(df[[k]]), "")
+  cells <- lapply(j, function(k) preview_column(df[[k]], i))
+  rowlist <- lapply(i, function(r) lapply(cells, function(col) col[[r]]))
+  rn <- if (is.data.frame(x) && .row_names_info(x) < 0L) NULL else rownames(x)[i]
+  out <- list(nrow = nr, ncol = nc,
+              columns = lapply(seq_along(j), function(k) list(name = nm[[k]], type = types[[k]])),
+              rows = rowlist,
+              row_names = rn,
+              truncated = nr > rows || nc > cols)
+  if (requireNamespace("jsonlite", quietly = TRUE))
+    as.character(jsonlite::toJSON(out, auto_unbox = TRUE, null = "null", na = "null",
+                                  digits = NA))
+  else to_json(out)
+}
+
+## Emits a display: `data` a named character vector (MIME type to text;
+## `application/json` holds JSON text), `meta` JSON text.
+emit_display <- function(data, meta = "{}") {
+  .Call(emit, "display", names(data), unname(data), meta)
+  invisible()
+}
+
+meta_json <- function(kind, cls, notes = character()) {
+  fields <- c(sprintf("\"kind\":%s", json_string(kind)),
+              sprintf("\"class\":%s", json_string(cls)))
+  if (length(notes))
+    fields <- c(fields, sprintf("\"truncated\":{%s}",
+                                paste0(json_string(names(notes)), ":", json_string(notes),
+                                       collapse = ",")))
+  paste0("{\"rvisor\":{", paste(fields, collapse = ","), "}}")
+}
+
+## A data frame, tibble or matrix that has just been printed (`text`, the
+## console text of that print): its bundle. Without repr the bundle has
+## the text and the JSON preview only, and says why.
+show_table <- function(x, text) {
+  o <- state$display
+  notes <- character()
+  data <- c("text/plain" = text)
+  res <- tryCatch(suppressWarnings({
+    if (!requireNamespace("repr", quietly = TRUE))
+      stop("the R package repr is not installed (Debian: r-cran-repr)")
+    # repr shows at least 2 rows and 2 columns (its own minimum).
+    rows <- max(o$rows, 2L)
+    cols <- max(o$cols, 2L)
+    w <- table_window(x, rows, cols)
+    old <- options(repr.matrix.max.rows = rows, repr.matrix.max.cols = cols)
+    on.exit(options(old))
+    c("text/html" = fix_caption(repr::repr_html(w), w, x),
+      "text/markdown" = fix_caption(repr::repr_markdown(w), w, x),
+      "application/json" = preview_json(x, o$rows, o$cols))
+  }), error = function(e) {
+    notes[["text/html"]] <<- clip(paste("not made:", conditionMessage(e)), caps$message)
+    NULL
+  })
+  if (!is.null(res)) data <- c(data, res)
+  big <- nchar(data, type = "bytes") > o$html_max
+  big[names(data) == "text/plain"] <- FALSE
+  for (m in names(data)[big])
+    notes[[m]] <- sprintf("left out: %.0f bytes, over display.html_max_bytes (%.0f)",
+                          nchar(data[[m]], type = "bytes"), o$html_max)
+  data <- data[!big]
+  emit_display(data, meta_json("table", class(x)[[1L]], notes))
+}
+
+## A dependency's directory on disk (`package` makes `src$file` relative
+## to the installed package), or an error saying why it cannot be inlined.
+dependency_dir <- function(dep) {
+  dir <- dep$src$file
+  if (is.null(dir))
+    stop(sprintf("its dependency '%s' has only a URL, which cannot be inlined offline", dep$name))
+  if (!is.null(dep$package)) dir <- system.file(dir, package = dep$package)
+  if (!nzchar(dir) || !dir.exists(dir))
+    stop(sprintf("its dependency '%s' cannot be read: its directory %s is missing",
+                 dep$name, dep$src$file))
+  dir
+}
+
+## The files of one kind (`script`, `stylesheet`) of a dependency, checked
+## readable, as data URIs inside their tags.
+inline_files <- function(dep, dir, kind) {
+  entries <- dep[[kind]]
+  if (!length(entries)) return(character())
+  files <- vapply(entries, function(e) if (is.list(e)) e$src else e, "")
+  out <- character()
+  for (f in files) {
+    path <- file.path(dir, f)
+    if (!file.exists(path) || file.access(path, 4L) != 0L)
+      stop(sprintf("its dependency '%s' cannot be read: %s is missing or unreadable",
+                   dep$name, path))
+    if (kind == "script")
+      out <- c(out, sprintf("<script title=\"%s\" src=\"%s\"></script>",
+                            gsub("\"", "", dep$name, fixed = TRUE),
+                            base64enc::dataURI(file = path, mime = "application/javascript")))
+    else
+      out <- c(out, sprintf("<link href=\"%s\" rel=\"stylesheet\" />",
+                            base64enc::dataURI(file = path, mime = "text/css;charset=utf-8")))
+  }
+  out
+}
+
+## Tags (or a widget) as one self-contained page: repr's embed_tags, with
+## dependencies resolved from their package and their own head lines kept,
+## every script and stylesheet a data URI, so it renders offline and in a
+## sandboxed iframe. No pandoc, no network.
+embed_html <- function(x) {
+  if (inherits(x, "htmlwidget")) x <- htmltools::as.tags(x, standalone = TRUE)
+  obj <- htmltools::renderTags(x)
+  deps <- htmltools::resolveDependencies(obj$dependencies)
+  head <- unlist(lapply(deps, function(dep) {
+    dir <- dependency_dir(dep)
+    c(if (length(dep$head)) dep$head, inline_files(dep, dir, "stylesheet"),
+      inline_files(dep, dir, "script"))
+  }))
+  sprintf(repr:::HTML_SKELETON, paste(c(head, obj$head), collapse = "\n"), obj$html)
+}
+
+## HTML of a value that renders only as HTML, self-contained. `NULL` for
+## a knitr table that is not HTML (it prints as text).
+value_html <- function(x) {
+  if (inherits(x, "knitr_kable")) {
+    if (!identical(attr(x, "format"), "html")) return(NULL)
+    return(paste(as.character(x), collapse = "\n"))
+  }
+  for (p in c("repr", "htmltools", "base64enc"))
+    if (!requireNamespace(p, quietly = TRUE))
+      stop(sprintf("the R package %s is not installed (Debian: r-cran-%s)", p, p))
+  if (inherits(x, "flextable")) x <- flextable::htmltools_value(x)
+  if (inherits(x, c("htmlwidget", "shiny.tag", "shiny.tag.list", "html")))
+    return(embed_html(x))
+  html <- repr::repr_html(x)
+  if (is.null(html)) stop("repr has no HTML for it")
+  paste(html, collapse = "\n")
+}
+
+## A visible value of an HTML-only class: its bundle (HTML under the cap,
+## and a text/plain line saying what it is), or `unsupported` with the
+## reason when no HTML can be made.
+show_html <- function(x) {
+  o <- state$display
+  cls <- class(x)[[1L]]
+  html <- tryCatch(suppressWarnings(suppressMessages(value_html(x))),
+                   error = function(e) structure(conditionMessage(e), class = "rvisor_failed"))
+  if (is.null(html)) {
+    print_in_global(x)
+    return(invisible())
+  }
+  if (inherits(html, "rvisor_failed")) {
+    .Call(emit, "unsupported", clip(sprintf(
+      "rvisor: a value of class '%s' renders only as HTML, and its HTML could not be made: %s",
+      cls, html), caps$message), NULL, NULL)
+    return(invisible())
+  }
+  n <- nchar(html, type = "bytes")
+  what <- if (inherits(x, "htmlwidget")) sprintf("an htmlwidget (%s)", cls) else
+    sprintf("a value of class '%s'", cls)
+  if (n > o$html_max) {
+    emit_display(
+      c("text/plain" = sprintf(paste0(
+        "[%s: its HTML is %.0f bytes, over display.html_max_bytes (%.0f), so it was left out; ",
+        "raise the cap or show less]"), what, n, o$html_max)),
+      meta_json("html", cls, c("text/html" = sprintf("left out: %.0f bytes, over display.html_max_bytes (%.0f)",
+                                                      n, o$html_max))))
+    return(invisible())
+  }
+  emit_display(c("text/html" = html,
+                 "text/plain" = sprintf("[%s, shown as HTML: %.0f bytes]", what, n)),
+               meta_json("html", cls))
+}
+
+## print() as the prompt would call it: dispatched from the global
+## environment, so the user's methods are found.
+print_in_global <- function(x) {
+  eval(quote(print(x)), list(x = x), globalenv())
+  invisible()
+}
+
+## rvisor_display(x): shows `x` now, as a display when it is a table or
+## an HTML value (the text too, as print() would), else prints it.
+display_now <- function(x) {
+  if (!isTRUE(state$display$enabled)) return(print_in_global(x))
+  if (inherits(x, c(html_classes, "knitr_kable"))) return(show_html(x))
+  if (is.data.frame(x) || is.matrix(x)) {
+    text <- paste0(paste(utils::capture.output(print_in_global(x)), collapse = "\n"), "\n")
+    cat(text)
+    return(show_table(x, clip(text, 65536L)))
+  }
+  print_in_global(x)
+}
