@@ -36,6 +36,8 @@ pub mod clock;
 pub mod confine;
 mod error;
 pub mod events;
+pub mod file_rules;
+
 mod gate;
 pub mod html;
 pub mod ids;
