@@ -37,7 +37,7 @@ pub mod confine;
 mod error;
 pub mod events;
 pub mod file_rules;
-
+pub mod files;
 mod gate;
 pub mod html;
 pub mod ids;

@@ -1825,6 +1825,31 @@ impl Session {
         &self.shared().id
     }
 
+    /// Where the session's files are, for `crate::files`: the host
+    /// directory calls run in (unconfined, or an explicit one), else the
+    /// live worker's pid and its directory inside its own root.
+    pub(crate) fn files_place(&self) -> crate::files::Place {
+        let sh = self.shared();
+        let i = lock(&sh.inner);
+        // A session to be restored gets its worker first: the restore
+        // writes the checkpoint's files, and would overwrite what the
+        // host put there meanwhile.
+        if i.restore_next.is_some() || i.state == SessionState::Hibernated {
+            return crate::files::Place::NoWorker;
+        }
+        if let Some(d) = &sh.working_dir {
+            return crate::files::Place::Host(d.clone());
+        }
+        match (i.pid, &i.worker_dir) {
+            (Some(pid), Some(dir)) => crate::files::Place::Worker {
+                pid,
+                dir: PathBuf::from(dir),
+                generation: i.generation,
+            },
+            _ => crate::files::Place::NoWorker,
+        }
+    }
+
     /// Queues `code` and returns at once. Fails at once when the code is
     /// empty or over 256 KiB, the queue is full, or the session is closed.
     ///

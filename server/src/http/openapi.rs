@@ -28,6 +28,10 @@ use super::*;
         session_hibernate,
         session_restore,
         session_delete,
+        files::files_list,
+        files::file_put,
+        files::file_get,
+        files::file_delete,
         table_create,
         table_get,
         table_delete,
@@ -164,6 +168,26 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Internal,
             ],
         ),
+        ("get", "/v1/sessions/{id}/files", FILE_READ),
+        (
+            "put",
+            "/v1/sessions/{id}/files/{path}",
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::FileRefused,
+                E::TooLarge,
+                E::Quota,
+                E::Invalid,
+                E::Busy,
+                E::NoWorker,
+                E::Draining,
+                E::Storage,
+                E::Internal,
+            ],
+        ),
+        ("get", "/v1/sessions/{id}/files/{path}", FILE_READ),
+        ("delete", "/v1/sessions/{id}/files/{path}", FILE_READ),
         ("get", "/v1/tables/{pointer}", &[E::BadRequest, E::NotFound]),
         (
             "delete",
@@ -191,6 +215,26 @@ pub const SESSION_LOOKUP: &[ErrorCode] = {
     &[
         E::BadRequest,
         E::NotFound,
+        E::Invalid,
+        E::Busy,
+        E::NoWorker,
+        E::Draining,
+        E::Storage,
+        E::Internal,
+    ]
+};
+
+/// The codes of reading a session's files: the session's lookup, then
+/// `file_refused` (a name or kind rule), `too_large` (a file over
+/// `max_file_bytes`), `quota` (more files than `max_files`).
+pub const FILE_READ: &[ErrorCode] = {
+    use ErrorCode as E;
+    &[
+        E::BadRequest,
+        E::NotFound,
+        E::FileRefused,
+        E::TooLarge,
+        E::Quota,
         E::Invalid,
         E::Busy,
         E::NoWorker,
@@ -545,7 +589,13 @@ fn media_types(doc: &mut serde_json::Value) {
                 // Ids and pointers the server hands out are of these
                 // characters; `.` or `..` would not even reach the route.
                 for p in params.iter_mut().filter(|p| p["in"] == "path") {
-                    p["schema"]["pattern"] = json!("^[A-Za-z0-9_-]+$");
+                    p["schema"]["pattern"] = if p["name"] == "path" {
+                        // A file's path: relative, no `.` or `..` part
+                        // (the rest of rvisor::file_rules is 409).
+                        json!(r"^(?!/)(?!.*(^|/)\.\.?(/|$))[^\u0000\\]+$")
+                    } else {
+                        json!("^[A-Za-z0-9_-]+$")
+                    };
                 }
             }
         }
@@ -813,6 +863,10 @@ mod openapi_tests {
             ("post", "/v1/sessions"),
             ("post", "/v1/sessions/{id}/run"),
             ("post", "/v1/sessions/{id}/checkpoint"),
+            ("get", "/v1/sessions/{id}/files"),
+            ("put", "/v1/sessions/{id}/files/{path}"),
+            ("get", "/v1/sessions/{id}/files/{path}"),
+            ("delete", "/v1/sessions/{id}/files/{path}"),
             ("post", "/v1/tables"),
         ]
         .iter()

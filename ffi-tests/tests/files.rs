@@ -1,0 +1,562 @@
+//! A session's files end to end against real R (docs/files.md): uploaded
+//! files R reads, files R writes downloaded byte-identical, the refused
+//! names and kinds, the quotas, files surviving hibernation and a
+//! restart, another tenant's session answering like an unknown one;
+//! confined (as root) and unconfined.
+
+use rvisor::file_rules::FileLimits;
+use rvisor::{Confinement, Outcome, PoolConfig, Session, Supervisor, SupervisorConfig};
+use rvisor_server::http::ServeConfig;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::Read;
+use std::time::Duration;
+
+const TOK_A: &str = "alice-token-0123456789abcdef";
+const TOK_B: &str = "bob-token-0123456789abcdefgh";
+
+fn sup(confined: bool) -> Supervisor {
+    let mut cfg = SupervisorConfig {
+        pool: PoolConfig {
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
+        },
+        ..SupervisorConfig::default()
+    };
+    if !confined {
+        cfg.confinement = Confinement::unconfined();
+    }
+    Supervisor::new(cfg).expect("the supervisor starts")
+}
+
+/// The real router on 127.0.0.1:0, with tokens for alice and bob.
+struct Server {
+    base: String,
+    sup: Supervisor,
+    rt: Option<tokio::runtime::Runtime>,
+    _dir: rvisor_ffi_tests::TestDir,
+}
+
+impl Server {
+    fn start(confined: bool, files: FileLimits) -> Self {
+        let dir = rvisor_ffi_tests::TestDir::new("files-http");
+        let sup = sup(confined);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let cfg = ServeConfig {
+            tokens: Some(HashMap::from([
+                (TOK_A.to_string(), "alice".to_string()),
+                (TOK_B.to_string(), "bob".to_string()),
+            ])),
+            tables: rvisor_server::tables::TableConfig {
+                dir: dir.path().join("tables"),
+                ..Default::default()
+            },
+            files,
+            ..ServeConfig::default()
+        };
+        let app = rvisor_server::http::router(sup.clone(), cfg).expect("the router");
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Self {
+            base: format!("http://{addr}"),
+            sup,
+            rt: Some(rt),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        self.sup.shutdown();
+    }
+}
+
+struct Answer {
+    status: u16,
+    content_type: String,
+    bytes: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.bytes).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {} {}",
+                self.status,
+                String::from_utf8_lossy(&self.bytes)
+            )
+        })
+    }
+
+    /// Asserts an error of `status` and `code`; returns its message.
+    fn error(&self, status: u16, code: &str) -> String {
+        assert_eq!(
+            self.status,
+            status,
+            "{}",
+            String::from_utf8_lossy(&self.bytes)
+        );
+        let v = self.json();
+        assert_eq!(v["error"]["code"], code, "{v}");
+        v["error"]["message"].as_str().unwrap_or("").to_string()
+    }
+}
+
+fn call(
+    base: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    chunked: bool,
+) -> Answer {
+    let agent = ureq::AgentBuilder::new()
+        .max_idle_connections(0)
+        .timeout(Duration::from_secs(180))
+        .build();
+    let req = agent
+        .request(method, &format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {token}"));
+    let r = match body {
+        Some(b) if chunked => req.send(b),
+        Some(b) => req.send_bytes(b),
+        None => req.call(),
+    };
+    let res = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = res.status();
+    let content_type = res.header("content-type").unwrap_or("").to_string();
+    let mut bytes = Vec::new();
+    res.into_reader()
+        .read_to_end(&mut bytes)
+        .expect("the body reads");
+    Answer {
+        status,
+        content_type,
+        bytes,
+    }
+}
+
+struct Client<'a> {
+    base: &'a str,
+    token: &'a str,
+}
+
+impl Client<'_> {
+    fn get(&self, path: &str) -> Answer {
+        call(self.base, self.token, "GET", path, None, false)
+    }
+    fn put(&self, path: &str, body: &[u8]) -> Answer {
+        call(self.base, self.token, "PUT", path, Some(body), false)
+    }
+    fn put_chunked(&self, path: &str, body: &[u8]) -> Answer {
+        call(self.base, self.token, "PUT", path, Some(body), true)
+    }
+    fn delete(&self, path: &str) -> Answer {
+        call(self.base, self.token, "DELETE", path, None, false)
+    }
+    fn post(&self, path: &str, v: Value) -> Answer {
+        let agent = ureq::AgentBuilder::new()
+            .max_idle_connections(0)
+            .timeout(Duration::from_secs(180))
+            .build();
+        let r = agent
+            .post(&format!("{}{path}", self.base))
+            .set("Authorization", &format!("Bearer {}", self.token))
+            .send_json(v);
+        let res = match r {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("POST {path}: {e}"),
+        };
+        let status = res.status();
+        let mut bytes = Vec::new();
+        res.into_reader().read_to_end(&mut bytes).unwrap();
+        Answer {
+            status,
+            content_type: String::new(),
+            bytes,
+        }
+    }
+
+    fn session(&self) -> String {
+        let a = self.post("/v1/sessions", json!({}));
+        assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.bytes));
+        a.json()["id"].as_str().unwrap().to_string()
+    }
+
+    /// Runs `code` in session `id`; asserts it completed; its console.
+    fn run(&self, id: &str, code: &str) -> String {
+        let a = self.post(&format!("/v1/sessions/{id}/run"), json!({ "code": code }));
+        let v = a.json();
+        assert_eq!(v["outcome"], "complete", "{code}: {v}");
+        v["console"].as_str().unwrap().to_string()
+    }
+}
+
+/// An `.rds` made by R on the host (Rscript), as a client would have it.
+fn host_rds() -> Vec<u8> {
+    let dir = rvisor_ffi_tests::TestDir::new("files-rds");
+    let f = dir.path().join("fit.rds");
+    let out = std::process::Command::new("Rscript")
+        .arg("-e")
+        .arg(format!(
+            "saveRDS(list(a = 1:3, b = 'caf\\u00e9'), {:?})",
+            f.display().to_string()
+        ))
+        .output()
+        .expect("Rscript runs");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::read(f).expect("the rds")
+}
+
+/// Hex of bytes (R's `paste(readBin(...), collapse = "")`).
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn upload_read_write_download(confined: bool) {
+    let srv = Server::start(confined, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    // In: an .rds R reads back.
+    let rds = host_rds();
+    let put = c.put(&format!("/v1/sessions/{id}/files/in/fit.rds"), &rds);
+    assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.bytes));
+    let info = put.json();
+    assert_eq!(info["name"], "in/fit.rds");
+    assert_eq!(info["size"], rds.len());
+    assert_eq!(info["media_type"], "application/x-r-data");
+    let out = c.run(&id, "x <- readRDS('in/fit.rds'); cat(sum(x$a), x$b, '\\n')");
+    assert_eq!(out, "6 café \n");
+    // Out: CSV, PDF and RDS written by R, downloaded byte-identical to
+    // what R reads of them.
+    c.run(
+        &id,
+        "write.csv(data.frame(x = 1:5, y = letters[1:5]), 'clean.csv', row.names = FALSE); \
+         pdf('fig.pdf'); plot(1:10); invisible(dev.off()); \
+         dir.create('out'); saveRDS(lm(dist ~ speed, cars), 'out/fit.rds')",
+    );
+    let listed = c.get(&format!("/v1/sessions/{id}/files"));
+    assert_eq!(listed.status, 200);
+    let names: Vec<String> = listed.json()["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"clean.csv".to_string()), "{names:?}");
+    assert!(names.contains(&"fig.pdf".to_string()), "{names:?}");
+    for (name, ct) in [
+        ("clean.csv", "text/csv"),
+        ("fig.pdf", "application/pdf"),
+        ("out/fit.rds", "application/x-r-data"),
+    ] {
+        let got = c.get(&format!("/v1/sessions/{id}/files/{name}"));
+        assert_eq!(
+            got.status,
+            200,
+            "{name}: {}",
+            String::from_utf8_lossy(&got.bytes)
+        );
+        assert_eq!(got.content_type, ct, "{name}");
+        let r_hex = c.run(
+            &id,
+            &format!("cat(paste(readBin('{name}', 'raw', file.size('{name}')), collapse = ''))"),
+        );
+        assert_eq!(hex(&got.bytes), r_hex, "{name} differs from what R wrote");
+        assert!(!got.bytes.is_empty());
+    }
+    // Delete, then it is gone for R too.
+    assert_eq!(
+        c.delete(&format!("/v1/sessions/{id}/files/clean.csv"))
+            .status,
+        204
+    );
+    assert_eq!(c.run(&id, "cat(file.exists('clean.csv'))"), "FALSE");
+    c.get(&format!("/v1/sessions/{id}/files/clean.csv"))
+        .error(404, "not_found");
+}
+
+#[test]
+fn confined_files_go_in_and_out_byte_identical() {
+    upload_read_write_download(true);
+}
+
+#[test]
+fn unconfined_files_go_in_and_out_byte_identical() {
+    upload_read_write_download(false);
+}
+
+fn refusals(confined: bool) {
+    let srv = Server::start(confined, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    // Names.
+    let long = "x".repeat(300);
+    // (`a/../b` and `./a` are resolved by HTTP clients before they are
+    // sent; the library's refusal of them is tested in durable_files.)
+    for bad in [
+        "..%2Fescape",
+        "a%2F..%2F..%2Fb",
+        "a%00b",
+        ".%2Fa",
+        "a//b",
+        long.as_str(),
+        "caf%5Cb",
+    ] {
+        let a = c.put(&format!("/v1/sessions/{id}/files/{bad}"), b"no");
+        let m = a.error(409, "file_refused");
+        assert!(m.contains("relative path"), "{bad}: {m}");
+    }
+    // An absolute path (a leading slash after `files/`).
+    let a = c.put(&format!("/v1/sessions/{id}/files//etc/x"), b"no");
+    a.error(409, "file_refused");
+    // Kinds R makes: a symlink out of the directory, a symlinked
+    // directory, a FIFO. None is listed, read, written or deleted.
+    c.run(
+        &id,
+        "invisible(file.symlink('/etc/passwd', 'link')); invisible(file.symlink('/etc', 'etcdir')); \
+         f <- fifo('pipe', 'w+'); close(f); writeLines('ok', 'real.txt')",
+    );
+    let listed = c.get(&format!("/v1/sessions/{id}/files")).json();
+    let names: Vec<&str> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["real.txt"], "{listed}");
+    for (name, kind) in [
+        ("link", "symlink"),
+        ("pipe", "FIFO"),
+        ("etcdir/passwd", "symlink"),
+    ] {
+        let m = c
+            .get(&format!("/v1/sessions/{id}/files/{name}"))
+            .error(409, "file_refused");
+        assert!(m.contains(kind), "{name}: {m}");
+        c.put(&format!("/v1/sessions/{id}/files/{name}"), b"x")
+            .error(409, "file_refused");
+    }
+    c.delete(&format!("/v1/sessions/{id}/files/link"))
+        .error(409, "file_refused");
+    // The symlink still points where it did, /etc/passwd untouched.
+    assert_eq!(c.run(&id, "cat(Sys.readlink('link'))"), "/etc/passwd");
+}
+
+#[test]
+fn confined_refused_names_and_kinds() {
+    refusals(true);
+}
+
+#[test]
+fn unconfined_refused_names_and_kinds() {
+    refusals(false);
+}
+
+#[test]
+fn quotas_refuse_and_a_failed_upload_keeps_the_old_file() {
+    let srv = Server::start(
+        true,
+        FileLimits {
+            max_file_bytes: 1000,
+            max_session_bytes: 1500,
+            max_tenant_bytes: 1800,
+            max_files: 3,
+            ..FileLimits::default()
+        },
+    );
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let p = |n: &str| format!("/v1/sessions/{id}/files/{n}");
+    assert_eq!(c.put(&p("a.txt"), b"old").status, 201);
+    // Announced over max_file_bytes: refused before the body is read.
+    let m = c.put(&p("a.txt"), &[b'x'; 1001]).error(413, "too_large");
+    assert!(m.contains("max_file_bytes"), "{m}");
+    // Chunked (no length): refused as it passes the limit.
+    let m = c
+        .put_chunked(&p("a.txt"), &[b'y'; 5000])
+        .error(413, "too_large");
+    assert!(m.contains("max_file_bytes"), "{m}");
+    // The old file is intact, and no temporary file is left or listed.
+    assert_eq!(c.get(&p("a.txt")).bytes, b"old");
+    let listed = c.get(&format!("/v1/sessions/{id}/files")).json();
+    assert_eq!(
+        listed["files"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    assert_eq!(
+        c.run(
+            &id,
+            "cat(length(list.files(all.files = TRUE, pattern = '^[.]rvisor')))"
+        ),
+        "0"
+    );
+    // The session's bytes.
+    assert_eq!(c.put(&p("b.bin"), &[1u8; 900]).status, 201);
+    let m = c.put(&p("c.bin"), &[2u8; 900]).error(429, "quota");
+    assert!(m.contains("max_session_bytes"), "{m}");
+    // The count of files.
+    assert_eq!(c.put(&p("c.bin"), b"c").status, 201);
+    let m = c.put(&p("d.bin"), b"d").error(429, "quota");
+    assert!(m.contains("max_files"), "{m}");
+    // The tenant's bytes, over two sessions.
+    let id2 = c.session();
+    let m = c
+        .put(&format!("/v1/sessions/{id2}/files/e.bin"), &[3u8; 1000])
+        .error(429, "quota");
+    assert!(m.contains("max_tenant_bytes"), "{m}");
+    // /v1/usage shows them.
+    let u = c.get("/v1/usage").json();
+    assert_eq!(u["file_bytes"], 3 + 900 + 1, "{u}");
+    assert_eq!(u["file_quota_bytes"], 1800, "{u}");
+    // Closing the session forgets its bytes.
+    assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
+    assert_eq!(c.get("/v1/usage").json()["file_bytes"], 0);
+}
+
+#[test]
+fn another_tenants_files_answer_like_an_unknown_session() {
+    let srv = Server::start(true, FileLimits::default());
+    let alice = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let bob = Client {
+        base: &srv.base,
+        token: TOK_B,
+    };
+    let id = alice.session();
+    assert_eq!(
+        alice
+            .put(&format!("/v1/sessions/{id}/files/secret.txt"), b"alice's")
+            .status,
+        201
+    );
+    let unknown = "0123456789abcdef0123456789abcdef";
+    let answers = |who: &Client, sid: &str| -> Vec<(u16, Value)> {
+        let p = format!("/v1/sessions/{sid}/files");
+        [
+            who.get(&p),
+            who.get(&format!("{p}/secret.txt")),
+            who.put(&format!("{p}/secret.txt"), b"bob's"),
+            who.delete(&format!("{p}/secret.txt")),
+        ]
+        .into_iter()
+        .map(|a| {
+            let v = a.json();
+            let m = v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .replace(sid, "ID");
+            (a.status, json!({"code": v["error"]["code"], "message": m}))
+        })
+        .collect()
+    };
+    let theirs = answers(&bob, &id);
+    let none = answers(&bob, unknown);
+    assert_eq!(theirs, none);
+    assert!(theirs.iter().all(|(s, _)| *s == 404), "{theirs:?}");
+    // Alice's file is untouched.
+    assert_eq!(
+        alice
+            .get(&format!("/v1/sessions/{id}/files/secret.txt"))
+            .bytes,
+        b"alice's"
+    );
+}
+
+fn durable_files(confined: bool) {
+    use rvisor::checkpoint::DirStore;
+    use std::sync::Arc;
+    let dir = rvisor_ffi_tests::TestDir::new("files-durable");
+    let make = || {
+        let mut cfg = SupervisorConfig {
+            checkpoints: Some(Arc::new(DirStore::new(dir.path()).unwrap())),
+            ..SupervisorConfig::default()
+        };
+        if !confined {
+            cfg.confinement = Confinement::unconfined();
+        }
+        Supervisor::new(cfg).expect("the supervisor starts")
+    };
+    let sup1 = make();
+    let s = sup1
+        .session_with(rvisor_ffi_tests::durable::manual())
+        .unwrap();
+    let rds = host_rds();
+    for bad in ["/etc/x", "../x", "a/../../b", "./a", "a\0b", ""] {
+        let e = s.put_file(bad, &mut &b"x"[..]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                rvisor::files::FileError::Refused(rvisor::file_rules::FileRefusal::Name { .. })
+            ),
+            "{bad:?}: {e}"
+        );
+    }
+    s.put_file("keep/fit.rds", &mut rds.as_slice()).unwrap();
+    rvisor_ffi_tests::durable::ok(&s, "writeLines('from R', 'r.txt')");
+    // Hibernated: the worker is gone; the files come back with it.
+    s.hibernate_and_wait(Duration::from_secs(120)).unwrap();
+    assert_eq!(s.status().pid, None);
+    let read = |s: &Session, name: &str| {
+        let (_, mut f) = s.get_file(name).unwrap();
+        let mut v = Vec::new();
+        f.read_to_end(&mut v).unwrap();
+        v
+    };
+    assert_eq!(read(&s, "keep/fit.rds"), rds);
+    assert_eq!(read(&s, "r.txt"), b"from R\n");
+    // A restart: released here, resumed by another supervisor.
+    let id = s.id().to_string();
+    s.release(Duration::from_secs(120)).unwrap();
+    sup1.shutdown();
+    let sup2 = make();
+    let s2 = sup2
+        .resume_session(&id, rvisor_ffi_tests::durable::manual(), "restart")
+        .unwrap();
+    assert_eq!(read(&s2, "keep/fit.rds"), rds);
+    let r = rvisor_ffi_tests::durable::ok(&s2, "cat(readRDS('keep/fit.rds')$b)");
+    assert_eq!(r.console, "café");
+    assert_eq!(r.outcome, Outcome::Complete);
+    // Closing deletes them (a new session starts empty).
+    s2.close();
+    let s3 = sup2.session().unwrap();
+    assert!(s3.files().unwrap().is_empty());
+    sup2.shutdown();
+}
+
+#[test]
+fn confined_files_survive_hibernation_and_a_restart() {
+    durable_files(true);
+}
+
+#[test]
+fn unconfined_files_survive_hibernation_and_a_restart() {
+    durable_files(false);
+}
