@@ -40,6 +40,12 @@ struct Server {
 
 impl Server {
     fn start(confined: bool, files: FileLimits) -> Self {
+        Self::start_with(confined, files, None)
+    }
+
+    /// A node whose tables and artifacts are in `store` (shared with
+    /// other nodes) rather than its own directory.
+    fn start_with(confined: bool, files: FileLimits, store: Option<&std::path::Path>) -> Self {
         let dir = rvisor_ffi_tests::TestDir::new("files-http");
         let sup = sup(confined);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -58,6 +64,7 @@ impl Server {
             ])),
             tables: rvisor_server::tables::TableConfig {
                 dir: dir.path().join("tables"),
+                store: store.map(|p| rvisor_server::blob::StoreUrl::Local(p.to_path_buf())),
                 ..Default::default()
             },
             files,
@@ -559,4 +566,84 @@ fn confined_files_survive_hibernation_and_a_restart() {
 #[test]
 fn unconfined_files_survive_hibernation_and_a_restart() {
     durable_files(false);
+}
+
+fn artifacts(confined: bool) {
+    use base64::Engine as _;
+    let shared = rvisor_ffi_tests::TestDir::new("files-store");
+    let one = Server::start_with(confined, FileLimits::default(), Some(shared.path()));
+    let two = Server::start_with(confined, FileLimits::default(), Some(shared.path()));
+    let c1 = Client {
+        base: &one.base,
+        token: TOK_A,
+    };
+    let rds = host_rds();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&rds);
+    let a = c1.post(
+        "/v1/run",
+        json!({
+            "script": "x <- readRDS('in/fit.rds'); write.csv(data.frame(a = x$a), 'out.csv', row.names = FALSE); \
+                       pdf('fig.pdf'); plot(x$a); invisible(dev.off()); saveRDS(x, 'again.rds'); \
+                       writeLines('scratch', file.path(tempdir(), 'not-an-artifact.txt'))",
+            "files": [{"name": "in/fit.rds", "content_base64": b64}]
+        }),
+    );
+    let r = a.json();
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let arts = r["artifacts"].as_array().expect("artifacts").clone();
+    let names: Vec<&str> = arts.iter().map(|a| a["name"].as_str().unwrap()).collect();
+    // The input, unchanged, is not an artifact; tempdir() is not either.
+    assert_eq!(names, vec!["again.rds", "fig.pdf", "out.csv"], "{r}");
+    // Fetched from the other node, byte for byte what R wrote (its sha256,
+    // and the csv's text), by the reference the result gives.
+    let c2 = Client {
+        base: &two.base,
+        token: TOK_A,
+    };
+    for art in &arts {
+        let uri = art["uri"].as_str().unwrap();
+        let got = c2.get(uri);
+        assert_eq!(
+            got.status,
+            200,
+            "{uri}: {}",
+            String::from_utf8_lossy(&got.bytes)
+        );
+        assert_eq!(got.bytes.len() as u64, art["size"].as_u64().unwrap());
+        assert_eq!(got.content_type, art["media_type"].as_str().unwrap());
+        use sha2::Digest;
+        let sha: String = sha2::Sha256::digest(&got.bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(sha, art["sha256"].as_str().unwrap(), "{uri}");
+    }
+    let csv = c2.get(arts[2]["uri"].as_str().unwrap());
+    assert_eq!(csv.bytes, b"\"a\"\n1\n2\n3\n");
+    // Another tenant's artifact answers like an unknown one.
+    let bob = Client {
+        base: &two.base,
+        token: TOK_B,
+    };
+    let uri = arts[0]["uri"].as_str().unwrap();
+    let theirs = bob.get(uri);
+    let none = bob.get("/v1/artifacts/0123456789abcdef/again.rds");
+    assert_eq!(theirs.status, 404);
+    assert_eq!(theirs.json(), none.json());
+    // A refused input name: nothing runs.
+    let a = c1.post(
+        "/v1/run",
+        json!({"script": "1", "files": [{"name": "../x", "content_base64": ""}]}),
+    );
+    a.error(409, "file_refused");
+}
+
+#[test]
+fn confined_run_artifacts_are_served_by_another_node() {
+    artifacts(true);
+}
+
+#[test]
+fn unconfined_run_artifacts_are_served_by_another_node() {
+    artifacts(false);
 }

@@ -334,6 +334,9 @@ pub struct RunResult {
     /// `truncated` is true whenever this is not empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub truncated_fields: Vec<String>,
+    /// Files the call wrote (docs/files.md); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<crate::artifact::Artifact>,
 }
 
 /// Caps on what one call sends back, so a result stays small whatever R
@@ -448,6 +451,7 @@ impl RunResult {
             validation: None,
             published: Vec::new(),
             truncated_fields: Vec::new(),
+            artifacts: Vec::new(),
         }
     }
 

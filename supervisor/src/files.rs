@@ -154,6 +154,10 @@ fn lstatat(dir: &OwnedFd, name: &str) -> std::io::Result<Option<libc::stat>> {
     Ok(Some(st))
 }
 
+/// R's temporary directory inside a worker's directory (`tempdir()`):
+/// neither listed nor an artifact.
+pub const R_TEMP_DIR: &str = "Rtmp";
+
 const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
 fn mtime(st: &libc::stat) -> String {
@@ -321,6 +325,10 @@ fn list(root: OwnedFd, max: usize) -> Result<Snapshot, FileError> {
             let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) };
             let name = name.to_string_lossy().into_owned();
             if name == "." || name == ".." || name.starts_with(UPLOAD_PREFIX) {
+                continue;
+            }
+            // R's temporary directory (`tempdir()`) is not the session's.
+            if depth == 0 && name == R_TEMP_DIR {
                 continue;
             }
             names.push(name);
@@ -536,43 +544,7 @@ impl Session {
     /// Starts an upload of `name` (checked and normalised), within
     /// `limits`: write it, then [`Upload::commit`].
     pub fn begin_upload(&self, name: &str, limits: &FileLimits) -> Result<Upload, FileError> {
-        let name = file_rules::check_name(name)?;
-        let existing = list(self.files_root()?, limits.max_files)?;
-        let (bytes, count) = existing
-            .iter()
-            .filter(|(n, _)| **n != name)
-            .fold((0, 0), |(b, c), (_, (s, _))| (b + s.size, c + 1));
-        file_rules::check_session(limits, bytes, count + 1)?;
-        let (dirs, leaf) = split(&name);
-        let dir = walk(self.files_root()?, &dirs, true)?;
-        if let Some(st) = lstatat(&dir, leaf).map_err(FileError::io("look at the file"))? {
-            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-                return Err(FileRefusal::NotRegular {
-                    name,
-                    kind: file_rules::kind_of(st.st_mode),
-                }
-                .into());
-            }
-        }
-        let tmp = format!("{UPLOAD_PREFIX}{}", crate::ids::random_hex(16));
-        let fd = openat(
-            &dir,
-            &tmp,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-            0o644,
-        )
-        .map_err(FileError::io("create the file"))?;
-        chown_like(&fd, &dir);
-        Ok(Upload {
-            leaf: leaf.to_string(),
-            name: name.clone(),
-            dir,
-            tmp,
-            file: Some(File::from(fd)),
-            written: 0,
-            limits: *limits,
-            others: (bytes, count),
-        })
+        begin_upload_in(&|| self.files_root(), name, limits)
     }
 
     /// Writes `name` from `content`, atomically, within the default
@@ -589,47 +561,14 @@ impl Session {
         limits: &FileLimits,
     ) -> Result<FileInfo, FileError> {
         let mut up = self.begin_upload(name, limits)?;
-        if let Err(e) = std::io::copy(content, &mut up) {
-            if let Some(r) = e.get_ref().and_then(|r| r.downcast_ref::<FileRefusal>()) {
-                return Err(r.clone().into());
-            }
-            return Err(FileError::io("write the file")(e));
-        }
+        copy_into(content, &mut up)?;
         up.commit()
     }
 
     /// Opens `name` for reading: its information and the open file
     /// (regular files only).
     pub fn get_file(&self, name: &str) -> Result<(FileInfo, File), FileError> {
-        let name = file_rules::check_name(name)?;
-        let (dirs, leaf) = split(&name);
-        let dir = walk(self.files_root()?, &dirs, false)?;
-        // Non-blocking, so a FIFO cannot hold the open; never a symlink.
-        let fd = openat(
-            &dir,
-            leaf,
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0,
-        )
-        .map_err(|e| not_a_file(&name, &dir, leaf, e))?;
-        let st = fstat(&fd).map_err(FileError::io("read the file"))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(FileRefusal::NotRegular {
-                name,
-                kind: file_rules::kind_of(st.st_mode),
-            }
-            .into());
-        }
-        // SAFETY: `fd` is open; clearing O_NONBLOCK on a regular file
-        // changes nothing but is tidy for whoever reads it.
-        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_RDONLY) };
-        let info = FileInfo {
-            media_type: file_rules::media_type(&name).to_string(),
-            name,
-            size: st.st_size as u64,
-            modified: mtime(&st),
-        };
-        Ok((info, File::from(fd)))
+        open_in(self.files_root()?, name)
     }
 
     /// Deletes `name` (a regular file; a symlink or FIFO R made is
@@ -656,6 +595,82 @@ impl Session {
         }
         Ok(())
     }
+}
+
+fn begin_upload_in(
+    root: &dyn Fn() -> Result<OwnedFd, FileError>,
+    name: &str,
+    limits: &FileLimits,
+) -> Result<Upload, FileError> {
+    let name = file_rules::check_name(name)?;
+    let existing = list(root()?, limits.max_files)?;
+    let (bytes, count) = existing
+        .iter()
+        .filter(|(n, _)| **n != name)
+        .fold((0, 0), |(b, c), (_, (s, _))| (b + s.size, c + 1));
+    file_rules::check_session(limits, bytes, count + 1)?;
+    let (dirs, leaf) = split(&name);
+    let dir = walk(root()?, &dirs, true)?;
+    if let Some(st) = lstatat(&dir, leaf).map_err(FileError::io("look at the file"))? {
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(FileRefusal::NotRegular {
+                name,
+                kind: file_rules::kind_of(st.st_mode),
+            }
+            .into());
+        }
+    }
+    let tmp = format!("{UPLOAD_PREFIX}{}", crate::ids::random_hex(16));
+    let fd = openat(
+        &dir,
+        &tmp,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o644,
+    )
+    .map_err(FileError::io("create the file"))?;
+    chown_like(&fd, &dir);
+    Ok(Upload {
+        leaf: leaf.to_string(),
+        name: name.clone(),
+        dir,
+        tmp,
+        file: Some(File::from(fd)),
+        written: 0,
+        limits: *limits,
+        others: (bytes, count),
+    })
+}
+
+fn open_in(root: OwnedFd, name: &str) -> Result<(FileInfo, File), FileError> {
+    let name = file_rules::check_name(name)?;
+    let (dirs, leaf) = split(&name);
+    let dir = walk(root, &dirs, false)?;
+    // Non-blocking, so a FIFO cannot hold the open; never a symlink.
+    let fd = openat(
+        &dir,
+        leaf,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        0,
+    )
+    .map_err(|e| not_a_file(&name, &dir, leaf, e))?;
+    let st = fstat(&fd).map_err(FileError::io("read the file"))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(FileRefusal::NotRegular {
+            name,
+            kind: file_rules::kind_of(st.st_mode),
+        }
+        .into());
+    }
+    // SAFETY: `fd` is open; clearing O_NONBLOCK on a regular file
+    // changes nothing but is tidy for whoever reads it.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_RDONLY) };
+    let info = FileInfo {
+        media_type: file_rules::media_type(&name).to_string(),
+        name,
+        size: st.st_size as u64,
+        modified: mtime(&st),
+    };
+    Ok((info, File::from(fd)))
 }
 
 fn not_a_file(name: &str, dir: &OwnedFd, leaf: &str, e: std::io::Error) -> FileError {
@@ -686,4 +701,59 @@ pub fn changed_files(before: &Snapshot, after: &Snapshot) -> Vec<FileInfo> {
         .collect();
     v.sort_by(|a, b| a.name.cmp(&b.name));
     v
+}
+
+/// A worker's directory reached from the host, for a one-shot run's
+/// [`RunFiles`]: the same rules as a session's files.
+#[derive(Debug)]
+pub struct WorkDir {
+    place: Place,
+}
+
+impl WorkDir {
+    pub(crate) fn new(place: Place) -> Self {
+        Self { place }
+    }
+
+    /// Its regular files (at most `max_files`).
+    pub fn snapshot(&self, max_files: usize) -> Result<Snapshot, FileError> {
+        list(open_root(&self.place)?, max_files)
+    }
+
+    /// Writes `name` from `content`, atomically, within `limits`.
+    pub fn put(
+        &self,
+        name: &str,
+        content: &mut dyn Read,
+        limits: &FileLimits,
+    ) -> Result<FileInfo, FileError> {
+        let mut up = begin_upload_in(&|| open_root(&self.place), name, limits)?;
+        copy_into(content, &mut up)?;
+        up.commit()
+    }
+
+    /// Opens `name` for reading (regular files only).
+    pub fn open(&self, name: &str) -> Result<(FileInfo, File), FileError> {
+        open_in(open_root(&self.place)?, name)
+    }
+}
+
+fn copy_into(content: &mut dyn Read, up: &mut Upload) -> Result<(), FileError> {
+    if let Err(e) = std::io::copy(content, up) {
+        if let Some(r) = e.get_ref().and_then(|r| r.downcast_ref::<FileRefusal>()) {
+            return Err(r.clone().into());
+        }
+        return Err(FileError::io("write the file")(e));
+    }
+    Ok(())
+}
+
+/// What a one-shot run does with files around its call
+/// (`Supervisor::run_once_with_files`): inputs placed before the code
+/// runs, artifacts collected after, while the worker still lives.
+pub trait RunFiles {
+    /// Before the call; an error refuses the run (nothing runs).
+    fn before(&mut self, dir: &WorkDir) -> Result<(), String>;
+    /// After the call, with its result (to add `artifacts`).
+    fn after(&mut self, dir: &WorkDir, result: &mut crate::RunResult);
 }

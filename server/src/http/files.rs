@@ -114,9 +114,15 @@ pub(super) async fn file_get(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     FilePath(id, path): FilePath,
 ) -> Result<Response, ApiError> {
-    use tokio::io::AsyncReadExt;
     let svc = st.service.clone();
     let (info, f) = blocking(move || svc.get_session_file(&tenant, &id, &path)).await??;
+    Ok(stream_file(info, f))
+}
+
+/// A file as an answer: streamed in 256 KiB reads, exactly `info.size`
+/// bytes, with its media type and length.
+fn stream_file(info: rvisor::files::FileInfo, f: std::fs::File) -> Response {
+    use tokio::io::AsyncReadExt;
     // Exactly the length announced, even if R is still writing the file.
     let reader = tokio::fs::File::from_std(f).take(info.size);
     let stream = futures_util::stream::unfold(reader, |mut r| async move {
@@ -132,14 +138,14 @@ pub(super) async fn file_get(
     });
     let ct = header::HeaderValue::from_str(&info.media_type)
         .unwrap_or(header::HeaderValue::from_static("application/octet-stream"));
-    Ok((
+    (
         [
             (header::CONTENT_TYPE, ct),
             (header::CONTENT_LENGTH, header::HeaderValue::from(info.size)),
         ],
         axum::body::Body::from_stream(stream),
     )
-        .into_response())
+        .into_response()
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", tag = "files", params(("id" = String, Path, description = "session id"), ("path" = String, Path, description = "the file's path in the working directory")), responses((status = 204, description = "Deleted")))]
@@ -151,4 +157,25 @@ pub(super) async fn file_delete(
     let svc = st.service.clone();
     blocking(move || svc.delete_session_file(&tenant, &id, &path)).await??;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(get, path = "/v1/artifacts/{execution_id}/{name}", tag = "files", params(("execution_id" = String, Path, description = "the run's execution id"), ("name" = String, Path, description = "the artifact's name, as the result's `artifacts` lists it")), responses((status = 200, description = "The artifact's bytes from the shared store (any node serves them until the TTL), with its media type, length and `ETag` (its sha256)", content_type = "application/octet-stream", body = String)))]
+pub(super) async fn artifact_get(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    FilePath(exec, name): FilePath,
+) -> Result<Response, ApiError> {
+    let svc = st.service.clone();
+    let (a, f) = blocking(move || svc.artifact(&tenant, &exec, &name)).await??;
+    let info = rvisor::files::FileInfo {
+        name: a.name,
+        size: a.size,
+        media_type: a.media_type,
+        modified: String::new(),
+    };
+    let mut res = stream_file(info, f);
+    if let Ok(v) = header::HeaderValue::from_str(&format!("\"{}\"", a.sha256)) {
+        res.headers_mut().insert(header::ETAG, v);
+    }
+    Ok(res)
 }

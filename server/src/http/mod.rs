@@ -897,6 +897,10 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
     let rest = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/sessions/{id}/files", get(files::files_list))
+        .route(
+            "/v1/artifacts/{execution_id}/{*name}",
+            get(files::artifact_get),
+        )
         .route("/v1/packages", get(packages))
         .route("/v1/validate", post(validate))
         .route("/v1/run", post(run))

@@ -32,6 +32,7 @@ use super::*;
         files::file_put,
         files::file_get,
         files::file_delete,
+        files::artifact_get,
         table_create,
         table_get,
         table_delete,
@@ -80,6 +81,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Invalid,
                 E::DataPointerUnresolved,
                 E::Conflict,
+                E::FileRefused,
                 E::NoWorker,
                 E::Draining,
                 E::Internal,
@@ -187,6 +189,11 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             ],
         ),
         ("get", "/v1/sessions/{id}/files/{path}", FILE_READ),
+        (
+            "get",
+            "/v1/artifacts/{execution_id}/{name}",
+            &[E::BadRequest, E::NotFound, E::Storage, E::Internal],
+        ),
         ("delete", "/v1/sessions/{id}/files/{path}", FILE_READ),
         ("get", "/v1/tables/{pointer}", &[E::BadRequest, E::NotFound]),
         (
@@ -589,7 +596,7 @@ fn media_types(doc: &mut serde_json::Value) {
                 // Ids and pointers the server hands out are of these
                 // characters; `.` or `..` would not even reach the route.
                 for p in params.iter_mut().filter(|p| p["in"] == "path") {
-                    p["schema"]["pattern"] = if p["name"] == "path" {
+                    p["schema"]["pattern"] = if p["name"] == "path" || p["name"] == "name" {
                         // A file's path: relative, no `.` or `..` part
                         // (the rest of rvisor::file_rules is 409).
                         json!(r"^(?!/)(?!.*(^|/)\.\.?(/|$))[^\u0000\\]+$")

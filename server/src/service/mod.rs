@@ -9,6 +9,7 @@
 //! metrics. An adapter decodes a request into the types of this module,
 //! calls the service, and encodes the answer; it holds no rule of its own.
 
+mod artifacts;
 mod call;
 mod error;
 mod files;
@@ -23,6 +24,7 @@ mod sessions;
 mod streams;
 mod tables;
 
+pub use artifacts::InputFile;
 pub use call::{PendingCall, ServiceEvents};
 pub use error::{ErrorCode, ServiceError};
 pub use files::{file_error, SessionUpload};
