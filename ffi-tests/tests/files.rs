@@ -647,3 +647,55 @@ fn confined_run_artifacts_are_served_by_another_node() {
 fn unconfined_run_artifacts_are_served_by_another_node() {
     artifacts(false);
 }
+
+/// `session --jsonl` (the adapter, over socket pairs): small files inline
+/// as base64 both ways, a large one refused naming the inline limit.
+#[test]
+fn jsonl_files_travel_inline_and_large_ones_are_refused_by_name() {
+    use base64::Engine as _;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let sup = sup(true);
+    let (mut to_server, server_in) = UnixStream::pair().unwrap();
+    let (server_out, from_server) = UnixStream::pair().unwrap();
+    let s2 = sup.clone();
+    let t = std::thread::spawn(move || {
+        rvisor_server::jsonl::serve(&s2, BufReader::new(server_in), server_out).unwrap()
+    });
+    let mut lines = BufReader::new(from_server).lines();
+    let mut ask = |v: Value| -> Value {
+        writeln!(to_server, "{v}").unwrap();
+        let line = lines.next().expect("an answer").unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let rds = host_rds();
+    let a = ask(json!({"id": 1, "op": "put_file", "path": "fit.rds", "content_base64": b64(&rds)}));
+    assert_eq!(a["file"]["size"], rds.len(), "{a}");
+    let a = ask(json!({"id": 2, "op": "run", "code": "x <- readRDS('fit.rds'); saveRDS(x$a * 2L, 'twice.rds'); cat(x$b)"}));
+    assert_eq!(a["result"]["console"], "café", "{a}");
+    let a = ask(json!({"id": 3, "op": "files"}));
+    let names: Vec<&str> = a["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["fit.rds", "twice.rds"], "{a}");
+    let a = ask(json!({"id": 4, "op": "get_file", "path": "fit.rds"}));
+    assert_eq!(a["file"]["content_base64"], b64(&rds), "{a}");
+    // Over the inline limit: refused, naming it and the way out.
+    let a = ask(json!({"id": 5, "op": "run", "code": "writeBin(as.raw(rep(1, 300 * 1024)), 'big.bin')"}));
+    assert_eq!(a["result"]["outcome"], "complete", "{a}");
+    let a = ask(json!({"id": 6, "op": "get_file", "path": "big.bin"}));
+    assert_eq!(a["error"]["code"], "too_large", "{a}");
+    let m = a["error"]["message"].as_str().unwrap();
+    assert!(m.contains("inline limit") && m.contains("HTTP"), "{m}");
+    let a = ask(json!({"id": 7, "op": "get_file", "path": "../etc/passwd"}));
+    assert_eq!(a["error"]["code"], "file_refused", "{a}");
+    let a = ask(json!({"id": 8, "op": "delete_file", "path": "big.bin"}));
+    assert_eq!(a["deleted"], "big.bin", "{a}");
+    drop(to_server);
+    t.join().unwrap();
+    sup.shutdown();
+}

@@ -9,6 +9,11 @@ use rvisor::files::{FileError, FileInfo, Upload};
 use std::fs::File;
 use std::io::Read;
 
+/// Largest file the JSON surfaces (`session --jsonl`, nng, MCP) carry
+/// inline as base64, either way; a larger one is refused naming this
+/// limit (HTTP streams files of any size up to `max_file_bytes`).
+pub const INLINE_FILE_BYTES: u64 = 256 << 10;
+
 /// A file error as the service answers it: a broken name or kind rule is
 /// `file_refused` (409), a size `too_large` (413), a session or tenant
 /// quota `quota` (429), a missing file `not_found` (404).
@@ -192,5 +197,71 @@ impl Service {
         s.delete_file(name).map_err(file_error)?;
         let _ = self.session_files(tenant, id);
         Ok(())
+    }
+}
+
+impl Service {
+    /// `name` of session `id` with its bytes inline (base64), for the
+    /// JSON surfaces: `{name, size, media_type, modified, content_base64}`.
+    pub fn get_file_inline(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<serde_json::Value, ServiceError> {
+        use base64::Engine as _;
+        let (info, f) = self.get_session_file(tenant, id, name)?;
+        if info.size > INLINE_FILE_BYTES {
+            return Err(ServiceError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "{:?} is {} bytes, over the inline limit of {INLINE_FILE_BYTES} bytes; \
+                     download it over HTTP (GET /v1/sessions/{{id}}/files/{})",
+                    info.name, info.size, info.name
+                ),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(info.size as usize);
+        f.take(info.size).read_to_end(&mut bytes).map_err(|e| {
+            file_error(FileError::Io {
+                what: "read the file",
+                source: e,
+            })
+        })?;
+        let mut v = serde_json::to_value(&info).unwrap_or_default();
+        v["content_base64"] = base64::engine::general_purpose::STANDARD
+            .encode(&bytes)
+            .into();
+        Ok(v)
+    }
+
+    /// Writes `name` of session `id` from base64 `content`, for the JSON
+    /// surfaces (at most [`INLINE_FILE_BYTES`]).
+    pub fn put_file_inline(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+        content_base64: &str,
+    ) -> Result<FileInfo, ServiceError> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(content_base64)
+            .map_err(|e| {
+                ServiceError::invalid(format!(
+                    "content_base64 is not base64 ({e}); send the bytes base64-encoded"
+                ))
+            })?;
+        if bytes.len() as u64 > INLINE_FILE_BYTES {
+            return Err(ServiceError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "the file is {} bytes, over the inline limit of {INLINE_FILE_BYTES} bytes; \
+                     upload it over HTTP (PUT /v1/sessions/{{id}}/files/{{path}})",
+                    bytes.len()
+                ),
+            ));
+        }
+        self.put_session_file(tenant, id, name, &mut bytes.as_slice())
     }
 }

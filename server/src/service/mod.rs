@@ -27,7 +27,7 @@ mod tables;
 pub use artifacts::InputFile;
 pub use call::{PendingCall, ServiceEvents};
 pub use error::{ErrorCode, ServiceError};
-pub use files::{file_error, SessionUpload};
+pub use files::{file_error, SessionUpload, INLINE_FILE_BYTES};
 pub use metrics::{CallTotals, Surface, UsageReport};
 pub use node::{DrainStatus, Readiness};
 pub use policy::{check_bindings, check_timeout, tighter_limits};
