@@ -2,6 +2,7 @@
 
 mod batch;
 mod bench;
+mod files;
 mod repl;
 
 use anyhow::{bail, Context, Result};
@@ -253,6 +254,16 @@ struct RunArgs {
     /// (repeatable); column types are inferred, NA and empty are missing.
     #[arg(long = "table", value_name = "NAME=FILE.csv")]
     tables: Vec<String>,
+    /// Put FILE in the run's working directory, under its file name,
+    /// before the script runs (repeatable). With it or --output-dir the
+    /// script runs in a private directory, not the current one.
+    #[arg(long = "input", value_name = "FILE")]
+    inputs: Vec<PathBuf>,
+    /// Copy the files the script wrote (new or changed in its working
+    /// directory; tempdir() left out) into DIR, and list them as the
+    /// result's `artifacts` (docs/files.md).
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
 }
 
 /// Session options shared by `session` and `repl`.
@@ -1353,7 +1364,15 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         height,
         vars,
         tables: table_args,
+        inputs,
+        output_dir,
     } = args;
+    let with_files = !inputs.is_empty() || output_dir.is_some();
+    for p in inputs {
+        if !p.is_file() {
+            bail!("--input {}: not a readable file", p.display());
+        }
+    }
     let (json, timeout, width, height) = (*json, *timeout, *width, *height);
     let code = read_code(file)?;
     // Tables go through the same conversion as uploads, into a private
@@ -1435,9 +1454,24 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
             None => cwd,
             Some(c) => cwd.filter(|d| c.read_only.iter().any(|r| d.starts_with(r))),
         };
-        opts.working_dir = working_dir;
+        // With files, the script runs in the worker's private directory.
+        opts.working_dir = working_dir.filter(|_| !with_files);
+        let mut files = files::CliFiles::new(inputs.clone(), output_dir.clone());
         let mut r = if json {
-            sup.run_once_with(execution_id, &code, &opts, &ctx)
+            if with_files {
+                sup.run_once_with_files(
+                    execution_id,
+                    &code,
+                    &opts,
+                    &ctx,
+                    None,
+                    None,
+                    None,
+                    &mut files,
+                )
+            } else {
+                sup.run_once_with(execution_id, &code, &opts, &ctx)
+            }
         } else {
             // Printed as it comes, all of it: this reader always reads
             // (a slow terminal slows the printing, not the call), and the
@@ -1448,8 +1482,20 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
                 let (sup, code, opts) = (sup.clone(), code.clone(), opts.clone());
                 std::thread::spawn(move || {
                     let sink = feed.sink();
-                    let r =
-                        sup.run_once_streaming(execution_id, &code, &opts, &ctx, None, None, &sink);
+                    let r = if with_files {
+                        sup.run_once_with_files(
+                            execution_id,
+                            &code,
+                            &opts,
+                            &ctx,
+                            None,
+                            None,
+                            Some(&sink),
+                            &mut files,
+                        )
+                    } else {
+                        sup.run_once_streaming(execution_id, &code, &opts, &ctx, None, None, &sink)
+                    };
                     feed.finish(&r);
                     r
                 })
@@ -1494,6 +1540,14 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         }
         for p in &saved {
             writeln!(err, "rvisor: plot saved to {}", p.display())?;
+        }
+        for a in &result.artifacts {
+            writeln!(
+                err,
+                "rvisor: file saved to {} ({} bytes)",
+                a.uri.trim_start_matches("file://"),
+                a.size
+            )?;
         }
         if plots_dir.is_none() && !result.plots.is_empty() {
             writeln!(

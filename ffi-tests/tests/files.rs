@@ -672,7 +672,9 @@ fn jsonl_files_travel_inline_and_large_ones_are_refused_by_name() {
     let rds = host_rds();
     let a = ask(json!({"id": 1, "op": "put_file", "path": "fit.rds", "content_base64": b64(&rds)}));
     assert_eq!(a["file"]["size"], rds.len(), "{a}");
-    let a = ask(json!({"id": 2, "op": "run", "code": "x <- readRDS('fit.rds'); saveRDS(x$a * 2L, 'twice.rds'); cat(x$b)"}));
+    let a = ask(
+        json!({"id": 2, "op": "run", "code": "x <- readRDS('fit.rds'); saveRDS(x$a * 2L, 'twice.rds'); cat(x$b)"}),
+    );
     assert_eq!(a["result"]["console"], "café", "{a}");
     let a = ask(json!({"id": 3, "op": "files"}));
     let names: Vec<&str> = a["files"]
@@ -685,7 +687,9 @@ fn jsonl_files_travel_inline_and_large_ones_are_refused_by_name() {
     let a = ask(json!({"id": 4, "op": "get_file", "path": "fit.rds"}));
     assert_eq!(a["file"]["content_base64"], b64(&rds), "{a}");
     // Over the inline limit: refused, naming it and the way out.
-    let a = ask(json!({"id": 5, "op": "run", "code": "writeBin(as.raw(rep(1, 300 * 1024)), 'big.bin')"}));
+    let a = ask(
+        json!({"id": 5, "op": "run", "code": "writeBin(as.raw(rep(1, 300 * 1024)), 'big.bin')"}),
+    );
     assert_eq!(a["result"]["outcome"], "complete", "{a}");
     let a = ask(json!({"id": 6, "op": "get_file", "path": "big.bin"}));
     assert_eq!(a["error"]["code"], "too_large", "{a}");
@@ -698,4 +702,47 @@ fn jsonl_files_travel_inline_and_large_ones_are_refused_by_name() {
     drop(to_server);
     t.join().unwrap();
     sup.shutdown();
+}
+
+/// `rvisor run --input FILE --output-dir DIR` (confined, as root runs it):
+/// the input read by R, the files R wrote copied out byte for byte and
+/// listed as artifacts, tempdir() and the unchanged input left out.
+#[test]
+fn cli_run_takes_inputs_and_saves_outputs() {
+    let dir = rvisor_ffi_tests::TestDir::new("files-cli");
+    let input = dir.path().join("fit.rds");
+    std::fs::write(&input, host_rds()).unwrap();
+    let script = dir.path().join("s.R");
+    std::fs::write(
+        &script,
+        "x <- readRDS('fit.rds'); dir.create('out')\n\
+         write.csv(data.frame(a = x$a), 'out/a.csv', row.names = FALSE)\n\
+         writeLines('t', file.path(tempdir(), 'scratch.txt'))\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .arg("run")
+        .arg("--json")
+        .arg("--input")
+        .arg(&input)
+        .arg("--output-dir")
+        .arg(&out_dir)
+        .arg(&script)
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let arts = r["artifacts"].as_array().expect("artifacts");
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0]["name"], "out/a.csv");
+    let saved = std::fs::read(out_dir.join("out/a.csv")).unwrap();
+    assert_eq!(saved, b"\"a\"\n1\n2\n3\n");
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(&saved)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(arts[0]["sha256"], sha);
 }
