@@ -41,6 +41,9 @@ done
 # with pandoc, the program rvisor allows by default when installed).
 r_has rmarkdown || need+=(r-cran-rmarkdown)
 r_has knitr || need+=(r-cran-knitr)
+# readxl: ffi-tests/tests/files.rs uploads an .xlsx to a session and reads
+# it with readxl (docs/files.md).
+r_has readxl || need+=(r-cran-readxl)
 command -v pandoc >/dev/null 2>&1 || need+=(pandoc)
 # R's recommended packages (MASS, lattice, Matrix, survival, ...), present in
 # every standard R installation: ten Debian packages with

@@ -290,6 +290,21 @@ fn upload_read_write_download(confined: bool) {
         assert_eq!(hex(&got.bytes), r_hex, "{name} differs from what R wrote");
         assert!(!got.bytes.is_empty());
     }
+    // An .xlsx (readxl's own example, as a client would send it) read by
+    // readxl in the session.
+    let xlsx = std::fs::read("/usr/lib/R/site-library/readxl/extdata/datasets.xlsx")
+        .expect("readxl is installed (scripts/setup.sh)");
+    let put = c.put(&format!("/v1/sessions/{id}/files/sales.xlsx"), &xlsx);
+    assert_eq!(put.status, 201);
+    assert_eq!(
+        put.json()["media_type"],
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+    );
+    let out = c.run(
+        &id,
+        "x <- readxl::read_excel('sales.xlsx', sheet = 'mtcars'); cat(nrow(x), ncol(x))",
+    );
+    assert_eq!(out, "32 11");
     // Delete, then it is gone for R too.
     assert_eq!(
         c.delete(&format!("/v1/sessions/{id}/files/clean.csv"))

@@ -79,7 +79,8 @@ fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
                 "script": {"type": "string"},
                 "timeout_seconds": {"type": "number", "description": timeout},
                 "variables": vars,
-                "dataframes": frames
+                "dataframes": frames,
+                "files": {"type": "array", "description": "Files put in the run's working directory before the script runs (base64). The files the script writes come back as `artifacts` (name, size, media type, sha256, uri).", "items": {"type": "object", "properties": {"name": {"type": "string", "description": "a relative path, e.g. data/in.xlsx"}, "content_base64": {"type": "string"}}, "required": ["name", "content_base64"]}}
             }, "required": ["script"]}
         },
         {
@@ -286,7 +287,7 @@ impl State {
             "run_r_script" => {
                 let req: RunScript = decode(
                     args,
-                    &["script", "timeout_seconds", "variables", "dataframes"],
+                    &["script", "timeout_seconds", "variables", "dataframes", "files"],
                 )?;
                 let ran = if follow.wanted() {
                     let (feed, mut events) = svc.event_feed(TENANT);
