@@ -287,7 +287,13 @@ impl State {
             "run_r_script" => {
                 let req: RunScript = decode(
                     args,
-                    &["script", "timeout_seconds", "variables", "dataframes", "files"],
+                    &[
+                        "script",
+                        "timeout_seconds",
+                        "variables",
+                        "dataframes",
+                        "files",
+                    ],
                 )?;
                 let ran = if follow.wanted() {
                     let (feed, mut events) = svc.event_feed(TENANT);

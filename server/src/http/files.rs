@@ -9,6 +9,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+/// Bytes of an upload gathered before each write to the file.
+const WRITE_BYTES: usize = 1 << 20;
+
 /// The answer of GET /v1/sessions/{id}/files.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct FileList {
@@ -83,6 +86,9 @@ pub(super) async fn file_put(
         })
     };
     let mut body = body;
+    // Frames are gathered into 1 MiB writes (each write of a tokio file
+    // is a trip to the blocking pool): bounded memory, few trips.
+    let mut pending: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
     loop {
         let frame = match tokio::time::timeout(st.body_timeout, body.frame()).await {
             Err(_) => return Err(body_timeout(st.body_timeout)),
@@ -99,8 +105,13 @@ pub(super) async fn file_put(
             continue;
         };
         up.add(data.len() as u64)?;
-        file.write_all(&data).await.map_err(storage)?;
+        pending.extend_from_slice(&data);
+        if pending.len() >= WRITE_BYTES {
+            file.write_all(&pending).await.map_err(storage)?;
+            pending.clear();
+        }
     }
+    file.write_all(&pending).await.map_err(storage)?;
     file.flush().await.map_err(storage)?;
     drop(file);
     let svc = st.service.clone();
