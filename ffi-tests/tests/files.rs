@@ -761,3 +761,120 @@ fn cli_run_takes_inputs_and_saves_outputs() {
         .collect();
     assert_eq!(arts[0]["sha256"], sha);
 }
+
+/// MCP (the adapter, over socket pairs): `run_r_code` answers the files it
+/// wrote as `resource_link`s, `resources/list` lists the session's files,
+/// `resources/read` returns one (text or base64), and `run_r_script` takes
+/// an input file and links its artifacts, readable the same way.
+#[test]
+fn mcp_files_are_resources_and_results_link_them() {
+    use base64::Engine as _;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let sup = sup(true);
+    let dir = rvisor_ffi_tests::TestDir::new("files-mcp");
+    let (mut to_server, server_in) = UnixStream::pair().unwrap();
+    let (server_out, from_server) = UnixStream::pair().unwrap();
+    let s2 = sup.clone();
+    let tables = rvisor_server::tables::TableConfig {
+        dir: dir.path().join("tables"),
+        ..Default::default()
+    };
+    let t = std::thread::spawn(move || {
+        rvisor_server::mcp::serve(&s2, tables, BufReader::new(server_in), server_out).unwrap()
+    });
+    let mut lines = BufReader::new(from_server).lines();
+    let mut n = 0;
+    let mut ask = |method: &str, params: Value| -> Value {
+        n += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params});
+        writeln!(to_server, "{msg}").unwrap();
+        loop {
+            let line = lines.next().expect("an answer").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == n {
+                return v;
+            }
+        }
+    };
+    let init = ask("initialize", json!({"protocolVersion": "2025-06-18"}));
+    assert!(
+        init["result"]["capabilities"]["resources"].is_object(),
+        "{init}"
+    );
+    let r = ask(
+        "tools/call",
+        json!({"name": "run_r_code", "arguments": {"code": "write.csv(head(cars, 2), 'cars.csv', row.names = FALSE)"}}),
+    );
+    let links: Vec<&Value> = r["result"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["type"] == "resource_link")
+        .collect();
+    assert_eq!(links.len(), 1, "{r}");
+    assert_eq!(links[0]["uri"], "rvisor://session/main/files/cars.csv");
+    let want = "\"speed\",\"dist\"\n4,2\n4,10\n";
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(want.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        r["result"]["structuredContent"]["artifacts"][0]["sha256"], sha,
+        "{r}"
+    );
+    // A call that changes nothing links nothing.
+    let r = ask(
+        "tools/call",
+        json!({"name": "run_r_code", "arguments": {"code": "1"}}),
+    );
+    assert!(
+        !r["result"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "resource_link"),
+        "{r}"
+    );
+    let l = ask("resources/list", json!({}));
+    assert_eq!(
+        l["result"]["resources"][0]["uri"], "rvisor://session/main/files/cars.csv",
+        "{l}"
+    );
+    let read = ask(
+        "resources/read",
+        json!({"uri": "rvisor://session/main/files/cars.csv"}),
+    );
+    assert_eq!(read["result"]["contents"][0]["text"], want, "{read}");
+    // A one-shot run: an input in, an artifact linked and readable.
+    let rds = host_rds();
+    let r = ask(
+        "tools/call",
+        json!({"name": "run_r_script", "arguments": {
+            "script": "x <- readRDS('fit.rds'); saveRDS(rev(x$a), 'rev.rds')",
+            "files": [{"name": "fit.rds", "content_base64": base64::engine::general_purpose::STANDARD.encode(&rds)}]
+        }}),
+    );
+    let link = r["result"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "resource_link")
+        .unwrap_or_else(|| panic!("no link: {r}"))
+        .clone();
+    assert_eq!(link["name"], "rev.rds");
+    let read = ask("resources/read", json!({"uri": link["uri"]}));
+    let blob = base64::engine::general_purpose::STANDARD
+        .decode(read["result"]["contents"][0]["blob"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(blob.len() as u64, link["size"].as_u64().unwrap(), "{read}");
+    let bad = ask(
+        "resources/read",
+        json!({"uri": "rvisor://session/main/files/../x"}),
+    );
+    assert!(bad["error"].is_object(), "{bad}");
+    drop(to_server);
+    t.join().unwrap();
+    sup.shutdown();
+}

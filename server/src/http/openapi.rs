@@ -571,6 +571,21 @@ fn media_types(doc: &mut serde_json::Value) {
             "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary", "description": "An Arrow IPC stream. A stream that cannot be read is refused with 422 `invalid`, saying why"}}
         });
     }
+    // A file's bytes, either way: any content (its type says nothing the
+    // server checks); downloads carry the file's own media type.
+    if let Some(body) = operation(doc, "put", "/v1/sessions/{id}/files/{path}")
+        .and_then(|op| op.get_mut("requestBody"))
+    {
+        body["content"] = json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": "The file's bytes (streamed to the file as they arrive; any Content-Type)"}}});
+    }
+    for path in [
+        "/v1/sessions/{id}/files/{path}",
+        "/v1/artifacts/{execution_id}/{name}",
+    ] {
+        if let Some(ok) = operation(doc, "get", path).and_then(|op| op.get_mut("responses")) {
+            ok["200"]["content"] = json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": "The file's bytes; Content-Type is its media type (from its extension), Content-Length its size"}}});
+        }
+    }
     for path in ["/v1/run", "/v1/sessions/{id}/run"] {
         if let Some(ok) = operation(doc, "post", path).and_then(|op| op.get_mut("responses")) {
             ok["200"]["content"]["text/html"] = json!({"schema": {"type": "string", "description": "A self-contained HTML fragment"}});

@@ -265,3 +265,49 @@ impl Service {
         self.put_session_file(tenant, id, name, &mut bytes.as_slice())
     }
 }
+
+impl Service {
+    /// A listing of session `id`'s files to compare with a later one
+    /// (`rvisor::files::changed_files`): empty for a session that never
+    /// ran (it has no worker and no files yet).
+    pub fn session_snapshot(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<rvisor::files::Snapshot, ServiceError> {
+        let s = self.session(tenant, id)?;
+        if s.status().state == rvisor::SessionState::New {
+            return Ok(rvisor::files::Snapshot::new());
+        }
+        s.snapshot(self.file_limits().max_files).map_err(file_error)
+    }
+
+    /// The bytes of artifact `name` of run `execution_id`, inline (at
+    /// most [`INLINE_FILE_BYTES`]), with its record.
+    pub fn artifact_inline(
+        &self,
+        tenant: &str,
+        execution_id: &str,
+        name: &str,
+    ) -> Result<(rvisor::Artifact, Vec<u8>), ServiceError> {
+        let (a, f) = self.artifact(tenant, execution_id, name)?;
+        if a.size > INLINE_FILE_BYTES {
+            return Err(ServiceError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "artifact {:?} is {} bytes, over the inline limit of {INLINE_FILE_BYTES} bytes; \
+                     fetch it over HTTP ({})",
+                    a.name, a.size, a.uri
+                ),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(a.size as usize);
+        f.take(a.size).read_to_end(&mut bytes).map_err(|e| {
+            file_error(FileError::Io {
+                what: "read the artifact",
+                source: e,
+            })
+        })?;
+        Ok((a, bytes))
+    }
+}
