@@ -611,13 +611,14 @@ fn media_types(doc: &mut serde_json::Value) {
                 // Ids and pointers the server hands out are of these
                 // characters; `.` or `..` would not even reach the route.
                 for p in params.iter_mut().filter(|p| p["in"] == "path") {
-                    p["schema"]["pattern"] = if p["name"] == "path" || p["name"] == "name" {
-                        // A file's path: relative, no `.` or `..` part
-                        // (the rest of rvisor::file_rules is 409).
-                        json!(r"^(?!/)(?!.*(^|/)\.\.?(/|$))[^\u0000\\]+$")
+                    if p["name"] == "path" || p["name"] == "name" {
+                        // A file's path: any non-empty string; the rules
+                        // of rvisor::file_rules (no `..`, NFC...) are
+                        // beyond a pattern and answer 409 `file_refused`.
+                        p["schema"]["minLength"] = json!(1);
                     } else {
-                        json!("^[A-Za-z0-9_-]+$")
-                    };
+                        p["schema"]["pattern"] = json!("^[A-Za-z0-9_-]+$");
+                    }
                 }
             }
         }
