@@ -577,6 +577,8 @@ fn media_types(doc: &mut serde_json::Value) {
         .and_then(|op| op.get_mut("requestBody"))
     {
         body["content"] = json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": "The file's bytes (streamed to the file as they arrive; any Content-Type)"}}});
+        // No body is an empty file.
+        body["required"] = json!(false);
     }
     for path in [
         "/v1/sessions/{id}/files/{path}",
