@@ -165,7 +165,7 @@ fn changed_into(
     let Some((id, before)) = before else {
         return;
     };
-    let Ok(after) = svc.session_snapshot(TENANT, id) else {
+    let Ok(Some(after)) = svc.session_snapshot(TENANT, id) else {
         return;
     };
     for f in rvisor::files::changed_files(before, &after) {
@@ -469,6 +469,7 @@ impl State {
                     before = svc
                         .session_snapshot(TENANT, &id)
                         .ok()
+                        .flatten()
                         .map(|b| (id.clone(), b));
                     if follow.wanted() {
                         svc.session_run_streaming(TENANT, &id, &req)

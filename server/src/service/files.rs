@@ -268,18 +268,26 @@ impl Service {
 
 impl Service {
     /// A listing of session `id`'s files to compare with a later one
-    /// (`rvisor::files::changed_files`): empty for a session that never
-    /// ran (it has no worker and no files yet).
+    /// (`rvisor::files::changed_files`), taken only when no worker has to
+    /// start for it: empty for a session that never ran, `None` for one
+    /// without a live worker (hibernated, reset: a worker started here
+    /// would take the `restored` or `reset_reason` of the next result).
     pub fn session_snapshot(
         &self,
         tenant: &str,
         id: &str,
-    ) -> Result<rvisor::files::Snapshot, ServiceError> {
+    ) -> Result<Option<rvisor::files::Snapshot>, ServiceError> {
         let s = self.session(tenant, id)?;
-        if s.status().state == rvisor::SessionState::New {
-            return Ok(rvisor::files::Snapshot::new());
+        let st = s.status();
+        if st.state == rvisor::SessionState::New {
+            return Ok(Some(rvisor::files::Snapshot::new()));
         }
-        s.snapshot(self.file_limits().max_files).map_err(file_error)
+        if st.pid.is_none() {
+            return Ok(None);
+        }
+        s.snapshot(self.file_limits().max_files)
+            .map(Some)
+            .map_err(file_error)
     }
 
     /// The bytes of artifact `name` of run `execution_id`, inline (at
