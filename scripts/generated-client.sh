@@ -6,7 +6,8 @@
 # with openapi-python-client (the version scripts/setup.sh pins), and runs
 # a small program with it (scripts/generated_client_check.py): health,
 # validate (a syntax error found), a one-shot run (1 + 1 prints [1] 2), a
-# session (create, two calls that share a variable, close), and requests
+# session (create, two calls that share a variable, a file uploaded, read
+# by R, listed, downloaded and deleted, close), and requests
 # without the token answered 401 and parsed as the error body. Any failure
 # exits non-zero. Needs `cargo build --workspace` first (make test does it).
 #

@@ -16,6 +16,7 @@ sys.path.insert(0, directory)
 
 import httpx  # noqa: E402  (a dependency of the generated client)
 from rvisor_client import AuthenticatedClient, Client  # noqa: E402
+from rvisor_client.api.files import file_delete, file_get, files_list  # noqa: E402
 from rvisor_client.api.operations import health, openapi, run, validate  # noqa: E402
 from rvisor_client.api.sessions import (  # noqa: E402
     create_session,
@@ -25,6 +26,7 @@ from rvisor_client.api.sessions import (  # noqa: E402
 )
 from rvisor_client.models import (  # noqa: E402
     ErrorBody,
+    FileList,
     Health,
     NewSession,
     RunResult,
@@ -98,6 +100,22 @@ check("session call 1: x <- 41", isinstance(first, RunResult) and first.success,
 second = session_run.sync(s.id, client=c, body=SessionRun(code="x + 1"))
 check("session call 2 sees x", isinstance(second, RunResult) and second.console.strip() == "[1] 42",
       repr(getattr(second, "console", second)))
+# Files: an upload (the raw bytes, as any HTTP client sends them), R
+# reading it, the listing and the download through the generated client.
+data = bytes(range(256)) * 8
+put = c.get_httpx_client().put(f"/v1/sessions/{s.id}/files/in/data.bin", content=data)
+check("upload a file", put.status_code == 201 and put.json()["size"] == len(data), put.text)
+seen = session_run.sync(s.id, client=c, body=SessionRun(code="cat(file.size('in/data.bin'))"))
+check("  R sees it", isinstance(seen, RunResult) and seen.console == str(len(data)), seen)
+listed = files_list.sync(s.id, client=c)
+check("list the files", isinstance(listed, FileList) and [f.name for f in listed.files] == ["in/data.bin"], listed)
+got = file_get.sync_detailed(s.id, "in/data.bin", client=c)
+check("download it byte-identical", got.status_code == 200 and got.content == data, got.status_code)
+session_run.sync(s.id, client=c, body=SessionRun(code="invisible(file.symlink('/etc/passwd', 'link'))"))
+bad = file_get.sync_detailed(s.id, "link", client=c)
+check("a symlink R made is refused: 409", bad.status_code == 409, (bad.status_code, bad.content))
+dropped = file_delete.sync_detailed(s.id, "in/data.bin", client=c)
+check("delete it", dropped.status_code == 204, dropped.status_code)
 st = session_status.sync(s.id, client=c)
 check("session status", isinstance(st, SessionStatus) and st.id == s.id, st)
 closed = session_delete.sync_detailed(s.id, client=c)

@@ -41,6 +41,9 @@ done
 # with pandoc, the program rvisor allows by default when installed).
 r_has rmarkdown || need+=(r-cran-rmarkdown)
 r_has knitr || need+=(r-cran-knitr)
+# readxl: ffi-tests/tests/files.rs uploads an .xlsx to a session and reads
+# it with readxl (docs/files.md).
+r_has readxl || need+=(r-cran-readxl)
 command -v pandoc >/dev/null 2>&1 || need+=(pandoc)
 # Rich results (docs/output-and-plots.md, "Displays"): repr renders tables
 # as HTML and Markdown; htmlwidgets, DT, plotly and flextable are the

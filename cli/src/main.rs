@@ -3,6 +3,7 @@
 mod batch;
 mod bench;
 mod displays;
+mod files;
 mod repl;
 
 use anyhow::{bail, Context, Result};
@@ -256,6 +257,16 @@ struct RunArgs {
     tables: Vec<String>,
     #[command(flatten)]
     display: displays::DisplayArgs,
+    /// Put FILE in the run's working directory, under its file name,
+    /// before the script runs (repeatable). With it or --output-dir the
+    /// script runs in a private directory, not the current one.
+    #[arg(long = "input", value_name = "FILE")]
+    inputs: Vec<PathBuf>,
+    /// Copy the files the script wrote (new or changed in its working
+    /// directory; tempdir() left out) into DIR, and list them as the
+    /// result's `artifacts` (docs/files.md).
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
 }
 
 /// Session options shared by `session` and `repl`.
@@ -1360,7 +1371,15 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         vars,
         tables: table_args,
         display,
+        inputs,
+        output_dir,
     } = args;
+    let with_files = !inputs.is_empty() || output_dir.is_some();
+    for p in inputs {
+        if !p.is_file() {
+            bail!("--input {}: not a readable file", p.display());
+        }
+    }
     let (json, timeout, width, height) = (*json, *timeout, *width, *height);
     let code = read_code(file)?;
     // Tables go through the same conversion as uploads, into a private
@@ -1446,9 +1465,24 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
             None => cwd,
             Some(c) => cwd.filter(|d| c.read_only.iter().any(|r| d.starts_with(r))),
         };
-        opts.working_dir = working_dir;
+        // With files, the script runs in the worker's private directory.
+        opts.working_dir = working_dir.filter(|_| !with_files);
+        let mut files = files::CliFiles::new(inputs.clone(), output_dir.clone());
         let mut r = if json {
-            sup.run_once_with(execution_id, &code, &opts, &ctx)
+            if with_files {
+                sup.run_once_with_files(
+                    execution_id,
+                    &code,
+                    &opts,
+                    &ctx,
+                    None,
+                    None,
+                    None,
+                    &mut files,
+                )
+            } else {
+                sup.run_once_with(execution_id, &code, &opts, &ctx)
+            }
         } else {
             // Printed as it comes, all of it: this reader always reads
             // (a slow terminal slows the printing, not the call), and the
@@ -1459,8 +1493,20 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
                 let (sup, code, opts) = (sup.clone(), code.clone(), opts.clone());
                 std::thread::spawn(move || {
                     let sink = feed.sink();
-                    let r =
-                        sup.run_once_streaming(execution_id, &code, &opts, &ctx, None, None, &sink);
+                    let r = if with_files {
+                        sup.run_once_with_files(
+                            execution_id,
+                            &code,
+                            &opts,
+                            &ctx,
+                            None,
+                            None,
+                            Some(&sink),
+                            &mut files,
+                        )
+                    } else {
+                        sup.run_once_streaming(execution_id, &code, &opts, &ctx, None, None, &sink)
+                    };
                     feed.finish(&r);
                     r
                 })
@@ -1518,6 +1564,14 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         }
         for p in &saved {
             writeln!(err, "rvisor: saved {}", p.display())?;
+        }
+        for a in &result.artifacts {
+            writeln!(
+                err,
+                "rvisor: file saved to {} ({} bytes)",
+                a.uri.trim_start_matches("file://"),
+                a.size
+            )?;
         }
         if plots_dir.is_none() && !result.plots.is_empty() {
             writeln!(

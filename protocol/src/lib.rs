@@ -4,6 +4,7 @@
 //! defined here, so the contract in `CONTRACT.md` is written down once. The
 //! crate has no R and no I/O runtime: host programs may depend on it alone.
 
+pub mod artifact;
 pub mod checkpoint;
 pub mod display;
 pub mod event;
@@ -15,6 +16,7 @@ pub mod worker;
 pub mod zygote;
 
 pub use display::{Display, DisplayOptions, PlotFormat};
+pub use artifact::Artifact;
 pub use event::*;
 pub use frame::{read_frame, write_frame, FrameDecoder, FrameError, MAX_FRAME_BYTES};
 pub use result::*;

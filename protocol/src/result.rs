@@ -347,6 +347,9 @@ pub struct RunResult {
     /// segment marks where each happened. Empty (and absent) when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub displays: Vec<crate::Display>,
+    /// Files the call wrote (docs/files.md); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<crate::artifact::Artifact>,
 }
 
 /// Caps on what one call sends back, so a result stays small whatever R
@@ -462,6 +465,7 @@ impl RunResult {
             published: Vec::new(),
             truncated_fields: Vec::new(),
             displays: Vec::new(),
+            artifacts: Vec::new(),
         }
     }
 

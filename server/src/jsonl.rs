@@ -40,6 +40,12 @@ struct Request {
     /// result line.
     #[serde(default)]
     stream: bool,
+    /// A file's path (`put_file`, `get_file`, `delete_file`).
+    #[serde(default)]
+    path: Option<String>,
+    /// A file's bytes, base64 (`put_file`).
+    #[serde(default)]
+    content_base64: Option<String>,
 }
 
 /// Largest accepted request line (the code limit plus room for JSON).
@@ -262,19 +268,23 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                 | "checkpoint"
                 | "restore"
                 | "hibernate"
+                | "files"
+                | "put_file"
+                | "get_file"
+                | "delete_file"
         ) {
             emit(&error_line(
                 &req.id,
                 "bad_request",
                 &format!(
-                    "unknown op {:?}; use run, status, cancel, reset, close, checkpoint, restore or hibernate",
+                    "unknown op {:?}; use run, status, cancel, reset, close, checkpoint, restore, hibernate, files, put_file, get_file or delete_file",
                     req.op
                 ),
             ));
             continue;
         }
         let name = req.session.clone().unwrap_or_else(|| "main".into());
-        let create = req.op == "run" || req.op == "status";
+        let create = matches!(req.op.as_str(), "run" | "status" | "files" | "put_file");
         let sid = match service.named_session(tenant, &name, create) {
             Ok(Some(sid)) => sid,
             Ok(None) => {
@@ -290,6 +300,10 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                 continue;
             }
         };
+        if let Some(line) = file_op(service, tenant, &sid, &req) {
+            emit(&line);
+            continue;
+        }
         let answer = match req.op.as_str() {
             "run" => {
                 let Some(code) = req.code else {
@@ -368,6 +382,41 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
     }
     waiters.finish();
     Ok(())
+}
+
+/// The file ops of a session (small files inline as base64; docs/files.md):
+/// `files` -> `{"id", "files"}`, `put_file` and `get_file` -> `{"id",
+/// "file"}`, `delete_file` -> `{"id", "deleted"}`. `None`: not a file op.
+fn file_op(service: &Service, tenant: &str, sid: &str, req: &Request) -> Option<Value> {
+    let id = &req.id;
+    let path = || {
+        req.path.as_deref().ok_or_else(|| {
+            crate::service::ServiceError::bad_request(format!("{} needs \"path\"", req.op))
+        })
+    };
+    let answer = match req.op.as_str() {
+        "files" => service
+            .session_files(tenant, sid)
+            .map(|f| json!({"id": id, "files": f})),
+        "put_file" => path().and_then(|p| {
+            let content = req.content_base64.as_deref().unwrap_or("");
+            service
+                .put_file_inline(tenant, sid, p, content)
+                .map(|f| json!({"id": id, "file": f}))
+        }),
+        "get_file" => path().and_then(|p| {
+            service
+                .get_file_inline(tenant, sid, p)
+                .map(|f| json!({"id": id, "file": f}))
+        }),
+        "delete_file" => path().and_then(|p| {
+            service
+                .delete_session_file(tenant, sid, p)
+                .map(|()| json!({"id": id, "deleted": p}))
+        }),
+        _ => return None,
+    };
+    Some(answer.unwrap_or_else(|e| error_of(id, &e)))
 }
 
 #[cfg(test)]

@@ -83,7 +83,8 @@ fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
                 "timeout_seconds": {"type": "number", "description": timeout},
                 "variables": vars,
                 "dataframes": frames,
-                "display": display_schema()
+                "display": display_schema(),
+                "files": {"type": "array", "description": "Files put in the run's working directory before the script runs (base64). The files the script writes come back as `artifacts` (name, size, media type, sha256, uri).", "items": {"type": "object", "properties": {"name": {"type": "string", "description": "a relative path, e.g. data/in.xlsx"}, "content_base64": {"type": "string"}}, "required": ["name", "content_base64"]}}
             }, "required": ["script"]},
             "outputSchema": output_schema()
         },
@@ -211,12 +212,149 @@ fn result_content(r: &RunResult) -> Value {
     for p in r.plots.iter().filter(|p| p.mime == "image/png") {
         content.push(json!({"type": "image", "data": p.data_base64, "mimeType": p.mime}));
     }
+    // The files the call wrote, as links the client reads with
+    // resources/read (docs/files.md).
+    for a in &r.artifacts {
+        content.push(json!({
+            "type": "resource_link",
+            "uri": resource_uri(a),
+            "name": a.name,
+            "mimeType": a.media_type,
+            "size": a.size,
+        }));
+    }
     let failed = !r.success;
     json!({
         "content": content,
         "structuredContent": r,
         "isError": failed,
     })
+}
+
+/// Adds to `r` the files of the session that changed since `before`, as
+/// artifacts whose `uri` is the session file's.
+fn changed_into(
+    svc: &Service,
+    before: Option<&(String, rvisor::files::Snapshot)>,
+    r: &mut RunResult,
+) {
+    let Some((id, before)) = before else {
+        return;
+    };
+    let Ok(Some(after)) = svc.session_snapshot(TENANT, id) else {
+        return;
+    };
+    for f in rvisor::files::changed_files(before, &after) {
+        let sha256 = svc
+            .get_session_file(TENANT, id, &f.name)
+            .ok()
+            .and_then(|(info, file)| sha256_of(file, info.size))
+            .unwrap_or_default();
+        r.artifacts.push(rvisor::Artifact {
+            uri: format!("/v1/sessions/{id}/files/{}", f.name),
+            name: f.name,
+            size: f.size,
+            media_type: f.media_type,
+            sha256,
+        });
+    }
+}
+
+/// SHA-256 of the first `size` bytes of `f`, lowercase hex.
+fn sha256_of(f: std::fs::File, size: u64) -> Option<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut h = sha2::Sha256::new();
+    let mut r = f.take(size);
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = r.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The resource URI of an artifact: a one-shot run's stored artifact, or
+/// a file of the conversation's session.
+fn resource_uri(a: &rvisor::Artifact) -> String {
+    match a.uri.strip_prefix("/v1/artifacts/") {
+        Some(rest) => format!("{ARTIFACT_URI}{rest}"),
+        None => format!("{FILE_URI}{}", a.name),
+    }
+}
+
+/// Resources: the files of the conversation's session, and artifacts.
+const FILE_URI: &str = "rvisor://session/main/files/";
+const ARTIFACT_URI: &str = "rvisor://artifacts/";
+
+/// `resources/list`: the files of the conversation's session (none
+/// before it first ran).
+fn list_resources(svc: &Service) -> Result<Value, (i64, String)> {
+    let files = match svc.named_session(TENANT, "main", false) {
+        Ok(Some(id)) => svc
+            .session_files(TENANT, &id)
+            .map_err(|e| (-32603, e.to_string()))?,
+        _ => Vec::new(),
+    };
+    let resources: Vec<Value> = files
+        .iter()
+        .map(|f| {
+            json!({"uri": format!("{FILE_URI}{}", f.name), "name": f.name,
+                   "mimeType": f.media_type, "size": f.size})
+        })
+        .collect();
+    Ok(json!({ "resources": resources }))
+}
+
+/// `resources/read` of a session file or an artifact (inline, at most
+/// `INLINE_FILE_BYTES`): text for text types, else base64.
+fn read_resource(svc: &Service, params: &Value) -> Result<Value, (i64, String)> {
+    use base64::Engine as _;
+    let uri = params.get("uri").and_then(Value::as_str).unwrap_or("");
+    let (mime, bytes) = if let Some(name) = uri.strip_prefix(FILE_URI) {
+        let id = match svc.named_session(TENANT, "main", false) {
+            Ok(Some(id)) => id,
+            _ => {
+                return Err((
+                    -32002,
+                    format!("no resource {uri:?}: the session has not run"),
+                ))
+            }
+        };
+        let f = svc
+            .get_file_inline(TENANT, &id, name)
+            .map_err(|e| (-32002, e.to_string()))?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(f["content_base64"].as_str().unwrap_or(""))
+            .unwrap_or_default();
+        (f["media_type"].as_str().unwrap_or("").to_string(), bytes)
+    } else if let Some((exec, name)) = uri
+        .strip_prefix(ARTIFACT_URI)
+        .and_then(|r| r.split_once('/'))
+    {
+        let (a, bytes) = svc
+            .artifact_inline(TENANT, exec, name)
+            .map_err(|e| (-32002, e.to_string()))?;
+        (a.media_type, bytes)
+    } else {
+        return Err((
+            -32002,
+            format!("no resource {uri:?}; resources/list names them"),
+        ));
+    };
+    let content = match String::from_utf8(bytes) {
+        Ok(text) if mime.starts_with("text/") || mime == "application/json" => {
+            json!({"uri": uri, "mimeType": mime, "text": text})
+        }
+        Ok(text) => json!({"uri": uri, "mimeType": mime,
+            "blob": base64::engine::general_purpose::STANDARD.encode(text.as_bytes())}),
+        Err(e) => json!({"uri": uri, "mimeType": mime,
+            "blob": base64::engine::general_purpose::STANDARD.encode(e.as_bytes())}),
+    };
+    Ok(json!({ "contents": [content] }))
 }
 
 fn text_result(v: &Value, is_error: bool) -> Value {
@@ -368,6 +506,7 @@ impl State {
                         "variables",
                         "dataframes",
                         "display",
+                        "files",
                     ],
                 )?;
                 let ran = if follow.wanted() {
@@ -399,8 +538,16 @@ impl State {
             }
             "run_r_code" => {
                 let req: SessionRun = decode(args, &["code", "timeout_seconds", "display"])?;
+                // The files before the call: those it changed come back
+                // as resource links (docs/files.md).
+                let mut before = None;
                 let call = svc.named_session(TENANT, "main", true).and_then(|id| {
                     let id = id.unwrap_or_default();
+                    before = svc
+                        .session_snapshot(TENANT, &id)
+                        .ok()
+                        .flatten()
+                        .map(|b| (id.clone(), b));
                     if follow.wanted() {
                         svc.session_run_streaming(TENANT, &id, &req)
                     } else {
@@ -414,7 +561,9 @@ impl State {
                         let mut events = call.events();
                         while let Some(e) = events.next_blocking() {
                             if let EventKind::Result { result } = &e.kind {
-                                return Ok(result_content(result));
+                                let mut r = (**result).clone();
+                                changed_into(svc, before.as_ref(), &mut r);
+                                return Ok(result_content(&r));
                             }
                             if let Some(n) = follow.notification(&e) {
                                 notify(&n);
@@ -425,7 +574,9 @@ impl State {
                     Ok(call) => {
                         let token = call.cancel_token();
                         cancel.on_cancel(move || token.cancel());
-                        Ok(result_content(&call.wait()))
+                        let mut r = call.wait();
+                        changed_into(svc, before.as_ref(), &mut r);
+                        Ok(result_content(&r))
                     }
                     Err(e) => Ok(error_result(&e)),
                 }
@@ -610,7 +761,7 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                     .unwrap_or(&PROTOCOL_VERSIONS[0]);
                 Ok(json!({
                     "protocolVersion": version,
-                    "capabilities": {"tools": {"listChanged": false}, "logging": {}},
+                    "capabilities": {"tools": {"listChanged": false}, "resources": {"listChanged": false}, "logging": {}},
                     "serverInfo": {"name": "rvisor", "version": env!("CARGO_PKG_VERSION")},
                     "instructions": if durable {
                         format!("{INSTRUCTIONS}{DURABLE_INSTRUCTIONS}")
@@ -637,6 +788,8 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                 }
             }
             "tools/list" => Ok(json!({ "tools": tools(st.service.rules(), durable) })),
+            "resources/list" => list_resources(&st.service),
+            "resources/read" => read_resource(&st.service, &params),
             "tools/call" => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or("");
                 let args = params.get("arguments").cloned().unwrap_or(json!({}));

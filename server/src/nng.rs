@@ -204,6 +204,12 @@ struct NngRequest {
     csv: Option<String>,
     #[serde(default)]
     records: Option<Value>,
+    /// A file's path (`put_file`, `get_file`, `delete_file`).
+    #[serde(default)]
+    path: Option<String>,
+    /// A file's bytes, base64 (`put_file`).
+    #[serde(default)]
+    content_base64: Option<String>,
 }
 
 /// What the adapter shares between connections.
@@ -339,7 +345,9 @@ impl Adapter {
                 )
             }
             "run" | "status" | "cancel" | "reset" | "close" | "checkpoint" | "restore"
-            | "hibernate" => self.session_op(&req, tenant, cancel).await,
+            | "hibernate" | "files" | "put_file" | "get_file" | "delete_file" => {
+                self.session_op(&req, tenant, cancel).await
+            }
             "put_table" => {
                 let (format, body) = match (&req.csv, &req.records) {
                     (Some(csv), None) => (TableFormat::Csv, csv.clone().into_bytes()),
@@ -385,7 +393,7 @@ impl Adapter {
     async fn session_op(&self, req: &NngRequest, tenant: String, cancel: &CancelToken) -> Vec<u8> {
         let id = &req.id;
         let name = req.session.clone().unwrap_or_else(|| "main".into());
-        let create = matches!(req.op.as_str(), "run" | "status");
+        let create = matches!(req.op.as_str(), "run" | "status" | "files" | "put_file");
         if req.op == "run" && req.code.is_none() {
             return error_reply(
                 id,
@@ -450,6 +458,40 @@ impl Adapter {
             }
             "restore" => reply(id, "status", svc.restore(&tenant, &sid)),
             "hibernate" => reply(id, "status", svc.hibernate(&tenant, &sid)),
+            // Small files inline as base64 (docs/files.md); blocking file
+            // system work off the connection's task.
+            "files" | "put_file" | "get_file" | "delete_file" => {
+                let (svc, op) = (svc.clone(), req.op.clone());
+                let (path, content) = (req.path.clone(), req.content_base64.clone());
+                let answer = blocking(move || {
+                    let path = || {
+                        path.clone().ok_or_else(|| {
+                            ServiceError::bad_request(format!("{op} needs \"path\""))
+                        })
+                    };
+                    match op.as_str() {
+                        "files" => svc
+                            .session_files(&tenant, &sid)
+                            .map(|f| serde_json::to_value(f).unwrap_or_default()),
+                        "put_file" => path().and_then(|p| {
+                            svc.put_file_inline(&tenant, &sid, &p, content.as_deref().unwrap_or(""))
+                                .map(|f| serde_json::to_value(f).unwrap_or_default())
+                        }),
+                        "get_file" => path().and_then(|p| svc.get_file_inline(&tenant, &sid, &p)),
+                        _ => path().and_then(|p| {
+                            svc.delete_session_file(&tenant, &sid, &p)
+                                .map(|()| Value::String(p))
+                        }),
+                    }
+                })
+                .await;
+                let key = match req.op.as_str() {
+                    "files" => "files",
+                    "delete_file" => "deleted",
+                    _ => "file",
+                };
+                reply(id, key, answer)
+            }
             // close: answer with the closed session's status, as jsonl does.
             _ => reply(id, "status", svc.close(&tenant, &sid)),
         }

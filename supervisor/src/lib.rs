@@ -36,6 +36,8 @@ pub mod clock;
 pub mod confine;
 mod error;
 pub mod events;
+pub mod file_rules;
+pub mod files;
 mod gate;
 pub mod html;
 pub mod ids;
@@ -74,9 +76,9 @@ pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
 pub use process::{locate_worker, ExitInfo, WorkerConfig};
 pub use rvisor_protocol::timing;
 pub use rvisor_protocol::{
-    CallEvent, Display, DisplayOptions, ErrorInfo, EventKind, Outcome, Plot, PlotFormat, RunResult,
-    Segment, SessionInfo, StreamMode, Usage, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_PLOT_HEIGHT,
-    DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,
+    Artifact, CallEvent, Display, DisplayOptions, ErrorInfo, EventKind, Outcome, Plot, PlotFormat,
+    RunResult, Segment, SessionInfo, StreamMode, Usage, DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,
 };
 pub use session::{
     CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, RunningCall, Session, SessionOptions,

@@ -1831,6 +1831,31 @@ impl Session {
         &self.shared().id
     }
 
+    /// Where the session's files are, for `crate::files`: the host
+    /// directory calls run in (unconfined, or an explicit one), else the
+    /// live worker's pid and its directory inside its own root.
+    pub(crate) fn files_place(&self) -> crate::files::Place {
+        let sh = self.shared();
+        let i = lock(&sh.inner);
+        // A session to be restored gets its worker first: the restore
+        // writes the checkpoint's files, and would overwrite what the
+        // host put there meanwhile.
+        if i.restore_next.is_some() || i.state == SessionState::Hibernated {
+            return crate::files::Place::NoWorker;
+        }
+        if let Some(d) = &sh.working_dir {
+            return crate::files::Place::Host(d.clone());
+        }
+        match (i.pid, &i.worker_dir) {
+            (Some(pid), Some(dir)) => crate::files::Place::Worker {
+                pid,
+                dir: PathBuf::from(dir),
+                generation: i.generation,
+            },
+            _ => crate::files::Place::NoWorker,
+        }
+    }
+
     /// Queues `code` and returns at once. Fails at once when the code is
     /// empty or over 256 KiB, the queue is full, or the session is closed.
     ///
@@ -2639,6 +2664,62 @@ impl Supervisor {
         preamble: Option<&str>,
         events: Option<&EventSink>,
     ) -> RunResult {
+        self.run_once_inner(
+            execution_id,
+            code,
+            opts,
+            ctx,
+            limits,
+            network,
+            preamble,
+            events,
+            None,
+        )
+    }
+
+    /// A one-shot run with `files` around its call: `files.before` puts
+    /// inputs in the worker's directory once it is up, `files.after` sees
+    /// it (and the result) once the call ended, before the worker goes
+    /// (docs/files.md). Unconfined, the call runs in the worker's own
+    /// temporary directory, as a confined one does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_once_with_files(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+        events: Option<&EventSink>,
+        files: &mut dyn crate::files::RunFiles,
+    ) -> RunResult {
+        self.run_once_inner(
+            execution_id,
+            code,
+            opts,
+            ctx,
+            limits,
+            network,
+            None,
+            events,
+            Some(files),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_once_inner(
+        &self,
+        execution_id: String,
+        code: &str,
+        opts: &CallOptions,
+        ctx: &CallContext,
+        limits: Option<&crate::Limits>,
+        network: Option<bool>,
+        preamble: Option<&str>,
+        events: Option<&EventSink>,
+        mut files: Option<&mut dyn crate::files::RunFiles>,
+    ) -> RunResult {
         if let Err(e) = validate_call(code, opts) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
@@ -2699,11 +2780,42 @@ impl Supervisor {
                 }
             }
         };
+        // Files: the worker's directory, from the host (crate::files).
+        let confined = cfg.confine.is_some();
+        let dir = crate::files::WorkDir::new(if confined {
+            crate::files::Place::Worker {
+                pid: worker.pid(),
+                dir: worker.temp_dir().to_path_buf(),
+                generation: 1,
+            }
+        } else {
+            crate::files::Place::Host(worker.temp_dir().to_path_buf())
+        });
+        let mut call_opts = std::borrow::Cow::Borrowed(opts);
+        let prepared = match (prepared, files.as_mut()) {
+            (Ok(()), Some(f)) => {
+                if !confined && opts.working_dir.is_none() {
+                    call_opts.to_mut().working_dir = Some(worker.temp_dir().to_path_buf());
+                }
+                f.before(&dir).map_err(|why| {
+                    RunResult::failed(
+                        execution_id.clone(),
+                        code.into(),
+                        Outcome::Rejected,
+                        format!("the run's input files were refused: {why}; nothing ran"),
+                    )
+                })
+            }
+            (p, _) => p,
+        };
         mark("run_once.call");
         let mut r = match prepared {
-            Ok(()) => worker.run_call_with_events(execution_id, code, opts, ctx, events),
+            Ok(()) => worker.run_call_with_events(execution_id, code, &call_opts, ctx, events),
             Err(r) => r,
         };
+        if let Some(f) = files.as_mut() {
+            f.after(&dir, &mut r);
+        }
         mark("run_once.result");
         if let Some(t) = &ctx.cancel {
             t.clear();

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 mod batch_rows;
 mod displays;
+mod files;
 pub mod instructions;
 mod memory;
 pub mod sessions_load;
@@ -232,6 +233,10 @@ pub struct Report {
     /// (`--only memory`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_after_gc: Option<memory::MemoryReport>,
+    /// A 100 MB file up and down over HTTP, and artifact listing
+    /// (`--only files`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<files::FilesReport>,
 }
 
 /// Parts of the benchmark (`rvisor bench --only`). `sessions-load` runs
@@ -239,12 +244,13 @@ pub struct Report {
 /// and so does `instructions` (minutes under valgrind). `memory` (live
 /// sessions after a full gc(), rvisor and Rserve: about a minute) runs by
 /// default and with `--quick` too.
-pub const SECTIONS: [&str; 7] = [
+pub const SECTIONS: [&str; 8] = [
     "latency",
     "displays",
     "startup",
     "batch",
     "memory",
+    "files",
     "sessions-load",
     "instructions",
 ];
@@ -289,6 +295,7 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
             sessions_load: None,
             instructions: None,
             memory_after_gc: None,
+            files: None,
         }
     };
     if o.wants("displays") {
@@ -309,6 +316,10 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
         ensure_peers(progress);
         let mut peers = Peers::start();
         report.memory_after_gc = Some(memory::run(peers.as_mut(), progress)?);
+    }
+    if o.wants("files") {
+        let (reps, runs) = if o.quick { (2, 5) } else { (5, 20) };
+        report.files = Some(files::run(reps, runs, progress)?);
     }
     if o.wants("sessions-load") {
         report.sessions_load = Some(sessions_load::run(&o.load, progress)?);
@@ -1107,6 +1118,7 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
         sessions_load: None,
         instructions: None,
         memory_after_gc: None,
+        files: None,
     })
 }
 
@@ -1130,6 +1142,9 @@ pub fn table(r: &Report) -> String {
     }
     if let Some(m) = &r.memory_after_gc {
         s.push_str(&memory::table(m));
+    }
+    if let Some(f) = &r.files {
+        s.push_str(&files::table(f));
     }
     if let Some(l) = &r.sessions_load {
         s.push_str(&sessions_load::table(l));

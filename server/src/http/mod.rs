@@ -15,7 +15,7 @@ use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, S
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use rvisor::{CancelOnDrop, CancelToken, RunResult, Supervisor};
 use serde_json::json;
@@ -23,10 +23,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
+mod files;
 mod openapi;
 pub use openapi::{
     document, openapi_json, service_document, CHECKPOINT_OPERATIONS, OPERATION_ERRORS,
-    UNAUTHENTICATED,
+    SESSION_LOOKUP, UNAUTHENTICATED,
 };
 
 /// How the server runs.
@@ -70,6 +71,8 @@ pub struct ServeConfig {
     /// Bytes of streamed events (SSE, JSON lines) that may wait for slow
     /// clients, per stream and per tenant.
     pub streams: crate::service::StreamConfig,
+    /// The byte and count quotas of session files and artifacts.
+    pub files: rvisor::file_rules::FileLimits,
 }
 
 impl ServeConfig {
@@ -97,6 +100,7 @@ impl Default for ServeConfig {
             durable: None,
             session_ttl: Some(crate::service::DEFAULT_SESSION_TTL),
             streams: crate::service::StreamConfig::default(),
+            files: rvisor::file_rules::FileLimits::default(),
         }
     }
 }
@@ -858,6 +862,7 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             durable: cfg.durable.clone(),
             session_ttl: cfg.session_ttl,
             streams: cfg.streams.clone(),
+            files: cfg.files,
         },
     )
 }
@@ -879,8 +884,23 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
     let uploads = Router::new()
         .route("/v1/tables", post(table_create))
         .layer(DefaultBodyLimit::max(cfg.max_table_bytes));
+    // File uploads stream to the file and count their own bytes against
+    // the file quotas (`Service::begin_upload`).
+    let files = Router::new()
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            put(files::file_put)
+                .get(files::file_get)
+                .delete(files::file_delete),
+        )
+        .layer(DefaultBodyLimit::disable());
     let rest = Router::new()
         .route("/v1/health", get(health))
+        .route("/v1/sessions/{id}/files", get(files::files_list))
+        .route(
+            "/v1/artifacts/{execution_id}/{*name}",
+            get(files::artifact_get),
+        )
         .route("/v1/packages", get(packages))
         .route("/v1/validate", post(validate))
         .route("/v1/run", post(run))
@@ -908,6 +928,7 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
     // a token, by the path they matched, the table the document's
     // `security` is written from.
     uploads
+        .merge(files)
         .merge(rest)
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)

@@ -28,6 +28,11 @@ use super::*;
         session_hibernate,
         session_restore,
         session_delete,
+        files::files_list,
+        files::file_put,
+        files::file_get,
+        files::file_delete,
+        files::artifact_get,
         table_create,
         table_get,
         table_delete,
@@ -76,6 +81,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Invalid,
                 E::DataPointerUnresolved,
                 E::Conflict,
+                E::FileRefused,
                 E::NoWorker,
                 E::Draining,
                 E::Internal,
@@ -164,6 +170,31 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Internal,
             ],
         ),
+        ("get", "/v1/sessions/{id}/files", FILE_READ),
+        (
+            "put",
+            "/v1/sessions/{id}/files/{path}",
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::FileRefused,
+                E::TooLarge,
+                E::Quota,
+                E::Invalid,
+                E::Busy,
+                E::NoWorker,
+                E::Draining,
+                E::Storage,
+                E::Internal,
+            ],
+        ),
+        ("get", "/v1/sessions/{id}/files/{path}", FILE_READ),
+        (
+            "get",
+            "/v1/artifacts/{execution_id}/{name}",
+            &[E::BadRequest, E::NotFound, E::Storage, E::Internal],
+        ),
+        ("delete", "/v1/sessions/{id}/files/{path}", FILE_READ),
         ("get", "/v1/tables/{pointer}", &[E::BadRequest, E::NotFound]),
         (
             "delete",
@@ -191,6 +222,26 @@ pub const SESSION_LOOKUP: &[ErrorCode] = {
     &[
         E::BadRequest,
         E::NotFound,
+        E::Invalid,
+        E::Busy,
+        E::NoWorker,
+        E::Draining,
+        E::Storage,
+        E::Internal,
+    ]
+};
+
+/// The codes of reading a session's files: the session's lookup, then
+/// `file_refused` (a name or kind rule), `too_large` (a file over
+/// `max_file_bytes`), `quota` (more files than `max_files`).
+pub const FILE_READ: &[ErrorCode] = {
+    use ErrorCode as E;
+    &[
+        E::BadRequest,
+        E::NotFound,
+        E::FileRefused,
+        E::TooLarge,
+        E::Quota,
         E::Invalid,
         E::Busy,
         E::NoWorker,
@@ -535,6 +586,23 @@ fn media_types(doc: &mut serde_json::Value) {
             "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary", "description": "An Arrow IPC stream. A stream that cannot be read is refused with 422 `invalid`, saying why"}}
         });
     }
+    // A file's bytes, either way: any content (its type says nothing the
+    // server checks); downloads carry the file's own media type.
+    if let Some(body) = operation(doc, "put", "/v1/sessions/{id}/files/{path}")
+        .and_then(|op| op.get_mut("requestBody"))
+    {
+        body["content"] = json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": "The file's bytes (streamed to the file as they arrive; any Content-Type)"}}});
+        // No body is an empty file.
+        body["required"] = json!(false);
+    }
+    for path in [
+        "/v1/sessions/{id}/files/{path}",
+        "/v1/artifacts/{execution_id}/{name}",
+    ] {
+        if let Some(ok) = operation(doc, "get", path).and_then(|op| op.get_mut("responses")) {
+            ok["200"]["content"] = json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": "The file's bytes; Content-Type is its media type (from its extension), Content-Length its size"}}});
+        }
+    }
     for path in ["/v1/run", "/v1/sessions/{id}/run"] {
         if let Some(ok) = operation(doc, "post", path).and_then(|op| op.get_mut("responses")) {
             ok["200"]["content"]["text/html"] = json!({"schema": {"type": "string", "description": "A self-contained HTML fragment"}});
@@ -560,7 +628,14 @@ fn media_types(doc: &mut serde_json::Value) {
                 // Ids and pointers the server hands out are of these
                 // characters; `.` or `..` would not even reach the route.
                 for p in params.iter_mut().filter(|p| p["in"] == "path") {
-                    p["schema"]["pattern"] = json!("^[A-Za-z0-9_-]+$");
+                    if p["name"] == "path" || p["name"] == "name" {
+                        // A file's path: any non-empty string; the rules
+                        // of rvisor::file_rules (no `..`, NFC...) are
+                        // beyond a pattern and answer 409 `file_refused`.
+                        p["schema"]["minLength"] = json!(1);
+                    } else {
+                        p["schema"]["pattern"] = json!("^[A-Za-z0-9_-]+$");
+                    }
                 }
             }
         }
@@ -828,6 +903,10 @@ mod openapi_tests {
             ("post", "/v1/sessions"),
             ("post", "/v1/sessions/{id}/run"),
             ("post", "/v1/sessions/{id}/checkpoint"),
+            ("get", "/v1/sessions/{id}/files"),
+            ("put", "/v1/sessions/{id}/files/{path}"),
+            ("get", "/v1/sessions/{id}/files/{path}"),
+            ("delete", "/v1/sessions/{id}/files/{path}"),
             ("post", "/v1/tables"),
         ]
         .iter()

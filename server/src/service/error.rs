@@ -50,13 +50,17 @@ pub enum ErrorCode {
     /// one-shot runs; retry, and a router sends the request to another
     /// node (503 with Retry-After).
     Draining,
+    /// A file name or kind broke a rule of files (a `..` part, an
+    /// absolute path, a symlink or FIFO R made...): the message says which
+    /// (409; `rvisor::file_rules`).
+    FileRefused,
     /// A bug or an unexpected failure of the server.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -74,6 +78,7 @@ impl ErrorCode {
         ErrorCode::NoWorker,
         ErrorCode::Storage,
         ErrorCode::Draining,
+        ErrorCode::FileRefused,
         ErrorCode::Internal,
     ];
 
@@ -97,6 +102,7 @@ impl ErrorCode {
             ErrorCode::NoWorker => "no_worker",
             ErrorCode::Storage => "storage",
             ErrorCode::Draining => "draining",
+            ErrorCode::FileRefused => "file_refused",
             ErrorCode::Internal => "internal",
         }
     }
@@ -119,7 +125,7 @@ impl ErrorCode {
             | ErrorCode::Closed
             | ErrorCode::DataPointerUnresolved => 404,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::Conflict => 409,
+            ErrorCode::Conflict | ErrorCode::FileRefused => 409,
             ErrorCode::TooLarge => 413,
             ErrorCode::Invalid => 422,
             ErrorCode::QueueFull | ErrorCode::Quota => 429,

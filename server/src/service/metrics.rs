@@ -77,6 +77,14 @@ pub struct UsageReport {
     pub checkpoint_quota_bytes: Option<u64>,
     /// The cap on one checkpoint (`null`: no store).
     pub max_checkpoint_bytes: Option<u64>,
+    /// Bytes of the tenant's files: its open sessions' working
+    /// directories as last seen (listed, uploaded, changed by a call) and
+    /// its stored artifacts (docs/files.md).
+    #[serde(default)]
+    pub file_bytes: u64,
+    /// The tenant's quota of file bytes (`max_tenant_bytes`).
+    #[serde(default)]
+    pub file_quota_bytes: u64,
     /// Calls since the server started.
     #[serde(flatten)]
     pub since_start: CallTotals,
@@ -144,6 +152,8 @@ impl Service {
             checkpoint_bytes: ckpt.as_ref().map_or(0, |u| u.bytes),
             checkpoint_quota_bytes: limits.and_then(|l| l.tenant_quota_bytes),
             max_checkpoint_bytes: limits.map(|l| l.max_checkpoint_bytes),
+            file_bytes: self.tenant_file_bytes(tenant),
+            file_quota_bytes: self.file_limits().max_tenant_bytes,
             since_start: lock(&self.inner.metrics.tenants)
                 .get(tenant)
                 .cloned()

@@ -9,8 +9,10 @@
 //! metrics. An adapter decodes a request into the types of this module,
 //! calls the service, and encodes the answer; it holds no rule of its own.
 
+mod artifacts;
 mod call;
 mod error;
+mod files;
 mod metrics;
 mod node;
 mod oneshot;
@@ -22,8 +24,10 @@ mod sessions;
 mod streams;
 mod tables;
 
+pub use artifacts::InputFile;
 pub use call::{PendingCall, ServiceEvents};
 pub use error::{ErrorCode, ServiceError};
+pub use files::{file_error, SessionUpload, INLINE_FILE_BYTES};
 pub use metrics::{CallTotals, Surface, UsageReport};
 pub use node::{DrainStatus, Readiness};
 pub use policy::{check_bindings, check_timeout, tighter_limits};
@@ -73,6 +77,8 @@ pub struct ServiceConfig {
     /// Bytes of streamed events that may wait for slow clients, per
     /// stream and per tenant.
     pub streams: StreamConfig,
+    /// The byte and count quotas of files (`rvisor::file_rules`).
+    pub files: rvisor::file_rules::FileLimits,
 }
 
 /// Default of [`ServiceConfig::session_ttl`]: 7 days.
@@ -90,6 +96,7 @@ impl Default for ServiceConfig {
             durable: None,
             session_ttl: Some(DEFAULT_SESSION_TTL),
             streams: StreamConfig::default(),
+            files: rvisor::file_rules::FileLimits::default(),
         }
     }
 }
@@ -138,6 +145,9 @@ struct ServiceState {
     stop: Arc<(Mutex<bool>, Condvar)>,
     /// Tenant -> the budget its open streams share.
     streams: Mutex<HashMap<String, rvisor::StreamBudget>>,
+    /// Session id -> (tenant, bytes of its files when last seen), for the
+    /// tenant quota of files and `/v1/usage`.
+    file_bytes: Mutex<HashMap<String, (String, u64)>>,
 }
 
 impl Drop for ServiceState {
@@ -187,6 +197,7 @@ impl Service {
                 releasing: Mutex::new(()),
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
                 streams: Mutex::new(HashMap::new()),
+                file_bytes: Mutex::new(HashMap::new()),
             }),
         };
         if let Some(d) = svc.inner.cfg.durable.clone() {

@@ -85,6 +85,7 @@ impl Service {
                 "one or more data pointers could not be resolved; nothing ran",
             ));
         };
+        let inputs = super::artifacts::decode_inputs(&req.files, self.file_limits())?;
         let tables: Vec<(String, PathBuf)> =
             names.iter().map(|n| n.to_string()).zip(files).collect();
         let started = Instant::now();
@@ -134,12 +135,35 @@ impl Service {
             cancel: Some(cancel.clone()),
             ..CallContext::default()
         };
-        let mut r = match feed {
-            None => sup.run_once_limited(id, &script, &opts, &ctx, limits.as_ref(), None),
-            Some(f) => {
-                sup.run_once_streaming(id, &script, &opts, &ctx, limits.as_ref(), None, &f.sink())
-            }
+        // Inputs go in first; what the script wrote comes back as
+        // artifacts, kept in the shared store (artifacts.rs).
+        let mut files = super::artifacts::OneShotFiles {
+            inputs,
+            limits: *self.file_limits(),
+            store: self.inner.tables.store().clone(),
+            tenant: tenant.to_string(),
+            ttl_secs: self.inner.tables.config().ttl.as_secs(),
+            before: Default::default(),
+            stored_bytes: 0,
         };
+        let sink = feed.map(|f| f.sink());
+        let mut r = sup.run_once_with_files(
+            id,
+            &script,
+            &opts,
+            &ctx,
+            limits.as_ref(),
+            None,
+            sink.as_ref(),
+            &mut files,
+        );
+        if files.stored_bytes > 0 {
+            self.note_file_bytes(
+                tenant,
+                &format!("artifacts:{}", r.execution_id),
+                files.stored_bytes,
+            );
+        }
         r.published = take_published(&published, &r.execution_id.clone());
         self.inner.metrics.record(tenant, &r, started.elapsed());
         if matches!(r.outcome, Outcome::StartupFailed | Outcome::StartupTimedOut) {

@@ -67,6 +67,11 @@ pub struct RunScript {
     /// values; plot formats): docs/output-and-plots.md, "Displays".
     #[serde(default)]
     pub display: Option<rvisor::DisplayOptions>,
+    /// Files placed in the run's working directory before the script
+    /// runs (inline, base64; docs/files.md). The files the script writes
+    /// come back as the result's `artifacts`.
+    #[serde(default, deserialize_with = "objects::vec")]
+    pub files: Vec<super::artifacts::InputFile>,
 }
 
 /// Options of a new session.

@@ -441,6 +441,7 @@ impl Service {
     pub fn close(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
         let s = self.session(tenant, id)?;
         self.forget(id);
+        self.forget_file_bytes(id);
         s.close();
         if let Some(d) = &self.inner.cfg.durable {
             d.delete_session(tenant, id);

@@ -1,0 +1,880 @@
+//! A session's files end to end against real R (docs/files.md): uploaded
+//! files R reads, files R writes downloaded byte-identical, the refused
+//! names and kinds, the quotas, files surviving hibernation and a
+//! restart, another tenant's session answering like an unknown one;
+//! confined (as root) and unconfined.
+
+use rvisor::file_rules::FileLimits;
+use rvisor::{Confinement, Outcome, PoolConfig, Session, Supervisor, SupervisorConfig};
+use rvisor_server::http::ServeConfig;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::Read;
+use std::time::Duration;
+
+const TOK_A: &str = "alice-token-0123456789abcdef";
+const TOK_B: &str = "bob-token-0123456789abcdefgh";
+
+fn sup(confined: bool) -> Supervisor {
+    let mut cfg = SupervisorConfig {
+        pool: PoolConfig {
+            zygote: true,
+            spares: 0,
+            preload: Some(Vec::new()),
+        },
+        ..SupervisorConfig::default()
+    };
+    if !confined {
+        cfg.confinement = Confinement::unconfined();
+    }
+    Supervisor::new(cfg).expect("the supervisor starts")
+}
+
+/// The real router on 127.0.0.1:0, with tokens for alice and bob.
+struct Server {
+    base: String,
+    sup: Supervisor,
+    rt: Option<tokio::runtime::Runtime>,
+    _dir: rvisor_ffi_tests::TestDir,
+}
+
+impl Server {
+    fn start(confined: bool, files: FileLimits) -> Self {
+        Self::start_with(confined, files, None)
+    }
+
+    /// A node whose tables and artifacts are in `store` (shared with
+    /// other nodes) rather than its own directory.
+    fn start_with(confined: bool, files: FileLimits, store: Option<&std::path::Path>) -> Self {
+        let dir = rvisor_ffi_tests::TestDir::new("files-http");
+        let sup = sup(confined);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let cfg = ServeConfig {
+            tokens: Some(HashMap::from([
+                (TOK_A.to_string(), "alice".to_string()),
+                (TOK_B.to_string(), "bob".to_string()),
+            ])),
+            tables: rvisor_server::tables::TableConfig {
+                dir: dir.path().join("tables"),
+                store: store.map(|p| rvisor_server::blob::StoreUrl::Local(p.to_path_buf())),
+                ..Default::default()
+            },
+            files,
+            ..ServeConfig::default()
+        };
+        let app = rvisor_server::http::router(sup.clone(), cfg).expect("the router");
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Self {
+            base: format!("http://{addr}"),
+            sup,
+            rt: Some(rt),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        self.sup.shutdown();
+    }
+}
+
+struct Answer {
+    status: u16,
+    content_type: String,
+    bytes: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.bytes).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {} {}",
+                self.status,
+                String::from_utf8_lossy(&self.bytes)
+            )
+        })
+    }
+
+    /// Asserts an error of `status` and `code`; returns its message.
+    fn error(&self, status: u16, code: &str) -> String {
+        assert_eq!(
+            self.status,
+            status,
+            "{}",
+            String::from_utf8_lossy(&self.bytes)
+        );
+        let v = self.json();
+        assert_eq!(v["error"]["code"], code, "{v}");
+        v["error"]["message"].as_str().unwrap_or("").to_string()
+    }
+}
+
+fn call(
+    base: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    chunked: bool,
+) -> Answer {
+    let agent = ureq::AgentBuilder::new()
+        .max_idle_connections(0)
+        .timeout(Duration::from_secs(180))
+        .build();
+    let req = agent
+        .request(method, &format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {token}"));
+    let r = match body {
+        Some(b) if chunked => req.send(b),
+        Some(b) => req.send_bytes(b),
+        None => req.call(),
+    };
+    let res = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = res.status();
+    let content_type = res.header("content-type").unwrap_or("").to_string();
+    let mut bytes = Vec::new();
+    res.into_reader()
+        .read_to_end(&mut bytes)
+        .expect("the body reads");
+    Answer {
+        status,
+        content_type,
+        bytes,
+    }
+}
+
+struct Client<'a> {
+    base: &'a str,
+    token: &'a str,
+}
+
+impl Client<'_> {
+    fn get(&self, path: &str) -> Answer {
+        call(self.base, self.token, "GET", path, None, false)
+    }
+    fn put(&self, path: &str, body: &[u8]) -> Answer {
+        call(self.base, self.token, "PUT", path, Some(body), false)
+    }
+    fn put_chunked(&self, path: &str, body: &[u8]) -> Answer {
+        call(self.base, self.token, "PUT", path, Some(body), true)
+    }
+    fn delete(&self, path: &str) -> Answer {
+        call(self.base, self.token, "DELETE", path, None, false)
+    }
+    fn post(&self, path: &str, v: Value) -> Answer {
+        let agent = ureq::AgentBuilder::new()
+            .max_idle_connections(0)
+            .timeout(Duration::from_secs(180))
+            .build();
+        let r = agent
+            .post(&format!("{}{path}", self.base))
+            .set("Authorization", &format!("Bearer {}", self.token))
+            .send_json(v);
+        let res = match r {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("POST {path}: {e}"),
+        };
+        let status = res.status();
+        let mut bytes = Vec::new();
+        res.into_reader().read_to_end(&mut bytes).unwrap();
+        Answer {
+            status,
+            content_type: String::new(),
+            bytes,
+        }
+    }
+
+    fn session(&self) -> String {
+        let a = self.post("/v1/sessions", json!({}));
+        assert_eq!(a.status, 201, "{}", String::from_utf8_lossy(&a.bytes));
+        a.json()["id"].as_str().unwrap().to_string()
+    }
+
+    /// Runs `code` in session `id`; asserts it completed; its console.
+    fn run(&self, id: &str, code: &str) -> String {
+        let a = self.post(&format!("/v1/sessions/{id}/run"), json!({ "code": code }));
+        let v = a.json();
+        assert_eq!(v["outcome"], "complete", "{code}: {v}");
+        v["console"].as_str().unwrap().to_string()
+    }
+}
+
+/// An `.rds` made by R on the host (Rscript), as a client would have it.
+fn host_rds() -> Vec<u8> {
+    let dir = rvisor_ffi_tests::TestDir::new("files-rds");
+    let f = dir.path().join("fit.rds");
+    let out = std::process::Command::new("Rscript")
+        .arg("-e")
+        .arg(format!(
+            "saveRDS(list(a = 1:3, b = 'caf\\u00e9'), {:?})",
+            f.display().to_string()
+        ))
+        .output()
+        .expect("Rscript runs");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::read(f).expect("the rds")
+}
+
+/// Hex of bytes (R's `paste(readBin(...), collapse = "")`).
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn upload_read_write_download(confined: bool) {
+    let srv = Server::start(confined, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    // In: an .rds R reads back.
+    let rds = host_rds();
+    let put = c.put(&format!("/v1/sessions/{id}/files/in/fit.rds"), &rds);
+    assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.bytes));
+    let info = put.json();
+    assert_eq!(info["name"], "in/fit.rds");
+    assert_eq!(info["size"], rds.len());
+    assert_eq!(info["media_type"], "application/x-r-data");
+    let out = c.run(&id, "x <- readRDS('in/fit.rds'); cat(sum(x$a), x$b, '\\n')");
+    assert_eq!(out, "6 café \n");
+    // Out: CSV, PDF and RDS written by R, downloaded byte-identical to
+    // what R reads of them.
+    c.run(
+        &id,
+        "write.csv(data.frame(x = 1:5, y = letters[1:5]), 'clean.csv', row.names = FALSE); \
+         pdf('fig.pdf'); plot(1:10); invisible(dev.off()); \
+         dir.create('out'); saveRDS(lm(dist ~ speed, cars), 'out/fit.rds')",
+    );
+    let listed = c.get(&format!("/v1/sessions/{id}/files"));
+    assert_eq!(listed.status, 200);
+    let names: Vec<String> = listed.json()["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"clean.csv".to_string()), "{names:?}");
+    assert!(names.contains(&"fig.pdf".to_string()), "{names:?}");
+    for (name, ct) in [
+        ("clean.csv", "text/csv"),
+        ("fig.pdf", "application/pdf"),
+        ("out/fit.rds", "application/x-r-data"),
+    ] {
+        let got = c.get(&format!("/v1/sessions/{id}/files/{name}"));
+        assert_eq!(
+            got.status,
+            200,
+            "{name}: {}",
+            String::from_utf8_lossy(&got.bytes)
+        );
+        assert_eq!(got.content_type, ct, "{name}");
+        let r_hex = c.run(
+            &id,
+            &format!("cat(paste(readBin('{name}', 'raw', file.size('{name}')), collapse = ''))"),
+        );
+        assert_eq!(hex(&got.bytes), r_hex, "{name} differs from what R wrote");
+        assert!(!got.bytes.is_empty());
+    }
+    // An .xlsx (readxl's own example, as a client would send it) read by
+    // readxl in the session.
+    let xlsx = std::fs::read("/usr/lib/R/site-library/readxl/extdata/datasets.xlsx")
+        .expect("readxl is installed (scripts/setup.sh)");
+    let put = c.put(&format!("/v1/sessions/{id}/files/sales.xlsx"), &xlsx);
+    assert_eq!(put.status, 201);
+    assert_eq!(
+        put.json()["media_type"],
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+    );
+    let out = c.run(
+        &id,
+        "x <- readxl::read_excel('sales.xlsx', sheet = 'mtcars'); cat(nrow(x), ncol(x))",
+    );
+    assert_eq!(out, "32 11");
+    // Delete, then it is gone for R too.
+    assert_eq!(
+        c.delete(&format!("/v1/sessions/{id}/files/clean.csv"))
+            .status,
+        204
+    );
+    assert_eq!(c.run(&id, "cat(file.exists('clean.csv'))"), "FALSE");
+    c.get(&format!("/v1/sessions/{id}/files/clean.csv"))
+        .error(404, "not_found");
+}
+
+#[test]
+fn confined_files_go_in_and_out_byte_identical() {
+    upload_read_write_download(true);
+}
+
+#[test]
+fn unconfined_files_go_in_and_out_byte_identical() {
+    upload_read_write_download(false);
+}
+
+fn refusals(confined: bool) {
+    let srv = Server::start(confined, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    // Names.
+    let long = "x".repeat(300);
+    // (`a/../b` and `./a` are resolved by HTTP clients before they are
+    // sent; the library's refusal of them is tested in durable_files.)
+    for bad in [
+        "..%2Fescape",
+        "a%2F..%2F..%2Fb",
+        "a%00b",
+        ".%2Fa",
+        "a//b",
+        long.as_str(),
+        "caf%5Cb",
+    ] {
+        let a = c.put(&format!("/v1/sessions/{id}/files/{bad}"), b"no");
+        let m = a.error(409, "file_refused");
+        assert!(m.contains("relative path"), "{bad}: {m}");
+    }
+    // An absolute path (a leading slash after `files/`).
+    let a = c.put(&format!("/v1/sessions/{id}/files//etc/x"), b"no");
+    a.error(409, "file_refused");
+    // Kinds R makes: a symlink out of the directory, a symlinked
+    // directory, a FIFO. None is listed, read, written or deleted.
+    c.run(
+        &id,
+        "invisible(file.symlink('/etc/passwd', 'link')); invisible(file.symlink('/etc', 'etcdir')); \
+         f <- fifo('pipe', 'w+'); close(f); writeLines('ok', 'real.txt')",
+    );
+    let listed = c.get(&format!("/v1/sessions/{id}/files")).json();
+    let names: Vec<&str> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["real.txt"], "{listed}");
+    for (name, kind) in [
+        ("link", "symlink"),
+        ("pipe", "FIFO"),
+        ("etcdir/passwd", "symlink"),
+    ] {
+        let m = c
+            .get(&format!("/v1/sessions/{id}/files/{name}"))
+            .error(409, "file_refused");
+        assert!(m.contains(kind), "{name}: {m}");
+        c.put(&format!("/v1/sessions/{id}/files/{name}"), b"x")
+            .error(409, "file_refused");
+    }
+    c.delete(&format!("/v1/sessions/{id}/files/link"))
+        .error(409, "file_refused");
+    // The symlink still points where it did, /etc/passwd untouched.
+    assert_eq!(c.run(&id, "cat(Sys.readlink('link'))"), "/etc/passwd");
+}
+
+#[test]
+fn confined_refused_names_and_kinds() {
+    refusals(true);
+}
+
+#[test]
+fn unconfined_refused_names_and_kinds() {
+    refusals(false);
+}
+
+#[test]
+fn quotas_refuse_and_a_failed_upload_keeps_the_old_file() {
+    let srv = Server::start(
+        true,
+        FileLimits {
+            max_file_bytes: 1000,
+            max_session_bytes: 1500,
+            max_tenant_bytes: 1800,
+            max_files: 3,
+            ..FileLimits::default()
+        },
+    );
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let p = |n: &str| format!("/v1/sessions/{id}/files/{n}");
+    assert_eq!(c.put(&p("a.txt"), b"old").status, 201);
+    // Announced over max_file_bytes: refused before the body is read.
+    let m = c.put(&p("a.txt"), &[b'x'; 1001]).error(413, "too_large");
+    assert!(m.contains("max_file_bytes"), "{m}");
+    // Chunked (no length): refused as it passes the limit.
+    let m = c
+        .put_chunked(&p("a.txt"), &[b'y'; 5000])
+        .error(413, "too_large");
+    assert!(m.contains("max_file_bytes"), "{m}");
+    // The old file is intact, and no temporary file is left or listed.
+    assert_eq!(c.get(&p("a.txt")).bytes, b"old");
+    let listed = c.get(&format!("/v1/sessions/{id}/files")).json();
+    assert_eq!(
+        listed["files"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    assert_eq!(
+        c.run(
+            &id,
+            "cat(length(list.files(all.files = TRUE, pattern = '^[.]rvisor')))"
+        ),
+        "0"
+    );
+    // The session's bytes.
+    assert_eq!(c.put(&p("b.bin"), &[1u8; 900]).status, 201);
+    let m = c.put(&p("c.bin"), &[2u8; 900]).error(429, "quota");
+    assert!(m.contains("max_session_bytes"), "{m}");
+    // The count of files.
+    assert_eq!(c.put(&p("c.bin"), b"c").status, 201);
+    let m = c.put(&p("d.bin"), b"d").error(429, "quota");
+    assert!(m.contains("max_files"), "{m}");
+    // The tenant's bytes, over two sessions.
+    let id2 = c.session();
+    let m = c
+        .put(&format!("/v1/sessions/{id2}/files/e.bin"), &[3u8; 1000])
+        .error(429, "quota");
+    assert!(m.contains("max_tenant_bytes"), "{m}");
+    // /v1/usage shows them.
+    let u = c.get("/v1/usage").json();
+    assert_eq!(u["file_bytes"], 3 + 900 + 1, "{u}");
+    assert_eq!(u["file_quota_bytes"], 1800, "{u}");
+    // Closing the session forgets its bytes.
+    assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
+    assert_eq!(c.get("/v1/usage").json()["file_bytes"], 0);
+}
+
+#[test]
+fn another_tenants_files_answer_like_an_unknown_session() {
+    let srv = Server::start(true, FileLimits::default());
+    let alice = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let bob = Client {
+        base: &srv.base,
+        token: TOK_B,
+    };
+    let id = alice.session();
+    assert_eq!(
+        alice
+            .put(&format!("/v1/sessions/{id}/files/secret.txt"), b"alice's")
+            .status,
+        201
+    );
+    let unknown = "0123456789abcdef0123456789abcdef";
+    let answers = |who: &Client, sid: &str| -> Vec<(u16, Value)> {
+        let p = format!("/v1/sessions/{sid}/files");
+        [
+            who.get(&p),
+            who.get(&format!("{p}/secret.txt")),
+            who.put(&format!("{p}/secret.txt"), b"bob's"),
+            who.delete(&format!("{p}/secret.txt")),
+        ]
+        .into_iter()
+        .map(|a| {
+            let v = a.json();
+            let m = v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .replace(sid, "ID");
+            (a.status, json!({"code": v["error"]["code"], "message": m}))
+        })
+        .collect()
+    };
+    let theirs = answers(&bob, &id);
+    let none = answers(&bob, unknown);
+    assert_eq!(theirs, none);
+    assert!(theirs.iter().all(|(s, _)| *s == 404), "{theirs:?}");
+    // Alice's file is untouched.
+    assert_eq!(
+        alice
+            .get(&format!("/v1/sessions/{id}/files/secret.txt"))
+            .bytes,
+        b"alice's"
+    );
+}
+
+fn durable_files(confined: bool) {
+    use rvisor::checkpoint::DirStore;
+    use std::sync::Arc;
+    let dir = rvisor_ffi_tests::TestDir::new("files-durable");
+    let make = || {
+        let mut cfg = SupervisorConfig {
+            checkpoints: Some(Arc::new(DirStore::new(dir.path()).unwrap())),
+            ..SupervisorConfig::default()
+        };
+        if !confined {
+            cfg.confinement = Confinement::unconfined();
+        }
+        Supervisor::new(cfg).expect("the supervisor starts")
+    };
+    let sup1 = make();
+    let s = sup1
+        .session_with(rvisor_ffi_tests::durable::manual())
+        .unwrap();
+    let rds = host_rds();
+    for bad in ["/etc/x", "../x", "a/../../b", "./a", "a\0b", ""] {
+        let e = s.put_file(bad, &mut &b"x"[..]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                rvisor::files::FileError::Refused(rvisor::file_rules::FileRefusal::Name { .. })
+            ),
+            "{bad:?}: {e}"
+        );
+    }
+    s.put_file("keep/fit.rds", &mut rds.as_slice()).unwrap();
+    rvisor_ffi_tests::durable::ok(&s, "writeLines('from R', 'r.txt')");
+    // Hibernated: the worker is gone; the files come back with it.
+    s.hibernate_and_wait(Duration::from_secs(120)).unwrap();
+    assert_eq!(s.status().pid, None);
+    let read = |s: &Session, name: &str| {
+        let (_, mut f) = s.get_file(name).unwrap();
+        let mut v = Vec::new();
+        f.read_to_end(&mut v).unwrap();
+        v
+    };
+    assert_eq!(read(&s, "keep/fit.rds"), rds);
+    assert_eq!(read(&s, "r.txt"), b"from R\n");
+    // A restart: released here, resumed by another supervisor.
+    let id = s.id().to_string();
+    s.release(Duration::from_secs(120)).unwrap();
+    sup1.shutdown();
+    let sup2 = make();
+    let s2 = sup2
+        .resume_session(&id, rvisor_ffi_tests::durable::manual(), "restart")
+        .unwrap();
+    assert_eq!(read(&s2, "keep/fit.rds"), rds);
+    let r = rvisor_ffi_tests::durable::ok(&s2, "cat(readRDS('keep/fit.rds')$b)");
+    assert_eq!(r.console, "café");
+    assert_eq!(r.outcome, Outcome::Complete);
+    // Closing deletes them (a new session starts empty).
+    s2.close();
+    let s3 = sup2.session().unwrap();
+    assert!(s3.files().unwrap().is_empty());
+    sup2.shutdown();
+}
+
+#[test]
+fn confined_files_survive_hibernation_and_a_restart() {
+    durable_files(true);
+}
+
+#[test]
+fn unconfined_files_survive_hibernation_and_a_restart() {
+    durable_files(false);
+}
+
+fn artifacts(confined: bool) {
+    use base64::Engine as _;
+    let shared = rvisor_ffi_tests::TestDir::new("files-store");
+    let one = Server::start_with(confined, FileLimits::default(), Some(shared.path()));
+    let two = Server::start_with(confined, FileLimits::default(), Some(shared.path()));
+    let c1 = Client {
+        base: &one.base,
+        token: TOK_A,
+    };
+    let rds = host_rds();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&rds);
+    let a = c1.post(
+        "/v1/run",
+        json!({
+            "script": "x <- readRDS('in/fit.rds'); write.csv(data.frame(a = x$a), 'out.csv', row.names = FALSE); \
+                       pdf('fig.pdf'); plot(x$a); invisible(dev.off()); saveRDS(x, 'again.rds'); \
+                       writeLines('scratch', file.path(tempdir(), 'not-an-artifact.txt'))",
+            "files": [{"name": "in/fit.rds", "content_base64": b64}]
+        }),
+    );
+    let r = a.json();
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let arts = r["artifacts"].as_array().expect("artifacts").clone();
+    let names: Vec<&str> = arts.iter().map(|a| a["name"].as_str().unwrap()).collect();
+    // The input, unchanged, is not an artifact; tempdir() is not either.
+    assert_eq!(names, vec!["again.rds", "fig.pdf", "out.csv"], "{r}");
+    // Fetched from the other node, byte for byte what R wrote (its sha256,
+    // and the csv's text), by the reference the result gives.
+    let c2 = Client {
+        base: &two.base,
+        token: TOK_A,
+    };
+    for art in &arts {
+        let uri = art["uri"].as_str().unwrap();
+        let got = c2.get(uri);
+        assert_eq!(
+            got.status,
+            200,
+            "{uri}: {}",
+            String::from_utf8_lossy(&got.bytes)
+        );
+        assert_eq!(got.bytes.len() as u64, art["size"].as_u64().unwrap());
+        assert_eq!(got.content_type, art["media_type"].as_str().unwrap());
+        use sha2::Digest;
+        let sha: String = sha2::Sha256::digest(&got.bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(sha, art["sha256"].as_str().unwrap(), "{uri}");
+    }
+    let csv = c2.get(arts[2]["uri"].as_str().unwrap());
+    assert_eq!(csv.bytes, b"\"a\"\n1\n2\n3\n");
+    // Another tenant's artifact answers like an unknown one.
+    let bob = Client {
+        base: &two.base,
+        token: TOK_B,
+    };
+    let uri = arts[0]["uri"].as_str().unwrap();
+    let theirs = bob.get(uri);
+    let none = bob.get("/v1/artifacts/0123456789abcdef/again.rds");
+    assert_eq!(theirs.status, 404);
+    assert_eq!(theirs.json(), none.json());
+    // A refused input name: nothing runs.
+    let a = c1.post(
+        "/v1/run",
+        json!({"script": "1", "files": [{"name": "../x", "content_base64": ""}]}),
+    );
+    a.error(409, "file_refused");
+}
+
+#[test]
+fn confined_run_artifacts_are_served_by_another_node() {
+    artifacts(true);
+}
+
+#[test]
+fn unconfined_run_artifacts_are_served_by_another_node() {
+    artifacts(false);
+}
+
+/// `session --jsonl` (the adapter, over socket pairs): small files inline
+/// as base64 both ways, a large one refused naming the inline limit.
+#[test]
+fn jsonl_files_travel_inline_and_large_ones_are_refused_by_name() {
+    use base64::Engine as _;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let sup = sup(true);
+    let (mut to_server, server_in) = UnixStream::pair().unwrap();
+    let (server_out, from_server) = UnixStream::pair().unwrap();
+    let s2 = sup.clone();
+    let t = std::thread::spawn(move || {
+        rvisor_server::jsonl::serve(&s2, BufReader::new(server_in), server_out).unwrap()
+    });
+    let mut lines = BufReader::new(from_server).lines();
+    let mut ask = |v: Value| -> Value {
+        writeln!(to_server, "{v}").unwrap();
+        let line = lines.next().expect("an answer").unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let rds = host_rds();
+    let a = ask(json!({"id": 1, "op": "put_file", "path": "fit.rds", "content_base64": b64(&rds)}));
+    assert_eq!(a["file"]["size"], rds.len(), "{a}");
+    let a = ask(
+        json!({"id": 2, "op": "run", "code": "x <- readRDS('fit.rds'); saveRDS(x$a * 2L, 'twice.rds'); cat(x$b)"}),
+    );
+    assert_eq!(a["result"]["console"], "café", "{a}");
+    let a = ask(json!({"id": 3, "op": "files"}));
+    let names: Vec<&str> = a["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["fit.rds", "twice.rds"], "{a}");
+    let a = ask(json!({"id": 4, "op": "get_file", "path": "fit.rds"}));
+    assert_eq!(a["file"]["content_base64"], b64(&rds), "{a}");
+    // Over the inline limit: refused, naming it and the way out.
+    let a = ask(
+        json!({"id": 5, "op": "run", "code": "writeBin(as.raw(rep(1, 300 * 1024)), 'big.bin')"}),
+    );
+    assert_eq!(a["result"]["outcome"], "complete", "{a}");
+    let a = ask(json!({"id": 6, "op": "get_file", "path": "big.bin"}));
+    assert_eq!(a["error"]["code"], "too_large", "{a}");
+    let m = a["error"]["message"].as_str().unwrap();
+    assert!(m.contains("inline limit") && m.contains("HTTP"), "{m}");
+    let a = ask(json!({"id": 7, "op": "get_file", "path": "../etc/passwd"}));
+    assert_eq!(a["error"]["code"], "file_refused", "{a}");
+    let a = ask(json!({"id": 8, "op": "delete_file", "path": "big.bin"}));
+    assert_eq!(a["deleted"], "big.bin", "{a}");
+    drop(to_server);
+    t.join().unwrap();
+    sup.shutdown();
+}
+
+/// `rvisor run --input FILE --output-dir DIR` (confined, as root runs it):
+/// the input read by R, the files R wrote copied out byte for byte and
+/// listed as artifacts, tempdir() and the unchanged input left out.
+#[test]
+fn cli_run_takes_inputs_and_saves_outputs() {
+    let dir = rvisor_ffi_tests::TestDir::new("files-cli");
+    let input = dir.path().join("fit.rds");
+    std::fs::write(&input, host_rds()).unwrap();
+    let script = dir.path().join("s.R");
+    std::fs::write(
+        &script,
+        "x <- readRDS('fit.rds'); dir.create('out')\n\
+         write.csv(data.frame(a = x$a), 'out/a.csv', row.names = FALSE)\n\
+         writeLines('t', file.path(tempdir(), 'scratch.txt'))\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .arg("run")
+        .arg("--json")
+        .arg("--input")
+        .arg(&input)
+        .arg("--output-dir")
+        .arg(&out_dir)
+        .arg(&script)
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let arts = r["artifacts"].as_array().expect("artifacts");
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0]["name"], "out/a.csv");
+    let saved = std::fs::read(out_dir.join("out/a.csv")).unwrap();
+    assert_eq!(saved, b"\"a\"\n1\n2\n3\n");
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(&saved)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(arts[0]["sha256"], sha);
+}
+
+/// MCP (the adapter, over socket pairs): `run_r_code` answers the files it
+/// wrote as `resource_link`s, `resources/list` lists the session's files,
+/// `resources/read` returns one (text or base64), and `run_r_script` takes
+/// an input file and links its artifacts, readable the same way.
+#[test]
+fn mcp_files_are_resources_and_results_link_them() {
+    use base64::Engine as _;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let sup = sup(true);
+    let dir = rvisor_ffi_tests::TestDir::new("files-mcp");
+    let (mut to_server, server_in) = UnixStream::pair().unwrap();
+    let (server_out, from_server) = UnixStream::pair().unwrap();
+    let s2 = sup.clone();
+    let tables = rvisor_server::tables::TableConfig {
+        dir: dir.path().join("tables"),
+        ..Default::default()
+    };
+    let t = std::thread::spawn(move || {
+        rvisor_server::mcp::serve(&s2, tables, BufReader::new(server_in), server_out).unwrap()
+    });
+    let mut lines = BufReader::new(from_server).lines();
+    let mut n = 0;
+    let mut ask = |method: &str, params: Value| -> Value {
+        n += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params});
+        writeln!(to_server, "{msg}").unwrap();
+        loop {
+            let line = lines.next().expect("an answer").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == n {
+                return v;
+            }
+        }
+    };
+    let init = ask("initialize", json!({"protocolVersion": "2025-06-18"}));
+    assert!(
+        init["result"]["capabilities"]["resources"].is_object(),
+        "{init}"
+    );
+    let r = ask(
+        "tools/call",
+        json!({"name": "run_r_code", "arguments": {"code": "write.csv(head(cars, 2), 'cars.csv', row.names = FALSE)"}}),
+    );
+    let links: Vec<&Value> = r["result"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["type"] == "resource_link")
+        .collect();
+    assert_eq!(links.len(), 1, "{r}");
+    assert_eq!(links[0]["uri"], "rvisor://session/main/files/cars.csv");
+    let want = "\"speed\",\"dist\"\n4,2\n4,10\n";
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(want.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        r["result"]["structuredContent"]["artifacts"][0]["sha256"], sha,
+        "{r}"
+    );
+    // A call that changes nothing links nothing.
+    let r = ask(
+        "tools/call",
+        json!({"name": "run_r_code", "arguments": {"code": "1"}}),
+    );
+    assert!(
+        !r["result"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "resource_link"),
+        "{r}"
+    );
+    let l = ask("resources/list", json!({}));
+    assert_eq!(
+        l["result"]["resources"][0]["uri"], "rvisor://session/main/files/cars.csv",
+        "{l}"
+    );
+    let read = ask(
+        "resources/read",
+        json!({"uri": "rvisor://session/main/files/cars.csv"}),
+    );
+    assert_eq!(read["result"]["contents"][0]["text"], want, "{read}");
+    // A one-shot run: an input in, an artifact linked and readable.
+    let rds = host_rds();
+    let r = ask(
+        "tools/call",
+        json!({"name": "run_r_script", "arguments": {
+            "script": "x <- readRDS('fit.rds'); saveRDS(rev(x$a), 'rev.rds')",
+            "files": [{"name": "fit.rds", "content_base64": base64::engine::general_purpose::STANDARD.encode(&rds)}]
+        }}),
+    );
+    let link = r["result"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "resource_link")
+        .unwrap_or_else(|| panic!("no link: {r}"))
+        .clone();
+    assert_eq!(link["name"], "rev.rds");
+    let read = ask("resources/read", json!({"uri": link["uri"]}));
+    let blob = base64::engine::general_purpose::STANDARD
+        .decode(read["result"]["contents"][0]["blob"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(blob.len() as u64, link["size"].as_u64().unwrap(), "{read}");
+    let bad = ask(
+        "resources/read",
+        json!({"uri": "rvisor://session/main/files/../x"}),
+    );
+    assert!(bad["error"].is_object(), "{bad}");
+    drop(to_server);
+    t.join().unwrap();
+    sup.shutdown();
+}

@@ -1,0 +1,259 @@
+//! Run artifacts: a one-shot run's input files placed before its code
+//! runs, and the files it wrote stored in the shared blob store for the
+//! tenant (with the tables' TTL), so any node serves them
+//! (`/v1/artifacts/{execution_id}/{name}`). Which files are artifacts:
+//! every regular file new or changed in the run's working directory once
+//! the code ended, R's `tempdir()` left out (docs/files.md).
+
+use super::files::file_error;
+use super::{ErrorCode, Service, ServiceError};
+use crate::blob::{tenant_key, BlobStore};
+use rvisor::file_rules::{self, FileLimits};
+use rvisor::files::{changed_files, RunFiles, Snapshot, WorkDir};
+use rvisor::{Artifact, Outcome, RunResult};
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+
+/// A file given to a one-shot run, inline.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputFile {
+    /// Its path in the run's working directory (`data/in.xlsx`).
+    pub name: String,
+    /// Its bytes, base64 (standard alphabet, padded).
+    pub content_base64: String,
+}
+
+/// The stored record of one run's artifacts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ArtifactSet {
+    expires_unix: u64,
+    artifacts: Vec<Artifact>,
+}
+
+fn set_key(tenant: &str, execution_id: &str) -> String {
+    format!("artifacts/{}/{execution_id}.json", tenant_key(tenant))
+}
+
+fn object_key(tenant: &str, execution_id: &str, name: &str) -> String {
+    format!("artifacts/{}/{execution_id}/{name}", tenant_key(tenant))
+}
+
+/// The `RunFiles` of a one-shot run through the service.
+pub(super) struct OneShotFiles {
+    pub inputs: Vec<(String, Vec<u8>)>,
+    pub limits: FileLimits,
+    pub store: BlobStore,
+    pub tenant: String,
+    pub ttl_secs: u64,
+    pub before: Snapshot,
+    /// Set when artifacts were left out (a limit), for the result.
+    pub stored_bytes: u64,
+}
+
+impl RunFiles for OneShotFiles {
+    fn before(&mut self, dir: &WorkDir) -> Result<(), String> {
+        for (name, bytes) in std::mem::take(&mut self.inputs) {
+            dir.put(&name, &mut bytes.as_slice(), &self.limits)
+                .map_err(|e| e.to_string())?;
+        }
+        self.before = dir
+            .snapshot(self.limits.max_files)
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn after(&mut self, dir: &WorkDir, r: &mut RunResult) {
+        if matches!(
+            r.outcome,
+            Outcome::Rejected | Outcome::StartupFailed | Outcome::StartupTimedOut
+        ) {
+            return;
+        }
+        let after = match dir.snapshot(self.limits.max_files) {
+            Ok(a) => a,
+            Err(e) => {
+                r.warnings
+                    .push(format!("rvisor: the run's files were not collected: {e}"));
+                return;
+            }
+        };
+        let changed = changed_files(&self.before, &after);
+        if changed.is_empty() {
+            return;
+        }
+        let total: u64 = changed.iter().map(|f| f.size).sum();
+        if let Err(e) = changed
+            .iter()
+            .try_for_each(|f| file_rules::check_file_size(&self.limits, f.size))
+            .and_then(|()| file_rules::check_call(&self.limits, total))
+        {
+            r.warnings
+                .push(format!("rvisor: the run's files were not kept: {e}"));
+            return;
+        }
+        let mut out = Vec::with_capacity(changed.len());
+        for f in changed {
+            match self.store_one(dir, &r.execution_id, &f.name) {
+                Ok(a) => out.push(a),
+                Err(e) => r
+                    .warnings
+                    .push(format!("rvisor: artifact {:?} was not kept: {e}", f.name)),
+            }
+        }
+        if out.is_empty() {
+            return;
+        }
+        let set = ArtifactSet {
+            expires_unix: rvisor::clock::unix_now() + self.ttl_secs,
+            artifacts: out.clone(),
+        };
+        let key = set_key(&self.tenant, &r.execution_id);
+        match serde_json::to_vec(&set) {
+            Ok(b) => {
+                if let Err(e) = self.store.put(&key, b) {
+                    r.warnings
+                        .push(format!("rvisor: the run's artifacts were not kept: {e}"));
+                    return;
+                }
+            }
+            Err(e) => {
+                r.warnings.push(format!("rvisor: {e}"));
+                return;
+            }
+        }
+        self.stored_bytes = out.iter().map(|a| a.size).sum();
+        r.artifacts = out;
+    }
+}
+
+impl OneShotFiles {
+    fn store_one(&self, dir: &WorkDir, execution_id: &str, name: &str) -> Result<Artifact, String> {
+        use sha2::Digest;
+        let (info, mut f) = dir.open(name).map_err(|e| e.to_string())?;
+        let mut h = sha2::Sha256::new();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut left = info.size;
+        while left > 0 {
+            let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            let n = n.min(left as usize);
+            h.update(&buf[..n]);
+            left -= n as u64;
+        }
+        let sha256: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        self.store
+            .put_from(
+                &object_key(&self.tenant, execution_id, &info.name),
+                &f,
+                info.size,
+                || true,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(Artifact {
+            uri: format!("/v1/artifacts/{execution_id}/{}", info.name),
+            name: info.name,
+            size: info.size,
+            media_type: info.media_type,
+            sha256,
+        })
+    }
+}
+
+/// Decodes a run's inline input files, checking their names and sizes.
+pub(super) fn decode_inputs(
+    files: &[InputFile],
+    limits: &FileLimits,
+) -> Result<Vec<(String, Vec<u8>)>, ServiceError> {
+    use base64::Engine as _;
+    if files.len() > limits.max_files {
+        return Err(ServiceError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "the run has {} input files, over the limit max_files of {}; send fewer",
+                files.len(),
+                limits.max_files
+            ),
+        ));
+    }
+    let mut total = 0u64;
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let name = file_rules::check_name(&f.name).map_err(|e| file_error(e.into()))?;
+        if out.iter().any(|(n, _): &(String, Vec<u8>)| *n == name) {
+            return Err(ServiceError::conflict(format!(
+                "the input file {name:?} is given twice; give each name once"
+            )));
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&f.content_base64)
+            .map_err(|e| {
+                ServiceError::invalid(format!(
+                    "files[{name:?}].content_base64 is not base64 ({e}); send the bytes base64-encoded"
+                ))
+            })?;
+        file_rules::check_file_size(limits, bytes.len() as u64)
+            .map_err(|e| file_error(e.into()))?;
+        total += bytes.len() as u64;
+        // One request's size: 413 (`file_error` would say 429 for none).
+        file_rules::check_call(limits, total)
+            .map_err(|e| ServiceError::new(ErrorCode::TooLarge, e.to_string()))?;
+        out.push((name, bytes));
+    }
+    Ok(out)
+}
+
+impl Service {
+    /// The artifact `name` of run `execution_id` of `tenant`: its record
+    /// and the open file it was copied to (`spool`, removed once opened).
+    /// Another tenant's, an expired one and an unknown one answer alike.
+    pub fn artifact(
+        &self,
+        tenant: &str,
+        execution_id: &str,
+        name: &str,
+    ) -> Result<(Artifact, std::fs::File), ServiceError> {
+        let missing = || ServiceError::not_found("artifact");
+        let name = file_rules::check_name(name).map_err(|_| missing())?;
+        let store = self.inner.tables.store();
+        let key = set_key(tenant, execution_id);
+        let blob = store
+            .get(&key)
+            .map_err(|e| ServiceError::new(ErrorCode::Storage, e.to_string()))?
+            .ok_or_else(missing)?;
+        let set: ArtifactSet = serde_json::from_slice(&blob.bytes).map_err(|_| missing())?;
+        if set.expires_unix <= rvisor::clock::unix_now() {
+            self.delete_artifacts(tenant, execution_id, &set);
+            return Err(missing());
+        }
+        let a = set
+            .artifacts
+            .into_iter()
+            .find(|a| a.name == name)
+            .ok_or_else(missing)?;
+        let spool = self.inner.tables.spool_path();
+        let got = store
+            .get_to_file(&object_key(tenant, execution_id, &name), &spool)
+            .map_err(|e| ServiceError::new(ErrorCode::Storage, e.to_string()));
+        let opened = got.and_then(|found| {
+            if !found {
+                return Err(missing());
+            }
+            std::fs::File::open(&spool)
+                .map_err(|e| ServiceError::new(ErrorCode::Storage, e.to_string()))
+        });
+        let _ = std::fs::remove_file(&spool);
+        Ok((a, opened?))
+    }
+
+    fn delete_artifacts(&self, tenant: &str, execution_id: &str, set: &ArtifactSet) {
+        let store = self.inner.tables.store();
+        for a in &set.artifacts {
+            let _ = store.delete(&object_key(tenant, execution_id, &a.name));
+        }
+        let _ = store.delete(&set_key(tenant, execution_id));
+        self.forget_file_bytes(&format!("artifacts:{execution_id}"));
+    }
+}

@@ -1,0 +1,321 @@
+//! A session's files through the service: list, upload, download and
+//! delete, for the session's tenant only, within the file quotas
+//! (`ServiceConfig::files`, rules in `rvisor::file_rules`), with the
+//! tenant's bytes counted for its quota and `/v1/usage`.
+
+use super::{lock, ErrorCode, Service, ServiceError};
+use rvisor::file_rules::{self, FileLimits, FileRefusal};
+use rvisor::files::{FileError, FileInfo, Upload};
+use std::fs::File;
+use std::io::Read;
+
+/// Largest file the JSON surfaces (`session --jsonl`, nng, MCP) carry
+/// inline as base64, either way; a larger one is refused naming this
+/// limit (HTTP streams files of any size up to `max_file_bytes`).
+pub const INLINE_FILE_BYTES: u64 = 256 << 10;
+
+/// A file error as the service answers it: a broken name or kind rule is
+/// `file_refused` (409), a size `too_large` (413), a session or tenant
+/// quota `quota` (429), a missing file `not_found` (404).
+pub fn file_error(e: FileError) -> ServiceError {
+    match e {
+        FileError::Refused(r) => {
+            let code = match &r {
+                FileRefusal::Name { .. } | FileRefusal::NotRegular { .. } => ErrorCode::FileRefused,
+                FileRefusal::NotFound { .. } => ErrorCode::NotFound,
+                r if r.is_quota() => ErrorCode::Quota,
+                _ => ErrorCode::TooLarge,
+            };
+            ServiceError::new(code, r.to_string())
+        }
+        FileError::Unreachable(m) => ServiceError::new(ErrorCode::NoWorker, m),
+        e @ FileError::Io { .. } => ServiceError::new(ErrorCode::Storage, e.to_string()),
+    }
+}
+
+/// An upload to a session in progress: write to [`Upload::file`], count
+/// with [`SessionUpload::add`], finish with [`Service::commit_upload`].
+#[derive(Debug)]
+pub struct SessionUpload {
+    upload: Upload,
+    tenant: String,
+    id: String,
+    /// The tenant's file bytes outside this session.
+    tenant_others: u64,
+    written: u64,
+    limits: FileLimits,
+}
+
+impl SessionUpload {
+    /// The file to write to.
+    pub fn file(&self) -> Option<&File> {
+        self.upload.file()
+    }
+
+    /// Counts `n` more bytes written, refusing past a limit (the file,
+    /// the session, the tenant).
+    pub fn add(&mut self, n: u64) -> Result<(), ServiceError> {
+        self.written += n;
+        self.upload
+            .add(n)
+            .and_then(|()| {
+                file_rules::check_tenant(&self.limits, self.tenant_others + self.written)
+            })
+            .map_err(|r| file_error(r.into()))
+    }
+}
+
+impl Service {
+    /// The quotas of files.
+    pub fn file_limits(&self) -> &FileLimits {
+        &self.inner.cfg.files
+    }
+
+    /// The bytes of `tenant`'s files: its sessions' files as last seen
+    /// (listed, uploaded, deleted or reported by a call) and its stored
+    /// artifacts.
+    pub fn tenant_file_bytes(&self, tenant: &str) -> u64 {
+        lock(&self.inner.file_bytes)
+            .values()
+            .filter(|(t, _)| t == tenant)
+            .map(|(_, b)| *b)
+            .sum()
+    }
+
+    /// Records that session (or artifact set) `key` of `tenant` holds
+    /// `bytes` of files.
+    pub(super) fn note_file_bytes(&self, tenant: &str, key: &str, bytes: u64) {
+        lock(&self.inner.file_bytes).insert(key.to_string(), (tenant.to_string(), bytes));
+    }
+
+    /// Forgets the files of session `key` (closed).
+    pub(super) fn forget_file_bytes(&self, key: &str) {
+        lock(&self.inner.file_bytes).remove(key);
+    }
+
+    /// The files of session `id` of `tenant`, sorted by name.
+    pub fn session_files(&self, tenant: &str, id: &str) -> Result<Vec<FileInfo>, ServiceError> {
+        let s = self.session(tenant, id)?;
+        let snap = s
+            .snapshot(self.file_limits().max_files)
+            .map_err(file_error)?;
+        let mut v: Vec<FileInfo> = snap.into_values().map(|(_, i)| i).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        self.note_file_bytes(tenant, id, v.iter().map(|f| f.size).sum());
+        Ok(v)
+    }
+
+    /// Starts an upload of `name` to session `id` of `tenant`.
+    pub fn begin_upload(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<SessionUpload, ServiceError> {
+        let s = self.session(tenant, id)?;
+        let limits = *self.file_limits();
+        let tenant_others = self.tenant_file_bytes(tenant)
+            - lock(&self.inner.file_bytes).get(id).map_or(0, |(_, b)| *b);
+        file_rules::check_tenant(&limits, tenant_others).map_err(|r| file_error(r.into()))?;
+        let upload = s.begin_upload(name, &limits).map_err(file_error)?;
+        Ok(SessionUpload {
+            upload,
+            tenant: tenant.to_string(),
+            id: id.to_string(),
+            tenant_others,
+            written: 0,
+            limits,
+        })
+    }
+
+    /// Puts an upload in place (atomically) once all of it is written.
+    pub fn commit_upload(&self, up: SessionUpload) -> Result<FileInfo, ServiceError> {
+        let SessionUpload {
+            upload, tenant, id, ..
+        } = up;
+        let info = upload.commit().map_err(file_error)?;
+        // The tenant's count, from what is there now.
+        let _ = self.session_files(&tenant, &id);
+        Ok(info)
+    }
+
+    /// Writes `name` in session `id` from `content` (the surfaces that
+    /// carry small files inline).
+    pub fn put_session_file(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+        content: &mut dyn Read,
+    ) -> Result<FileInfo, ServiceError> {
+        let mut up = self.begin_upload(tenant, id, name)?;
+        let mut file = up
+            .file()
+            .and_then(|f| f.try_clone().ok())
+            .ok_or_else(|| ServiceError::new(ErrorCode::Internal, "the upload has no file"))?;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = content.read(&mut buf).map_err(|e| {
+                ServiceError::bad_request(format!("the file's content could not be read: {e}"))
+            })?;
+            if n == 0 {
+                break;
+            }
+            up.add(n as u64)?;
+            std::io::Write::write_all(&mut file, &buf[..n]).map_err(|e| {
+                file_error(FileError::Io {
+                    what: "write the file",
+                    source: e,
+                })
+            })?;
+        }
+        self.commit_upload(up)
+    }
+
+    /// Opens `name` of session `id` for reading.
+    pub fn get_session_file(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<(FileInfo, File), ServiceError> {
+        let s = self.session(tenant, id)?;
+        let (info, f) = s.get_file(name).map_err(file_error)?;
+        file_rules::check_file_size(self.file_limits(), info.size)
+            .map_err(|r| file_error(r.into()))?;
+        Ok((info, f))
+    }
+
+    /// Deletes `name` of session `id`.
+    pub fn delete_session_file(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<(), ServiceError> {
+        let s = self.session(tenant, id)?;
+        s.delete_file(name).map_err(file_error)?;
+        let _ = self.session_files(tenant, id);
+        Ok(())
+    }
+}
+
+impl Service {
+    /// `name` of session `id` with its bytes inline (base64), for the
+    /// JSON surfaces: `{name, size, media_type, modified, content_base64}`.
+    pub fn get_file_inline(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<serde_json::Value, ServiceError> {
+        use base64::Engine as _;
+        let (info, f) = self.get_session_file(tenant, id, name)?;
+        if info.size > INLINE_FILE_BYTES {
+            return Err(ServiceError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "{:?} is {} bytes, over the inline limit of {INLINE_FILE_BYTES} bytes; \
+                     download it over HTTP (GET /v1/sessions/{{id}}/files/{})",
+                    info.name, info.size, info.name
+                ),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(info.size as usize);
+        f.take(info.size).read_to_end(&mut bytes).map_err(|e| {
+            file_error(FileError::Io {
+                what: "read the file",
+                source: e,
+            })
+        })?;
+        let mut v = serde_json::to_value(&info).unwrap_or_default();
+        v["content_base64"] = base64::engine::general_purpose::STANDARD
+            .encode(&bytes)
+            .into();
+        Ok(v)
+    }
+
+    /// Writes `name` of session `id` from base64 `content`, for the JSON
+    /// surfaces (at most [`INLINE_FILE_BYTES`]).
+    pub fn put_file_inline(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+        content_base64: &str,
+    ) -> Result<FileInfo, ServiceError> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(content_base64)
+            .map_err(|e| {
+                ServiceError::invalid(format!(
+                    "content_base64 is not base64 ({e}); send the bytes base64-encoded"
+                ))
+            })?;
+        if bytes.len() as u64 > INLINE_FILE_BYTES {
+            return Err(ServiceError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "the file is {} bytes, over the inline limit of {INLINE_FILE_BYTES} bytes; \
+                     upload it over HTTP (PUT /v1/sessions/{{id}}/files/{{path}})",
+                    bytes.len()
+                ),
+            ));
+        }
+        self.put_session_file(tenant, id, name, &mut bytes.as_slice())
+    }
+}
+
+impl Service {
+    /// A listing of session `id`'s files to compare with a later one
+    /// (`rvisor::files::changed_files`), taken only when no worker has to
+    /// start for it: empty for a session that never ran, `None` for one
+    /// without a live worker (hibernated, reset: a worker started here
+    /// would take the `restored` or `reset_reason` of the next result).
+    pub fn session_snapshot(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<rvisor::files::Snapshot>, ServiceError> {
+        let s = self.session(tenant, id)?;
+        let st = s.status();
+        if st.state == rvisor::SessionState::New {
+            return Ok(Some(rvisor::files::Snapshot::new()));
+        }
+        if st.pid.is_none() {
+            return Ok(None);
+        }
+        s.snapshot(self.file_limits().max_files)
+            .map(Some)
+            .map_err(file_error)
+    }
+
+    /// The bytes of artifact `name` of run `execution_id`, inline (at
+    /// most [`INLINE_FILE_BYTES`]), with its record.
+    pub fn artifact_inline(
+        &self,
+        tenant: &str,
+        execution_id: &str,
+        name: &str,
+    ) -> Result<(rvisor::Artifact, Vec<u8>), ServiceError> {
+        let (a, f) = self.artifact(tenant, execution_id, name)?;
+        if a.size > INLINE_FILE_BYTES {
+            return Err(ServiceError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "artifact {:?} is {} bytes, over the inline limit of {INLINE_FILE_BYTES} bytes; \
+                     fetch it over HTTP ({})",
+                    a.name, a.size, a.uri
+                ),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(a.size as usize);
+        f.take(a.size).read_to_end(&mut bytes).map_err(|e| {
+            file_error(FileError::Io {
+                what: "read the artifact",
+                source: e,
+            })
+        })?;
+        Ok((a, bytes))
+    }
+}
