@@ -356,22 +356,26 @@ parse_code <- function(code) {
 ## already changed directory.
 begin_call <- function(width, height, tools, display) {
   if (!identical(tools, state$tool_names)) set_tools(tools)
-  state$width <- width
-  state$height <- height
-  d <- state$display
-  if (d$enabled != display[[1L]] || d$rows != display[[2L]] || d$cols != display[[3L]] ||
-      d$html_max != display[[4L]] || d$png != display[[5L]] || d$svg != display[[6L]])
-    state$display <- list(enabled = display[[1L]] != 0, rows = as.integer(display[[2L]]),
-                          cols = as.integer(display[[3L]]), html_max = display[[4L]],
-                          png = display[[5L]] != 0, svg = display[[6L]] != 0)
-  state$recs <- list()
-  state$newpage_pending <- FALSE
-  state$warnings <- list()
-  state$lastw <- list()
-  state$lastw_names <- character()
-  state$warn_n <- 0L
-  state$warn_dropped <- 0
+  if (!identical(display, state$display_given)) set_display(display)
+  # One list2env() rather than an assignment each: R's JIT scores a closure
+  # by its calls and compiles one past 50 the second time it runs (see
+  # set_display).
+  list2env(list(width = width, height = height, recs = list(), newpage_pending = FALSE,
+                warnings = list(), lastw = list(), lastw_names = character(), warn_n = 0L,
+                warn_dropped = 0), state)
   invisible()
+}
+
+## Apart from begin_call, and called only when the options change: R's JIT
+## compiles a driver closure past its size score the second time it runs,
+## and a worker's first compile forces some 60,000 cons cells of the
+## compiler into the heap (ffi-tests cli.rs,
+## run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own).
+set_display <- function(display) {
+  state$display_given <- display
+  state$display <- list(enabled = display[[1L]] != 0, rows = as.integer(display[[2L]]),
+                        cols = as.integer(display[[3L]]), html_max = display[[4L]],
+                        png = display[[5L]] != 0, svg = display[[6L]] != 0)
 }
 
 end_call <- function() {
