@@ -52,6 +52,11 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 # valgrind: the instruction counts of the regression guard
 # (scripts/perf-guard.sh, run by .ci/run).
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+# libzmq: the ZeroMQ of the Jupyter kernel (rvisor-kernel's zmq crate links
+# it; found by pkg-config). IRkernel: the peer of the kernel's bench
+# (scripts/bench-kernel.py).
+pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev pkg-config)
+r_has IRkernel || need+=(r-cran-irkernel)
 
 install_needed
 
@@ -88,4 +93,13 @@ fi
 if command -v python3 >/dev/null 2>&1 && ! python3 -c "import moto, flask" >/dev/null 2>&1; then
   echo "setup: installing moto[server] (a local S3 server, for the multi-node test)" >&2
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "moto[server]==5.2.1"
+fi
+
+# jupyter_client, nbclient, nbformat: the Jupyter kernel's end-to-end tests
+# (ffi-tests/tests/jupyter.rs drives tests/jupyter/check.py) and its bench;
+# ipykernel registers nothing but gives `jupyter kernelspec` its Python kernel.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import jupyter_client, nbclient, nbformat, ipykernel" >/dev/null 2>&1; then
+  echo "setup: installing jupyter_client, nbclient, nbformat, ipykernel (for the Jupyter kernel tests)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    "jupyter_client==8.10.0" "nbclient==0.11.0" "nbformat==5.11.1" "ipykernel==7.4.0"
 fi

@@ -30,12 +30,15 @@ impl Request {
 }
 
 /// How an execute ended, for the shell loop.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Ended {
     Ok,
     /// It failed and asked (`stop_on_error`, the default) that the execute
-    /// requests queued behind it be aborted.
-    ErrorStop,
+    /// requests queued behind it be aborted: these are the requests that
+    /// had arrived before its reply was sent (taken then, so that a request
+    /// sent after the reply is never aborted, however late this thread
+    /// runs).
+    ErrorStop(Vec<Message>),
     Error,
 }
 
@@ -44,6 +47,10 @@ pub(crate) fn execute(k: &mut Shell, msg: &Message) -> Ended {
     let req = Request::of(&msg.content);
     let stop_on_error = msg.content["stop_on_error"].as_bool().unwrap_or(true);
     let io = k.iopub.clone();
+    *crate::lock(&k.cell) = crate::Cell {
+        active: true,
+        ..Default::default()
+    };
     io.status(msg, "busy");
     if req.store_history {
         k.execution_count += 1;
@@ -62,7 +69,7 @@ pub(crate) fn execute(k: &mut Shell, msg: &Message) -> Ended {
         // succeeds, as at R's prompt.
         (json!({"status": "ok"}), false)
     } else {
-        match run(k, msg, &req, count) {
+        match run(k, msg, &req) {
             Ok(None) => (json!({"status": "ok"}), false),
             Ok(Some(error)) => (error, true),
             Err(e) => {
@@ -85,13 +92,15 @@ pub(crate) fn execute(k: &mut Shell, msg: &Message) -> Ended {
         reply["user_expressions"] = json!({});
         reply["payload"] = json!([]);
     }
+    *crate::lock(&k.cell) = crate::Cell::default();
+    let ended = match (failed, stop_on_error) {
+        (false, _) => Ended::Ok,
+        (true, true) => Ended::ErrorStop(crate::waiting(k)),
+        (true, false) => Ended::Error,
+    };
     io.status(msg, "idle");
     k.reply(msg, "execute_reply", reply);
-    match (failed, stop_on_error) {
-        (false, _) => Ended::Ok,
-        (true, true) => Ended::ErrorStop,
-        (true, false) => Ended::Error,
-    }
+    ended
 }
 
 fn error_broadcast(reply: &Value) -> Value {
@@ -108,7 +117,6 @@ fn run(
     k: &mut Shell,
     msg: &Message,
     req: &Request,
-    count: u64,
 ) -> Result<Option<Value>, rvisor_server::service::ServiceError> {
     let io = k.iopub.clone();
     let call = SessionRun {
@@ -120,6 +128,14 @@ fn run(
     let pending = k
         .service
         .session_run_streaming(&k.tenant, &k.session_id, &call)?;
+    {
+        let mut c = crate::lock(&k.cell);
+        let token = pending.cancel_token();
+        if c.interrupted {
+            token.cancel();
+        }
+        c.cancel = Some(token);
+    }
     let mut events = pending.events();
     let mut result = None;
     while let Some(e) = events.next_blocking() {
@@ -163,7 +179,6 @@ fn run(
             io.send(msg, "display_data", d.content());
         }
     }
-    let _ = count;
     let error = error_content(&r);
     if let (Some(e), false) = (&error, req.silent) {
         io.send(msg, "error", error_broadcast(e));

@@ -21,11 +21,12 @@ pub mod wire;
 pub use connection::ConnectionInfo;
 pub use error::KernelError;
 
+use rvisor::CancelToken;
 use rvisor_server::service::{Service, LOCAL_TENANT};
 use serde_json::{json, Value};
 use sockets::{Iopub, POLL_MS};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wire::{Message, Signer, WireError};
 
@@ -35,20 +36,39 @@ const SESSION_NAME: &str = "jupyter";
 /// What shell and control share.
 #[derive(Debug, Clone)]
 struct Common {
-    service: Service,
-    tenant: String,
-    session_id: String,
     iopub: Iopub,
     signer: Signer,
     stop: Arc<AtomicBool>,
     info: Value,
+    cell: Arc<Mutex<Cell>>,
+}
+
+/// The cell being executed, as the interrupt sees it.
+#[derive(Debug, Default)]
+pub(crate) struct Cell {
+    /// An execute is in progress (from its busy to its idle).
+    pub(crate) active: bool,
+    /// Its call, once queued.
+    pub(crate) cancel: Option<CancelToken>,
+    /// An interrupt came before the call was queued: it is cancelled as
+    /// soon as it is.
+    pub(crate) interrupted: bool,
+}
+
+/// The cell state, poisoned or not (it holds no invariant a panic breaks).
+pub(crate) fn lock(cell: &Mutex<Cell>) -> std::sync::MutexGuard<'_, Cell> {
+    cell.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Common {
-    /// Interrupts the running cell (the session and its state stay).
+    /// Interrupts the cell being executed, wherever it is (queued, running,
+    /// or not yet queued); the session and its state stay.
     fn interrupt(&self) {
-        if let Err(e) = self.service.cancel(&self.tenant, &self.session_id) {
-            eprintln!("rvisor kernel: failed to interrupt: {}", e.message);
+        let mut c = lock(&self.cell);
+        match &c.cancel {
+            Some(t) => t.cancel(),
+            None if c.active => c.interrupted = true,
+            None => {}
         }
     }
 }
@@ -61,6 +81,7 @@ pub(crate) struct Shell {
     iopub: Iopub,
     signer: Signer,
     sock: zmq::Socket,
+    cell: Arc<Mutex<Cell>>,
     execution_count: u64,
     history: history::History,
 }
@@ -144,13 +165,11 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
         .r_version(Duration::from_secs(30))
         .unwrap_or_default();
     let common = Common {
-        service: service.clone(),
-        tenant: tenant.clone(),
-        session_id: session_id.clone(),
         iopub: iopub.clone(),
         signer: signer.clone(),
         stop: stop.clone(),
         info: kernel_info(&r_version),
+        cell: Arc::new(Mutex::new(Cell::default())),
     };
     let hb_thread = {
         let stop = stop.clone();
@@ -183,6 +202,7 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
         iopub,
         signer,
         sock: shell,
+        cell: common.cell.clone(),
         execution_count: 0,
         history: history::History::default(),
     };
@@ -215,21 +235,37 @@ fn shell_loop(sh: &mut Shell, common: &Common) -> Result<(), KernelError> {
         let Some(msg) = decode(frames, &sh.signer, "shell") else {
             continue;
         };
-        if execute_or_answer(sh, common, &msg) == execute::Ended::ErrorStop {
-            abort_queued(sh, common)?;
+        if let execute::Ended::ErrorStop(waiting) = execute_or_answer(sh, common, &msg) {
+            abort(sh, common, waiting);
         }
     }
     Ok(())
 }
 
-/// After a failed cell with `stop_on_error`: the execute requests already
+/// The shell requests waiting now (bounded: at most a queue's worth).
+pub(crate) fn waiting(sh: &Shell) -> Vec<Message> {
+    let mut out = Vec::new();
+    while out.len() < MAX_ABORTED {
+        match sockets::recv(&sh.sock, "shell", 0) {
+            Ok(Some(frames)) => out.extend(decode(frames, &sh.signer, "shell")),
+            Ok(None) => break,
+            Err(e) => {
+                eprintln!("rvisor kernel: {e}");
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Most requests taken at once after a failed cell.
+const MAX_ABORTED: usize = 1024;
+
+/// After a failed cell with `stop_on_error`: the execute requests that were
 /// waiting are answered `aborted` without running; other requests are
 /// served.
-fn abort_queued(sh: &mut Shell, common: &Common) -> Result<(), KernelError> {
-    while let Some(frames) = sockets::recv(&sh.sock, "shell", 0)? {
-        let Some(msg) = decode(frames, &sh.signer, "shell") else {
-            continue;
-        };
+fn abort(sh: &mut Shell, common: &Common, waiting: Vec<Message>) {
+    for msg in waiting {
         if msg.msg_type() == "execute_request" {
             sh.iopub.status(&msg, "busy");
             sh.iopub.status(&msg, "idle");
@@ -242,7 +278,6 @@ fn abort_queued(sh: &mut Shell, common: &Common) -> Result<(), KernelError> {
             execute_or_answer(sh, common, &msg);
         }
     }
-    Ok(())
 }
 
 fn execute_or_answer(sh: &mut Shell, common: &Common, msg: &Message) -> execute::Ended {
