@@ -52,10 +52,9 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 # valgrind: the instruction counts of the regression guard
 # (scripts/perf-guard.sh, run by .ci/run).
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
-# libzmq: the ZeroMQ of the Jupyter kernel (rvisor-kernel's zmq crate links
-# it; found by pkg-config). IRkernel: the peer of the kernel's bench
-# (scripts/bench-kernel.py).
-pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev pkg-config)
+# IRkernel: the peer of the Jupyter kernel's bench (scripts/bench-kernel.py).
+# (The kernel's libzmq needs nothing from Debian: the zmq crate builds
+# libzmq 4.3.4 from its own source with the C++ compiler R's headers need.)
 r_has IRkernel || need+=(r-cran-irkernel)
 
 install_needed

@@ -195,6 +195,7 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
             eprintln!("rvisor kernel: SIGINT will not interrupt cells ({e}); interrupt_request on control still does");
         }
     }
+    watch_parent(stop.clone());
     let mut sh = Shell {
         service: service.clone(),
         tenant,
@@ -225,6 +226,37 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
     let _ = hb_thread.join();
     let _ = service.close(&sh.tenant, &sh.session_id);
     served
+}
+
+/// A kernel started by a front end (jupyter_client sets `JPY_PARENT_PID`,
+/// as ipykernel reads it) stops when that front end is gone without
+/// shutting it down: its parent process changes.
+fn watch_parent(stop: Arc<AtomicBool>) {
+    let Some(parent) = std::env::var("JPY_PARENT_PID")
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+    else {
+        return;
+    };
+    // SAFETY: getppid(2) has no preconditions.
+    let now = unsafe { libc::getppid() };
+    if now != parent {
+        return; // started through a wrapper: nothing reliable to watch
+    }
+    let _ = std::thread::Builder::new()
+        .name("rvisor-kernel-parent".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                // SAFETY: getppid(2) has no preconditions.
+                if unsafe { libc::getppid() } != parent {
+                    eprintln!(
+                        "rvisor kernel: the front end that started this kernel is gone; stopping"
+                    );
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+        });
 }
 
 fn shell_loop(sh: &mut Shell, common: &Common) -> Result<(), KernelError> {
