@@ -63,6 +63,10 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 # valgrind: the instruction counts of the regression guard
 # (scripts/perf-guard.sh, run by .ci/run).
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+# IRkernel: the peer of the Jupyter kernel's bench (scripts/bench-kernel.py).
+# (The kernel's libzmq needs nothing from Debian: the zmq crate builds
+# libzmq 4.3.4 from its own source with the C++ compiler R's headers need.)
+r_has IRkernel || need+=(r-cran-irkernel)
 
 install_needed
 
@@ -99,4 +103,13 @@ fi
 if command -v python3 >/dev/null 2>&1 && ! python3 -c "import moto, flask" >/dev/null 2>&1; then
   echo "setup: installing moto[server] (a local S3 server, for the multi-node test)" >&2
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "moto[server]==5.2.1"
+fi
+
+# jupyter_client, nbclient, nbformat: the Jupyter kernel's end-to-end tests
+# (ffi-tests/tests/jupyter.rs drives tests/jupyter/check.py) and its bench;
+# ipykernel registers nothing but gives `jupyter kernelspec` its Python kernel.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import jupyter_client, nbclient, nbformat, ipykernel" >/dev/null 2>&1; then
+  echo "setup: installing jupyter_client, nbclient, nbformat, ipykernel (for the Jupyter kernel tests)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    "jupyter_client==8.10.0" "nbclient==0.11.0" "nbformat==5.11.1" "ipykernel==7.4.0"
 fi

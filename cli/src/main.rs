@@ -4,6 +4,7 @@ mod batch;
 mod bench;
 mod displays;
 mod files;
+mod kernel;
 mod repl;
 
 use anyhow::{bail, Context, Result};
@@ -132,6 +133,9 @@ enum Cmd {
         #[command(flatten)]
         opts: SessionArgs,
     },
+    /// A Jupyter kernel (`--connection-file FILE`, as Jupyter starts it),
+    /// or `rvisor kernel install` to write its kernelspec (docs/jupyter.md).
+    Kernel(kernel::KernelArgs),
     /// An interactive persistent R session (line editing, history, plots
     /// saved to files, Ctrl-C interrupts).
     Repl {
@@ -1155,7 +1159,7 @@ fn command() -> ExitCode {
     }
     if matches!(
         cli.cmd,
-        Cmd::Serve { .. } | Cmd::Mcp { .. } | Cmd::Session { .. }
+        Cmd::Serve { .. } | Cmd::Mcp { .. } | Cmd::Session { .. } | Cmd::Kernel(_)
     ) {
         // Long-running servers: the memory of large results (and of slow
         // clients' streams) goes back to the system once freed.
@@ -1163,6 +1167,7 @@ fn command() -> ExitCode {
     }
     match cli.cmd {
         Cmd::Serve { args } => report(serve(*args)),
+        Cmd::Kernel(args) => report(kernel::main(args)),
         Cmd::Mcp {
             data_dir,
             state_dir,

@@ -1,0 +1,92 @@
+//! `rvisor kernel` end to end through real Jupyter clients: each test runs
+//! one scenario of `tests/jupyter/check.py` with jupyter_client (pyzmq on
+//! libzmq) or nbclient, which install the kernelspec, start the kernel as
+//! every front end does and check what it answers.
+
+use rvisor_ffi_tests::rvisor_bin;
+use std::path::Path;
+use std::process::Command;
+
+fn require_jupyter_client() {
+    let ok = Command::new("python3")
+        .args(["-c", "import jupyter_client, nbclient, nbformat, zmq"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "python3 with jupyter_client, nbclient and nbformat is needed: run scripts/setup.sh"
+    );
+}
+
+/// Runs `scenario`; its failures are check.py's assertion messages.
+fn scenario(scenario: &str) {
+    require_jupyter_client();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jupyter/check.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(rvisor_bin())
+        .arg(scenario)
+        .output()
+        .expect("python3 check.py starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(&format!("OK {scenario}")),
+        "scenario {scenario} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    eprintln!("{stderr}");
+}
+
+/// kernel_info; state across cells; stdout and stderr streams; a warning;
+/// an error with its traceback; a parse error; a plot as display_data;
+/// store_history and silent; stop_on_error aborting the queued cell;
+/// complete, is_complete, inspect, history, comm_info; every iopub message
+/// of a request carries its header as parent.
+#[test]
+fn jupyter_client_basics() {
+    scenario("basics");
+}
+
+/// `repeat {}` interrupted by an interrupt_request on control and by
+/// SIGINT: the cell ends as interrupted and the next cell sees the earlier
+/// variables.
+#[test]
+fn interrupt_keeps_state() {
+    scenario("interrupt");
+}
+
+/// A restart gives a fresh session: earlier variables are gone and the
+/// count starts again.
+#[test]
+fn restart_gives_a_fresh_session() {
+    scenario("restart");
+}
+
+/// A worker that dies in a cell is reported, and the next cell says it ran
+/// in a fresh session.
+#[test]
+fn a_crash_is_reported_and_the_next_cell_is_fresh() {
+    scenario("crash");
+}
+
+/// A message signed with another key is not answered or run; signed ones
+/// still are.
+#[test]
+fn a_bad_signature_is_refused() {
+    scenario("bad_signature");
+}
+
+/// nbclient runs a small notebook: state, output, a plot, a data frame, a
+/// warning.
+#[test]
+fn nbclient_runs_a_notebook() {
+    scenario("notebook");
+}
+
+/// `jupyter kernelspec list` shows the kernel `rvisor kernel install` wrote.
+#[test]
+fn kernelspec_list_shows_the_kernel() {
+    scenario("kernelspec");
+}

@@ -1,0 +1,295 @@
+"""End-to-end checks of `rvisor kernel` through jupyter_client and nbclient.
+
+python3 check.py RVISOR_BIN SCENARIO [kernel flags...]: installs the
+kernelspec into a private prefix, starts the kernel the way every Jupyter
+front end does (jupyter_client's KernelManager), runs SCENARIO and prints
+"OK SCENARIO" (a failed check raises, exit code 1). ffi-tests/tests/jupyter.rs
+runs each scenario as a test.
+"""
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from jupyter_client import KernelManager
+
+TIMEOUT = 60  # seconds any one reply may take (a loaded CI machine)
+
+
+def install(rvisor, flags):
+    prefix = tempfile.mkdtemp(prefix="rvisor-kernelspec-")
+    subprocess.run([rvisor, "kernel", "install", "--prefix", prefix, "--"] + flags, check=True)
+    os.environ["JUPYTER_PATH"] = os.path.join(prefix, "share", "jupyter")
+    return prefix
+
+
+def start():
+    km = KernelManager(kernel_name="rvisor")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=TIMEOUT)
+    return km, kc
+
+
+def iopub_until_idle(kc, msg_id):
+    """The iopub messages of request msg_id, up to its idle status."""
+    out = []
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no idle status for {msg_id} within {TIMEOUT}s; got {out}"
+        m = kc.get_iopub_msg(timeout=left)
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        out.append(m)
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            return out
+
+
+def shell_reply(kc, msg_id):
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no shell reply to {msg_id} within {TIMEOUT}s"
+        m = kc.get_shell_msg(timeout=left)
+        if m["parent_header"].get("msg_id") == msg_id:
+            return m
+
+
+def execute(kc, code, **kw):
+    """(reply content, [(msg_type, content)]) of one cell."""
+    msg_id = kc.execute(code, **kw)
+    io = iopub_until_idle(kc, msg_id)
+    reply = shell_reply(kc, msg_id)
+    return reply["content"], [(m["msg_type"], m["content"]) for m in io]
+
+
+def text_of(msgs, name):
+    return "".join(c["text"] for t, c in msgs if t == "stream" and c["name"] == name)
+
+
+def basics(km, kc):
+    msg_id = kc.kernel_info()
+    info = shell_reply(kc, msg_id)["content"]
+    assert info["status"] == "ok", info
+    major, minor = (int(p) for p in info["protocol_version"].split(".")[:2])
+    assert (major, minor) >= (5, 3), info
+    assert info["language_info"]["name"] == "R", info
+    assert info["language_info"]["version"].startswith("4."), info
+
+    reply, msgs = execute(kc, "x <- 41")
+    assert reply["status"] == "ok" and reply["execution_count"] == 1, reply
+    kinds = [t for t, _ in msgs]
+    assert kinds[0] == "status" and msgs[0][1]["execution_state"] == "busy", kinds
+    assert kinds[1] == "execute_input" and msgs[1][1]["execution_count"] == 1, msgs
+    assert "stream" not in kinds, msgs  # a first cell says nothing about resets
+
+    reply, msgs = execute(kc, "x + 1")
+    assert reply["execution_count"] == 2, reply
+    assert text_of(msgs, "stdout") == "[1] 42\n", msgs
+
+    reply, msgs = execute(kc, "cat('to stdout\\n'); message('to stderr')")
+    assert text_of(msgs, "stdout") == "to stdout\n", msgs
+    assert text_of(msgs, "stderr") == "to stderr\n", msgs
+
+    reply, msgs = execute(kc, "f <- function() warning('careful'); f(); 'after'")
+    assert reply["status"] == "ok", reply
+    assert "Warning message:\nIn f() : careful" in text_of(msgs, "stderr"), msgs
+    assert '"after"' in text_of(msgs, "stdout"), msgs
+
+    reply, msgs = execute(kc, "g <- function() stop('boom'); h <- function() g(); h()")
+    assert reply["status"] == "error" and reply["ename"] == "RError", reply
+    assert reply["evalue"] == "boom", reply
+    errors = [c for t, c in msgs if t == "error"]
+    assert len(errors) == 1, msgs
+    tb = "\n".join(errors[0]["traceback"])
+    assert "Error in g() : boom" in tb and "h()" in tb, tb
+
+    reply, msgs = execute(kc, "plot(1:10)")
+    shown = [c for t, c in msgs if t == "display_data"]
+    assert len(shown) == 1, msgs
+    png = base64.b64decode(shown[0]["data"]["image/png"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", png[:8]
+    assert shown[0]["metadata"]["image/png"]["width"] > 0, shown[0]
+
+    # Parent header correlation: everything on iopub from here to the
+    # cell's idle belongs to the cell (nothing else runs meanwhile).
+    msg_id = kc.execute("cat('a\\n'); plot(2)")
+    seen = []
+    while not (seen and seen[-1]["msg_type"] == "status"
+               and seen[-1]["content"]["execution_state"] == "idle"):
+        seen.append(kc.get_iopub_msg(timeout=TIMEOUT))
+    assert all(m["parent_header"]["msg_id"] == msg_id for m in seen), seen
+    assert {"execute_input", "stream", "display_data"} <= {m["msg_type"] for m in seen}, seen
+    shell_reply(kc, msg_id)
+
+    # Parse errors: nothing runs.
+    reply, _ = execute(kc, "x <- ")
+    assert reply["status"] == "error" and reply["ename"] == "ParseError", reply
+
+    # store_history=False: no new count; silent: no outputs at all.
+    before = reply["execution_count"]
+    reply, msgs = execute(kc, "x", store_history=False)
+    assert reply["execution_count"] == before, reply
+    reply, msgs = execute(kc, "print(x); plot(1)", silent=True)
+    assert [t for t, _ in msgs] == ["status", "status"], msgs
+    assert reply["execution_count"] == before, reply
+
+    # stop_on_error: a cell queued behind a failing one is aborted.
+    first = kc.execute("stop('first')")
+    second = kc.execute("z <- 1")
+    assert shell_reply(kc, first)["content"]["status"] == "error"
+    assert shell_reply(kc, second)["content"]["status"] == "aborted"
+    reply, msgs = execute(kc, "exists('z')")
+    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+
+    c = shell_reply(kc, kc.complete("y <- rnor", 9))["content"]
+    assert "rnorm" in c["matches"] and c["cursor_start"] == 5 and c["cursor_end"] == 9, c
+    c = shell_reply(kc, kc.complete("x$", 2))["content"]
+    assert c["status"] == "ok", c
+    for code, want in [("f <- function(x) {", "incomplete"), ("1 + 1", "complete"),
+                       ("x <- )", "invalid"), ('s <- "abc', "incomplete")]:
+        c = shell_reply(kc, kc.is_complete(code))["content"]
+        assert c["status"] == want, (code, c)
+    c = shell_reply(kc, kc.inspect("mean(x)", 2))["content"]
+    assert c["found"] and "Arithmetic Mean" in c["data"]["text/plain"], c
+    c = shell_reply(kc, kc.inspect("x", 1))["content"]
+    assert c["found"] and "num 41" in c["data"]["text/plain"], c
+    h = shell_reply(kc, kc.history(hist_access_type="tail", n=2))["content"]
+    assert [e[2] for e in h["history"]] == ["stop('first')", "exists('z')"], h
+    assert h["history"][0][1] < h["history"][1][1], h
+    ci = shell_reply(kc, kc.comm_info())["content"]
+    assert ci == {"status": "ok", "comms": {}}, ci
+
+
+def interrupt(km, kc):
+    assert execute(kc, "x <- 5")[0]["status"] == "ok"
+    for how in ["message", "signal"]:
+        msg_id = kc.execute("repeat {}")
+        # Wait for the cell to run: its execute_input is on iopub.
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            m = kc.get_iopub_msg(timeout=deadline - time.monotonic())
+            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_input":
+                break
+        started = time.monotonic()
+        if how == "message":
+            km.interrupt_kernel()  # interrupt_mode "message": on control
+        else:
+            os.kill(km.provisioner.process.pid, signal.SIGINT)
+        reply = shell_reply(kc, msg_id)["content"]
+        took = time.monotonic() - started
+        assert reply["status"] == "error" and reply["ename"] == "Interrupted", (how, reply)
+        print(f"interrupt ({how}) answered in {took * 1000:.0f} ms", file=sys.stderr)
+        r, msgs = execute(kc, "x")
+        assert text_of(msgs, "stdout") == "[1] 5\n", (how, r, msgs)
+        assert "fresh" not in text_of(msgs, "stderr"), (how, msgs)
+
+
+def restart(km, kc):
+    assert execute(kc, "y <- 1")[0]["status"] == "ok"
+    km.restart_kernel(now=False)
+    kc.wait_for_ready(timeout=TIMEOUT)
+    reply, msgs = execute(kc, "exists('y')")
+    assert reply["status"] == "ok" and reply["execution_count"] == 1, reply
+    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+
+
+def crash(km, kc):
+    assert execute(kc, "w <- 1")[0]["status"] == "ok"
+    reply, msgs = execute(kc, "quit(save = 'no')")
+    assert reply["status"] == "error", reply
+    assert "the next cell starts in a fresh session" in text_of(msgs, "stderr"), msgs
+    reply, msgs = execute(kc, "exists('w')")
+    assert reply["status"] == "ok", reply
+    assert "fresh R session" in text_of(msgs, "stderr"), msgs
+    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+
+
+def bad_signature(km, kc):
+    """A message signed with another key is never answered (nor run); the
+    kernel goes on answering signed ones."""
+    import zmq
+    from jupyter_client.session import Session
+
+    info = km.get_connection_info()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(f"tcp://{info['ip']}:{info['shell_port']}")
+    forger = Session(key=b"not-the-key", username="x")
+    honest = Session(key=info["key"], username="x")
+    bad = forger.send(sock, "execute_request",
+                      {"code": "forged <- TRUE", "silent": False, "store_history": True,
+                       "user_expressions": {}, "allow_stdin": False})
+    good = honest.send(sock, "kernel_info_request", {})
+    assert sock.poll(TIMEOUT * 1000), "no reply to the signed request"
+    idents, parts = honest.feed_identities(sock.recv_multipart())
+    reply = honest.deserialize(parts)
+    assert reply["parent_header"]["msg_id"] == good["header"]["msg_id"], reply
+    assert reply["parent_header"]["msg_id"] != bad["header"]["msg_id"]
+    reply, msgs = execute(kc, "exists('forged')")
+    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+
+
+def notebook(km, kc):
+    import nbformat
+    from nbclient import NotebookClient
+
+    kc.stop_channels()
+    km.shutdown_kernel()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in [
+        "x <- 2",
+        "cat(x * 21, '\\n')",
+        "plot(1:10, main = 'ten')",
+        "df <- data.frame(a = 1:3, b = letters[1:3]); df",
+        "warning('careful')",
+    ]]
+    client = NotebookClient(nb, kernel_name="rvisor", timeout=TIMEOUT)
+    client.execute()
+    outs = [c.outputs for c in nb.cells]
+    assert "".join(o["text"] for o in outs[1]) == "42 \n", outs[1]
+    assert "image/png" in outs[2][0]["data"], outs[2]
+    frame = "".join(o["text"] for o in outs[3])
+    assert "a b" in frame and "3 3 c" in frame, outs[3]
+    assert "careful" in outs[4][0]["text"] and outs[4][0]["name"] == "stderr", outs[4]
+
+
+def kernelspec(km, kc):
+    out = subprocess.run(["jupyter", "kernelspec", "list", "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    specs = json.loads(out)["kernelspecs"]
+    assert "rvisor" in specs, specs
+    spec = specs["rvisor"]["spec"]
+    assert spec["language"] == "R" and spec["interrupt_mode"] == "message", spec
+    assert os.path.exists(os.path.join(specs["rvisor"]["resource_dir"], "logo-32x32.png"))
+
+
+def main():
+    rvisor, scenario, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+    prefix = install(rvisor, flags)
+    km, kc = start()
+    try:
+        globals()[scenario](km, kc)
+    finally:
+        if done_is_running(km):
+            kc.stop_channels()
+            km.shutdown_kernel(now=False)
+        shutil.rmtree(prefix, ignore_errors=True)
+    print(f"OK {scenario}")
+
+
+def done_is_running(km):
+    try:
+        return km.is_alive()
+    except Exception:
+        return False
+
+
+if __name__ == "__main__":
+    main()

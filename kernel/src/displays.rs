@@ -1,0 +1,82 @@
+//! A result's rich outputs as Jupyter display bundles (`display_data`).
+//! One function decides them, so switching to `RunResult.displays` (MIME
+//! bundles made in R) when it lands is a few lines here.
+
+use rvisor::{RunResult, Segment};
+use serde_json::{json, Map, Value};
+
+/// One display: shaped exactly like `display_data`'s content.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Display {
+    /// MIME type to value (base64 for images).
+    pub data: Map<String, Value>,
+    /// MIME type to its metadata (an image's size).
+    pub metadata: Map<String, Value>,
+}
+
+/// The displays of `r`, in the order R made them: each plot page, as
+/// `image/png`, in the order of its `plot` segment (a page without one,
+/// which should not happen, comes after them).
+pub fn displays_of(r: &RunResult) -> Vec<Display> {
+    let mut order: Vec<usize> = r
+        .segments
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Plot { index } if *index < r.plots.len() => Some(*index),
+            _ => None,
+        })
+        .collect();
+    for i in 0..r.plots.len() {
+        if !order.contains(&i) {
+            order.push(i);
+        }
+    }
+    order
+        .into_iter()
+        .map(|i| {
+            let p = &r.plots[i];
+            let mut data = Map::new();
+            data.insert(p.mime.clone(), Value::String(p.data_base64.clone()));
+            data.insert(
+                "text/plain".into(),
+                json!(format!("<R plot {}x{}>", p.width, p.height)),
+            );
+            let mut metadata = Map::new();
+            metadata.insert(
+                p.mime.clone(),
+                json!({"width": p.width, "height": p.height}),
+            );
+            Display { data, metadata }
+        })
+        .collect()
+}
+
+impl Display {
+    /// The content of a `display_data` message.
+    pub fn content(&self) -> Value {
+        json!({"data": self.data, "metadata": self.metadata, "transient": {}})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_follow_their_segments() {
+        let mut r = RunResult::empty("e".into(), "plot(1); plot(2)".into());
+        for w in [100, 200] {
+            r.plots.push(rvisor::Plot {
+                mime: "image/png".into(),
+                width: w,
+                height: 50,
+                data_base64: format!("png{w}"),
+            });
+        }
+        r.segments = vec![Segment::Plot { index: 1 }, Segment::Plot { index: 0 }];
+        let d = displays_of(&r);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].data["image/png"], "png200");
+        assert_eq!(d[1].metadata["image/png"]["width"], 100);
+    }
+}

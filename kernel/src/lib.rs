@@ -1,0 +1,401 @@
+//! A Jupyter kernel over the rvisor service: the messaging protocol (5.3)
+//! on libzmq, each cell a call of one session of the [`Service`], with the
+//! same timeouts, limits, confinement and policy as every other surface.
+//!
+//! Threads: the shell loop (the caller's: execute, complete, inspect,
+//! is_complete, history, comm_info, kernel_info), control (kernel_info,
+//! interrupt, shutdown: answered while a cell runs), heartbeat, and the
+//! signal watcher (SIGINT interrupts the running cell). docs/jupyter.md.
+
+pub mod connection;
+pub mod displays;
+pub mod error;
+mod execute;
+pub mod history;
+mod introspect;
+pub mod kernelspec;
+mod signals;
+pub mod sockets;
+pub mod wire;
+
+pub use connection::ConnectionInfo;
+pub use error::KernelError;
+
+use rvisor::CancelToken;
+use rvisor_server::service::{Service, LOCAL_TENANT};
+use serde_json::{json, Value};
+use sockets::{Iopub, POLL_MS};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wire::{Message, Signer, WireError};
+
+/// The name of the kernel's session in the service.
+const SESSION_NAME: &str = "jupyter";
+
+/// What shell and control share.
+#[derive(Debug, Clone)]
+struct Common {
+    iopub: Iopub,
+    signer: Signer,
+    stop: Arc<AtomicBool>,
+    info: Value,
+    cell: Arc<Mutex<Cell>>,
+}
+
+/// The cell being executed, as the interrupt sees it.
+#[derive(Debug, Default)]
+pub(crate) struct Cell {
+    /// An execute is in progress (from its busy to its idle).
+    pub(crate) active: bool,
+    /// Its call, once queued.
+    pub(crate) cancel: Option<CancelToken>,
+    /// An interrupt came before the call was queued: it is cancelled as
+    /// soon as it is.
+    pub(crate) interrupted: bool,
+}
+
+/// The cell state, poisoned or not (it holds no invariant a panic breaks).
+pub(crate) fn lock(cell: &Mutex<Cell>) -> std::sync::MutexGuard<'_, Cell> {
+    cell.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Common {
+    /// Interrupts the cell being executed, wherever it is (queued, running,
+    /// or not yet queued); the session and its state stay.
+    fn interrupt(&self) {
+        let mut c = lock(&self.cell);
+        match &c.cancel {
+            Some(t) => t.cancel(),
+            None if c.active => c.interrupted = true,
+            None => {}
+        }
+    }
+}
+
+/// The shell loop's state.
+pub(crate) struct Shell {
+    service: Service,
+    tenant: String,
+    session_id: String,
+    iopub: Iopub,
+    signer: Signer,
+    sock: zmq::Socket,
+    cell: Arc<Mutex<Cell>>,
+    execution_count: u64,
+    history: history::History,
+}
+
+impl Shell {
+    /// Sends the reply `msg_type` to `parent` on the shell socket.
+    fn reply(&self, parent: &Message, msg_type: &str, content: Value) {
+        sockets::send(
+            &self.sock,
+            "shell",
+            &parent.reply(msg_type, content),
+            &self.signer,
+        );
+    }
+}
+
+/// The `kernel_info_reply` content.
+fn kernel_info(r_version: &str) -> Value {
+    json!({
+        "status": "ok",
+        "protocol_version": wire::PROTOCOL_VERSION,
+        "implementation": "rvisor",
+        "implementation_version": env!("CARGO_PKG_VERSION"),
+        "language_info": {
+            "name": "R",
+            "version": r_version,
+            "mimetype": "text/x-r-source",
+            "file_extension": ".r",
+            "pygments_lexer": "r",
+            "codemirror_mode": "r",
+        },
+        "banner": format!(
+            "R {r_version} in rvisor {} (a confined session; interrupts keep its state)",
+            env!("CARGO_PKG_VERSION")
+        ),
+        "help_links": [{"text": "rvisor's Jupyter kernel", "url": "https://github.com/rvisor/rvisor/blob/main/docs/jupyter.md"}],
+        "debugger": false,
+    })
+}
+
+/// Decodes a message; a bad one is reported on stderr and dropped
+/// (a wrong signature never reaches R).
+fn decode(frames: Vec<Vec<u8>>, signer: &Signer, socket: &str) -> Option<Message> {
+    match Message::decode(frames, signer) {
+        Ok(m) => Some(m),
+        Err(WireError::BadSignature) => {
+            eprintln!("rvisor kernel: refused a message on {socket} whose signature does not match the connection key");
+            None
+        }
+        Err(e) => {
+            eprintln!("rvisor kernel: dropped a message on {socket}: {e}");
+            None
+        }
+    }
+}
+
+/// Serves the kernel on the sockets of `conn` until a `shutdown_request`
+/// or SIGTERM; the session is closed on the way out.
+pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
+    let tenant = LOCAL_TENANT.to_string();
+    let session_id = service
+        .named_session(&tenant, SESSION_NAME, true)
+        .map_err(|e| KernelError::Session(e.message))?
+        .ok_or_else(|| KernelError::Session("the session was not made".into()))?;
+    let signer = Signer::new(&conn.key);
+    let ctx = zmq::Context::new();
+    let shell = sockets::bind(&ctx, zmq::ROUTER, "shell", conn, conn.shell_port)?;
+    let control = sockets::bind(&ctx, zmq::ROUTER, "control", conn, conn.control_port)?;
+    // Bound so front ends can connect; input requests are not made (R's
+    // readline() does not read in a worker: docs/jupyter.md).
+    let _stdin = sockets::bind(&ctx, zmq::ROUTER, "stdin", conn, conn.stdin_port)?;
+    let iopub = Iopub::new(
+        sockets::bind(&ctx, zmq::PUB, "iopub", conn, conn.iopub_port)?,
+        signer.clone(),
+    );
+    let hb = sockets::bind(&ctx, zmq::REP, "hb", conn, conn.hb_port)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let r_version = service
+        .supervisor()
+        .pool()
+        .r_version(Duration::from_secs(30))
+        .unwrap_or_default();
+    let common = Common {
+        iopub: iopub.clone(),
+        signer: signer.clone(),
+        stop: stop.clone(),
+        info: kernel_info(&r_version),
+        cell: Arc::new(Mutex::new(Cell::default())),
+    };
+    let hb_thread = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("rvisor-kernel-hb".into())
+            .spawn(move || sockets::heartbeat(hb, stop))
+            .map_err(|e| KernelError::Session(e.to_string()))?
+    };
+    let control_thread = {
+        let common = common.clone();
+        std::thread::Builder::new()
+            .name("rvisor-kernel-control".into())
+            .spawn(move || control_loop(control, common))
+            .map_err(|e| KernelError::Session(e.to_string()))?
+    };
+    {
+        let on_int = common.clone();
+        let on_term = stop.clone();
+        if let Err(e) = signals::watch(
+            move || on_int.interrupt(),
+            move || on_term.store(true, Ordering::Relaxed),
+        ) {
+            eprintln!("rvisor kernel: SIGINT will not interrupt cells ({e}); interrupt_request on control still does");
+        }
+    }
+    watch_parent(stop.clone());
+    let mut sh = Shell {
+        service: service.clone(),
+        tenant,
+        session_id,
+        iopub,
+        signer,
+        sock: shell,
+        cell: common.cell.clone(),
+        execution_count: 0,
+        history: history::History::default(),
+    };
+    // A front end may wait for a first status before it sends anything.
+    sh.iopub.send(
+        &Message {
+            ids: vec![],
+            header: json!({}),
+            parent_header: json!({}),
+            metadata: json!({}),
+            content: json!({}),
+            buffers: vec![],
+        },
+        "status",
+        json!({"execution_state": "starting"}),
+    );
+    let served = shell_loop(&mut sh, &common);
+    stop.store(true, Ordering::Relaxed);
+    let _ = control_thread.join();
+    let _ = hb_thread.join();
+    let _ = service.close(&sh.tenant, &sh.session_id);
+    served
+}
+
+/// A kernel started by a front end (jupyter_client sets `JPY_PARENT_PID`,
+/// as ipykernel reads it) stops when that front end is gone without
+/// shutting it down: its parent process changes.
+fn watch_parent(stop: Arc<AtomicBool>) {
+    let Some(parent) = std::env::var("JPY_PARENT_PID")
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+    else {
+        return;
+    };
+    // SAFETY: getppid(2) has no preconditions.
+    let now = unsafe { libc::getppid() };
+    if now != parent {
+        return; // started through a wrapper: nothing reliable to watch
+    }
+    let _ = std::thread::Builder::new()
+        .name("rvisor-kernel-parent".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                // SAFETY: getppid(2) has no preconditions.
+                if unsafe { libc::getppid() } != parent {
+                    eprintln!(
+                        "rvisor kernel: the front end that started this kernel is gone; stopping"
+                    );
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+        });
+}
+
+fn shell_loop(sh: &mut Shell, common: &Common) -> Result<(), KernelError> {
+    while !common.stop.load(Ordering::Relaxed) {
+        let Some(frames) = sockets::recv(&sh.sock, "shell", POLL_MS)? else {
+            continue;
+        };
+        let Some(msg) = decode(frames, &sh.signer, "shell") else {
+            continue;
+        };
+        if let execute::Ended::ErrorStop(waiting) = execute_or_answer(sh, common, &msg) {
+            abort(sh, common, waiting);
+        }
+    }
+    Ok(())
+}
+
+/// The shell requests waiting now (bounded: at most a queue's worth).
+pub(crate) fn waiting(sh: &Shell) -> Vec<Message> {
+    let mut out = Vec::new();
+    while out.len() < MAX_ABORTED {
+        match sockets::recv(&sh.sock, "shell", 0) {
+            Ok(Some(frames)) => out.extend(decode(frames, &sh.signer, "shell")),
+            Ok(None) => break,
+            Err(e) => {
+                eprintln!("rvisor kernel: {e}");
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Most requests taken at once after a failed cell.
+const MAX_ABORTED: usize = 1024;
+
+/// After a failed cell with `stop_on_error`: the execute requests that were
+/// waiting are answered `aborted` without running; other requests are
+/// served.
+fn abort(sh: &mut Shell, common: &Common, waiting: Vec<Message>) {
+    for msg in waiting {
+        if msg.msg_type() == "execute_request" {
+            sh.iopub.status(&msg, "busy");
+            sh.iopub.status(&msg, "idle");
+            sh.reply(
+                &msg,
+                "execute_reply",
+                json!({"status": "aborted", "execution_count": sh.execution_count}),
+            );
+        } else {
+            execute_or_answer(sh, common, &msg);
+        }
+    }
+}
+
+fn execute_or_answer(sh: &mut Shell, common: &Common, msg: &Message) -> execute::Ended {
+    let t = msg.msg_type();
+    if t == "execute_request" {
+        return execute::execute(sh, msg);
+    }
+    let Some(reply_type) = t.strip_suffix("_request").map(|b| format!("{b}_reply")) else {
+        comm(sh, msg);
+        return execute::Ended::Ok;
+    };
+    sh.iopub.status(msg, "busy");
+    let content = match t {
+        "kernel_info_request" => Some(common.info.clone()),
+        "complete_request" => Some(introspect::complete(sh, &msg.content)),
+        "inspect_request" => Some(introspect::inspect(sh, &msg.content)),
+        "is_complete_request" => Some(introspect::is_complete(sh, &msg.content)),
+        "history_request" => Some(sh.history.reply(&msg.content)),
+        "comm_info_request" => Some(json!({"status": "ok", "comms": {}})),
+        "shutdown_request" => Some(shutdown(common, msg)),
+        "interrupt_request" => {
+            common.interrupt();
+            Some(json!({"status": "ok"}))
+        }
+        _ => None,
+    };
+    match content {
+        Some(c) => sh.reply(msg, &reply_type, c),
+        None => eprintln!("rvisor kernel: ignored a {t} (not supported)"),
+    }
+    sh.iopub.status(msg, "idle");
+    execute::Ended::Ok
+}
+
+/// Comm messages: no comm targets exist, so a `comm_open` is closed
+/// at once (the protocol's answer to an unknown target).
+fn comm(sh: &Shell, msg: &Message) {
+    if msg.msg_type() == "comm_open" {
+        sh.iopub.send(
+            msg,
+            "comm_close",
+            json!({"comm_id": msg.content["comm_id"], "data": {}}),
+        );
+    }
+}
+
+/// `shutdown_request`: the kernel stops after its reply (a restart is the
+/// front end's: it starts a new kernel, whose session is a fresh worker
+/// from a new zygote).
+fn shutdown(common: &Common, msg: &Message) -> Value {
+    common.interrupt();
+    common.stop.store(true, Ordering::Relaxed);
+    let restart = msg.content["restart"].as_bool().unwrap_or(false);
+    let content = json!({"status": "ok", "restart": restart});
+    common.iopub.send(msg, "shutdown_reply", content.clone());
+    content
+}
+
+fn control_loop(sock: zmq::Socket, common: Common) {
+    while !common.stop.load(Ordering::Relaxed) {
+        let frames = match sockets::recv(&sock, "control", POLL_MS) {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(e) => {
+                eprintln!("rvisor kernel: {e}");
+                return;
+            }
+        };
+        let Some(msg) = decode(frames, &common.signer, "control") else {
+            continue;
+        };
+        let t = msg.msg_type();
+        common.iopub.status(&msg, "busy");
+        let reply = match t {
+            "kernel_info_request" => Some(("kernel_info_reply", common.info.clone())),
+            "interrupt_request" => {
+                common.interrupt();
+                Some(("interrupt_reply", json!({"status": "ok"})))
+            }
+            "shutdown_request" => Some(("shutdown_reply", shutdown(&common, &msg))),
+            _ => None,
+        };
+        match reply {
+            Some((rt, c)) => sockets::send(&sock, "control", &msg.reply(rt, c), &common.signer),
+            None => eprintln!("rvisor kernel: ignored a {t} on control (not supported)"),
+        }
+        common.iopub.status(&msg, "idle");
+    }
+}
