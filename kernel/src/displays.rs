@@ -1,6 +1,7 @@
-//! A result's rich outputs as Jupyter display bundles (`display_data`).
-//! One function decides them, so switching to `RunResult.displays` (MIME
-//! bundles made in R) when it lands is a few lines here.
+//! A result's rich outputs as Jupyter display bundles (`display_data`):
+//! `RunResult.displays` (MIME bundles made in R: tables, HTML values,
+//! plots; docs/output-and-plots.md, "Displays") as they are, or, when the
+//! session has displays off, each PNG plot page.
 
 use rvisor::{RunResult, Segment};
 use serde_json::{json, Map, Value};
@@ -14,10 +15,21 @@ pub struct Display {
     pub metadata: Map<String, Value>,
 }
 
-/// The displays of `r`, in the order R made them: each plot page, as
-/// `image/png`, in the order of its `plot` segment (a page without one,
-/// which should not happen, comes after them).
+/// The displays of `r`, in the order R made them: its `displays` when it
+/// has any (plots are among them), else each plot page, as `image/png`,
+/// in the order of its `plot` segment (a page without one, which should
+/// not happen, comes after them).
 pub fn displays_of(r: &RunResult) -> Vec<Display> {
+    if !r.displays.is_empty() {
+        return r
+            .displays
+            .iter()
+            .map(|d| Display {
+                data: d.data.clone(),
+                metadata: d.metadata.clone(),
+            })
+            .collect();
+    }
     let mut order: Vec<usize> = r
         .segments
         .iter()
@@ -61,6 +73,26 @@ impl Display {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_results_displays_are_sent_as_they_are() {
+        let mut r = RunResult::empty("e".into(), "df".into());
+        r.plots.push(rvisor::Plot {
+            mime: "image/png".into(),
+            width: 10,
+            height: 10,
+            data_base64: "png".into(),
+        });
+        let mut data = Map::new();
+        data.insert("text/html".into(), json!("<table></table>"));
+        r.displays.push(rvisor::Display {
+            data,
+            metadata: Map::new(),
+        });
+        let d = displays_of(&r);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].data["text/html"], "<table></table>");
+    }
 
     #[test]
     fn plots_follow_their_segments() {

@@ -124,6 +124,7 @@ fn run(
         timeout_seconds: None,
         plot_width: None,
         plot_height: None,
+        display: None,
     };
     let pending = k
         .service

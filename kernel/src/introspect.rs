@@ -43,6 +43,7 @@ fn ask(k: &Shell, code: String) -> Result<Value, String> {
         timeout_seconds: None,
         plot_width: None,
         plot_height: None,
+        display: None,
     };
     let r = k
         .service
