@@ -15,8 +15,8 @@ pub mod timing;
 pub mod worker;
 pub mod zygote;
 
-pub use display::{Display, DisplayOptions, PlotFormat};
 pub use artifact::Artifact;
+pub use display::{Display, DisplayOptions, PlotFormat};
 pub use event::*;
 pub use frame::{read_frame, write_frame, FrameDecoder, FrameError, MAX_FRAME_BYTES};
 pub use result::*;

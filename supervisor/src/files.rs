@@ -15,7 +15,6 @@
 //! are in `crate::file_rules`.
 
 use crate::file_rules::{self, FileLimits, FileRefusal, UPLOAD_PREFIX};
-use crate::session::Session;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::File;
@@ -78,7 +77,7 @@ pub enum FileError {
 }
 
 impl FileError {
-    fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> FileError {
+    pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> FileError {
         move |source| match source.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => {
                 FileError::Unreachable(format!(
@@ -91,12 +90,12 @@ impl FileError {
     }
 }
 
-fn cstr(s: &str) -> CString {
+pub(crate) fn cstr(s: &str) -> CString {
     // Names passed `check_name`, which refuses NUL.
     CString::new(s).unwrap_or_default()
 }
 
-fn last_error() -> std::io::Error {
+pub(crate) fn last_error() -> std::io::Error {
     std::io::Error::last_os_error()
 }
 
@@ -129,7 +128,7 @@ fn fstat(fd: &impl AsRawFd) -> std::io::Result<libc::stat> {
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: `None` when absent.
-fn lstatat(dir: &OwnedFd, name: &str) -> std::io::Result<Option<libc::stat>> {
+pub(crate) fn lstatat(dir: &OwnedFd, name: &str) -> std::io::Result<Option<libc::stat>> {
     let c = cstr(name);
     // SAFETY: an all-zero `stat` is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -165,7 +164,7 @@ fn mtime(st: &libc::stat) -> String {
 }
 
 /// The working directory's descriptor, for `place`.
-fn open_root(place: &Place) -> Result<OwnedFd, FileError> {
+pub(crate) fn open_root(place: &Place) -> Result<OwnedFd, FileError> {
     match place {
         Place::Host(d) => {
             let c = CString::new(d.as_os_str().as_bytes()).map_err(|_| {
@@ -217,7 +216,7 @@ fn open_root(place: &Place) -> Result<OwnedFd, FileError> {
 
 /// Opens the directories of `parts` below `root` (making them when
 /// `create`), never following a symlink.
-fn walk(root: OwnedFd, parts: &[&str], create: bool) -> Result<OwnedFd, FileError> {
+pub(crate) fn walk(root: OwnedFd, parts: &[&str], create: bool) -> Result<OwnedFd, FileError> {
     let mut cur = root;
     for part in parts {
         match openat(&cur, part, DIR_FLAGS, 0) {
@@ -274,7 +273,7 @@ fn chown_like(fd: &OwnedFd, dir: &OwnedFd) {
 }
 
 /// Splits a checked name into its directories and its last part.
-fn split(name: &str) -> (Vec<&str>, &str) {
+pub(crate) fn split(name: &str) -> (Vec<&str>, &str) {
     let mut parts: Vec<&str> = name.split('/').collect();
     let leaf = parts.pop().unwrap_or_default();
     (parts, leaf)
@@ -293,7 +292,7 @@ pub type Snapshot = HashMap<String, (Stamp, FileInfo)>;
 
 /// Lists the regular files below `root`, at most `max` (one more is an
 /// error), at most `file_rules::MAX_DEPTH` deep.
-fn list(root: OwnedFd, max: usize) -> Result<Snapshot, FileError> {
+pub(crate) fn list(root: OwnedFd, max: usize) -> Result<Snapshot, FileError> {
     let mut out = Snapshot::new();
     let mut stack: Vec<(OwnedFd, String, usize)> = vec![(root, String::new(), 0)];
     while let Some((dir, prefix, depth)) = stack.pop() {
@@ -475,129 +474,8 @@ impl Drop for Upload {
     }
 }
 
-/// How long [`Session::files`] and the others wait for a worker to start
-/// (or a hibernated session to restore) before a confined session's files
-/// can be reached.
-pub const WORKER_WAIT: Duration = Duration::from_secs(120);
 
-impl Session {
-    /// The working directory's descriptor; a confined session without a
-    /// live worker first gets one (a no-op call, which also restores a
-    /// hibernated session, files included).
-    fn files_root(&self) -> Result<OwnedFd, FileError> {
-        for _ in 0..3 {
-            let place = self.files_place();
-            if place == Place::NoWorker {
-                let h = self
-                    .run("invisible(NULL)")
-                    .map_err(|e| FileError::Unreachable(format!("no worker could start: {e}")))?;
-                match h.wait_timeout(WORKER_WAIT) {
-                    Some(r)
-                        if !matches!(
-                            r.outcome,
-                            crate::Outcome::StartupFailed | crate::Outcome::StartupTimedOut
-                        ) =>
-                    {
-                        continue
-                    }
-                    Some(r) => {
-                        return Err(FileError::Unreachable(format!(
-                            "its worker could not start: {}",
-                            r.error.map(|e| e.message).unwrap_or_default()
-                        )))
-                    }
-                    None => {
-                        return Err(FileError::Unreachable(
-                            "its worker did not start in time; retry".into(),
-                        ))
-                    }
-                }
-            }
-            let fd = open_root(&place)?;
-            // The worker may have been replaced while its root was opened.
-            if self.files_place() == place {
-                return Ok(fd);
-            }
-        }
-        Err(FileError::Unreachable(
-            "its worker kept being replaced; retry".into(),
-        ))
-    }
-
-    /// The regular files of the working directory, sorted by name (at
-    /// most `FileLimits::default().max_files`).
-    pub fn files(&self) -> Result<Vec<FileInfo>, FileError> {
-        let mut v: Vec<FileInfo> = self
-            .snapshot(FileLimits::default().max_files)?
-            .into_values()
-            .map(|(_, i)| i)
-            .collect();
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(v)
-    }
-
-    /// A listing to compare with a later one ([`changed_files`]).
-    pub fn snapshot(&self, max_files: usize) -> Result<Snapshot, FileError> {
-        list(self.files_root()?, max_files)
-    }
-
-    /// Starts an upload of `name` (checked and normalised), within
-    /// `limits`: write it, then [`Upload::commit`].
-    pub fn begin_upload(&self, name: &str, limits: &FileLimits) -> Result<Upload, FileError> {
-        begin_upload_in(&|| self.files_root(), name, limits)
-    }
-
-    /// Writes `name` from `content`, atomically, within the default
-    /// limits.
-    pub fn put_file(&self, name: &str, content: &mut dyn Read) -> Result<FileInfo, FileError> {
-        self.put_file_with(name, content, &FileLimits::default())
-    }
-
-    /// [`Session::put_file`] within `limits`.
-    pub fn put_file_with(
-        &self,
-        name: &str,
-        content: &mut dyn Read,
-        limits: &FileLimits,
-    ) -> Result<FileInfo, FileError> {
-        let mut up = self.begin_upload(name, limits)?;
-        copy_into(content, &mut up)?;
-        up.commit()
-    }
-
-    /// Opens `name` for reading: its information and the open file
-    /// (regular files only).
-    pub fn get_file(&self, name: &str) -> Result<(FileInfo, File), FileError> {
-        open_in(self.files_root()?, name)
-    }
-
-    /// Deletes `name` (a regular file; a symlink or FIFO R made is
-    /// refused like any other use of it).
-    pub fn delete_file(&self, name: &str) -> Result<(), FileError> {
-        let name = file_rules::check_name(name)?;
-        let (dirs, leaf) = split(&name);
-        let dir = walk(self.files_root()?, &dirs, false)?;
-        match lstatat(&dir, leaf).map_err(FileError::io("look at the file"))? {
-            None => return Err(FileRefusal::NotFound { name }.into()),
-            Some(st) if st.st_mode & libc::S_IFMT != libc::S_IFREG => {
-                return Err(FileRefusal::NotRegular {
-                    name,
-                    kind: file_rules::kind_of(st.st_mode),
-                }
-                .into())
-            }
-            Some(_) => {}
-        }
-        let c = cstr(leaf);
-        // SAFETY: `dir` is open and `c` a NUL-terminated name in it.
-        if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
-            return Err(FileError::io("delete the file")(last_error()));
-        }
-        Ok(())
-    }
-}
-
-fn begin_upload_in(
+pub(crate) fn begin_upload_in(
     root: &dyn Fn() -> Result<OwnedFd, FileError>,
     name: &str,
     limits: &FileLimits,
@@ -641,7 +519,7 @@ fn begin_upload_in(
     })
 }
 
-fn open_in(root: OwnedFd, name: &str) -> Result<(FileInfo, File), FileError> {
+pub(crate) fn open_in(root: OwnedFd, name: &str) -> Result<(FileInfo, File), FileError> {
     let name = file_rules::check_name(name)?;
     let (dirs, leaf) = split(&name);
     let dir = walk(root, &dirs, false)?;
@@ -703,6 +581,11 @@ pub fn changed_files(before: &Snapshot, after: &Snapshot) -> Vec<FileInfo> {
     v
 }
 
+/// How long [`Session::files`] and the others wait for a worker to start
+/// (or a hibernated session to restore) before a confined session's files
+/// can be reached.
+pub const WORKER_WAIT: Duration = Duration::from_secs(120);
+
 /// A worker's directory reached from the host, for a one-shot run's
 /// [`RunFiles`]: the same rules as a session's files.
 #[derive(Debug)]
@@ -738,7 +621,7 @@ impl WorkDir {
     }
 }
 
-fn copy_into(content: &mut dyn Read, up: &mut Upload) -> Result<(), FileError> {
+pub(crate) fn copy_into(content: &mut dyn Read, up: &mut Upload) -> Result<(), FileError> {
     if let Err(e) = std::io::copy(content, up) {
         if let Some(r) = e.get_ref().and_then(|r| r.downcast_ref::<FileRefusal>()) {
             return Err(r.clone().into());

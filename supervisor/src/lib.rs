@@ -38,6 +38,7 @@ mod error;
 pub mod events;
 pub mod file_rules;
 pub mod files;
+mod session_files;
 mod gate;
 pub mod html;
 pub mod ids;

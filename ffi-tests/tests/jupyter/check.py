@@ -255,8 +255,10 @@ def notebook(km, kc):
     outs = [c.outputs for c in nb.cells]
     assert "".join(o["text"] for o in outs[1]) == "42 \n", outs[1]
     assert "image/png" in outs[2][0]["data"], outs[2]
-    frame = "".join(o["text"] for o in outs[3])
+    frame = "".join(o["text"] for o in outs[3] if o["output_type"] == "stream")
     assert "a b" in frame and "3 3 c" in frame, outs[3]
+    tables = [o for o in outs[3] if o["output_type"] == "display_data"]
+    assert tables and "<table" in tables[0]["data"]["text/html"], outs[3]
     assert "careful" in outs[4][0]["text"] and outs[4][0]["name"] == "stderr", outs[4]
 
 
