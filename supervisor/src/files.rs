@@ -474,7 +474,6 @@ impl Drop for Upload {
     }
 }
 
-
 pub(crate) fn begin_upload_in(
     root: &dyn Fn() -> Result<OwnedFd, FileError>,
     name: &str,

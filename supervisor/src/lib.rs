@@ -38,7 +38,6 @@ mod error;
 pub mod events;
 pub mod file_rules;
 pub mod files;
-mod session_files;
 mod gate;
 pub mod html;
 pub mod ids;
@@ -48,6 +47,7 @@ mod process;
 mod raw;
 pub mod rules;
 pub mod session;
+mod session_files;
 #[cfg(test)]
 mod testing;
 pub mod tools;

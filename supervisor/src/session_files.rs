@@ -11,7 +11,6 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-
 impl Session {
     /// The working directory's descriptor; a confined session without a
     /// live worker first gets one (a no-op call, which also restores a
