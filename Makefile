@@ -13,10 +13,11 @@ build: setup
 
 # Runs examples/demo.R in a fresh embedded R worker: output, a warning, a
 # plot. Installs R only, and builds only the command and the worker, in the
-# `demo` profile (fast to build, as fast to run for the demo; Cargo.toml).
+# `demo` profile (fast to build, as fast to run for the demo; Cargo.toml),
+# without the Jupyter kernel (its libzmq is compiled from source).
 demo:
 	@./scripts/setup.sh --demo
-	$(CARGO) build --profile demo -p rvisor-cli -p rvisor-worker
+	$(CARGO) build --profile demo -p rvisor-cli -p rvisor-worker --no-default-features
 	./target/demo/rvisor run examples/demo.R --plots-dir demo-plots
 
 # Every test: unit tests, the tests against real R (one process per test

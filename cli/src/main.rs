@@ -4,6 +4,7 @@ mod batch;
 mod bench;
 mod displays;
 mod files;
+#[cfg(feature = "kernel")]
 mod kernel;
 mod repl;
 
@@ -135,6 +136,7 @@ enum Cmd {
     },
     /// A Jupyter kernel (`--connection-file FILE`, as Jupyter starts it),
     /// or `rvisor kernel install` to write its kernelspec (docs/jupyter.md).
+    #[cfg(feature = "kernel")]
     Kernel(kernel::KernelArgs),
     /// An interactive persistent R session (line editing, history, plots
     /// saved to files, Ctrl-C interrupts).
@@ -1137,6 +1139,18 @@ fn ops_validate(file: &str, json: bool, style: &str) -> Result<ExitCode> {
     })
 }
 
+/// The commands that serve until stopped (servers and kernels).
+fn long_running(cmd: &Cmd) -> bool {
+    #[cfg(feature = "kernel")]
+    if matches!(cmd, Cmd::Kernel(_)) {
+        return true;
+    }
+    matches!(
+        cmd,
+        Cmd::Serve { .. } | Cmd::Mcp { .. } | Cmd::Session { .. }
+    )
+}
+
 fn main() -> ExitCode {
     // Start-up timing marks (off unless RVISOR_TIMING names a file):
     // `rvisor bench` splits a command's time with them.
@@ -1157,16 +1171,14 @@ fn command() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    if matches!(
-        cli.cmd,
-        Cmd::Serve { .. } | Cmd::Mcp { .. } | Cmd::Session { .. } | Cmd::Kernel(_)
-    ) {
+    if long_running(&cli.cmd) {
         // Long-running servers: the memory of large results (and of slow
         // clients' streams) goes back to the system once freed.
         rvisor_server::heap::tune_for_serving();
     }
     match cli.cmd {
         Cmd::Serve { args } => report(serve(*args)),
+        #[cfg(feature = "kernel")]
         Cmd::Kernel(args) => report(kernel::main(args)),
         Cmd::Mcp {
             data_dir,
