@@ -382,12 +382,18 @@ pub(crate) fn follow_events(
     events: rvisor::Events,
 ) -> Result<(RunResult, String)> {
     let mut printed = String::new();
+    let mut live = BlockFilter::default();
     for e in first.into_iter().chain(events) {
         let seg = match e.kind {
-            rvisor::EventKind::Result { result } => return Ok((*result, printed)),
+            rvisor::EventKind::Result { result } => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(live.finish().as_bytes())?;
+                out.flush()?;
+                return Ok((*result, printed));
+            }
             rvisor::EventKind::Stdout { text } => {
                 let mut out = std::io::stdout().lock();
-                out.write_all(text.as_bytes())?;
+                out.write_all(live.feed(&text).as_bytes())?;
                 out.flush()?;
                 printed.push_str(&text);
                 continue;
@@ -414,6 +420,55 @@ pub(crate) fn follow_events(
         }
     }
     bail!("the call ended without a result")
+}
+
+/// Live standard output without the structured result block, which the
+/// result removes from its console: lines from a start marker to its end
+/// marker are not shown. A partial line that may still become a marker is
+/// held until its line ends; any other text is shown as it comes (a
+/// progress line without a newline too). An unterminated block is shown
+/// after the call by [`print_rest`], as the result keeps it.
+#[derive(Debug, Default)]
+struct BlockFilter {
+    inside: bool,
+    pending: String,
+}
+
+const BLOCK_STARTS: [&str; 2] = ["<<<RVISOR_RESULT_START>>>", "<<<JUBE_RESULT_START>>>"];
+const BLOCK_ENDS: [&str; 2] = ["<<<RVISOR_RESULT_END>>>", "<<<JUBE_RESULT_END>>>"];
+
+impl BlockFilter {
+    /// What of `text` to show now.
+    fn feed(&mut self, text: &str) -> String {
+        self.pending.push_str(text);
+        let mut show = String::new();
+        while let Some(nl) = self.pending.find('\n') {
+            let line: String = self.pending.drain(..=nl).collect();
+            let l = line.trim_end();
+            if self.inside {
+                self.inside = !BLOCK_ENDS.contains(&l);
+            } else if BLOCK_STARTS.contains(&l) {
+                self.inside = true;
+            } else {
+                show.push_str(&line);
+            }
+        }
+        // The rest has no newline yet: show it unless it may be a marker.
+        if !self.inside && !BLOCK_STARTS.iter().any(|m| m.starts_with(&self.pending)) {
+            show.push_str(&std::mem::take(&mut self.pending));
+        }
+        show
+    }
+
+    /// At the call's end: what is held and not in a block.
+    fn finish(&mut self) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        if self.inside || BLOCK_STARTS.contains(&rest.trim_end()) {
+            String::new()
+        } else {
+            rest
+        }
+    }
 }
 
 /// After [`follow_events`]: the plots, and the console text the stream
@@ -1606,4 +1661,43 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod block_filter_tests {
+    use super::BlockFilter;
+
+    fn shown(chunks: &[&str]) -> String {
+        let mut f = BlockFilter::default();
+        let mut out: String = chunks.iter().map(|c| f.feed(c)).collect();
+        out.push_str(&f.finish());
+        out
+    }
+
+    #[test]
+    fn a_block_is_left_out_however_the_chunks_split_it() {
+        let text =
+            "before\n<<<RVISOR_RESULT_START>>>\n{\"a\": 1}\n<<<RVISOR_RESULT_END>>>\nafter\n";
+        assert_eq!(shown(&[text]), "before\nafter\n");
+        let bytes: Vec<String> = text.chars().map(String::from).collect();
+        let chunks: Vec<&str> = bytes.iter().map(String::as_str).collect();
+        assert_eq!(shown(&chunks), "before\nafter\n");
+        assert_eq!(
+            shown(&[
+                "x <<<RVISOR_RESULT_START>>>\n",
+                "<<<JUBE_RESULT_START>>>\n1\n<<<JUBE_RESULT_END>>>\n"
+            ]),
+            "x <<<RVISOR_RESULT_START>>>\n"
+        );
+    }
+
+    #[test]
+    fn other_text_is_shown_at_once_and_an_open_block_is_held() {
+        let mut f = BlockFilter::default();
+        assert_eq!(f.feed("step 1"), "step 1");
+        assert_eq!(f.feed("\n<<<"), "\n");
+        assert_eq!(f.feed("x\n"), "<<<x\n");
+        assert_eq!(f.feed("<<<RVISOR_RESULT_START>>>\nhalf"), "");
+        assert_eq!(f.finish(), "");
+    }
 }

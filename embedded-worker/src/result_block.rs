@@ -17,7 +17,9 @@ const MARKERS: [(&str, &str); 2] = [
 /// What was found in a call's output.
 #[derive(Debug, Default, PartialEq)]
 pub struct Extracted {
-    /// The parsed value of the last valid block.
+    /// The parsed value of the last block, when it is valid (a rejected
+    /// last block leaves it `None`, as its warning says, even after a
+    /// valid one).
     pub value: Option<serde_json::Value>,
     /// Why a block was rejected (invalid JSON, no end marker, too large).
     pub problems: Vec<String>,
@@ -60,6 +62,7 @@ pub fn extract(segments: &mut Vec<Segment>) -> Extracted {
                         out.too_large = *over > 0;
                         if *over > 0 {
                             out.value = None;
+                            out.value = None;
                             out.problems.push(format!(
                                 "the result block is {over} bytes, over the limit of \
                                  {RESULT_JSON_BYTES} bytes; `result` is null (return a summary, \
@@ -68,9 +71,12 @@ pub fn extract(segments: &mut Vec<Segment>) -> Extracted {
                         } else {
                             match serde_json::from_str(block.trim()) {
                                 Ok(v) => out.value = Some(v),
-                                Err(e) => out.problems.push(format!(
-                                    "the result block is not valid JSON ({e}); `result` is null"
-                                )),
+                                Err(e) => {
+                                    out.value = None;
+                                    out.problems.push(format!(
+                                        "the result block is not valid JSON ({e}); `result` is null"
+                                    ))
+                                }
                             }
                         }
                         open = None;
@@ -89,6 +95,7 @@ pub fn extract(segments: &mut Vec<Segment>) -> Extracted {
         *text = kept;
     }
     if let Some((i, block, _)) = open {
+        out.value = None;
         out.problems.push(format!(
             "the result block has no end marker {}; `result` is null",
             MARKERS[i].1

@@ -481,3 +481,30 @@ fn run_prints_output_as_it_comes() {
     assert_eq!(err.matches("note\n").count(), 1, "printed once: {err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn run_shows_no_result_block_live_and_keeps_the_text_around_it() {
+    // The block is the result's `result`, removed from its console; the
+    // live output leaves it out too (it used to be printed, then removed).
+    let f = script(
+        "cat('before\\n'); rvisor_result(list(a = 1)); cat('after\\n')
+         cat('<<<RVISOR_RESULT_START>>>\\nunterminated\\n')
+",
+    );
+    let out = rvisor().arg("run").arg(&f).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("\"a\""), "the block was shown: {stdout}");
+    // An unterminated block is no block: its text is kept, as in the result.
+    assert_eq!(
+        stdout, "before\nafter\n<<<RVISOR_RESULT_START>>>\nunterminated\n",
+        "{stdout}"
+    );
+    let json = rvisor().arg("run").arg("--json").arg(&f).output().unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(r["result"].is_null(), "the last block is unterminated: {r}");
+}
