@@ -275,7 +275,11 @@ rvisor_side <- function(f) {
   dir <- file.path(work, "runs", paste0(sub("[.]R$", "", basename(f)), ".rvisor"))
   plots <- paste0(dir, ".plots")
   env <- if (nzchar(Sys.getenv("RVISOR_WORKER"))) paste0("RVISOR_WORKER=", Sys.getenv("RVISOR_WORKER"))
-  r <- run_in(c(rvisor, allow_flags, "run", "--timeout", run_timeout, "--plots-dir", plots, f),
+  # --no-displays: a table shown as a display loads repr and htmltools
+  # (and their imports) into the session, which sessionInfo() then lists;
+  # the console is what Rscript's is (docs/r-semantics.md, "Decisions").
+  r <- run_in(c(rvisor, allow_flags, "run", "--no-displays", "--timeout", run_timeout,
+                "--plots-dir", plots, f),
               dir, env)
   r$plots <- length(list.files(plots, pattern = "^plot-[0-9]+[.]png$"))  # not the displays beside them
   r$wd <- dir
