@@ -38,6 +38,10 @@ pub const MAX_TABLE_SIDE: u32 = 10_000;
 /// Default cap on the HTML of one value (a self-contained plotly widget
 /// is about 3.6 MiB, a DT table about 1 MiB).
 pub const DEFAULT_HTML_MAX_BYTES: u64 = 5 * 1024 * 1024;
+
+/// The largest `html_max_bytes` a request may give (1 GiB): an HTML display
+/// also counts against the call's output cap, so more is never kept.
+pub const MAX_HTML_MAX_BYTES: u64 = 1 << 30;
 /// Bytes of `text/plain` kept in a display (the console keeps what R
 /// printed, under the output cap).
 pub const TEXT_PLAIN_BYTES: usize = 64 * 1024;
@@ -146,8 +150,12 @@ impl DisplayOptions {
                 }
             }
         }
-        if self.html_max_bytes == Some(0) {
-            return Some("display.html_max_bytes is 0; it must be at least 1".into());
+        if let Some(v) = self.html_max_bytes {
+            if v == 0 || v > MAX_HTML_MAX_BYTES {
+                return Some(format!(
+                    "display.html_max_bytes is {v}; it must be between 1 and {MAX_HTML_MAX_BYTES}"
+                ));
+            }
         }
         None
     }

@@ -501,7 +501,7 @@ fn request_bounds(
         doc,
         "DisplayOptions",
         "html_max_bytes",
-        json!({"minimum": 1}),
+        json!({"minimum": 1, "maximum": rvisor_protocol::display::MAX_HTML_MAX_BYTES}),
     );
     // `Session::run` refuses blank code and code over the size limit.
     narrow(

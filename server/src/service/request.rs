@@ -65,7 +65,7 @@ pub struct RunScript {
     pub limits: Option<LimitsRequest>,
     /// Rich results (tables as HTML, Markdown and a JSON preview; HTML
     /// values; plot formats): docs/output-and-plots.md, "Displays".
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects::opt")]
     pub display: Option<rvisor::DisplayOptions>,
     /// Files placed in the run's working directory before the script
     /// runs (inline, base64; docs/files.md). The files the script writes
@@ -92,7 +92,11 @@ pub struct NewSession {
     pub plot_height: Option<u32>,
     /// Rich results (tables as HTML, Markdown and a JSON preview; HTML
     /// values; plot formats): docs/output-and-plots.md, "Displays".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "objects::opt"
+    )]
     pub display: Option<rvisor::DisplayOptions>,
 }
 
@@ -112,7 +116,7 @@ pub struct SessionRun {
     #[serde(default, deserialize_with = "whole::opt_u32")]
     pub plot_height: Option<u32>,
     /// Display options for this call, over the session's field by field.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects::opt")]
     pub display: Option<rvisor::DisplayOptions>,
 }
 
