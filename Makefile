@@ -39,14 +39,17 @@ test: setup
 # nextest (reusing this build: binaries and cargo metadata are written to
 # target/, and cargo-nextest is copied where the user can run it). The
 # workspace and target/ must be readable by the user; target/tmp (the
-# tests' CARGO_TARGET_TMPDIR) is made writable like /tmp.
+# tests' CARGO_TARGET_TMPDIR) is made writable like /tmp. The list is of
+# the whole workspace, as `make test` built it: listing one package
+# resolves its dependencies' features apart and builds them all again
+# (gigabytes more of target/; a CI machine's disk ran out linking them).
 ROOTLESS_USER ?= rvtest
-ROOTLESS_TESTS ?= binary(confinement) | binary(rootless) | binary(sessions) | binary(zygote)
+ROOTLESS_TESTS ?= package(rvisor-ffi-tests) & (binary(confinement) | binary(rootless) | binary(sessions) | binary(zygote))
 test-rootless: setup
 	@test "$$(id -u)" = 0 || { echo "test-rootless: run as root (it runs the tests as $(ROOTLESS_USER))" >&2; exit 1; }
 	id -u $(ROOTLESS_USER) >/dev/null 2>&1 || useradd --create-home --shell /usr/sbin/nologin $(ROOTLESS_USER)
 	$(CARGO) build --workspace
-	$(CARGO) nextest list -p rvisor-ffi-tests --list-type binaries-only --message-format json > target/nextest-binaries.json
+	$(CARGO) nextest list --workspace --list-type binaries-only --message-format json > target/nextest-binaries.json
 	$(CARGO) metadata --format-version 1 --all-features --no-deps > target/nextest-cargo-metadata.json
 	mkdir -p target/tmp target/rootless-bin
 	chmod 1777 target/tmp
