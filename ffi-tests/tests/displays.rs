@@ -146,6 +146,30 @@ fn the_json_preview_is_typed_and_says_when_it_was_cut() {
     assert_eq!(j["columns"][1]["type"], "list");
     assert_eq!(j["rows"][0][1], "1, 2");
     assert_eq!(j["truncated"], false);
+    // The preview is written by the driver, column by column: its edges.
+    let r = w.run("mtcars[0, 1:2]", &CallOptions::default());
+    let j = &r.displays[0].data["application/json"];
+    assert_eq!(j["nrow"], 0);
+    assert_eq!(j["rows"], serde_json::json!([]));
+    assert_eq!(j["columns"][1]["name"], "cyl");
+    let r = w.run(
+        r#"data.frame(x = c(1e300, -0.1, 1/3), s = c("q\"uote", "a\\b", "tab\tnew\nline"),
+                      row.names = c("one", "two", "three"))[1, , drop = FALSE]"#,
+        &CallOptions::default(),
+    );
+    let j = &r.displays[0].data["application/json"];
+    assert_eq!(j["row_names"], serde_json::json!(["one"]), "one name is still a list");
+    assert_eq!(j["rows"][0][0].as_f64(), Some(1e300));
+    assert_eq!(j["rows"][0][1], "q\"uote");
+    let r = w.run(
+        r#"data.frame(x = c(-0.1, 1/3), s = c("a\\b", "tab\tnew\nline"))"#,
+        &CallOptions::default(),
+    );
+    let j = &r.displays[0].data["application/json"];
+    assert_eq!(j["rows"][0][0].as_f64(), Some(-0.1));
+    assert_eq!(j["rows"][1][0].as_f64(), Some(0.333333333333333));
+    assert_eq!(j["rows"][0][1], "a\\b");
+    assert_eq!(j["rows"][1][1], "tab\tnew\nline");
 }
 
 #[test]
