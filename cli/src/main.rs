@@ -28,6 +28,12 @@ struct Cli {
     cmd: Cmd,
     #[command(flatten)]
     confine: ConfineArgs,
+    /// Load the preloads (ggplot2) into their zygote as soon as the server
+    /// starts, rather than when a call first names one: the first such
+    /// session is then as fast as the next, at ~100 MB held from the start
+    /// even if no session uses them (docs/process-model.md, "Memory").
+    #[arg(long, global = true)]
+    preload_at_start: bool,
 }
 
 /// OS confinement of workers (every command that runs R).
@@ -66,6 +72,9 @@ struct ConfineArgs {
 }
 
 static CONFINE: std::sync::OnceLock<rvisor::Confinement> = std::sync::OnceLock::new();
+
+/// `--preload-at-start`, for [`base_config`].
+static PRELOAD_AT_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl ConfineArgs {
     fn confinement(&self) -> Result<rvisor::Confinement> {
@@ -111,9 +120,15 @@ impl ConfineArgs {
 
 /// The supervisor configuration every command starts from (confinement
 /// as given on the command line).
+/// The preloaded zygote is made when a call first names a preload, unless
+/// `--preload-at-start`.
 fn base_config() -> rvisor::SupervisorConfig {
     rvisor::SupervisorConfig {
         confinement: CONFINE.get().cloned().unwrap_or_default(),
+        pool: rvisor::PoolConfig {
+            preload_on_first_use: !PRELOAD_AT_START.load(std::sync::atomic::Ordering::Relaxed),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -588,6 +603,7 @@ fn supervisor_quiet_with(style: rvisor::StyleEngine) -> Result<rvisor::Superviso
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         style,
         ..base_config()
@@ -1217,6 +1233,7 @@ fn main() -> ExitCode {
 
 fn command() -> ExitCode {
     let cli = Cli::parse();
+    PRELOAD_AT_START.store(cli.preload_at_start, std::sync::atomic::Ordering::Relaxed);
     match cli.confine.confinement() {
         Ok(c) => {
             let _ = CONFINE.set(c);
@@ -1319,7 +1336,9 @@ fn command() -> ExitCode {
             let mut cfg = base_config();
             cfg.pool.spares = batch::parallel(&args);
             if let Some(p) = batch::preload(&args) {
+                // The scripts named them: load them before the first starts.
                 cfg.pool.preload = Some(p);
+                cfg.pool.preload_on_first_use = false;
             }
             let sup = rvisor::Supervisor::new(cfg)?;
             sup.cleanup_on_signals()?;

@@ -158,7 +158,11 @@ fn the_json_preview_is_typed_and_says_when_it_was_cut() {
         &CallOptions::default(),
     );
     let j = &r.displays[0].data["application/json"];
-    assert_eq!(j["row_names"], serde_json::json!(["one"]), "one name is still a list");
+    assert_eq!(
+        j["row_names"],
+        serde_json::json!(["one"]),
+        "one name is still a list"
+    );
     assert_eq!(j["rows"][0][0].as_f64(), Some(1e300));
     assert_eq!(j["rows"][0][1], "q\"uote");
     let r = w.run(

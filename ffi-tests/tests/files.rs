@@ -21,6 +21,7 @@ fn sup(confined: bool) -> Supervisor {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         ..SupervisorConfig::default()
     };

@@ -41,6 +41,7 @@ fn light_sup(rules: SafetyRules) -> Supervisor {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         ..SupervisorConfig::default()
     })
@@ -1061,6 +1062,7 @@ fn a_full_session_queue_is_429_and_cancel_drops_the_queue() {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         ..SupervisorConfig::default()
     })
@@ -1942,6 +1944,7 @@ fn durable_server(dir: &TestDir) -> Server {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         checkpoints: Some(std::sync::Arc::new(store)),
         defaults: SessionOptions {

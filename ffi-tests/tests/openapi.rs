@@ -45,6 +45,7 @@ impl Server {
                 zygote: true,
                 spares: 0,
                 preload: Some(Vec::new()),
+                ..Default::default()
             },
             checkpoints: store,
             defaults: rvisor::SessionOptions {

@@ -10,6 +10,7 @@ fn sup_with(rules: SafetyRules) -> Supervisor {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         ..SupervisorConfig::default()
     })
@@ -200,6 +201,7 @@ fn lintr_gives_the_style_notes_when_installed() {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         style: rvisor::StyleEngine::Lintr,
         ..SupervisorConfig::default()
@@ -219,6 +221,7 @@ fn lintr_gives_the_style_notes_when_installed() {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         ..SupervisorConfig::default()
     })
@@ -242,6 +245,7 @@ fn the_default_engine_is_rvisor_lint_and_syntax_stays_r_s() {
             zygote: true,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         ..SupervisorConfig::default()
     })

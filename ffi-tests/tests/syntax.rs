@@ -62,6 +62,7 @@ fn syntax_errors_are_rs_own_message_line_and_column() {
             zygote: false,
             spares: 0,
             preload: Some(Vec::new()),
+            ..Default::default()
         },
         confinement: Confinement::unconfined(),
         ..SupervisorConfig::default()

@@ -265,6 +265,43 @@ fn ready_zygote_preloads_ggplot2_keeps_spares_and_forks_session_workers() {
     assert_eq!(r.console, "FALSE FALSE");
 }
 
+/// With `preload_on_first_use` (the command's default) no preloaded
+/// zygote is made until a call names a preload: a server whose sessions
+/// never use ggplot2 does not hold it. The first session that names it
+/// runs at once in a warm worker, which loads ggplot2 itself, and that
+/// ask starts the preloaded zygote, whose workers later sessions get.
+#[test]
+fn the_preloaded_zygote_is_made_when_a_call_first_names_a_preload() {
+    let sup = ready(supervisor_with(PoolConfig {
+        preload_on_first_use: true,
+        ..PoolConfig::default()
+    }));
+    let st = sup.pool_status();
+    let warm = st.zygote_pid.expect("a warm zygote");
+    assert_eq!(st.preloaded_zygote_pid, None, "not made yet: {st:?}");
+    let plain = sup.session().expect("session");
+    call_ok(&plain, "x <- 1");
+    assert_eq!(sup.pool_status().preloaded_zygote_pid, None);
+    let first = sup.session().expect("session");
+    let r = call_ok(
+        &first,
+        "library(ggplot2); ggplot(mtcars, aes(wt, mpg)) + geom_point()",
+    );
+    assert_one_png(&r);
+    assert_forked_by(warm, first.status().pid.expect("a worker"));
+    assert!(sup.pool().wait_ready(DEADLINE), "{:?}", sup.pool_status());
+    let pz = sup
+        .pool_status()
+        .preloaded_zygote_pid
+        .expect("made once a call named ggplot2");
+    let next = sup.session().expect("session");
+    assert_one_png(&call_ok(
+        &next,
+        "library(ggplot2); ggplot(mtcars, aes(wt, mpg)) + geom_point()",
+    ));
+    assert_forked_by(pz, next.status().pid.expect("a worker"));
+}
+
 /// Sessions that do not name a preloaded package run in workers of the
 /// warm zygote, without it (a full gc() there makes a third of the heap
 /// private); ggplot2 works there all the same, loaded on first use, with

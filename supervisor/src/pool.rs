@@ -49,6 +49,13 @@ pub struct PoolConfig {
     /// `Some(vec![])`: no warm zygote and no plot warm-up at all, for
     /// one-shot commands.
     pub preload: Option<Vec<String>>,
+    /// Make the preloaded zygote only once a call names a preload (default
+    /// false: as soon as the warm zygote is up). Until it is up, such
+    /// calls get workers of the warm zygote, which load the package
+    /// themselves as R does. A server whose sessions never use the
+    /// preloads then does not hold the preloaded zygote and its spares
+    /// (~100 MB; docs/process-model.md, "Memory").
+    pub preload_on_first_use: bool,
 }
 
 impl Default for PoolConfig {
@@ -57,6 +64,7 @@ impl Default for PoolConfig {
             zygote: true,
             spares: 2,
             preload: None,
+            preload_on_first_use: false,
         }
     }
 }
@@ -166,6 +174,9 @@ struct Inner {
     /// The preloaded zygote loaded none of the packages (none is
     /// installed): it is not kept, and its forks are the warm one's.
     nothing_to_preload: bool,
+    /// A call named a preload (with `preload_on_first_use`, the preloaded
+    /// zygote is made only then).
+    preload_wanted: bool,
     starting: bool,
     starts: u64,
     /// Zygote starts that failed (not forks: those fail when it dies).
@@ -323,7 +334,16 @@ impl Pool {
     }
 
     /// A worker of the preloaded zygote (a spare, else a fork), if it is up.
+    /// The first such ask is what starts it, with `preload_on_first_use`.
     fn preloaded_worker(&self, cfg: &WorkerConfig) -> Option<Worker> {
+        if self.cfg.preload_on_first_use {
+            let mut i = lock(&self.inner);
+            if !i.preload_wanted {
+                i.preload_wanted = true;
+                drop(i);
+                self.cv.notify_all();
+            }
+        }
         if let Some(w) = self.take_spare(cfg, true) {
             return Some(w);
         }
@@ -446,6 +466,7 @@ impl Pool {
             let preloaded = i.preloaded.live();
             let preloaded_done = !self.split()
                 || i.nothing_to_preload
+                || (self.cfg.preload_on_first_use && !i.preload_wanted)
                 || preloaded.is_some()
                 || (i.preloaded.failed && !i.preloaded.making)
                 || (warm_done && i.warm.live().is_none());
@@ -616,7 +637,10 @@ fn keeper(pool: std::sync::Weak<Pool>) {
             start_making(&p, &pool, &base, Which::Warm);
             let warm = {
                 let i = lock(&p.inner);
-                i.warm.live().filter(|_| !i.nothing_to_preload)
+                i.warm
+                    .live()
+                    .filter(|_| !i.nothing_to_preload)
+                    .filter(|_| i.preload_wanted || !p.cfg.preload_on_first_use)
             };
             if let Some(warm) = warm {
                 start_making(&p, &pool, &warm, Which::Preloaded);
