@@ -104,6 +104,10 @@ pub struct PoolStatus {
     /// Ready spares of the preloaded zygote.
     #[serde(default)]
     pub preloaded_spares: usize,
+    /// The preloaded zygote is not made because no call has named a
+    /// preload yet ([`PoolConfig::preload_on_first_use`]).
+    #[serde(default)]
+    pub preload_awaits_first_use: bool,
     /// Whether workers come from the warm zygote (driver and plot warm-up
     /// done). False while only the base zygote serves, and for a pool
     /// without preloads.
@@ -443,6 +447,9 @@ impl Pool {
                 .unwrap_or_default(),
             preloaded_zygote_pid: preloaded.as_ref().map(|z| z.pid()),
             preloaded_spares: i.preloaded.spares.len(),
+            preload_awaits_first_use: self.split()
+                && self.cfg.preload_on_first_use
+                && !i.preload_wanted,
             warm: live.is_some_and(|z| z.is_warm()),
             zygote_starts: i.starts,
             startup_ms,
