@@ -248,20 +248,16 @@ fn listing(lib: &Path) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-/// A confined supervisor whose sessions have `lib` after R's libraries.
-fn session_with(lib: &Path) -> (Supervisor, rvisor::Session) {
+/// A confined session of `sup` with `lib` after R's own libraries, as
+/// a tenant's sessions have their tenant library.
+fn session_with(sup: &Supervisor, lib: &Path) -> rvisor::Session {
+    // Confined workers run as other uids: let them read the library.
     let _ = Command::new("chmod").args(["-R", "a+rX"]).arg(lib).status();
-    let mut cfg = SupervisorConfig::default();
-    cfg.worker.libpath = vec![lib.to_path_buf()];
-    cfg.defaults.libpath = vec![lib.to_path_buf()];
-    let sup = Supervisor::new(cfg).expect("supervisor starts");
-    let s = sup
-        .session_with(SessionOptions {
-            libpath: vec![lib.to_path_buf()],
-            ..SessionOptions::default()
-        })
-        .expect("session");
-    (sup, s)
+    sup.session_with(SessionOptions {
+        libpath_after: vec![lib.to_path_buf()],
+        ..SessionOptions::default()
+    })
+    .expect("session")
 }
 
 fn console(s: &rvisor::Session, code: &str) -> rvisor::RunResult {
@@ -297,31 +293,28 @@ fn a_tenant_installs_with_dependencies_sessions_load_it_and_another_tenant_gets_
         .unwrap()
         .is_empty());
 
-    // Alice's session loads it; bob's library does not have it. (The
-    // supervisors stay up together: they share this process's cgroup.)
-    let (_sup_a, s) = session_with(&inst.library("alice"));
+    // Alice's session loads it, from after R's own libraries; bob's
+    // session of the same supervisor does not see it.
+    let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+    let s = session_with(&sup, &inst.library("alice"));
     let r = console(&s, "library(rvuses); cat(uses_hello())");
     assert_eq!(r.console, "rvuses and hello from rvbase", "{r:?}");
+    let r = console(&s, "lp <- .libPaths(); cat(lp[length(lp)] == dirname(find.package('rvuses')), match(.Library, lp) < length(lp))");
+    assert_eq!(
+        r.console, "TRUE TRUE",
+        "the tenant library comes last: {r:?}"
+    );
     std::fs::create_dir_all(inst.library("bob")).unwrap();
-    let (sup_b, s) = session_with(&inst.library("bob"));
-    let r = console(&s, "cat(requireNamespace('rvuses', quietly = TRUE))");
+    let b = session_with(&sup, &inst.library("bob"));
+    let r = console(&b, "cat(requireNamespace('rvuses', quietly = TRUE))");
     assert_eq!(r.console, "FALSE", "{r:?}");
 
     // Bob's install of the same packages comes from the cache, and a new
     // session of the running supervisor loads them.
     let got = inst.install("bob", &["rvuses".into()]).expect("install");
     assert_eq!(names(&got), [("rvbase", true), ("rvuses", true)], "{got:?}");
-    let _ = Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(inst.library("bob"))
-        .status();
-    let s = sup_b
-        .session_with(SessionOptions {
-            libpath: vec![inst.library("bob")],
-            ..SessionOptions::default()
-        })
-        .expect("session");
-    let r = console(&s, "library(rvuses); cat(uses_hello())");
+    let b = session_with(&sup, &inst.library("bob"));
+    let r = console(&b, "library(rvuses); cat(uses_hello())");
     assert_eq!(r.console, "rvuses and hello from rvbase", "{r:?}");
 }
 
@@ -438,7 +431,8 @@ fn refusals_and_failures_name_their_rule_and_leave_the_library_unchanged() {
         [("rvcode", true)],
         "the capped attempt built and cached it: {got:?}"
     );
-    let (_sup, s) = session_with(&lib);
+    let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+    let s = session_with(&sup, &lib);
     let r = console(&s, "cat(rvcode::rv_add(2, 40))");
     assert_eq!(r.console, "42", "{r:?}");
 }

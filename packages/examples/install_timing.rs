@@ -27,7 +27,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let got = inst.install(tenant, std::slice::from_ref(&pkg))?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let cached = got.iter().all(|i| i.cached);
-        println!("tenant {tenant}: {ms:.1} ms, {} package(s), cached: {cached}", got.len());
+        println!(
+            "tenant {tenant}: {ms:.1} ms, {} package(s), cached: {cached}",
+            got.len()
+        );
     }
     Ok(())
 }
