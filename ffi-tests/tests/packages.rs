@@ -156,6 +156,25 @@ fn repository(root: &Path, port: u16) -> PathBuf {
     args.extend(names.iter().map(|n| src.join(n).display().to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     r(&contrib, &args);
+    // A hostile tarball made by hand: a symbolic link out of its tree.
+    let evil = root.join("evil/rvevil");
+    write(
+        &evil,
+        &[
+            ("DESCRIPTION", &description("rvevil", "")),
+            ("NAMESPACE", "\n"),
+        ],
+    );
+    std::os::unix::fs::symlink("../../../../etc", evil.join("escape")).unwrap();
+    let st = Command::new("tar")
+        .arg("-czf")
+        .arg(contrib.join("rvevil_1.0.tar.gz"))
+        .arg("-C")
+        .arg(root.join("evil"))
+        .arg("rvevil")
+        .status()
+        .unwrap();
+    assert!(st.success());
     r(
         &contrib,
         &[
@@ -366,6 +385,8 @@ fn refusals_and_failures_name_their_rule_and_leave_the_library_unchanged() {
         m.contains("rvbroken refuses to build"),
         "the build's own error is shown: {m}"
     );
+    let m = check("rvevil", &|e| matches!(e, PackageError::Tarball { .. }));
+    assert!(m.contains("links out of the package's directory"), "{m}");
     check("../etc", &|e| {
         matches!(e, PackageError::Refused { rule: "name", .. })
     });
