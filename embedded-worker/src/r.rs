@@ -819,3 +819,18 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         })
     }
 }
+
+/// `s` as an R string literal.
+pub fn r_string(s: &str) -> String {
+    let mut out = String::from("'");
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("\\'"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}

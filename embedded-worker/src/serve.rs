@@ -59,9 +59,34 @@ pub fn check_hello() -> Result<bool, String> {
     }
 }
 
+/// The environment variable naming libraries that go after R's own on
+/// `.libPaths()` (a tenant's packages, docs/packages.md): R reads
+/// `R_LIBS` only when it starts, which for a forked worker was in the
+/// zygote, and `R_LIBS` would put them before the site library.
+const LIBS_AFTER: &str = "RVISOR_LIBS_AFTER";
+
+fn add_libraries_after(r: &r::R) {
+    let Some(v) = std::env::var_os(LIBS_AFTER) else {
+        return;
+    };
+    let dirs: Vec<String> = std::env::split_paths(&v)
+        .filter_map(|p| p.to_str().map(r::r_string))
+        .collect();
+    std::env::remove_var(LIBS_AFTER);
+    if dirs.is_empty() {
+        return;
+    }
+    let code = format!(".libPaths(c(.libPaths(), {}))", dirs.join(", "));
+    // SAFETY: on the R thread, R started, before the first call; the
+    // driver environment is preserved; the code is base R's with literal
+    // strings (quoted by r_string).
+    let _ = unsafe { r::eval_string(&code, r.driver) };
+}
+
 /// Says hello with R ready, then evaluates calls until the supervisor
 /// closes the link or says shutdown. Used by exec'd and forked workers.
 pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
+    add_libraries_after(r);
     let hello = WorkerHello {
         protocol_version: PROTOCOL_VERSION,
         r_version: r.version.clone(),

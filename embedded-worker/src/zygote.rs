@@ -13,6 +13,7 @@
 //! forked child takes its descriptors, environment and temporary directory
 //! from the request and then runs the ordinary worker loop.
 
+use crate::r::r_string;
 use crate::{confine, eval, ffi, interrupt, link, r, serve};
 use rvisor_protocol::{
     fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, WarmRequest, ZygoteHello,
@@ -881,19 +882,4 @@ fn host_time_zone() -> Option<String> {
     let s = link.to_str()?;
     let name = s.split("zoneinfo/").nth(1)?;
     (!name.is_empty()).then(|| name.to_string())
-}
-
-/// `s` as an R string literal.
-fn r_string(s: &str) -> String {
-    let mut out = String::from("'");
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\'' => out.push_str("\\'"),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out.push('\'');
-    out
 }

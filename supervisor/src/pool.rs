@@ -280,6 +280,7 @@ impl Pool {
     /// Whether a spare (forked with the base environment) fits `cfg`.
     fn spare_compatible(&self, cfg: &WorkerConfig) -> bool {
         self.zygote_compatible(cfg)
+            && cfg.libpath_after == self.base.libpath_after
             && cfg.env == self.base.env
             && cfg.inherit_env == self.base.inherit_env
             && cfg.confine == self.base.confine

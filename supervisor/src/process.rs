@@ -46,6 +46,11 @@ pub struct WorkerConfig {
     pub inherit_env: bool,
     /// R library directories, in order (set as `R_LIBS`).
     pub libpath: Vec<PathBuf>,
+    /// Library directories that go after R's own (site and base) on
+    /// `.libPaths()`, which the worker adds before its first call (a
+    /// tenant's packages, docs/packages.md); visible read-only to a
+    /// confined worker.
+    pub libpath_after: Vec<PathBuf>,
     /// Parent of the per-worker temporary directories.
     pub temp_root: PathBuf,
     /// Confine workers with the OS (set by the supervisor from its
@@ -68,6 +73,7 @@ impl Default for WorkerConfig {
             env: Vec::new(),
             inherit_env: false,
             libpath: Vec::new(),
+            libpath_after: Vec::new(),
             temp_root: std::env::temp_dir(),
             confine: None,
             cgroups: None,
@@ -413,6 +419,11 @@ pub(crate) fn worker_env(cfg: &WorkerConfig) -> Vec<(std::ffi::OsString, std::ff
     if !cfg.libpath.is_empty() {
         if let Ok(joined) = std::env::join_paths(&cfg.libpath) {
             out.push(("R_LIBS".into(), joined));
+        }
+    }
+    if !cfg.libpath_after.is_empty() {
+        if let Ok(joined) = std::env::join_paths(&cfg.libpath_after) {
+            out.push(("RVISOR_LIBS_AFTER".into(), joined));
         }
     }
     out

@@ -73,6 +73,9 @@ pub struct SessionOptions {
     pub env: EnvPolicy,
     /// R library directories, in order.
     pub libpath: Vec<PathBuf>,
+    /// Library directories after R's own on `.libPaths()` (a tenant's
+    /// packages); unlike `libpath`, they need not match the zygote's.
+    pub libpath_after: Vec<PathBuf>,
     /// Working directory; by default a private directory that lives as long
     /// as the session.
     pub working_dir: Option<PathBuf>,
@@ -132,6 +135,7 @@ impl Default for SessionOptions {
             display: rvisor_protocol::DisplayOptions::default(),
             env: EnvPolicy::Minimal,
             libpath: Vec::new(),
+            libpath_after: Vec::new(),
             working_dir: None,
             tools: Vec::new(),
             limits: None,
@@ -2460,6 +2464,7 @@ impl Supervisor {
         }
         worker_cfg.startup_timeout = opts.startup_timeout;
         worker_cfg.libpath = opts.libpath.clone();
+        worker_cfg.libpath_after = opts.libpath_after.clone();
         match &opts.env {
             EnvPolicy::Inherit => worker_cfg.inherit_env = true,
             EnvPolicy::Names(n) => worker_cfg.env.extend(n.iter().cloned()),

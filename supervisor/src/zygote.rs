@@ -459,7 +459,7 @@ impl Zygote {
                     Some(crate::confine::request(
                         c,
                         uid,
-                        &cfg.libpath,
+                        &[cfg.libpath.as_slice(), cfg.libpath_after.as_slice()].concat(),
                         &groups,
                         &cfg.programs,
                     )),

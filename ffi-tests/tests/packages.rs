@@ -1,0 +1,465 @@
+//! Packages on demand against real R (issue 28): small source packages
+//! built with `R CMD build` into a CRAN-like repository written by
+//! `tools::write_PACKAGES`, served as `file://` and by a loopback HTTP
+//! server; installed into tenant libraries with `rvisor-packages` and
+//! loaded in confined sessions.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rvisor::{SessionOptions, Supervisor, SupervisorConfig};
+use rvisor_ffi_tests::TestDir;
+use rvisor_packages::{Installed, Installer, PackageError, Policy, RInfo, Repository};
+
+fn write(dir: &Path, files: &[(&str, &str)]) {
+    for (name, body) in files {
+        let p = dir.join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    }
+}
+
+fn description(name: &str, extra: &str) -> String {
+    format!(
+        "Package: {name}\nVersion: 1.0\nTitle: Test Package\nDescription: A package of rvisor's tests.\nAuthor: rvisor\nMaintainer: rvisor <rvisor@example.org>\nLicense: MIT\n{extra}"
+    )
+}
+
+/// Writes the sources of the test packages under `src`.
+fn sources(src: &Path, port: u16) {
+    let pkg = |name: &str, extra: &str, files: &[(&str, &str)]| {
+        let d = src.join(name);
+        write(&d, &[("DESCRIPTION", &description(name, extra))]);
+        write(&d, files);
+    };
+    pkg(
+        "rvbase",
+        "",
+        &[
+            ("NAMESPACE", "export(base_hello)\n"),
+            (
+                "R/base.R",
+                "base_hello <- function() \"hello from rvbase\"\n",
+            ),
+        ],
+    );
+    pkg(
+        "rvuses",
+        "Imports: rvbase\n",
+        &[
+            (
+                "NAMESPACE",
+                "importFrom(rvbase, base_hello)\nexport(uses_hello)\n",
+            ),
+            (
+                "R/uses.R",
+                "uses_hello <- function() paste(\"rvuses and\", base_hello())\n",
+            ),
+        ],
+    );
+    pkg(
+        "rvcode",
+        "",
+        &[
+            ("NAMESPACE", "useDynLib(rvcode)\nexport(rv_add)\n"),
+            ("R/add.R", "rv_add <- function(a, b) .Call(\"rv_add\", as.numeric(a), as.numeric(b), PACKAGE = \"rvcode\")\n"),
+            (
+                "src/add.c",
+                "#include <R.h>\n#include <Rinternals.h>\nSEXP rv_add(SEXP a, SEXP b) { return Rf_ScalarReal(REAL(a)[0] + REAL(b)[0]); }\n",
+            ),
+        ],
+    );
+    pkg(
+        "rvbroken",
+        "",
+        &[
+            ("NAMESPACE", "export(nothing)\n"),
+            (
+                "R/bad.R",
+                "stop(\"rvbroken refuses to build\")\nnothing <- function() NULL\n",
+            ),
+        ],
+    );
+    pkg(
+        "rvtamper",
+        "",
+        &[
+            ("NAMESPACE", "export(tampered)\n"),
+            ("R/t.R", "tampered <- function() \"original\"\n"),
+        ],
+    );
+    // Build-time code that reaches for the network (the test's own
+    // loopback server) and one that never ends.
+    let net = format!(
+        "con <- socketConnection('127.0.0.1', {port}, blocking = TRUE, timeout = 5)\nclose(con)\nreached <- TRUE\n"
+    );
+    pkg("rvnetwork", "", &[("NAMESPACE", "\n"), ("R/net.R", &net)]);
+    pkg(
+        "rvloop",
+        "",
+        &[("NAMESPACE", "\n"), ("R/loop.R", "repeat {}\n")],
+    );
+    pkg(
+        "rvcycleone",
+        "Imports: rvcycletwo\n",
+        &[("NAMESPACE", "\n"), ("R/a.R", "a <- 1\n")],
+    );
+    pkg(
+        "rvcycletwo",
+        "Imports: rvcycleone\n",
+        &[("NAMESPACE", "\n"), ("R/b.R", "b <- 1\n")],
+    );
+}
+
+fn r(dir: &Path, args: &[&str]) {
+    let out = Command::new("R")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("R runs");
+    assert!(
+        out.status.success(),
+        "R {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CRAN-like repository in `root`: every test package built, the index
+/// written, then rvtamper's tarball replaced by another build so it no
+/// longer matches the index's MD5sum.
+fn repository(root: &Path, port: u16) -> PathBuf {
+    let src = root.join("src-pkgs");
+    sources(&src, port);
+    let contrib = root.join("repo/src/contrib");
+    std::fs::create_dir_all(&contrib).unwrap();
+    let names = [
+        "rvbase",
+        "rvuses",
+        "rvcode",
+        "rvbroken",
+        "rvtamper",
+        "rvcycleone",
+        "rvcycletwo",
+        "rvnetwork",
+        "rvloop",
+    ];
+    let mut args = vec![
+        "CMD".to_string(),
+        "build".into(),
+        "--no-build-vignettes".into(),
+        "--no-manual".into(),
+    ];
+    args.extend(names.iter().map(|n| src.join(n).display().to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    r(&contrib, &args);
+    // A hostile tarball made by hand: a symbolic link out of its tree.
+    let evil = root.join("evil/rvevil");
+    write(
+        &evil,
+        &[
+            ("DESCRIPTION", &description("rvevil", "")),
+            ("NAMESPACE", "\n"),
+        ],
+    );
+    std::os::unix::fs::symlink("../../../../etc", evil.join("escape")).unwrap();
+    let st = Command::new("tar")
+        .arg("-czf")
+        .arg(contrib.join("rvevil_1.0.tar.gz"))
+        .arg("-C")
+        .arg(root.join("evil"))
+        .arg("rvevil")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    r(
+        &contrib,
+        &[
+            "--vanilla",
+            "-s",
+            "-e",
+            "tools::write_PACKAGES('.', type = 'source')",
+        ],
+    );
+    write(
+        &src.join("rvtamper"),
+        &[(
+            "R/t.R",
+            "tampered <- function() \"changed after the index\"\n",
+        )],
+    );
+    r(
+        &contrib,
+        &[
+            "CMD",
+            "build",
+            "--no-manual",
+            &src.join("rvtamper").display().to_string(),
+        ],
+    );
+    root.join("repo")
+}
+
+/// Serves `root`'s files on loopback until the test process ends.
+fn serve(root: PathBuf) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in l.incoming().flatten() {
+            let mut s = stream;
+            let mut line = String::new();
+            let mut rd = BufReader::new(s.try_clone().unwrap());
+            if rd.read_line(&mut line).is_err() {
+                continue;
+            }
+            loop {
+                let mut h = String::new();
+                if rd.read_line(&mut h).map(|n| n == 0).unwrap_or(true) || h == "\r\n" {
+                    break;
+                }
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+            let file = root.join(path.trim_start_matches('/'));
+            let resp = match (path.contains(".."), std::fs::read(&file)) {
+                (false, Ok(body)) => {
+                    let mut r = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    r.extend(body);
+                    r
+                }
+                _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_vec(),
+            };
+            let _ = s.write_all(&resp);
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn installer(state: &Path, repo: &str, policy: impl FnOnce(&mut Policy)) -> Installer {
+    let mut p = Policy {
+        repositories: vec![Repository::parse(repo).unwrap()],
+        ..Policy::default()
+    };
+    policy(&mut p);
+    let rinfo = RInfo::probe(Path::new("R"), &[]).expect("R answers");
+    Installer::new(p, state.to_path_buf(), rinfo)
+}
+
+fn names(v: &[Installed]) -> Vec<(&str, bool)> {
+    v.iter().map(|i| (i.name.as_str(), i.cached)).collect()
+}
+
+/// The package directories of a library (empty when it does not exist).
+fn listing(lib: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(lib)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A confined session of `sup` with `lib` after R's own libraries, as
+/// a tenant's sessions have their tenant library.
+fn session_with(sup: &Supervisor, lib: &Path) -> rvisor::Session {
+    // Confined workers run as other uids: let them read the library.
+    let _ = Command::new("chmod").args(["-R", "a+rX"]).arg(lib).status();
+    sup.session_with(SessionOptions {
+        libpath_after: vec![lib.to_path_buf()],
+        ..SessionOptions::default()
+    })
+    .expect("session")
+}
+
+fn console(s: &rvisor::Session, code: &str) -> rvisor::RunResult {
+    s.run(code).expect("queued").wait()
+}
+
+#[test]
+fn a_tenant_installs_with_dependencies_sessions_load_it_and_another_tenant_gets_the_cached_build() {
+    let dir = TestDir::new("pkgs-file");
+    let repo = repository(dir.path(), 9);
+    let inst = installer(
+        &dir.path().join("state"),
+        &format!("file://{}", repo.display()),
+        |_| {},
+    );
+
+    let got = inst.install("alice", &["rvuses".into()]).expect("install");
+    assert_eq!(
+        names(&got),
+        [("rvbase", false), ("rvuses", false)],
+        "{got:?}"
+    );
+    assert!(got
+        .iter()
+        .all(|i| i.version == "1.0" && i.repository.starts_with("file://")));
+    assert!(got[1].requested && !got[0].requested, "{got:?}");
+    assert_eq!(inst.installed("alice").len(), 2);
+    assert!(inst.installed("bob").is_empty());
+
+    // Asked again: already there, nothing rebuilt.
+    assert!(inst
+        .install("alice", &["rvuses".into()])
+        .unwrap()
+        .is_empty());
+
+    // Alice's session loads it, from after R's own libraries; bob's
+    // session of the same supervisor does not see it.
+    let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+    let s = session_with(&sup, &inst.library("alice"));
+    let r = console(&s, "library(rvuses); cat(uses_hello())");
+    assert_eq!(r.console, "rvuses and hello from rvbase", "{r:?}");
+    let r = console(&s, "lp <- .libPaths(); cat(lp[length(lp)] == dirname(find.package('rvuses')), match(.Library, lp) < length(lp))");
+    assert_eq!(
+        r.console, "TRUE TRUE",
+        "the tenant library comes last: {r:?}"
+    );
+    std::fs::create_dir_all(inst.library("bob")).unwrap();
+    let b = session_with(&sup, &inst.library("bob"));
+    let r = console(&b, "cat(requireNamespace('rvuses', quietly = TRUE))");
+    assert_eq!(r.console, "FALSE", "{r:?}");
+
+    // Bob's install of the same packages comes from the cache, and a new
+    // session of the running supervisor loads them.
+    let got = inst.install("bob", &["rvuses".into()]).expect("install");
+    assert_eq!(names(&got), [("rvbase", true), ("rvuses", true)], "{got:?}");
+    let b = session_with(&sup, &inst.library("bob"));
+    let r = console(&b, "library(rvuses); cat(uses_hello())");
+    assert_eq!(r.console, "rvuses and hello from rvbase", "{r:?}");
+}
+
+#[test]
+fn refusals_and_failures_name_their_rule_and_leave_the_library_unchanged() {
+    let dir = TestDir::new("pkgs-http");
+    let url = serve(dir.path().join("repo"));
+    let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+    repository(dir.path(), port);
+    let state = dir.path().join("state");
+    let inst = installer(&state, &url, |p| {
+        p.deny.insert("rvcycletwo".into());
+    });
+    // Something in the library first, so "unchanged" means something.
+    let got = inst.install("t", &["rvbase".into()]).expect("over HTTP");
+    assert_eq!(names(&got), [("rvbase", false)]);
+    assert!(got[0].repository.starts_with("http://127.0.0.1:"));
+    let lib = inst.library("t");
+    let before = listing(&lib);
+    let manifest = inst.installed("t");
+
+    let check = |pkg: &str, expect: &dyn Fn(&PackageError) -> bool| {
+        let e = inst.install("t", &[pkg.into()]).expect_err(pkg);
+        assert!(expect(&e), "{pkg}: {e}");
+        assert_eq!(listing(&lib), before, "{pkg} changed the library");
+        assert_eq!(inst.installed("t"), manifest);
+        e.to_string()
+    };
+    // A denied dependency refuses the package that needs it.
+    let m = check(
+        "rvcycleone",
+        &|e| matches!(e, PackageError::Refused { rule: "deny", package, .. } if package == "rvcycletwo"),
+    );
+    assert!(m.contains("rule 'deny'"), "{m}");
+    let m = check("nosuchpkg", &|e| matches!(e, PackageError::Unknown { .. }));
+    assert!(m.contains("not in any allowed repository"), "{m}");
+    let m = check("rvtamper", &|e| {
+        matches!(
+            e,
+            PackageError::Checksum {
+                algorithm: "MD5sum",
+                ..
+            }
+        )
+    });
+    assert!(m.contains("does not match the repository index"), "{m}");
+    let m = check("rvbroken", &|e| matches!(e, PackageError::Build { .. }));
+    assert!(
+        m.contains("rvbroken refuses to build"),
+        "the build's own error is shown: {m}"
+    );
+    let m = check("rvevil", &|e| matches!(e, PackageError::Tarball { .. }));
+    assert!(m.contains("links out of the package's directory"), "{m}");
+    check("../etc", &|e| {
+        matches!(e, PackageError::Refused { rule: "name", .. })
+    });
+
+    // As root the builder has no network: the same connection from the
+    // host works. (Without root it keeps the host's, as documented, and
+    // the build goes through.)
+    assert!(
+        rvisor_packages::build::can_isolate_network(),
+        "these tests run as root, as the confined sessions need"
+    );
+    let m = check("rvnetwork", &|e| matches!(e, PackageError::Build { .. }));
+    assert!(m.contains("cannot open the connection"), "{m}");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "the host reaches the server"
+    );
+    // A build that never ends is stopped at the timeout.
+    let quick = installer(&state, &url, |p| {
+        p.build_timeout = std::time::Duration::from_secs(3)
+    });
+    let e = quick.install("t", &["rvloop".into()]).expect_err("loop");
+    assert!(e.to_string().contains("longer than 3 s"), "{e}");
+    assert_eq!(listing(&lib), before);
+
+    // The cycle, with no deny-list in the way.
+    let open = installer(&state, &url, |_| {});
+    let e = open
+        .install("t", &["rvcycleone".into()])
+        .expect_err("cycle");
+    assert!(
+        matches!(&e, PackageError::Cycle { cycle } if cycle.len() == 3),
+        "{e}"
+    );
+    // Compiled code: refused by the rule, built when allowed.
+    let pure = installer(&state, &url, |p| p.compiled = false);
+    let e = pure.install("t", &["rvcode".into()]).expect_err("compiled");
+    assert!(
+        matches!(
+            e,
+            PackageError::Refused {
+                rule: "compiled",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(listing(&lib), before);
+    // A library cap smaller than the build.
+    let small = installer(&state, &url, |p| p.max_library_bytes = 1);
+    let e = small.install("t", &["rvcode".into()]).expect_err("cap");
+    assert!(
+        matches!(
+            e,
+            PackageError::Refused {
+                rule: "library_bytes",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(listing(&lib), before);
+
+    let got = open
+        .install("t", &["rvcode".into()])
+        .expect("C code builds");
+    assert_eq!(
+        names(&got),
+        [("rvcode", true)],
+        "the capped attempt built and cached it: {got:?}"
+    );
+    let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+    let s = session_with(&sup, &lib);
+    let r = console(&s, "cat(rvcode::rv_add(2, 40))");
+    assert_eq!(r.console, "42", "{r:?}");
+}

@@ -1,0 +1,331 @@
+//! The installer: the whole flow for one tenant, with a library per
+//! tenant under the state directory, a manifest of what was installed
+//! from where, and a staging library renamed into place only when every
+//! package of the request is ready.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::build::{self, BuildSettings};
+use crate::cache::{self, BuildKey, Cache};
+use crate::index::{self, Entry};
+use crate::{fetch, resolve, tarball, PackageError, Policy};
+
+/// Most bytes of one repository index.
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+
+/// One installed package, as an install answers and the manifest keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Installed {
+    /// Package name.
+    pub name: String,
+    /// Version.
+    pub version: String,
+    /// The repository URL it came from.
+    pub repository: String,
+    /// Whether the build came from the cache (built before, for this or
+    /// another tenant) rather than `R CMD INSTALL`.
+    pub cached: bool,
+    /// Whether it was asked for (false: pulled in as a dependency).
+    pub requested: bool,
+}
+
+/// The R that builds: its program, version, platform, and the packages
+/// its own libraries have (base, recommended, site).
+#[derive(Debug, Clone)]
+pub struct RInfo {
+    /// The `R` program.
+    pub r: PathBuf,
+    /// `major.minor`.
+    pub version: String,
+    /// `R.version$platform`.
+    pub platform: String,
+    /// Packages in R's libraries (never installed into a tenant's).
+    pub site_packages: BTreeSet<String>,
+}
+
+impl RInfo {
+    /// Asks `r` (with `libpath` as `R_LIBS`, the site libraries sessions
+    /// see) for its version, platform and installed packages.
+    pub fn probe(r: &Path, libpath: &[PathBuf]) -> Result<Self, PackageError> {
+        let mut c = Command::new(r);
+        c.args(["--vanilla", "-s", "-e"]).arg(
+            "cat(paste(R.version$major, R.version$minor, sep='.'), R.version$platform, rownames(installed.packages()), sep='\\n')",
+        );
+        if !libpath.is_empty() {
+            if let Ok(j) = std::env::join_paths(libpath) {
+                c.env("R_LIBS", j);
+            }
+        }
+        let out = c
+            .output()
+            .map_err(PackageError::io(format!("run {}", r.display())))?;
+        if !out.status.success() {
+            return Err(PackageError::Io {
+                what: format!("ask {} for its version", r.display()),
+                source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+            });
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lines = text.lines();
+        Ok(RInfo {
+            r: r.into(),
+            version: lines.next().unwrap_or("").into(),
+            platform: lines.next().unwrap_or("").into(),
+            site_packages: lines.map(String::from).collect(),
+        })
+    }
+}
+
+/// Installs packages for tenants. One per server; cheap to share.
+#[derive(Debug)]
+pub struct Installer {
+    policy: Policy,
+    root: PathBuf,
+    r: RInfo,
+    cache: Cache,
+    locks: Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
+}
+
+impl Installer {
+    /// An installer keeping tenant libraries and the build cache under
+    /// `root` (`tenants/<tenant>/library`, `cache/`).
+    pub fn new(policy: Policy, root: PathBuf, r: RInfo) -> Self {
+        let cache = Cache::new(root.join("cache"));
+        Installer {
+            policy,
+            root,
+            r,
+            cache,
+            locks: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Whether builds run without network here.
+    pub fn builds_without_network(&self) -> bool {
+        build::can_isolate_network()
+    }
+
+    fn tenant_dir(&self, tenant: &str) -> PathBuf {
+        // Tenant names are the service's (checked there); hex keeps any
+        // name a single safe path component.
+        let hexname: String = tenant.bytes().map(|b| format!("{b:02x}")).collect();
+        self.root.join("tenants").join(hexname)
+    }
+
+    /// The tenant's library directory (may not exist yet).
+    pub fn library(&self, tenant: &str) -> PathBuf {
+        self.tenant_dir(tenant).join("library")
+    }
+
+    /// What the tenant has installed, from its manifest.
+    pub fn installed(&self, tenant: &str) -> Vec<Installed> {
+        let p = self.tenant_dir(tenant).join("manifest.json");
+        std::fs::read(p)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Vec<Installed>>(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn index(&self) -> Result<BTreeMap<String, Entry>, PackageError> {
+        let mut all = BTreeMap::new();
+        for repo in &self.policy.repositories {
+            let url = repo.contrib("PACKAGES");
+            let bytes = fetch::fetch_bytes(&url, MAX_INDEX_BYTES).map_err(|e| {
+                PackageError::Repository {
+                    repo: repo.url.clone(),
+                    detail: e.to_string(),
+                }
+            })?;
+            for e in index::parse(&String::from_utf8_lossy(&bytes), repo) {
+                all.entry(e.package.clone()).or_insert(e);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Installs `names` and what they need into `tenant`'s library. On
+    /// any error the library is as it was.
+    pub fn install(&self, tenant: &str, names: &[String]) -> Result<Vec<Installed>, PackageError> {
+        if self.policy.repositories.is_empty() {
+            return Err(PackageError::Refused {
+                package: names.join(", "),
+                rule: "repositories",
+                detail: "no package repository is configured (rvisor serve --package-repo URL)"
+                    .into(),
+            });
+        }
+        for n in names {
+            self.policy.check_name(n)?;
+        }
+        let lock = {
+            let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            m.entry(tenant.into()).or_default().clone()
+        };
+        let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let index = self.index()?;
+        let lib = self.library(tenant);
+        let has =
+            |n: &str| self.r.site_packages.contains(n) || lib.join(n).join("DESCRIPTION").is_file();
+        let repos: Vec<&str> = self
+            .policy
+            .repositories
+            .iter()
+            .map(|r| r.url.as_str())
+            .collect();
+        let plan = resolve::resolve(names, &index, &has, &self.policy, &repos.join(", "))?;
+        let mut manifest = self.installed(tenant);
+        let current = |n: &str| {
+            manifest
+                .iter()
+                .find(|i| i.name == n)
+                .map(|i| i.version.clone())
+        };
+        // Asked for and already there at the index's version: nothing to do.
+        let plan: Vec<Entry> = plan
+            .into_iter()
+            .filter(|e| {
+                current(&e.package).as_deref() != Some(e.version.as_str())
+                    || !lib.join(&e.package).is_dir()
+            })
+            .collect();
+        let dir = self.tenant_dir(tenant);
+        let staging = dir.join(format!("staging-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging)
+            .map_err(PackageError::io("create the staging library"))?;
+        let result = self.stage(&plan, &staging, &lib, names);
+        let done = result.and_then(|done| {
+            let used = cache::tree_bytes(&lib) + cache::tree_bytes(&staging);
+            if used > self.policy.max_library_bytes {
+                return Err(PackageError::Refused {
+                    package: names.join(", "),
+                    rule: "library_bytes",
+                    detail: format!(
+                        "the tenant library would hold {used} bytes, over the cap of {}",
+                        self.policy.max_library_bytes
+                    ),
+                });
+            }
+            self.commit(&staging, &lib, &done)?;
+            Ok(done)
+        });
+        let _ = std::fs::remove_dir_all(&staging);
+        let done = done?;
+        for d in &done {
+            manifest.retain(|m| m.name != d.name);
+            manifest.push(d.clone());
+        }
+        manifest.sort_by(|a, b| a.name.cmp(&b.name));
+        let tmp = dir.join("manifest.json.tmp");
+        let body = serde_json::to_vec_pretty(&manifest).map_err(|e| PackageError::Io {
+            what: "write the manifest".into(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(&tmp, body).map_err(PackageError::io("write the manifest"))?;
+        std::fs::rename(&tmp, dir.join("manifest.json"))
+            .map_err(PackageError::io("write the manifest"))?;
+        Ok(done)
+    }
+
+    /// Builds (or takes from the cache) every entry into `staging`.
+    fn stage(
+        &self,
+        plan: &[Entry],
+        staging: &Path,
+        lib: &Path,
+        names: &[String],
+    ) -> Result<Vec<Installed>, PackageError> {
+        let scratch = staging.join(".build");
+        let mut done = Vec::new();
+        for e in plan {
+            let tar = scratch.join(e.tarball());
+            std::fs::create_dir_all(&scratch)
+                .map_err(PackageError::io("create the build's directory"))?;
+            fetch::fetch_to(
+                &e.repository.contrib(&e.tarball()),
+                &tar,
+                self.policy.max_download_bytes,
+            )?;
+            let (md5, sha) = fetch::digests(&tar)?;
+            let (algorithm, expected, actual) = match (&e.sha256, &e.md5) {
+                (Some(s), _) => ("SHA256", s.clone(), sha.clone()),
+                (None, Some(m)) => ("MD5sum", m.clone(), md5),
+                (None, None) => {
+                    return Err(PackageError::Refused {
+                        package: e.package.clone(),
+                        rule: "checksum",
+                        detail: "the repository index gives no MD5sum or SHA256 for it (write the index with tools::write_PACKAGES)".into(),
+                    })
+                }
+            };
+            if expected != actual {
+                return Err(PackageError::Checksum {
+                    package: e.package.clone(),
+                    algorithm,
+                    expected,
+                    actual,
+                });
+            }
+            let key = BuildKey {
+                package: e.package.clone(),
+                version: e.version.clone(),
+                r_version: self.r.version.clone(),
+                platform: self.r.platform.clone(),
+                sha256: sha,
+            };
+            let cached = match self.cache.get(&key) {
+                Some(built) => {
+                    cache::link_tree(&built, &staging.join(&e.package))?;
+                    true
+                }
+                None => {
+                    tarball::check(&tar, &e.package, self.policy.max_unpacked_bytes)?;
+                    let s = BuildSettings {
+                        r: self.r.r.clone(),
+                        timeout: self.policy.build_timeout,
+                        libraries: vec![lib.to_path_buf()],
+                        no_network: build::can_isolate_network(),
+                    };
+                    build::install(&s, &e.package, &tar, staging, &scratch.join(&e.package))?;
+                    self.cache.put(&key, &staging.join(&e.package))?;
+                    false
+                }
+            };
+            done.push(Installed {
+                name: e.package.clone(),
+                version: e.version.clone(),
+                repository: e.repository.url.clone(),
+                cached,
+                requested: names.contains(&e.package),
+            });
+        }
+        Ok(done)
+    }
+
+    /// Renames every staged package into the library (an older version
+    /// moved aside first and removed after).
+    fn commit(&self, staging: &Path, lib: &Path, done: &[Installed]) -> Result<(), PackageError> {
+        std::fs::create_dir_all(lib).map_err(PackageError::io("create the tenant library"))?;
+        for d in done {
+            let (new, at) = (staging.join(&d.name), lib.join(&d.name));
+            let old = staging.join(format!(".old-{}", d.name));
+            if at.exists() {
+                std::fs::rename(&at, &old)
+                    .map_err(PackageError::io("move an older version aside"))?;
+            }
+            std::fs::rename(&new, &at)
+                .map_err(PackageError::io("move a package into the tenant library"))?;
+        }
+        Ok(())
+    }
+}
