@@ -986,3 +986,24 @@ fn forked_worker_has_the_search_path_of_a_spawned_one() {
     let r = call_ok(&preloaded, "library(ggplot2); cat(exists('ggplot'))");
     assert_eq!(r.console, "TRUE");
 }
+
+/// Two supervisors in one process (a host application, a test) each have
+/// their own cgroups: dropping one does not take away the groups the other
+/// makes its confined workers in.
+#[test]
+fn dropping_one_of_two_supervisors_leaves_the_other_its_cgroups() {
+    let pool = || PoolConfig {
+        spares: 0,
+        preload: Some(Vec::new()),
+        ..PoolConfig::default()
+    };
+    let kept = ready(supervisor_with(pool()));
+    let dropped = ready(supervisor_with(pool()));
+    let s = dropped.session().expect("session");
+    call_ok(&s, "x <- 1");
+    drop(s);
+    drop(dropped);
+    let s = kept.session().expect("session");
+    let r = call_ok(&s, "cat(Sys.getpid() > 0)");
+    assert_eq!(r.console, "TRUE");
+}

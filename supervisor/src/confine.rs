@@ -797,6 +797,14 @@ impl Cgroups {
         if root.join("cgroup.controllers").exists() {
             return missing(CgroupMissing::V2Only);
         }
+        // One group per supervisor, not per process: a process may hold
+        // several supervisors, and dropping one removes its group.
+        static SUPERVISORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let own = format!(
+            "rvisor-{}-{}",
+            std::process::id(),
+            SUPERVISORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let mut parents = Vec::new();
         for c in CGROUP_CONTROLLERS {
             let base = root.join(c);
@@ -807,7 +815,7 @@ impl Cgroups {
                 });
             }
             sweep_stale(&base);
-            let parent = base.join(format!("rvisor-{}", std::process::id()));
+            let parent = base.join(&own);
             match std::fs::create_dir(&parent) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -827,7 +835,7 @@ impl Cgroups {
             let base = root.join(c);
             if base.join("cgroup.procs").exists() {
                 sweep_stale(&base);
-                let parent = base.join(format!("rvisor-{}", std::process::id()));
+                let parent = base.join(&own);
                 if std::fs::create_dir(&parent).is_ok() || parent.is_dir() {
                     parents.push(parent);
                 }
@@ -920,8 +928,10 @@ fn sweep_stale(base: &std::path::Path) {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
+        // rvisor-PID-N (rvisor-PID before supervisors had groups of their own).
         let Some(pid) = name
             .strip_prefix("rvisor-")
+            .and_then(|p| p.split('-').next())
             .and_then(|p| p.parse::<i32>().ok())
         else {
             continue;
