@@ -6,6 +6,7 @@ mod displays;
 mod files;
 #[cfg(feature = "kernel")]
 mod kernel;
+mod packages;
 mod repl;
 
 use anyhow::{bail, Context, Result};
@@ -840,6 +841,8 @@ struct ServeArgs {
     /// tenant bound, each stream keeps its own).
     #[arg(long, default_value_t = (rvisor_server::service::DEFAULT_TENANT_STREAM_BUFFER_BYTES >> 10) as u64, value_name = "KIB", value_parser = tenant_buffer_kib)]
     tenant_stream_buffer_kb: u64,
+    #[command(flatten)]
+    packages: packages::PackageArgs,
 }
 
 /// A stream buffer in KiB: at least [`rvisor::MIN_STREAM_BUFFER_BYTES`]
@@ -971,6 +974,11 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         }),
         (None, None) => None,
     };
+    let installer = a.packages.installer(
+        a.state_dir.as_deref(),
+        a.data_dir.as_deref(),
+        &base_config().worker.libpath,
+    )?;
     let mut tables = rvisor_server::tables::TableConfig::default();
     if let Some(dir) = a.data_dir {
         tables.dir = dir;
@@ -1053,6 +1061,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
                 k => (k as usize) << 10,
             },
         },
+        packages: installer,
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

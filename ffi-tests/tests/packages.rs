@@ -463,3 +463,201 @@ fn refusals_and_failures_name_their_rule_and_leave_the_library_unchanged() {
     let r = console(&s, "cat(rvcode::rv_add(2, 40))");
     assert_eq!(r.console, "42", "{r:?}");
 }
+
+/// A `rvisor serve` (confined workers, tenants alice and bob) installing
+/// from `repo` into `packages`.
+fn server(dir: &Path, repo: &str, packages: &Path) -> rvisor_ffi_tests::ServeBin {
+    let tokens = dir.join("tokens");
+    std::fs::write(
+        &tokens,
+        "alice-token-0123456789 alice\nbob-token-0123456789ab bob\n",
+    )
+    .unwrap();
+    rvisor_ffi_tests::ServeBin::start_with(rvisor_ffi_tests::ServeOptions {
+        tokens: Some(&tokens),
+        args: &[
+            "--package-repo",
+            repo,
+            "--package-deny",
+            "rvcycletwo",
+            "--package-dir",
+            &packages.display().to_string(),
+        ],
+        confined: true,
+        ..Default::default()
+    })
+}
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789ab";
+
+fn http(
+    srv: &rvisor_ffi_tests::ServeBin,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let url = format!("http://{}{path}", srv.addr);
+    let a = rvisor_ffi_tests::cluster::call(
+        method,
+        &url,
+        token,
+        body.map(|b| ("application/json", b.to_string().into_bytes())),
+    );
+    (a.status, a.body)
+}
+
+fn run_as(srv: &rvisor_ffi_tests::ServeBin, token: &str, code: &str) -> serde_json::Value {
+    let (status, r) = http(
+        srv,
+        "POST",
+        "/v1/run",
+        token,
+        Some(serde_json::json!({"script": code, "timeout_seconds": 60})),
+    );
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
+#[test]
+fn over_http_a_tenant_installs_from_outside_and_from_r_code_and_its_library_survives_a_restart() {
+    let dir = TestDir::new("pkgs-serve");
+    let repo = repository(dir.path(), 9);
+    let repo_url = format!("file://{}", repo.display());
+    let packages = dir.path().join("packages");
+    let srv = server(dir.path(), &repo_url, &packages);
+
+    // Health and /v1/packages show the policy.
+    let (_, h) = http(&srv, "GET", "/v1/health", ALICE, None);
+    assert_eq!(
+        h["package_install"]["repositories"][0]["url"], repo_url,
+        "{h}"
+    );
+    assert_eq!(h["package_install"]["deny"][0], "rvcycletwo", "{h}");
+    let (status, p) = http(&srv, "GET", "/v1/packages", ALICE, None);
+    assert_eq!(status, 200, "{p}");
+    assert!(p["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "stats"));
+    assert_eq!(p["tenant_packages"], serde_json::json!([]));
+    assert_eq!(p["install"]["compiled"], true);
+
+    // From outside: alice installs rvuses (and rvbase with it).
+    let (status, got) = http(
+        &srv,
+        "POST",
+        "/v1/packages/install",
+        ALICE,
+        Some(serde_json::json!({"packages": ["rvuses"]})),
+    );
+    assert_eq!(status, 200, "{got}");
+    let names: Vec<&str> = got["installed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["rvbase", "rvuses"], "{got}");
+    let r = run_as(&srv, ALICE, "library(rvuses); cat(uses_hello())");
+    assert_eq!(r["console"], "rvuses and hello from rvbase", "{r}");
+    // Bob's runs do not see it.
+    let r = run_as(&srv, BOB, "cat(requireNamespace('rvuses', quietly = TRUE))");
+    assert_eq!(r["console"], "FALSE", "{r}");
+
+    // From R code in bob's session: install.packages() goes through the
+    // host (the confined worker has no network and a read-only library),
+    // says what it did, and the session loads it at once.
+    let (status, s) = http(
+        &srv,
+        "POST",
+        "/v1/sessions",
+        BOB,
+        Some(serde_json::json!({})),
+    );
+    assert_eq!(status, 201, "{s}");
+    let sid = s["id"].as_str().unwrap().to_string();
+    let srun = |code: &str| {
+        let (status, r) = http(
+            &srv,
+            "POST",
+            &format!("/v1/sessions/{sid}/run"),
+            BOB,
+            Some(serde_json::json!({"code": code, "timeout_seconds": 60})),
+        );
+        assert_eq!(status, 200, "{r}");
+        r
+    };
+    let r = srun("x <- 41; install.packages('rvuses'); library(rvuses); cat(uses_hello())");
+    assert_eq!(r["success"], true, "{r}");
+    let console = r["console"].as_str().unwrap();
+    assert!(
+        console.contains("installed rvuses 1.0") && console.contains("from the cache"),
+        "alice's builds are reused: {console}"
+    );
+    assert!(
+        console.ends_with("rvuses and hello from rvbase"),
+        "{console}"
+    );
+    // A refusal names the rule and the session goes on with its state.
+    let r = srun("install.packages('rvcycleone')");
+    assert_eq!(r["success"], false, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("rule 'deny'") && msg.contains("rvcycletwo"),
+        "{msg}"
+    );
+    let r = srun("install.packages('rvbroken')");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("failed to build"), "{msg}");
+    let r = srun("cat(x + 1)");
+    assert_eq!(r["console"], "42", "{r}");
+    // A file or URL is not installed.
+    let r = srun("install.packages('/tmp/x_1.0.tar.gz', repos = NULL)");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("by name"),
+        "{r}"
+    );
+
+    // Errors from outside: the step in details, the library unchanged.
+    let (status, e) = http(
+        &srv,
+        "POST",
+        "/v1/packages/install",
+        ALICE,
+        Some(serde_json::json!({"packages": ["nosuchpkg"]})),
+    );
+    assert_eq!(status, 422, "{e}");
+    assert_eq!(e["error"]["code"], "package", "{e}");
+    assert_eq!(e["error"]["details"]["reason"], "unknown_package", "{e}");
+    let (status, e) = http(
+        &srv,
+        "POST",
+        "/v1/packages/install",
+        ALICE,
+        Some(serde_json::json!({"packages": []})),
+    );
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (422, Some("invalid")),
+        "{e}"
+    );
+    let (_, p) = http(&srv, "GET", "/v1/packages", ALICE, None);
+    assert_eq!(p["tenant_packages"].as_array().unwrap().len(), 2, "{p}");
+
+    // A restart keeps both tenants' libraries.
+    drop(srv);
+    let srv = server(dir.path(), &repo_url, &packages);
+    let r = run_as(&srv, ALICE, "library(rvuses); cat(uses_hello())");
+    assert_eq!(r["console"], "rvuses and hello from rvbase", "{r}");
+    let (_, p) = http(&srv, "GET", "/v1/packages", BOB, None);
+    let bob: Vec<(&str, bool)> = p["tenant_packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["name"].as_str().unwrap(), i["cached"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(bob, [("rvbase", true), ("rvuses", true)], "{p}");
+}

@@ -988,6 +988,7 @@ impl Shared {
                 variables: Vec::new(),
                 tables: Vec::new(),
                 cancel: None,
+                libraries_after: Vec::new(),
             },
             id,
             opts,
@@ -2743,6 +2744,8 @@ impl Supervisor {
         if let Err(e) = cfg.apply_overrides(limits, network) {
             return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
         }
+        cfg.libpath_after
+            .extend(ctx.libraries_after.iter().cloned());
         mark("run_once.acquire");
         let pool = &self.inner.pool;
         let preloads = pool.names_preload(code) || preamble.is_some_and(|p| pool.names_preload(p));

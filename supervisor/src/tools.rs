@@ -248,6 +248,12 @@ pub struct CallContext {
     /// `Supervisor::run_once_limited`); a session gives each call a token of
     /// its own, which `Session::cancel` and `Session::cancel_call` cancel.
     pub cancel: Option<crate::CancelToken>,
+    /// One-shot runs: libraries after R's own on `.libPaths()` for this
+    /// run's worker (a tenant's packages, docs/packages.md), read-only when
+    /// confined; such a worker is forked for the run, not taken from the
+    /// spares. Session calls ignore it: a session's are
+    /// `SessionOptions::libpath_after`.
+    pub libraries_after: Vec<std::path::PathBuf>,
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use std::time::Instant;
 
 mod files;
 mod openapi;
+mod packages;
 pub use openapi::{
     document, openapi_json, service_document, CHECKPOINT_OPERATIONS, OPERATION_ERRORS,
     SESSION_LOOKUP, UNAUTHENTICATED,
@@ -73,6 +74,9 @@ pub struct ServeConfig {
     pub streams: crate::service::StreamConfig,
     /// The byte and count quotas of session files and artifacts.
     pub files: rvisor::file_rules::FileLimits,
+    /// Packages on demand (docs/packages.md): the installer of tenant
+    /// libraries; `None`, installing is off.
+    pub packages: Option<std::sync::Arc<rvisor_packages::Installer>>,
 }
 
 impl ServeConfig {
@@ -101,6 +105,7 @@ impl Default for ServeConfig {
             session_ttl: Some(crate::service::DEFAULT_SESSION_TTL),
             streams: crate::service::StreamConfig::default(),
             files: rvisor::file_rules::FileLimits::default(),
+            packages: None,
         }
     }
 }
@@ -210,12 +215,11 @@ pub struct ErrorDetail {
     /// retry may succeed (also the `Retry-After` header).
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after_seconds: Option<u64>,
-}
-
-/// The answer of GET /v1/packages.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct PackagesBody {
-    packages: Vec<rvisor::ops::Package>,
+    /// More about some errors: with `package`, `reason` (the step that
+    /// failed), `package`, `rule`, `log` (docs/packages.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    details: Option<serde_json::Value>,
 }
 
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "operations", responses((status = 200, description = "This document (OpenAPI 3), as this server answers", content_type = "application/json", body = Object)))]
@@ -424,13 +428,6 @@ async fn blocking<T: Send + 'static>(
 async fn health(State(st): State<Handlers>) -> Result<Response, ApiError> {
     let svc = st.service.clone();
     Ok(Json(blocking(move || svc.health()).await?).into_response())
-}
-
-#[utoipa::path(get, path = "/v1/packages", tag = "operations", responses((status = 200, description = "The installed packages a script can `library()`", body = PackagesBody)))]
-async fn packages(State(st): State<Handlers>) -> Result<Response, ApiError> {
-    let svc = st.service.clone();
-    let list = blocking(move || svc.packages()).await??;
-    Ok(Json(json!({ "packages": list })).into_response())
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
@@ -863,6 +860,7 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             session_ttl: cfg.session_ttl,
             streams: cfg.streams.clone(),
             files: cfg.files,
+            packages: cfg.packages.clone(),
         },
     )
 }
@@ -901,7 +899,8 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
             "/v1/artifacts/{execution_id}/{*name}",
             get(files::artifact_get),
         )
-        .route("/v1/packages", get(packages))
+        .route("/v1/packages", get(packages::packages))
+        .route("/v1/packages/install", post(packages::packages_install))
         .route("/v1/validate", post(validate))
         .route("/v1/run", post(run))
         .route("/v1/sessions", post(create_session))

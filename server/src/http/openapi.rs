@@ -16,7 +16,8 @@ use super::*;
     ),
     paths(
         health,
-        packages,
+        packages::packages,
+        packages::packages_install,
         validate,
         run,
         create_session,
@@ -64,6 +65,17 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
     &[
         ("get", "/v1/health", &[E::Internal]),
         ("get", "/v1/packages", &[E::NoWorker, E::Internal]),
+        (
+            "post",
+            "/v1/packages/install",
+            &[
+                E::BadRequest,
+                E::TooLarge,
+                E::Invalid,
+                E::Package,
+                E::Internal,
+            ],
+        ),
         (
             "post",
             "/v1/validate",

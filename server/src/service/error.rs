@@ -54,13 +54,17 @@ pub enum ErrorCode {
     /// absolute path, a symlink or FIFO R made...): the message says which
     /// (409; `rvisor::file_rules`).
     FileRefused,
+    /// Installing packages failed or was refused (a policy rule, an unknown
+    /// package, a checksum, a failed build...): `details.reason` says which
+    /// step, the message what to do (422; docs/packages.md).
+    Package,
     /// A bug or an unexpected failure of the server.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -79,6 +83,7 @@ impl ErrorCode {
         ErrorCode::Storage,
         ErrorCode::Draining,
         ErrorCode::FileRefused,
+        ErrorCode::Package,
         ErrorCode::Internal,
     ];
 
@@ -103,6 +108,7 @@ impl ErrorCode {
             ErrorCode::Storage => "storage",
             ErrorCode::Draining => "draining",
             ErrorCode::FileRefused => "file_refused",
+            ErrorCode::Package => "package",
             ErrorCode::Internal => "internal",
         }
     }
@@ -127,7 +133,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict | ErrorCode::FileRefused => 409,
             ErrorCode::TooLarge => 413,
-            ErrorCode::Invalid => 422,
+            ErrorCode::Invalid | ErrorCode::Package => 422,
             ErrorCode::QueueFull | ErrorCode::Quota => 429,
             ErrorCode::Internal | ErrorCode::Storage => 500,
             ErrorCode::NoWorker | ErrorCode::Busy | ErrorCode::Draining => 503,
@@ -153,6 +159,9 @@ pub struct ServiceError {
     /// When a retry may succeed, seconds (admission refusals): HTTP sends
     /// it as `Retry-After`, other surfaces in the error's JSON.
     pub retry_after_seconds: Option<u64>,
+    /// More about the failure, in the error's JSON as `details` (package
+    /// errors: the step, the package, the rule, the build's log).
+    pub details: Option<Value>,
 }
 
 impl ServiceError {
@@ -162,6 +171,7 @@ impl ServiceError {
             code,
             message: message.into(),
             retry_after_seconds: None,
+            details: None,
         }
     }
 
@@ -177,6 +187,7 @@ impl ServiceError {
             code,
             message: r.message,
             retry_after_seconds: Some(r.retry_after_seconds),
+            details: None,
         }
     }
 
@@ -206,6 +217,9 @@ impl ServiceError {
         let mut v = json!({"code": self.code.as_str(), "message": self.message});
         if let Some(s) = self.retry_after_seconds {
             v["retry_after_seconds"] = json!(s);
+        }
+        if let Some(d) = &self.details {
+            v["details"] = d.clone();
         }
         v
     }

@@ -17,6 +17,7 @@ mod metrics;
 mod node;
 mod oneshot;
 mod ownership;
+pub mod packages;
 mod policy;
 mod publish;
 mod request;
@@ -79,6 +80,9 @@ pub struct ServiceConfig {
     pub streams: StreamConfig,
     /// The byte and count quotas of files (`rvisor::file_rules`).
     pub files: rvisor::file_rules::FileLimits,
+    /// Packages on demand (packages.rs, docs/packages.md): the installer
+    /// of tenant libraries; `None`, installing is off.
+    pub packages: Option<Arc<rvisor_packages::Installer>>,
 }
 
 /// Default of [`ServiceConfig::session_ttl`]: 7 days.
@@ -97,6 +101,7 @@ impl Default for ServiceConfig {
             session_ttl: Some(DEFAULT_SESSION_TTL),
             streams: StreamConfig::default(),
             files: rvisor::file_rules::FileLimits::default(),
+            packages: None,
         }
     }
 }
@@ -285,6 +290,8 @@ impl Service {
         };
         v["node_id"] = json!(self.inner.sup.config().node_id);
         v["draining"] = json!(self.inner.drain.is_draining());
+        // Packages on demand: repositories, allow/deny, caps (null: off).
+        v["package_install"] = self.package_policy();
         v
     }
 

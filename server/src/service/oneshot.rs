@@ -128,10 +128,13 @@ impl Service {
             display,
             ..CallOptions::one_shot(Some(timeout))
         };
+        let mut tools = vec![publish];
+        tools.extend(self.install_tool(tenant));
         let ctx = CallContext {
             variables,
             tables,
-            tools: Arc::new(vec![publish]),
+            tools: Arc::new(tools),
+            libraries_after: self.tenant_libraries(tenant)?,
             cancel: Some(cancel.clone()),
             ..CallContext::default()
         };

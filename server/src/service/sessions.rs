@@ -108,6 +108,10 @@ impl Service {
         make: impl FnOnce(&Supervisor, SessionOptions) -> Result<Session, rvisor::Error>,
     ) -> Result<(Session, Published), ServiceError> {
         let published: Published = Arc::new(Mutex::new(Vec::new()));
+        // A tenant's packages (packages.rs): its library after R's own,
+        // and install.packages() through the host.
+        opts.libpath_after.extend(self.tenant_libraries(tenant)?);
+        opts.tools.extend(self.install_tool(tenant));
         opts.tools.push(publish_tool(
             self.inner.tables.clone(),
             tenant.to_string(),

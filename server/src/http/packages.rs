@@ -1,0 +1,77 @@
+//! The HTTP routes of packages: what a tenant can load and may install
+//! (`GET /v1/packages`), and installing into its library
+//! (`POST /v1/packages/install`); the rules are the service's
+//! (`service::packages`, docs/packages.md).
+
+use super::{blocking, ApiError, ApiJson, Handlers, Tenant};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// A package of a tenant's library.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TenantPackage {
+    /// Package name.
+    pub name: String,
+    /// Version.
+    pub version: String,
+    /// The repository it came from.
+    pub repository: String,
+    /// Whether the build came from the shared build cache.
+    pub cached: bool,
+    /// Whether it was asked for (false: a dependency).
+    pub requested: bool,
+}
+
+/// The answer of GET /v1/packages.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct PackagesBody {
+    /// The packages of R's own libraries (base, recommended, site).
+    pub packages: Vec<rvisor::ops::Package>,
+    /// The packages this tenant installed (its library, after R's own).
+    pub tenant_packages: Vec<TenantPackage>,
+    /// What may be installed, from where, within which caps (as health's
+    /// `package_install`); null when installing is off.
+    #[schema(value_type = Option<Object>)]
+    pub install: Option<serde_json::Value>,
+}
+
+#[utoipa::path(get, path = "/v1/packages", tag = "operations", responses((status = 200, description = "The packages a script can `library()`: R's own, the tenant's, and what the tenant may install", body = PackagesBody)))]
+pub(super) async fn packages(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+) -> Result<Response, ApiError> {
+    let svc = st.service.clone();
+    let report = blocking(move || svc.packages_report(&tenant)).await??;
+    Ok(Json(report).into_response())
+}
+
+/// The body of POST /v1/packages/install.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InstallBody {
+    /// Package names (dependencies come with them), at most 100.
+    #[schema(value_type = Vec<String>)]
+    pub packages: serde_json::Value,
+}
+
+/// The answer of POST /v1/packages/install.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct InstallAnswer {
+    /// What was installed, dependencies included; empty when everything
+    /// was there already at the repository's version.
+    pub installed: Vec<TenantPackage>,
+}
+
+#[utoipa::path(post, path = "/v1/packages/install", tag = "operations", request_body = InstallBody, responses((status = 200, description = "Installed into the tenant's library (sessions and runs of the tenant see it after R's own libraries); on an error (`package`, with `details.reason`) the library is unchanged", body = InstallAnswer)))]
+pub(super) async fn packages_install(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    ApiJson(b): ApiJson<InstallBody>,
+) -> Result<Response, ApiError> {
+    let names = crate::service::packages::package_names(&b.packages)?;
+    let svc = st.service.clone();
+    let installed = blocking(move || svc.install_packages(&tenant, &names)).await??;
+    Ok(Json(json!({ "installed": installed })).into_response())
+}

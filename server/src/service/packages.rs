@@ -1,0 +1,244 @@
+//! Packages on demand (docs/packages.md): the service's side of
+//! `rvisor-packages`, one definition for every surface.
+//!
+//! With an installer configured, every call of a tenant (its sessions and
+//! its one-shot runs) has the tenant's library after R's own on
+//! `.libPaths()`, read-only to the worker; R code's `install.packages()`
+//! asks the `rvisor.install` host tool, and `POST /v1/packages/install`
+//! (MCP `install_r_packages`, nng `install_packages`) comes to
+//! [`Service::install_packages`]. Both install through the installer, on
+//! the host: the worker never gets network.
+
+use super::{ErrorCode, Service, ServiceError};
+use rvisor_packages::{Installed, Installer, PackageError};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Most packages one install request may name.
+pub const MAX_PACKAGES_PER_INSTALL: usize = 100;
+
+/// The name of the host tool behind R's `install.packages()`.
+pub const INSTALL_TOOL: &str = "rvisor.install";
+
+/// A package error as every surface reports it: code `package`, the
+/// installer's message, and `details` with the step (`reason`: `refused`,
+/// `unknown_package`, `dependency_cycle`, `repository`, `download`,
+/// `checksum`, `tarball`, `build_failed`, `io`), the package and rule
+/// where there is one, and the tail of a failed build's log.
+pub fn package_error(e: &PackageError) -> ServiceError {
+    let mut details = json!({"reason": e.code()});
+    match e {
+        PackageError::Refused { package, rule, .. } => {
+            details["package"] = json!(package);
+            details["rule"] = json!(rule);
+        }
+        PackageError::Unknown { package, .. }
+        | PackageError::Checksum { package, .. }
+        | PackageError::Tarball { package, .. } => details["package"] = json!(package),
+        PackageError::Build { package, log, .. } => {
+            details["package"] = json!(package);
+            details["log"] = json!(log_tail(log, 8 << 10));
+        }
+        PackageError::Cycle { cycle } => details["cycle"] = json!(cycle),
+        _ => {}
+    }
+    let mut err = ServiceError::new(ErrorCode::Package, e.to_string());
+    err.details = Some(details);
+    err
+}
+
+/// The last `max` bytes of `log` (at a character boundary).
+fn log_tail(log: &str, max: usize) -> &str {
+    if log.len() <= max {
+        return log;
+    }
+    let mut start = log.len() - max;
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    &log[start..]
+}
+
+/// Package names from a request: a string or an array of strings,
+/// one at least and at most [`MAX_PACKAGES_PER_INSTALL`].
+pub fn package_names(v: &Value) -> Result<Vec<String>, ServiceError> {
+    let names: Vec<String> = match v {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                ServiceError::invalid(
+                    "`packages` must be package names (strings), e.g. [\"janitor\"]",
+                )
+            })?,
+        _ => {
+            return Err(ServiceError::invalid(
+                "`packages` must be a package name or a list of names, e.g. [\"janitor\"]",
+            ))
+        }
+    };
+    if names.is_empty() {
+        return Err(ServiceError::invalid(
+            "`packages` is empty: name at least one package to install",
+        ));
+    }
+    if names.len() > MAX_PACKAGES_PER_INSTALL {
+        return Err(ServiceError::invalid(format!(
+            "{} packages were named, more than the {MAX_PACKAGES_PER_INSTALL} one install may \
+             take; install them in several requests",
+            names.len()
+        )));
+    }
+    Ok(names)
+}
+
+impl Service {
+    fn installer(&self) -> Option<&Arc<Installer>> {
+        self.inner.cfg.packages.as_ref()
+    }
+
+    /// The libraries a call of `tenant` has after R's own: the tenant's
+    /// library (made if it is not there yet, so that a package installed
+    /// during a session is seen by it), or none when installing is off.
+    pub(super) fn tenant_libraries(&self, tenant: &str) -> Result<Vec<PathBuf>, ServiceError> {
+        let Some(inst) = self.installer() else {
+            return Ok(Vec::new());
+        };
+        let lib = inst.library(tenant);
+        std::fs::create_dir_all(&lib).map_err(|e| {
+            ServiceError::new(
+                ErrorCode::Storage,
+                format!(
+                    "cannot make the tenant's package library {} ({e}); check the packages \
+                     directory of the server",
+                    lib.display()
+                ),
+            )
+        })?;
+        Ok(vec![lib])
+    }
+
+    /// The `rvisor.install` host tool of `tenant`'s calls, when installing
+    /// is on: R's `install.packages()` comes to it.
+    pub(super) fn install_tool(&self, tenant: &str) -> Option<rvisor::Tool> {
+        let inst = self.installer()?.clone();
+        let tenant = tenant.to_string();
+        let tool = rvisor::Tool::new(
+            INSTALL_TOOL,
+            "Install packages (and their dependencies) from the server's repositories into the tenant's library",
+            json!({"type": "object", "properties": {"packages": {"type": "array", "items": {"type": "string"}}}}),
+            move |call| {
+                let names = package_names(&call.args["packages"]).map_err(|e| e.message)?;
+                let installed = inst
+                    .install(&tenant, &names)
+                    .map_err(|e| package_error(&e).message)?;
+                Ok(json!({"installed": installed}))
+            },
+        );
+        // The name is a constant that matches the rules.
+        Some(tool.unwrap_or_else(|e| unreachable!("{e}")))
+    }
+
+    /// Installs `names` and their dependencies into `tenant`'s library:
+    /// what was installed (dependencies included; `cached` when the build
+    /// came from the shared cache). On any error the library is as it was.
+    pub fn install_packages(
+        &self,
+        tenant: &str,
+        names: &[String],
+    ) -> Result<Vec<Installed>, ServiceError> {
+        let Some(inst) = self.installer() else {
+            return Err(ServiceError::new(
+                ErrorCode::Package,
+                "installing packages is off on this server: an operator turns it on with \
+                 `rvisor serve --package-repo URL` (docs/packages.md)",
+            ));
+        };
+        if names.is_empty() {
+            return Err(ServiceError::invalid(
+                "no package was named: give at least one package to install",
+            ));
+        }
+        inst.install(tenant, names).map_err(|e| package_error(&e))
+    }
+
+    /// The install policy as health shows it (`package_install`): `null`
+    /// when installing is off.
+    pub fn package_policy(&self) -> Value {
+        match self.installer() {
+            None => Value::Null,
+            Some(inst) => {
+                let mut v = serde_json::to_value(inst.policy()).unwrap_or_default();
+                v["builds_without_network"] = json!(inst.builds_without_network());
+                v
+            }
+        }
+    }
+
+    /// What `tenant` can load (the site's packages and its own library's)
+    /// and what it may install: `GET /v1/packages`.
+    pub fn packages_report(&self, tenant: &str) -> Result<Value, ServiceError> {
+        let site = self.packages()?;
+        let (tenant_pkgs, install) = match self.installer() {
+            None => (Vec::new(), Value::Null),
+            Some(inst) => (inst.installed(tenant), self.package_policy()),
+        };
+        Ok(json!({
+            "packages": site,
+            "tenant_packages": tenant_pkgs,
+            "install": install,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_a_string_or_a_list() {
+        assert_eq!(package_names(&json!("janitor")).unwrap(), vec!["janitor"]);
+        assert_eq!(
+            package_names(&json!(["a1", "b2"])).unwrap(),
+            vec!["a1", "b2"]
+        );
+        for bad in [json!([]), json!(3), json!([1]), json!(null)] {
+            let e = package_names(&bad).unwrap_err();
+            assert_eq!(e.code, ErrorCode::Invalid, "{bad}");
+        }
+        let many: Vec<String> = (0..=MAX_PACKAGES_PER_INSTALL)
+            .map(|i| format!("p{i}"))
+            .collect();
+        assert!(package_names(&json!(many))
+            .unwrap_err()
+            .message
+            .contains("several requests"));
+    }
+
+    #[test]
+    fn a_package_error_names_its_step_and_rule() {
+        let e = package_error(&PackageError::Refused {
+            package: "evil".into(),
+            rule: "deny",
+            detail: "the operator denies it".into(),
+        });
+        assert_eq!(e.code, ErrorCode::Package);
+        let j = e.to_json();
+        assert_eq!(j["code"], "package");
+        assert_eq!(j["details"]["reason"], "refused");
+        assert_eq!(j["details"]["rule"], "deny");
+        assert_eq!(j["details"]["package"], "evil");
+        assert!(j["message"].as_str().unwrap().contains("'deny'"));
+        let long = "é".repeat(10_000);
+        let b = package_error(&PackageError::Build {
+            package: "p".into(),
+            detail: "failed".into(),
+            log: long.clone(),
+        });
+        let tail = b.details.unwrap()["log"].as_str().unwrap().to_string();
+        assert!(tail.len() <= 8 << 10 && long.ends_with(&tail));
+    }
+}
