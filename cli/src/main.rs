@@ -187,6 +187,8 @@ enum Cmd {
         /// hibernates (0: never).
         #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
         hibernate_after_secs: f64,
+        #[command(flatten)]
+        packages: packages::PackageArgs,
     },
     /// Liveness, versions, the live safety rules, workers.
     Health {
@@ -1089,7 +1091,13 @@ fn mcp(
     data_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     hibernate_after_secs: f64,
+    packages: &packages::PackageArgs,
 ) -> Result<ExitCode> {
+    let installer = packages.installer(
+        state_dir.as_deref(),
+        data_dir.as_deref(),
+        &base_config().worker.libpath,
+    )?;
     let checkpoints = state_dir.as_deref().map(state_store).transpose()?;
     let defaults = rvisor::SessionOptions {
         hibernate_after: (hibernate_after_secs > 0.0)
@@ -1117,7 +1125,12 @@ fn mcp(
     // Read on a thread of the server's own, so the end of the input is
     // seen (and cancels the call in flight) while a call runs.
     let stdin = std::io::BufReader::new(std::io::stdin());
-    let served = rvisor_server::mcp::serve(&sup, tables, stdin, std::io::stdout().lock());
+    let cfg = rvisor_server::service::ServiceConfig {
+        tables,
+        packages: installer,
+        ..Default::default()
+    };
+    let served = rvisor_server::mcp::serve_with(&sup, cfg, stdin, std::io::stdout().lock());
     if let Some(dir) = private {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -1265,7 +1278,8 @@ fn command() -> ExitCode {
             data_dir,
             state_dir,
             hibernate_after_secs,
-        } => report(mcp(data_dir, state_dir, hibernate_after_secs)),
+            packages,
+        } => report(mcp(data_dir, state_dir, hibernate_after_secs, &packages)),
         Cmd::Health { json } => report(ops_health(json)),
         Cmd::Packages { json } => report(ops_packages(json)),
         Cmd::Validate { file, json, style } => report(ops_validate(&file, json, &style)),

@@ -661,3 +661,108 @@ fn over_http_a_tenant_installs_from_outside_and_from_r_code_and_its_library_surv
         .collect();
     assert_eq!(bob, [("rvbase", true), ("rvuses", true)], "{p}");
 }
+
+/// One JSON-RPC request to an `rvisor mcp` child, its answer.
+fn mcp_request(
+    stdin: &mut std::process::ChildStdin,
+    stdout: &mut BufReader<std::process::ChildStdout>,
+    id: u64,
+    method: &str,
+    params: serde_json::Value,
+) -> serde_json::Value {
+    let msg = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    writeln!(stdin, "{msg}").unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    assert!(stdout.read_line(&mut line).unwrap() > 0, "rvisor mcp ended");
+    let r: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(r["id"], id, "{r}");
+    r
+}
+
+#[test]
+fn over_mcp_install_r_packages_is_offered_with_a_repository_and_installs_for_the_runs() {
+    let dir = TestDir::new("pkgs-mcp");
+    let repo = repository(dir.path(), 9);
+    let repo_url = format!("file://{}", repo.display());
+    let mut child = Command::new(rvisor_ffi_tests::rvisor_bin())
+        .arg("mcp")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args([
+            "--package-repo",
+            &repo_url,
+            "--package-allow",
+            "rvbase,rvuses",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("rvisor mcp starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut req = |id: u64, method: &str, params: serde_json::Value| {
+        mcp_request(&mut stdin, &mut stdout, id, method, params)
+    };
+    req(
+        1,
+        "initialize",
+        serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let list = req(2, "tools/list", serde_json::json!({}));
+    let tools: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(tools.contains(&"install_r_packages"), "{tools:?}");
+    let call = |req: &mut dyn FnMut(u64, &str, serde_json::Value) -> serde_json::Value,
+                id: u64,
+                tool: &str,
+                args: serde_json::Value| {
+        let r = req(
+            id,
+            "tools/call",
+            serde_json::json!({"name": tool, "arguments": args}),
+        );
+        let text = r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        (r["result"]["isError"].as_bool().unwrap_or(false), text)
+    };
+    let (err, text) = call(
+        &mut req,
+        3,
+        "install_r_packages",
+        serde_json::json!({"packages": ["rvuses"]}),
+    );
+    assert!(
+        !err && text.contains("\"rvuses\"") && text.contains("\"rvbase\""),
+        "{text}"
+    );
+    let (err, text) = call(
+        &mut req,
+        4,
+        "run_r_script",
+        serde_json::json!({"script": "library(rvuses); cat(uses_hello())"}),
+    );
+    assert!(
+        !err && text.contains("rvuses and hello from rvbase"),
+        "{text}"
+    );
+    // The allow-list refuses the rest, by its rule.
+    let (err, text) = call(
+        &mut req,
+        5,
+        "install_r_packages",
+        serde_json::json!({"packages": ["rvcode"]}),
+    );
+    assert!(err && text.contains("rule 'allow'"), "{text}");
+    let (_, text) = call(&mut req, 6, "list_r_packages", serde_json::json!({}));
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["tenant_packages"].as_array().unwrap().len(), 2, "{v}");
+    drop(stdin);
+    let _ = child.wait();
+}

@@ -45,8 +45,10 @@ const DURABLE_INSTRUCTIONS: &str = " The session is durable: checkpoint_r_sessio
 step, restore_r_session to go back to it.";
 
 /// The tools; the checkpoint tools only when `durable` (the server keeps
-/// checkpoints), so a model is never offered a tool that cannot work.
-fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
+/// checkpoints), the install tool only when `installs` (the server has a
+/// package repository), so a model is never offered a tool that cannot
+/// work.
+fn tools(rules: &rvisor::SafetyRules, durable: bool, installs: bool) -> Value {
     let t = &rules.timeout_seconds;
     let timeout = format!("{}..{} seconds; default {}", t.min, t.max, t.default);
     let vars = json!({
@@ -121,6 +123,17 @@ fn tools(rules: &rvisor::SafetyRules, durable: bool) -> Value {
         ]);
         if let (Some(l), Value::Array(more)) = (list.as_array_mut(), more) {
             l.extend(more);
+        }
+    }
+    if installs {
+        if let Some(l) = list.as_array_mut() {
+            l.push(json!({
+                "name": "install_r_packages",
+                "description": "Install R packages (with their dependencies) from the server's allowed repositories into this tenant's library; later runs and sessions can library() them. Prefer it to install.packages() in a script. Check list_r_packages first: it shows what is installed and what may be installed.",
+                "inputSchema": {"type": "object", "properties": {
+                    "packages": {"type": "array", "items": {"type": "string"}, "description": "Package names, e.g. [\"janitor\"]"}
+                }, "required": ["packages"]}
+            }));
         }
     }
     list
@@ -484,10 +497,20 @@ impl State {
         svc.count_request(Surface::Mcp);
         match name {
             "check_r_server_health" => Ok(text_result(&svc.health(), false)),
-            "list_r_packages" => match svc.packages() {
-                Ok(p) => Ok(text_result(&json!({ "packages": p }), false)),
+            "list_r_packages" => match svc.packages_report(TENANT) {
+                Ok(p) => Ok(text_result(&p, false)),
                 Err(e) => Ok(error_result(&e)),
             },
+            "install_r_packages" => {
+                let names = crate::service::packages::package_names(
+                    args.get("packages").unwrap_or(&Value::Null),
+                )
+                .map_err(|e| (-32602, e.message))?;
+                match svc.install_packages(TENANT, &names) {
+                    Ok(installed) => Ok(text_result(&json!({ "installed": installed }), false)),
+                    Err(e) => Ok(error_result(&e)),
+                }
+            }
             "validate_r_script" => {
                 let script = args
                     .get("script")
@@ -709,15 +732,28 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
     sup: &Supervisor,
     tables: TableConfig,
     input: R,
-    mut output: W,
+    output: W,
 ) -> std::io::Result<()> {
-    let service = Service::new(
-        sup.clone(),
+    serve_with(
+        sup,
         ServiceConfig {
             tables,
             ..ServiceConfig::default()
         },
-    )?;
+        input,
+        output,
+    )
+}
+
+/// [`serve`] with a whole service configuration (its tables, packages on
+/// demand...).
+pub fn serve_with<R: BufRead + Send + 'static, W: Write>(
+    sup: &Supervisor,
+    cfg: ServiceConfig,
+    input: R,
+    mut output: W,
+) -> std::io::Result<()> {
+    let service = Service::new(sup.clone(), cfg)?;
     let in_flight: InFlight = Arc::new(Mutex::new(Vec::new()));
     let gone = Arc::new(AtomicBool::new(false));
     let lines = read_input(input, in_flight.clone(), gone.clone());
@@ -787,7 +823,11 @@ pub fn serve<R: BufRead + Send + 'static, W: Write>(
                     )),
                 }
             }
-            "tools/list" => Ok(json!({ "tools": tools(st.service.rules(), durable) })),
+            "tools/list" => Ok(json!({ "tools": tools(
+                    st.service.rules(),
+                    durable,
+                    !st.service.package_policy().is_null(),
+                ) })),
             "resources/list" => list_resources(&st.service),
             "resources/read" => read_resource(&st.service, &params),
             "tools/call" => {

@@ -210,6 +210,9 @@ struct NngRequest {
     /// A file's bytes, base64 (`put_file`).
     #[serde(default)]
     content_base64: Option<String>,
+    /// Package names (`install_packages`).
+    #[serde(default)]
+    packages: Option<Value>,
 }
 
 /// What the adapter shares between connections.
@@ -310,6 +313,20 @@ impl Adapter {
         match req.op.as_str() {
             "health" => reply(id, "health", blocking(move || Ok(svc.health())).await),
             "packages" => reply(id, "packages", blocking(move || svc.packages()).await),
+            "install_packages" => {
+                let Some(p) = req.packages.clone() else {
+                    return missing("packages");
+                };
+                reply(
+                    id,
+                    "installed",
+                    blocking(move || {
+                        let names = crate::service::packages::package_names(&p)?;
+                        svc.install_packages(&tenant, &names)
+                    })
+                    .await,
+                )
+            }
             "validate" => {
                 let Some(script) = req.script.clone() else {
                     return missing("script");

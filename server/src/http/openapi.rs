@@ -70,6 +70,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
             "/v1/packages/install",
             &[
                 E::BadRequest,
+                E::NotFound,
                 E::TooLarge,
                 E::Invalid,
                 E::Package,

@@ -52,7 +52,7 @@ pub(super) async fn packages(
 #[serde(deny_unknown_fields)]
 pub struct InstallBody {
     /// Package names (dependencies come with them), at most 100.
-    #[schema(value_type = Vec<String>)]
+    #[schema(value_type = Vec<String>, min_items = 1, max_items = 100)]
     pub packages: serde_json::Value,
 }
 
@@ -64,7 +64,7 @@ pub struct InstallAnswer {
     pub installed: Vec<TenantPackage>,
 }
 
-#[utoipa::path(post, path = "/v1/packages/install", tag = "operations", request_body = InstallBody, responses((status = 200, description = "Installed into the tenant's library (sessions and runs of the tenant see it after R's own libraries); on an error (`package`, with `details.reason`) the library is unchanged", body = InstallAnswer)))]
+#[utoipa::path(post, path = "/v1/packages/install", tag = "operations", request_body = InstallBody, responses((status = 200, description = "Installed into the tenant's library (sessions and runs of the tenant see it after R's own libraries); on an error (`package`, with `details.reason`) the library is unchanged; 404 `not_found` when the server installs no packages (no `--package-repo`)", body = InstallAnswer)))]
 pub(super) async fn packages_install(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,

@@ -151,8 +151,10 @@ impl Service {
         names: &[String],
     ) -> Result<Vec<Installed>, ServiceError> {
         let Some(inst) = self.installer() else {
+            // As an operation the server does not offer (checkpoints
+            // without a store): 404.
             return Err(ServiceError::new(
-                ErrorCode::Package,
+                ErrorCode::NotFound,
                 "installing packages is off on this server: an operator turns it on with \
                  `rvisor serve --package-repo URL` (docs/packages.md)",
             ));
