@@ -26,6 +26,7 @@ mod displays;
 mod files;
 pub mod instructions;
 mod memory;
+mod packages;
 pub mod sessions_load;
 mod startup;
 
@@ -244,9 +245,10 @@ pub struct Report {
 /// and so does `instructions` (minutes under valgrind). `memory` (live
 /// sessions after a full gc(), rvisor and Rserve: about a minute) runs by
 /// default and with `--quick` too.
-pub const SECTIONS: [&str; 8] = [
+pub const SECTIONS: [&str; 9] = [
     "latency",
     "displays",
+    "packages",
     "startup",
     "batch",
     "memory",
@@ -300,6 +302,9 @@ pub fn run_sections(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Repor
     };
     if o.wants("displays") {
         report.extra.extend(displays::run(o.quick, progress)?);
+    }
+    if o.wants("packages") {
+        report.extra.extend(packages::run(o.quick, progress)?);
     }
     if o.wants("startup") {
         // Peers are installed by the latency part only: without Rserve the
