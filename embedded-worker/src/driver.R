@@ -389,8 +389,20 @@ end_call <- function() {
                                    clip(conditionMessage(e), caps$message), "\n"), NULL, NULL))
   if (state$warn_dropped > 0)
     .Call(emit, "warnings_dropped", format(state$warn_dropped, scientific = FALSE), NULL, NULL)
+  # Packages loaded from the libraries after R's own (a tenant's):
+  # reported with every result, for reproducibility (docs/packages.md).
+  if (length(state$libs_after)) report_packages_loaded()
   invisible()
 }
+
+report_packages_loaded <- function() tryCatch({
+  ns <- setdiff(loadedNamespaces(), "base")
+  lib <- vapply(ns, function(n) dirname(getNamespaceInfo(n, "path")), "")
+  mine <- sort(ns[lib %in% state$libs_after])
+  if (length(mine))
+    .Call(emit, "packages_loaded", mine,
+          vapply(mine, function(n) as.character(getNamespaceVersion(n)), ""), NULL)
+}, error = function(e) NULL)
 
 ## --- helpers visible to user code (attached as "rvisor") ---------------------
 

@@ -32,6 +32,8 @@ struct CallState {
     warning_pending: bool,
     /// The driver's interrupt handler ran.
     interrupted: bool,
+    /// Packages loaded from the libraries after R's own: (name, version).
+    packages_loaded: Vec<(String, String)>,
 }
 
 /// What the `quit()` hook needs to know about the call that is running.
@@ -94,6 +96,10 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
         "warnings_dropped" => {
             let n: u64 = first(&a).and_then(|s| s.parse().ok()).unwrap_or(0);
             CALL.with(|s| s.borrow_mut().warnings_dropped = n);
+        }
+        "packages_loaded" => {
+            let pairs = a.into_iter().zip(b).collect();
+            CALL.with(|s| s.borrow_mut().packages_loaded = pairs);
         }
         "plots_dropped" => {
             let n: u64 = first(&a).and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -808,6 +814,14 @@ fn finish(
         res.plots.push(plot);
     }
     res.displays = displays;
+    res.packages_loaded = std::mem::take(&mut call.packages_loaded)
+        .into_iter()
+        .map(|(name, version)| rvisor_protocol::LoadedPackage {
+            name,
+            version,
+            repository: None,
+        })
+        .collect();
     if displays_dropped > 0 {
         res.push_segment(Segment::Stderr {
             text: format!(

@@ -76,7 +76,11 @@ fn add_libraries_after(r: &r::R) {
     if dirs.is_empty() {
         return;
     }
-    let code = format!(".libPaths(c(.libPaths(), {}))", dirs.join(", "));
+    // The driver reports the packages loaded from them with each result.
+    let code = format!(
+        "local({{ d <- c({}); .libPaths(c(.libPaths(), d)); state$libs_after <- normalizePath(d, mustWork = FALSE) }})",
+        dirs.join(", ")
+    );
     // SAFETY: on the R thread, R started, before the first call; the
     // driver environment is preserved; the code is base R's with literal
     // strings (quoted by r_string).

@@ -563,6 +563,29 @@ fn over_http_a_tenant_installs_from_outside_and_from_r_code_and_its_library_surv
     assert_eq!(names, ["rvbase", "rvuses"], "{got}");
     let r = run_as(&srv, ALICE, "library(rvuses); cat(uses_hello())");
     assert_eq!(r["console"], "rvuses and hello from rvbase", "{r}");
+    // The result says which tenant packages it had loaded, from where.
+    let loaded: Vec<(&str, &str, &str)> = r["packages_loaded"]
+        .as_array()
+        .unwrap_or_else(|| panic!("packages_loaded: {r}"))
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["version"].as_str().unwrap(),
+                p["repository"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        loaded,
+        [
+            ("rvbase", "1.0", repo_url.as_str()),
+            ("rvuses", "1.0", repo_url.as_str())
+        ],
+        "{r}"
+    );
+    let r = run_as(&srv, ALICE, "1 + 1");
+    assert!(r.get("packages_loaded").is_none(), "none loaded: {r}");
     // Bob's runs do not see it.
     let r = run_as(&srv, BOB, "cat(requireNamespace('rvuses', quietly = TRUE))");
     assert_eq!(r["console"], "FALSE", "{r}");

@@ -350,6 +350,24 @@ pub struct RunResult {
     /// Files the call wrote (docs/files.md); absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<crate::artifact::Artifact>,
+    /// Packages from libraries after R's own (a tenant's installed
+    /// packages, docs/packages.md) loaded when the call ended, for
+    /// reproducibility; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages_loaded: Vec<LoadedPackage>,
+}
+
+/// A package a call had loaded from a tenant's library.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LoadedPackage {
+    /// Package name.
+    pub name: String,
+    /// Its version, as loaded.
+    pub version: String,
+    /// The repository it was installed from, when the service knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
 }
 
 /// Caps on what one call sends back, so a result stays small whatever R
@@ -466,6 +484,7 @@ impl RunResult {
             truncated_fields: Vec::new(),
             displays: Vec::new(),
             artifacts: Vec::new(),
+            packages_loaded: Vec::new(),
         }
     }
 

@@ -42,6 +42,7 @@ impl PendingCall {
             r.session.id = session_id.to_string();
         }
         r.published = take_published(published, &r.execution_id.clone());
+        service.name_package_sources(tenant, &mut r);
         service.inner.metrics.record(tenant, &r, started.elapsed());
         r
     }

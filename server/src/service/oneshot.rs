@@ -168,6 +168,7 @@ impl Service {
             );
         }
         r.published = take_published(&published, &r.execution_id.clone());
+        self.name_package_sources(tenant, &mut r);
         self.inner.metrics.record(tenant, &r, started.elapsed());
         if matches!(r.outcome, Outcome::StartupFailed | Outcome::StartupTimedOut) {
             return Err(ServiceError::new(

@@ -167,6 +167,24 @@ impl Service {
         inst.install(tenant, names).map_err(|e| package_error(&e))
     }
 
+    /// Names the repository of each tenant package `r` reports loaded,
+    /// from the tenant's manifest (the worker knows names and versions).
+    pub(super) fn name_package_sources(&self, tenant: &str, r: &mut rvisor::RunResult) {
+        let Some(inst) = self.installer() else {
+            return;
+        };
+        if r.packages_loaded.is_empty() {
+            return;
+        }
+        let manifest = inst.installed(tenant);
+        for p in &mut r.packages_loaded {
+            p.repository = manifest
+                .iter()
+                .find(|m| m.name == p.name && m.version == p.version)
+                .map(|m| m.repository.clone());
+        }
+    }
+
     /// The install policy as health shows it (`package_install`): `null`
     /// when installing is off.
     pub fn package_policy(&self) -> Value {
