@@ -470,7 +470,7 @@ fn server(dir: &Path, repo: &str, packages: &Path) -> rvisor_ffi_tests::ServeBin
     let tokens = dir.join("tokens");
     std::fs::write(
         &tokens,
-        "alice-token-0123456789 alice\nbob-token-0123456789ab bob\n",
+        "alice-token-0123456789 alice\nbob-token-0123456789ab bob\ncarol-token-0123456789 carol\n",
     )
     .unwrap();
     rvisor_ffi_tests::ServeBin::start_with(rvisor_ffi_tests::ServeOptions {
@@ -490,6 +490,7 @@ fn server(dir: &Path, repo: &str, packages: &Path) -> rvisor_ffi_tests::ServeBin
 
 const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-0123456789ab";
+const CAROL: &str = "carol-token-0123456789";
 
 fn http(
     srv: &rvisor_ffi_tests::ServeBin,
@@ -586,6 +587,80 @@ fn over_http_a_tenant_installs_from_outside_and_from_r_code_and_its_library_surv
     );
     let r = run_as(&srv, ALICE, "1 + 1");
     assert!(r.get("packages_loaded").is_none(), "none loaded: {r}");
+
+    // Alice's library as a lockfile, made again for carol: exactly those
+    // versions, checked against the tarballs' SHA-256.
+    let (status, lock) = http(&srv, "GET", "/v1/packages/lockfile", ALICE, None);
+    assert_eq!(status, 200, "{lock}");
+    let locked: Vec<&str> = lock["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(locked, ["rvbase", "rvuses"], "dependencies first: {lock}");
+    assert_eq!(
+        lock["packages"][0]["sha256"].as_str().map(str::len),
+        Some(64),
+        "{lock}"
+    );
+    let mut wrong = lock.clone();
+    wrong["packages"][1]["sha256"] = serde_json::json!("00".repeat(32));
+    let (status, e) = http(
+        &srv,
+        "POST",
+        "/v1/packages/install",
+        CAROL,
+        Some(serde_json::json!({"lockfile": wrong})),
+    );
+    assert_eq!(
+        (status, &e["error"]["details"]["reason"]),
+        (422, &serde_json::json!("checksum")),
+        "{e}"
+    );
+    let mut old_version = lock.clone();
+    old_version["packages"][0]["version"] = serde_json::json!("0.9");
+    let (_, e) = http(
+        &srv,
+        "POST",
+        "/v1/packages/install",
+        CAROL,
+        Some(serde_json::json!({"lockfile": old_version})),
+    );
+    assert_eq!(e["error"]["details"]["rule"], "lockfile", "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("snapshot"),
+        "{e}"
+    );
+    let (_, p) = http(&srv, "GET", "/v1/packages", CAROL, None);
+    assert_eq!(
+        p["tenant_packages"],
+        serde_json::json!([]),
+        "nothing half done: {p}"
+    );
+    let (status, got) = http(
+        &srv,
+        "POST",
+        "/v1/packages/install",
+        CAROL,
+        Some(serde_json::json!({"lockfile": lock})),
+    );
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["installed"].as_array().unwrap().len(), 2, "{got}");
+    let r = run_as(&srv, CAROL, "library(rvuses); cat(uses_hello())");
+    assert_eq!(r["console"], "rvuses and hello from rvbase", "{r}");
+    let (status, e) = http(
+        &srv,
+        "POST",
+        "/v1/packages/install",
+        CAROL,
+        Some(serde_json::json!({"packages": ["rvbase"], "lockfile": lock})),
+    );
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (422, Some("invalid")),
+        "{e}"
+    );
     // Bob's runs do not see it.
     let r = run_as(&srv, BOB, "cat(requireNamespace('rvuses', quietly = TRUE))");
     assert_eq!(r["console"], "FALSE", "{r}");

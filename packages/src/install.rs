@@ -32,7 +32,47 @@ pub struct Installed {
     pub cached: bool,
     /// Whether it was asked for (false: pulled in as a dependency).
     pub requested: bool,
+    /// SHA-256 of the source tarball it was built from (lockfiles check
+    /// it); absent in manifests written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
+
+/// A tenant library as a lockfile: what to install, exactly, to make it
+/// again (`Installer::lockfile`, `Installer::install_lockfile`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lockfile {
+    /// The format's version (1).
+    pub lockfile_version: u32,
+    /// R's `major.minor` the packages were built for.
+    #[serde(default)]
+    pub r_version: String,
+    /// R's platform.
+    #[serde(default)]
+    pub platform: String,
+    /// The packages, dependencies before what needs them.
+    pub packages: Vec<LockedPackage>,
+}
+
+/// One package of a [`Lockfile`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockedPackage {
+    /// Package name.
+    pub name: String,
+    /// The exact version.
+    pub version: String,
+    /// The repository it came from.
+    #[serde(default)]
+    pub repository: String,
+    /// SHA-256 of its source tarball; checked when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// Most packages one lockfile may name.
+pub const MAX_LOCKED_PACKAGES: usize = 1000;
 
 /// The R that builds: its program, version, platform, and the packages
 /// its own libraries have (base, recommended, site).
@@ -183,6 +223,163 @@ impl Installer {
             .map(|r| r.url.as_str())
             .collect();
         let plan = resolve::resolve(names, &index, &has, &self.policy, &repos.join(", "))?;
+        self.apply(tenant, plan, names)
+    }
+
+    /// Installs exactly what `lock` names, in its order, into `tenant`'s
+    /// library: each package at its locked version from the repositories'
+    /// index (a dated snapshot repository keeps old versions), its tarball
+    /// checked against the lockfile's SHA-256 when it has one. On any
+    /// error the library is as it was.
+    pub fn install_lockfile(
+        &self,
+        tenant: &str,
+        lock: &Lockfile,
+    ) -> Result<Vec<Installed>, PackageError> {
+        let names: Vec<String> = lock.packages.iter().map(|p| p.name.clone()).collect();
+        let refused = |package: &str, rule: &'static str, detail: String| PackageError::Refused {
+            package: package.into(),
+            rule,
+            detail,
+        };
+        if lock.lockfile_version != 1 {
+            return Err(refused(
+                &names.join(", "),
+                "lockfile",
+                format!(
+                    "lockfile_version {} is not known here (1 is)",
+                    lock.lockfile_version
+                ),
+            ));
+        }
+        if lock.packages.len() > MAX_LOCKED_PACKAGES {
+            return Err(refused(
+                "",
+                "lockfile",
+                format!(
+                    "{} packages, more than the {MAX_LOCKED_PACKAGES} a lockfile may name",
+                    lock.packages.len()
+                ),
+            ));
+        }
+        if self.policy.repositories.is_empty() {
+            return Err(refused(
+                &names.join(", "),
+                "repositories",
+                "no package repository is configured (rvisor serve --package-repo URL)".into(),
+            ));
+        }
+        for n in &names {
+            self.policy.check_name(n)?;
+        }
+        let lock_held = {
+            let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            m.entry(tenant.into()).or_default().clone()
+        };
+        let _held = lock_held.lock().unwrap_or_else(|e| e.into_inner());
+        let index = self.index()?;
+        let repos: Vec<&str> = self
+            .policy
+            .repositories
+            .iter()
+            .map(|r| r.url.as_str())
+            .collect();
+        let mut plan = Vec::new();
+        for p in &lock.packages {
+            if self.r.site_packages.contains(&p.name) {
+                continue;
+            }
+            let Some(e) = index.get(&p.name) else {
+                return Err(PackageError::Unknown {
+                    package: p.name.clone(),
+                    repos: repos.join(", "),
+                });
+            };
+            if e.version != p.version {
+                return Err(refused(
+                    &p.name,
+                    "lockfile",
+                    format!(
+                        "the lockfile has version {}, the repositories have {}: point \
+                         --package-repo at the dated snapshot the lockfile was made from",
+                        p.version, e.version
+                    ),
+                ));
+            }
+            self.policy.check_compiled(&p.name, e.needs_compilation)?;
+            let mut e = e.clone();
+            if let Some(sha) = &p.sha256 {
+                // The lockfile's digest is the one that counts.
+                e.sha256 = Some(sha.to_ascii_lowercase());
+            }
+            plan.push(e);
+        }
+        self.apply(tenant, plan, &names)
+    }
+
+    /// The tenant's library as a lockfile: its packages in an order that
+    /// puts each after the packages of the library it needs.
+    pub fn lockfile(&self, tenant: &str) -> Lockfile {
+        let manifest = self.installed(tenant);
+        let lib = self.library(tenant);
+        let deps = |name: &str| -> Vec<String> {
+            let text =
+                std::fs::read_to_string(lib.join(name).join("DESCRIPTION")).unwrap_or_default();
+            index::parse_dcf(&text)
+                .into_iter()
+                .next()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(k, _)| matches!(k.as_str(), "Depends" | "Imports" | "LinkingTo"))
+                .flat_map(|(_, v)| index::dependency_names(&v))
+                .collect()
+        };
+        let mut order: Vec<LockedPackage> = Vec::new();
+        let mut seen = BTreeSet::new();
+        fn visit(
+            name: &str,
+            manifest: &[Installed],
+            deps: &dyn Fn(&str) -> Vec<String>,
+            seen: &mut BTreeSet<String>,
+            order: &mut Vec<LockedPackage>,
+        ) {
+            let Some(m) = manifest.iter().find(|m| m.name == name) else {
+                return;
+            };
+            if !seen.insert(name.to_string()) {
+                return;
+            }
+            for d in deps(name) {
+                visit(&d, manifest, deps, seen, order);
+            }
+            order.push(LockedPackage {
+                name: m.name.clone(),
+                version: m.version.clone(),
+                repository: m.repository.clone(),
+                sha256: m.sha256.clone(),
+            });
+        }
+        for m in &manifest {
+            visit(&m.name, &manifest, &deps, &mut seen, &mut order);
+        }
+        Lockfile {
+            lockfile_version: 1,
+            r_version: self.r.version.clone(),
+            platform: self.r.platform.clone(),
+            packages: order,
+        }
+    }
+
+    /// Stages `plan` (what is there already at its version left out),
+    /// checks the library cap, renames it into place and records it in
+    /// the manifest. The caller holds the tenant's lock.
+    fn apply(
+        &self,
+        tenant: &str,
+        plan: Vec<Entry>,
+        names: &[String],
+    ) -> Result<Vec<Installed>, PackageError> {
+        let lib = self.library(tenant);
         let mut manifest = self.installed(tenant);
         let current = |n: &str| {
             manifest
@@ -190,7 +387,7 @@ impl Installer {
                 .find(|i| i.name == n)
                 .map(|i| i.version.clone())
         };
-        // Asked for and already there at the index's version: nothing to do.
+        // Already there at the planned version: nothing to do.
         let plan: Vec<Entry> = plan
             .into_iter()
             .filter(|e| {
@@ -281,7 +478,7 @@ impl Installer {
                 version: e.version.clone(),
                 r_version: self.r.version.clone(),
                 platform: self.r.platform.clone(),
-                sha256: sha,
+                sha256: sha.clone(),
             };
             let cached = match self.cache.get(&key) {
                 Some(built) => {
@@ -307,6 +504,7 @@ impl Installer {
                 repository: e.repository.url.clone(),
                 cached,
                 requested: names.contains(&e.package),
+                sha256: Some(sha),
             });
         }
         Ok(done)

@@ -24,5 +24,5 @@ pub mod resolve;
 pub mod tarball;
 
 pub use error::PackageError;
-pub use install::{Installed, Installer, RInfo};
+pub use install::{Installed, Installer, LockedPackage, Lockfile, RInfo};
 pub use policy::{Policy, Repository};

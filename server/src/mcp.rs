@@ -131,8 +131,9 @@ fn tools(rules: &rvisor::SafetyRules, durable: bool, installs: bool) -> Value {
                 "name": "install_r_packages",
                 "description": "Install R packages (with their dependencies) from the server's allowed repositories into this tenant's library; later runs and sessions can library() them. Prefer it to install.packages() in a script. Check list_r_packages first: it shows what is installed and what may be installed.",
                 "inputSchema": {"type": "object", "properties": {
-                    "packages": {"type": "array", "items": {"type": "string"}, "description": "Package names, e.g. [\"janitor\"]"}
-                }, "required": ["packages"]}
+                    "packages": {"type": "array", "items": {"type": "string"}, "description": "Package names, e.g. [\"janitor\"]"},
+                    "lockfile": {"type": "object", "description": "Instead of packages: a lockfile (GET /v1/packages/lockfile) to install exactly"}
+                }}
             }));
         }
     }
@@ -501,16 +502,11 @@ impl State {
                 Ok(p) => Ok(text_result(&p, false)),
                 Err(e) => Ok(error_result(&e)),
             },
-            "install_r_packages" => {
-                let names = crate::service::packages::package_names(
-                    args.get("packages").unwrap_or(&Value::Null),
-                )
-                .map_err(|e| (-32602, e.message))?;
-                match svc.install_packages(TENANT, &names) {
-                    Ok(installed) => Ok(text_result(&json!({ "installed": installed }), false)),
-                    Err(e) => Ok(error_result(&e)),
-                }
-            }
+            "install_r_packages" => match svc.install_request(TENANT, args) {
+                Ok(installed) => Ok(text_result(&json!({ "installed": installed }), false)),
+                Err(e) if e.code == crate::service::ErrorCode::Invalid => Err((-32602, e.message)),
+                Err(e) => Ok(error_result(&e)),
+            },
             "validate_r_script" => {
                 let script = args
                     .get("script")

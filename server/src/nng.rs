@@ -213,6 +213,9 @@ struct NngRequest {
     /// Package names (`install_packages`).
     #[serde(default)]
     packages: Option<Value>,
+    /// A lockfile (`install_packages`, instead of `packages`).
+    #[serde(default)]
+    lockfile: Option<Value>,
 }
 
 /// What the adapter shares between connections.
@@ -314,19 +317,24 @@ impl Adapter {
             "health" => reply(id, "health", blocking(move || Ok(svc.health())).await),
             "packages" => reply(id, "packages", blocking(move || svc.packages()).await),
             "install_packages" => {
-                let Some(p) = req.packages.clone() else {
-                    return missing("packages");
-                };
+                let mut body = serde_json::Map::new();
+                if let Some(p) = req.packages.clone() {
+                    body.insert("packages".into(), p);
+                }
+                if let Some(l) = req.lockfile.clone() {
+                    body.insert("lockfile".into(), l);
+                }
                 reply(
                     id,
                     "installed",
-                    blocking(move || {
-                        let names = crate::service::packages::package_names(&p)?;
-                        svc.install_packages(&tenant, &names)
-                    })
-                    .await,
+                    blocking(move || svc.install_request(&tenant, &Value::Object(body))).await,
                 )
             }
+            "package_lockfile" => reply(
+                id,
+                "lockfile",
+                blocking(move || svc.package_lockfile(&tenant)).await,
+            ),
             "validate" => {
                 let Some(script) = req.script.clone() else {
                     return missing("script");

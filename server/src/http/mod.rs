@@ -901,6 +901,7 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         )
         .route("/v1/packages", get(packages::packages))
         .route("/v1/packages/install", post(packages::packages_install))
+        .route("/v1/packages/lockfile", get(packages::packages_lockfile))
         .route("/v1/validate", post(validate))
         .route("/v1/run", post(run))
         .route("/v1/sessions", post(create_session))

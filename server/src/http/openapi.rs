@@ -18,6 +18,7 @@ use super::*;
         health,
         packages::packages,
         packages::packages_install,
+        packages::packages_lockfile,
         validate,
         run,
         create_session,
@@ -65,6 +66,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
     &[
         ("get", "/v1/health", &[E::Internal]),
         ("get", "/v1/packages", &[E::NoWorker, E::Internal]),
+        ("get", "/v1/packages/lockfile", &[E::NotFound, E::Internal]),
         (
             "post",
             "/v1/packages/install",

@@ -47,20 +47,26 @@ pub(super) async fn packages(
     Ok(Json(report).into_response())
 }
 
-/// The body of POST /v1/packages/install.
+/// The body of POST /v1/packages/install: `packages` or `lockfile`.
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InstallBody {
     /// Package names (dependencies come with them), at most 100.
-    #[schema(value_type = Vec<String>, min_items = 1, max_items = 100)]
-    pub packages: serde_json::Value,
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>, min_items = 1, max_items = 100)]
+    pub packages: Option<serde_json::Value>,
+    /// A lockfile (as GET /v1/packages/lockfile answers): exactly those
+    /// versions, from the repositories' index.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub lockfile: Option<serde_json::Value>,
 }
 
 /// The answer of POST /v1/packages/install.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct InstallAnswer {
     /// What was installed, dependencies included; empty when everything
-    /// was there already at the repository's version.
+    /// was there already at the version asked for.
     pub installed: Vec<TenantPackage>,
 }
 
@@ -70,8 +76,41 @@ pub(super) async fn packages_install(
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     ApiJson(b): ApiJson<InstallBody>,
 ) -> Result<Response, ApiError> {
-    let names = crate::service::packages::package_names(&b.packages)?;
+    let mut request = serde_json::Map::new();
+    if let Some(p) = b.packages {
+        request.insert("packages".into(), p);
+    }
+    if let Some(l) = b.lockfile {
+        request.insert("lockfile".into(), l);
+    }
     let svc = st.service.clone();
-    let installed = blocking(move || svc.install_packages(&tenant, &names)).await??;
+    let installed =
+        blocking(move || svc.install_request(&tenant, &serde_json::Value::Object(request)))
+            .await??;
     Ok(Json(json!({ "installed": installed })).into_response())
+}
+
+/// A tenant library as a lockfile.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct LockfileBody {
+    /// 1.
+    pub lockfile_version: u32,
+    /// R's `major.minor` the packages were built for.
+    pub r_version: String,
+    /// R's platform.
+    pub platform: String,
+    /// Name, version, repository and tarball SHA-256 of each package,
+    /// dependencies first.
+    #[schema(value_type = Vec<Object>)]
+    pub packages: Vec<serde_json::Value>,
+}
+
+#[utoipa::path(get, path = "/v1/packages/lockfile", tag = "operations", responses((status = 200, description = "The tenant's library as a lockfile; POST it to /v1/packages/install as `lockfile` to make the same library again (here, for another tenant, or on another server with the same repositories)", body = LockfileBody)))]
+pub(super) async fn packages_lockfile(
+    State(st): State<Handlers>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+) -> Result<Response, ApiError> {
+    let svc = st.service.clone();
+    let lock = blocking(move || svc.package_lockfile(&tenant)).await??;
+    Ok(Json(lock).into_response())
 }

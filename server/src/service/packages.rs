@@ -142,6 +142,58 @@ impl Service {
         Some(tool.unwrap_or_else(|e| unreachable!("{e}")))
     }
 
+    /// Installs what `request` asks for: its `packages` (names, with their
+    /// dependencies) or its `lockfile` (exactly those versions), one of
+    /// the two. A server that installs nothing answers 404 first, whatever
+    /// the body.
+    pub fn install_request(
+        &self,
+        tenant: &str,
+        request: &Value,
+    ) -> Result<Vec<Installed>, ServiceError> {
+        let inst = self.installer_or_404()?;
+        match (request.get("packages"), request.get("lockfile")) {
+            (Some(p), None) => {
+                let names = package_names(p)?;
+                self.install_packages(tenant, &names)
+            }
+            (None, Some(l)) => {
+                let lock: rvisor_packages::Lockfile =
+                    serde_json::from_value(l.clone()).map_err(|e| {
+                        ServiceError::invalid(format!(
+                            "`lockfile` is not a lockfile ({e}); use what GET \
+                             /v1/packages/lockfile answers"
+                        ))
+                    })?;
+                inst.install_lockfile(tenant, &lock)
+                    .map_err(|e| package_error(&e))
+            }
+            _ => Err(ServiceError::invalid(
+                "give either `packages` (names) or `lockfile` (from GET /v1/packages/lockfile)",
+            )),
+        }
+    }
+
+    /// The tenant's library as a lockfile (`GET /v1/packages/lockfile`).
+    pub fn package_lockfile(
+        &self,
+        tenant: &str,
+    ) -> Result<rvisor_packages::Lockfile, ServiceError> {
+        Ok(self.installer_or_404()?.lockfile(tenant))
+    }
+
+    fn installer_or_404(&self) -> Result<&Arc<Installer>, ServiceError> {
+        // As an operation the server does not offer (checkpoints without
+        // a store): 404.
+        self.installer().ok_or_else(|| {
+            ServiceError::new(
+                ErrorCode::NotFound,
+                "installing packages is off on this server: an operator turns it on with \
+                 `rvisor serve --package-repo URL` (docs/packages.md)",
+            )
+        })
+    }
+
     /// Installs `names` and their dependencies into `tenant`'s library:
     /// what was installed (dependencies included; `cached` when the build
     /// came from the shared cache). On any error the library is as it was.
@@ -150,15 +202,7 @@ impl Service {
         tenant: &str,
         names: &[String],
     ) -> Result<Vec<Installed>, ServiceError> {
-        let Some(inst) = self.installer() else {
-            // As an operation the server does not offer (checkpoints
-            // without a store): 404.
-            return Err(ServiceError::new(
-                ErrorCode::NotFound,
-                "installing packages is off on this server: an operator turns it on with \
-                 `rvisor serve --package-repo URL` (docs/packages.md)",
-            ));
-        };
+        let inst = self.installer_or_404()?;
         if names.is_empty() {
             return Err(ServiceError::invalid(
                 "no package was named: give at least one package to install",
