@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: setup build demo test test-rootless lint bench
+.PHONY: setup build demo test test-rootless lint bench kernel-testbed
 
 setup:
 	@./scripts/setup.sh
@@ -61,6 +61,14 @@ test-rootless: setup
 		target/rootless-bin/cargo-nextest nextest run --no-fail-fast \
 		--binaries-metadata target/nextest-binaries.json --cargo-metadata target/nextest-cargo-metadata.json \
 		-E '$(ROOTLESS_TESTS)'
+
+# The Jupyter conformance suite runtimed/kernel-testbed (every tier) against
+# `rvisor kernel`: not in `test`, since its first build (tokio, its own
+# ZeroMQ) takes about 6 minutes here and it fetches from GitHub
+# (scripts/kernel-testbed.sh; docs/jupyter.md, "Conformance").
+kernel-testbed: setup
+	$(CARGO) build -p rvisor-cli -p rvisor-worker
+	./scripts/kernel-testbed.sh target/debug/rvisor
 
 lint:
 	$(CARGO) fmt --all --check

@@ -172,7 +172,9 @@ pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), 
         signer.clone(),
     );
     let iopub = Iopub::new(
-        sockets::bind(&ctx, zmq::PUB, "iopub", conn, conn.iopub_port)?,
+        // XPUB: subscriptions are seen and welcomed (JEP 65); to its
+        // subscribers it is a PUB.
+        sockets::bind(&ctx, zmq::XPUB, "iopub", conn, conn.iopub_port)?,
         signer.clone(),
     );
     let hb = sockets::bind(&ctx, zmq::REP, "hb", conn, conn.hb_port)?;
@@ -194,6 +196,14 @@ pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), 
         std::thread::Builder::new()
             .name("rvisor-kernel-hb".into())
             .spawn(move || sockets::heartbeat(hb, stop))
+            .map_err(|e| KernelError::Session(e.to_string()))?
+    };
+    let welcome_thread = {
+        let stop = stop.clone();
+        let iopub = iopub.clone();
+        std::thread::Builder::new()
+            .name("rvisor-kernel-iopub".into())
+            .spawn(move || iopub.welcome_loop(stop))
             .map_err(|e| KernelError::Session(e.to_string()))?
     };
     let control_thread = {
@@ -243,6 +253,7 @@ pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), 
     stop.store(true, Ordering::Relaxed);
     let _ = control_thread.join();
     let _ = hb_thread.join();
+    let _ = welcome_thread.join();
     let _ = service.close(&sh.tenant, &sh.session_id);
     served
 }
