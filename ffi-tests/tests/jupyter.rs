@@ -78,7 +78,7 @@ fn a_crash_is_reported_and_the_next_cell_is_fresh() {
 }
 
 /// A message signed with another key is not answered or run; signed ones
-/// still are.
+/// still are. A new iopub subscriber gets its `iopub_welcome`.
 #[test]
 fn a_bad_signature_is_refused() {
     scenario("bad_signature");

@@ -171,12 +171,7 @@ pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), 
         sockets::bind(&ctx, zmq::ROUTER, "stdin", conn, conn.stdin_port)?,
         signer.clone(),
     );
-    let iopub = Iopub::new(
-        // XPUB: subscriptions are seen and welcomed (JEP 65); to its
-        // subscribers it is a PUB.
-        sockets::bind(&ctx, zmq::XPUB, "iopub", conn, conn.iopub_port)?,
-        signer.clone(),
-    );
+    let iopub = Iopub::new(sockets::bind_iopub(&ctx, conn)?, signer.clone());
     let hb = sockets::bind(&ctx, zmq::REP, "hb", conn, conn.hb_port)?;
     let stop = Arc::new(AtomicBool::new(false));
     let r_version = service

@@ -36,6 +36,22 @@ pub(crate) fn bind(
     Ok(s)
 }
 
+/// The iopub socket: an XPUB, so subscriptions are seen and welcomed (JEP
+/// 65), verbose so that every subscriber's is (libzmq passes only the
+/// first of a topic otherwise); to its subscribers it is a PUB.
+pub(crate) fn bind_iopub(
+    ctx: &zmq::Context,
+    conn: &ConnectionInfo,
+) -> Result<zmq::Socket, KernelError> {
+    let s = bind(ctx, zmq::XPUB, "iopub", conn, conn.iopub_port)?;
+    s.set_xpub_verbose(true).map_err(|e| KernelError::Socket {
+        socket: "iopub",
+        endpoint: conn.endpoint(conn.iopub_port),
+        why: e.to_string(),
+    })?;
+    Ok(s)
+}
+
 /// Receives one message from `s` if one comes within [`POLL_MS`]:
 /// `Ok(None)` on a quiet spell (the caller checks its stop flag).
 pub(crate) fn recv(

@@ -343,6 +343,16 @@ def bad_signature(km, kc):
     from jupyter_client.session import Session
 
     info = km.get_connection_info()
+    # JEP 65: a new iopub subscriber is welcomed (nothing else is sent now).
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://{info['ip']}:{info['iopub_port']}")
+    assert sub.poll(TIMEOUT * 1000), "no iopub_welcome"
+    welcome = Session(key=info["key"]).deserialize(
+        Session(key=info["key"]).feed_identities(sub.recv_multipart())[1])
+    assert welcome["msg_type"] == "iopub_welcome", welcome
+    assert welcome["content"] == {"subscription": ""}, welcome
+    sub.close()
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(f"tcp://{info['ip']}:{info['shell_port']}")
     forger = Session(key=b"not-the-key", username="x")
