@@ -24,13 +24,15 @@ demo:
 # under nextest), the doc examples, the HTTP contract fuzzed against a
 # live server (schemathesis on its own /v1/openapi.json, bounded), and a
 # client generated from that document (openapi-python-client) run against
-# a live server with a token.
+# a live server with a token, and a notebook with the rvisor kernel in
+# JupyterLab, in Chromium (Playwright; about 20 s).
 test: setup
 	$(CARGO) build --workspace
 	RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker $(CARGO) test --workspace --doc
 	$(CARGO) nextest run --workspace --no-fail-fast
 	./scripts/fuzz-openapi.sh
 	./scripts/generated-client.sh
+	./scripts/jupyterlab-tests.sh target/debug/rvisor
 
 # The confinement attack suite and the functional suites again as an
 # ordinary user, i.e. with rootless confinement (docs/confinement.md,

@@ -187,12 +187,18 @@ fn run(
         // The last visible value is the cell's result (the session shows
         // values as displays: display option `values`); every other
         // display, plots and earlier values, is display_data.
+        // It comes last, as in every kernel (a plot made before the value
+        // is shown above it).
+        let mut result = None;
         for d in displays_of(&r) {
-            if d.is_last_value() {
-                io.send(msg, "execute_result", d.result_content(count));
+            if d.is_last_value() && result.is_none() {
+                result = Some(d);
             } else {
                 io.send(msg, "display_data", d.content());
             }
+        }
+        if let Some(d) = result {
+            io.send(msg, "execute_result", d.result_content(count));
         }
     }
     let error = error_content(&r);

@@ -220,6 +220,8 @@ def values(km, kc):
     reply, msgs = execute(kc, "plot(1)\n42")
     assert result_of(msgs) == "[1] 42\n", msgs
     assert any("image/png" in c["data"] for t, c in msgs if t == "display_data"), msgs
+    shown = [t for t, _ in msgs if t in ("display_data", "execute_result")]
+    assert shown == ["display_data", "execute_result"], msgs  # the result last
 
 
 def get_input_request(kc):
