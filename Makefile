@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: setup build demo test test-rootless lint bench
+.PHONY: setup build demo test test-rootless lint bench kernel-testbed
 
 setup:
 	@./scripts/setup.sh
@@ -24,13 +24,15 @@ demo:
 # under nextest), the doc examples, the HTTP contract fuzzed against a
 # live server (schemathesis on its own /v1/openapi.json, bounded), and a
 # client generated from that document (openapi-python-client) run against
-# a live server with a token.
+# a live server with a token, and a notebook with the rvisor kernel in
+# JupyterLab, in Chromium (Playwright; about 20 s).
 test: setup
 	$(CARGO) build --workspace
 	RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker $(CARGO) test --workspace --doc
 	$(CARGO) nextest run --workspace --no-fail-fast
 	./scripts/fuzz-openapi.sh
 	./scripts/generated-client.sh
+	./scripts/jupyterlab-tests.sh target/debug/rvisor
 
 # The confinement attack suite and the functional suites again as an
 # ordinary user, i.e. with rootless confinement (docs/confinement.md,
@@ -61,6 +63,14 @@ test-rootless: setup
 		target/rootless-bin/cargo-nextest nextest run --no-fail-fast \
 		--binaries-metadata target/nextest-binaries.json --cargo-metadata target/nextest-cargo-metadata.json \
 		-E '$(ROOTLESS_TESTS)'
+
+# The Jupyter conformance suite runtimed/kernel-testbed (every tier) against
+# `rvisor kernel`: not in `test`, since its first build (tokio, its own
+# ZeroMQ) takes about 6 minutes here and it fetches from GitHub
+# (scripts/kernel-testbed.sh; docs/jupyter.md, "Conformance").
+kernel-testbed: setup
+	$(CARGO) build -p rvisor-cli -p rvisor-worker
+	./scripts/kernel-testbed.sh target/debug/rvisor
 
 lint:
 	$(CARGO) fmt --all --check

@@ -53,6 +53,9 @@ for pkg in repr htmlwidgets DT plotly svglite flextable; do
   r_has "$pkg" || need+=("r-cran-$(echo "$pkg" | tr 'A-Z' 'a-z')")
 done
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# npm: Playwright's test runner for the JupyterLab browser test
+# (tests/jupyterlab, scripts/jupyterlab-tests.sh).
+command -v npm >/dev/null 2>&1 || need+=(npm)
 # R's recommended packages (MASS, lattice, Matrix, survival, ...), present in
 # every standard R installation: ten Debian packages with
 # --no-install-recommends.
@@ -112,4 +115,9 @@ if command -v python3 >/dev/null 2>&1 && ! python3 -c "import jupyter_client, nb
   echo "setup: installing jupyter_client, nbclient, nbformat, ipykernel (for the Jupyter kernel tests)" >&2
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     "jupyter_client==8.10.0" "nbclient==0.11.0" "nbformat==5.11.1" "ipykernel==7.4.0"
+fi
+# JupyterLab: the kernel in a real browser (scripts/jupyterlab-tests.sh).
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import jupyterlab" >/dev/null 2>&1; then
+  echo "setup: installing jupyterlab (for the JupyterLab browser test)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "jupyterlab==4.6.6"
 fi

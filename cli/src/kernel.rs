@@ -94,6 +94,7 @@ fn serve(file: &std::path::Path, opts: &SessionArgs) -> Result<ExitCode> {
     let conn = rvisor_kernel::ConnectionInfo::read(file)?;
     let mut cfg = opts.supervisor_config();
     cfg.defaults = opts.options()?;
+    let input = rvisor_kernel::configure(&mut cfg.defaults);
     cfg.checkpoints = opts.checkpoints()?;
     // The per-call timeout range stretched to the session's timeout, as for
     // `session --jsonl` (a notebook may run long fits).
@@ -116,7 +117,7 @@ fn serve(file: &std::path::Path, opts: &SessionArgs) -> Result<ExitCode> {
         },
     )
     .context("failed to start the service")?;
-    let served = rvisor_kernel::run(service.clone(), &conn);
+    let served = rvisor_kernel::run(service.clone(), &conn, input);
     service.close_all();
     sup.shutdown();
     let _ = std::fs::remove_dir_all(&dir);

@@ -32,6 +32,60 @@ pub struct Capture {
 thread_local! {
     // Only the R thread writes here (R calls the hooks on its own thread).
     static CAPTURE: RefCell<Capture> = RefCell::new(Capture { cap: u64::MAX, ..Capture::default() });
+    /// Standard output held apart while a visible value prints (display
+    /// option `values`): the text, and whether more came than it keeps.
+    static DIVERT: RefCell<Option<(String, bool)>> = const { RefCell::new(None) };
+    /// What the last diverted print wrote, once it returned.
+    static HELD: RefCell<Option<(String, bool)>> = const { RefCell::new(None) };
+}
+
+/// The most text a diverted print keeps: one byte more than a display's
+/// `text/plain`, so a cut is seen and noted.
+const DIVERT_BYTES: usize = rvisor_protocol::display::TEXT_PLAIN_BYTES + 1;
+
+/// From now on, standard output is held apart (not captured, not
+/// streamed) until [`end_divert`]: what a visible value's print writes,
+/// for its display.
+pub fn begin_divert() {
+    DIVERT.with(|d| *d.borrow_mut() = Some((String::new(), false)));
+}
+
+/// Ends holding output apart (the print returned): what was held is kept
+/// for [`take_held`]. Allocates nothing, so it may run between R calls.
+pub fn end_divert() {
+    let held = DIVERT.with(|d| d.borrow_mut().take());
+    HELD.with(|h| *h.borrow_mut() = held);
+}
+
+/// The text the last diverted print wrote (at most [`DIVERT_BYTES`]) and
+/// whether it wrote more; `None` when there is none.
+pub fn take_held() -> Option<(String, bool)> {
+    HELD.with(|h| h.borrow_mut().take())
+}
+
+/// Output still held apart (the print did not return: it jumped), taken;
+/// `None` when none is.
+pub fn abandon_divert() -> Option<(String, bool)> {
+    DIVERT.with(|d| d.borrow_mut().take())
+}
+
+/// Keeps `bytes` of standard output apart, if output is held; false when
+/// it is not.
+fn divert(bytes: &[u8]) -> bool {
+    DIVERT.with(|d| {
+        let mut d = d.borrow_mut();
+        let Some((text, more)) = d.as_mut() else {
+            return false;
+        };
+        let room = DIVERT_BYTES.saturating_sub(text.len());
+        if bytes.len() > room {
+            *more = true;
+        }
+        let piece = String::from_utf8_lossy(&bytes[..bytes.len().min(room + 4)]);
+        let (kept, _) = rvisor_protocol::bounds::cut(&piece, room);
+        text.push_str(kept);
+        true
+    })
 }
 
 /// Which stream console text went to.
@@ -70,6 +124,9 @@ pub fn take() -> Capture {
 /// Appends console text. Text past the cap is dropped (cut at a character
 /// boundary) and the capture marked truncated.
 pub fn write_text(stream: Stream, bytes: &[u8]) {
+    if stream == Stream::Stdout && divert(bytes) {
+        return;
+    }
     CAPTURE.with(|c| {
         let mut c = c.borrow_mut();
         // Only what can fit is decoded (R hands over a 250 MB `cat()` in one
@@ -107,6 +164,13 @@ pub fn write_text(stream: Stream, bytes: &[u8]) {
 /// whole is dropped (the call's `error` is reported apart, within its own
 /// caps).
 pub fn push(seg: Segment) {
+    if matches!(seg, Segment::Error { .. }) {
+        if let Some((text, _)) = abandon_divert() {
+            // A value's print failed: what it wrote comes before the
+            // error, as at R's prompt.
+            write_text(Stream::Stdout, text.as_bytes());
+        }
+    }
     if let Segment::Message { text } = seg {
         CAPTURE.with(|c| {
             let mut c = c.borrow_mut();
@@ -309,6 +373,35 @@ mod tests {
         let c = take();
         assert!(c.segments.is_empty(), "the traceback does not fit");
         assert_eq!(c.fields, vec!["console"]);
+    }
+
+    #[test]
+    fn diverted_stdout_is_held_apart_and_bounded() {
+        begin(1000);
+        write_text(Stream::Stdout, b"a\n");
+        begin_divert();
+        write_text(Stream::Stdout, b"[1] 2\n");
+        write_text(Stream::Stderr, b"note\n");
+        end_divert();
+        assert_eq!(take_held(), Some(("[1] 2\n".to_string(), false)));
+        assert_eq!(take_held(), None);
+        assert_eq!(abandon_divert(), None);
+        write_text(Stream::Stdout, b"b\n");
+        begin_divert();
+        write_text(Stream::Stdout, &vec![b'x'; DIVERT_BYTES + 10]);
+        let (held, more) = abandon_divert().unwrap();
+        assert!(more && held.len() == DIVERT_BYTES);
+        let c = take();
+        assert_eq!(
+            c.segments,
+            vec![
+                Segment::Stdout { text: "a\n".into() },
+                Segment::Stderr {
+                    text: "note\n".into()
+                },
+                Segment::Stdout { text: "b\n".into() },
+            ]
+        );
     }
 
     #[test]

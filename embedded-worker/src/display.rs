@@ -7,24 +7,82 @@ use base64::Engine;
 use rvisor_protocol::display::{MAX_DISPLAYS, TEXT_PLAIN_BYTES};
 use rvisor_protocol::{bounds, Display, Plot, Segment};
 use serde_json::{Map, Value};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 thread_local! {
     static DISPLAYS: RefCell<Vec<Display>> = const { RefCell::new(Vec::new()) };
     /// Displays past [`MAX_DISPLAYS`] in this call, counted.
     static DROPPED: RefCell<u64> = const { RefCell::new(0) };
+    /// The call shows visible values as displays (option `values`): their
+    /// text is not on the console.
+    static VALUES: Cell<bool> = const { Cell::new(false) };
+    /// The display of the last visible value shown, by index.
+    static LAST_VALUE: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
-/// Forgets the previous call's displays.
-pub fn begin() {
+/// Forgets the previous call's displays; `values`: this call shows
+/// visible values as displays.
+pub fn begin(values: bool) {
     DISPLAYS.with(|d| d.borrow_mut().clear());
     DROPPED.with(|d| *d.borrow_mut() = 0);
+    VALUES.with(|v| v.set(values));
+    LAST_VALUE.with(|l| l.set(None));
 }
 
-/// The call's value displays, and how many were dropped past the count cap.
+/// How many displays the call has made so far.
+pub fn count() -> usize {
+    DISPLAYS.with(|d| d.borrow().len())
+}
+
+/// A visible value was shown: when that made a display (there are more
+/// than `before`), it is the last value so far.
+pub fn value_shown(before: usize) {
+    let now = count();
+    if now > before {
+        LAST_VALUE.with(|l| l.set(Some(now - 1)));
+    }
+}
+
+/// A visible value's display (option `values`): `text` as R printed it
+/// (`more`: it printed more than was held), `class` its first class.
+pub fn of_value(text: String, more: bool, class: &str) {
+    let mut meta = Map::new();
+    meta.insert(
+        "rvisor".into(),
+        serde_json::json!({"kind": "value", "class": class}),
+    );
+    if more {
+        note(
+            &mut meta,
+            "text/plain",
+            "cut at 64 KiB (print less, or write it to a file)",
+        );
+    }
+    from_driver(
+        vec!["text/plain".into()],
+        vec![text],
+        Some(Value::Object(meta).to_string()),
+    );
+}
+
+/// The call's value displays, and how many were dropped past the count
+/// cap; the last visible value's display has `metadata.rvisor.last` true.
 pub fn take() -> (Vec<Display>, u64) {
+    let mut displays = DISPLAYS.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    if let Some(d) = LAST_VALUE
+        .with(|l| l.take())
+        .and_then(|i| displays.get_mut(i))
+    {
+        let rv = d
+            .metadata
+            .entry("rvisor")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(rv) = rv {
+            rv.insert("last".into(), Value::Bool(true));
+        }
+    }
     (
-        DISPLAYS.with(|d| std::mem::take(&mut *d.borrow_mut())),
+        displays,
         DROPPED.with(|d| std::mem::take(&mut *d.borrow_mut())),
     )
 }
@@ -48,11 +106,12 @@ pub fn from_driver(mimes: Vec<String>, values: Vec<String>, meta: Option<String>
         let v = if mime == "text/plain" {
             let (kept, cut) = bounds::cut(&value, TEXT_PLAIN_BYTES);
             if cut {
-                note(
-                    &mut metadata,
-                    &mime,
-                    "cut at 64 KiB (the console has the text)",
-                );
+                let why = if VALUES.with(Cell::get) {
+                    "cut at 64 KiB (print less, or write it to a file)"
+                } else {
+                    "cut at 64 KiB (the console has the text)"
+                };
+                note(&mut metadata, &mime, why);
             }
             Value::String(kept.to_string())
         } else if mime.ends_with("json") {
@@ -169,7 +228,7 @@ mod tests {
     #[test]
     fn a_bundle_over_the_cap_keeps_its_text_and_says_why() {
         console::begin(100);
-        begin();
+        begin(false);
         from_driver(
             vec![
                 "text/plain".into(),

@@ -280,7 +280,7 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     // SAFETY: on the R thread; the driver environment is preserved.
     unsafe { r::set_max_out(r.driver, req.max_output_bytes) };
     CALL.with(|s| *s.borrow_mut() = CallState::default());
-    display::begin();
+    display::begin(req.display.values());
     pause::at("sent", &req.execution_id, &req.code);
     interrupt::begin_call(req.seq);
 
@@ -454,6 +454,9 @@ struct Step {
     /// A table (data frame, matrix) was printed: the value (preserved
     /// until its display is made) and where the console stood before.
     table: Option<(SEXP, (usize, usize))>,
+    /// Display option `values`: a visible value that is neither a table
+    /// nor HTML (preserved until its display is made).
+    value: Option<SEXP>,
     /// `keep.source` is on after it: the next expression is parsed again
     /// with source references.
     keep_source: bool,
@@ -510,6 +513,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
     let tools_list = req.tools.as_slice();
     let (width, height) = (req.plot_width, req.plot_height);
     let rich = req.display.enabled();
+    let values = req.display.values();
     let dvec = display_vector(req);
     pause::at("parsing", &req.execution_id, &req.code);
     // The code and its parse stay preserved across the expressions (each
@@ -571,6 +575,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
             }
         }
         let mut step = Step::default();
+        let displays_before = display::count();
         let out: *mut Step = &mut step;
         let ended = r::toplevel(tok, move || {
             // SAFETY: on the R thread, in the expression's own top-level
@@ -608,12 +613,22 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                             && (Rf_isMatrix(v) == Rboolean::TRUE
                                 || Rf_inherits(v, c"data.frame".as_ptr()) == Rboolean::TRUE);
                         let before = if table { console::position() } else { (0, 0) };
+                        if values {
+                            // Its text is its display's, not the console's.
+                            console::begin_divert();
+                        }
                         Rf_PrintValue(v);
+                        if values {
+                            console::end_divert();
+                        }
                         if table {
                             // Kept past this top-level context for its
                             // display, made once the print has returned.
                             R_PreserveObject(v);
                             (*out).table = Some((v, before));
+                        } else if values {
+                            R_PreserveObject(v);
+                            (*out).value = Some(v);
                         }
                     }
                 }
@@ -627,12 +642,28 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
         });
         keep_source = step.keep_source;
         r::quiet_stderr(false);
+        if let Some((text, _)) = console::abandon_divert() {
+            // The print jumped (an error in a print method): what it wrote
+            // goes to the console, as at R's prompt.
+            console::write_text(console::Stream::Stdout, text.as_bytes());
+        }
+        let held = console::take_held();
         if let Some((v, before)) = step.table {
             if ended == r::Ended::Returned {
-                show_table(tok, driver, v, before);
+                show_table(tok, driver, v, before, held.as_ref().map(|h| h.0.as_str()));
             }
             // SAFETY: on the R thread; `v` was preserved in the expression.
             unsafe { R_ReleaseObject(v) };
+        } else if let Some(v) = step.value {
+            if ended == r::Ended::Returned {
+                let (text, more) = held.unwrap_or_default();
+                display::of_value(text, more, &first_class(tok, v));
+            }
+            // SAFETY: on the R thread; `v` was preserved in the expression.
+            unsafe { R_ReleaseObject(v) };
+        }
+        if values && step.visible && ended == r::Ended::Returned {
+            display::value_shown(displays_before);
         }
         if CALL.with(|s| std::mem::take(&mut s.borrow_mut().warning_pending)) {
             // The expression's warnings are reported, and R's record of
@@ -703,9 +734,12 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
 /// `show_table` with the text the print wrote (its `text/plain`). An
 /// interrupt or error inside it ends only the display (the driver catches
 /// errors; `protected` the rest).
-fn show_table(tok: RThread, driver: SEXP, v: SEXP, before: (usize, usize)) {
+fn show_table(tok: RThread, driver: SEXP, v: SEXP, before: (usize, usize), held: Option<&str>) {
     // One byte more than a display keeps, so a cut is seen and noted.
-    let text = console::stdout_since(before, rvisor_protocol::display::TEXT_PLAIN_BYTES + 1);
+    let text = match held {
+        Some(t) => t.to_string(),
+        None => console::stdout_since(before, rvisor_protocol::display::TEXT_PLAIN_BYTES + 1),
+    };
     let text = text.as_str();
     let _ = r::protected(tok, |scope| {
         // SAFETY: on the R thread inside `protected`; `v` is preserved by
@@ -716,6 +750,20 @@ fn show_table(tok: RThread, driver: SEXP, v: SEXP, before: (usize, usize)) {
         }
         Ok(())
     });
+}
+
+/// The first class of `v` as `class(v)[[1]]` gives it (implicit classes
+/// too: `numeric`, `function`, `matrix`); empty if R cannot say.
+fn first_class(tok: RThread, v: SEXP) -> String {
+    r::protected(tok, |scope| {
+        // SAFETY: on the R thread inside `protected`; `v` is preserved by
+        // the caller, the class vector protected by `scope` while read.
+        unsafe {
+            let cls = scope.protect(ffi::R_data_class(v, 0));
+            Ok(r::strings(cls).into_iter().next().unwrap_or_default())
+        }
+    })
+    .unwrap_or_default()
 }
 
 /// R's NULL.

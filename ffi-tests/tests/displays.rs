@@ -728,3 +728,111 @@ fn the_cli_writes_displays_next_to_plots() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("png, svg or both"));
 }
+
+fn values_on() -> CallOptions {
+    with(DisplayOptions {
+        values: Some(true),
+        ..DisplayOptions::default()
+    })
+}
+
+/// Display option `values`: each visible top-level value is a display
+/// whose text/plain is exactly what R prints (the same text the console
+/// has with the option off), held apart from the console; the last one is
+/// marked; tables keep their bundle; explicit print() stays console text.
+#[test]
+fn values_are_displays_with_the_text_r_prints_and_the_last_is_marked() {
+    let mut w = worker();
+    let code = "1\ncat('mid\\n')\nlist(a = 1, b = 'x')\nprint('p')\ndata.frame(a = 1:2)\nx <- 3";
+    let off = run(&mut w, code);
+    let on = w.run(code, &values_on());
+    assert_eq!(on.outcome, Outcome::Complete, "{}", on.console);
+    assert_eq!(
+        on.console, "mid\n[1] \"p\"\n",
+        "values are not console text"
+    );
+    assert_eq!(on.displays.len(), 3, "{:?}", on.displays);
+    let kinds: Vec<&str> = on
+        .displays
+        .iter()
+        .map(|d| d.metadata["rvisor"]["kind"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(kinds, ["value", "value", "table"]);
+    // Together with the console, the texts are what R printed with the
+    // option off, in the same order.
+    let shown = format!(
+        "{}mid\n{}[1] \"p\"\n{}",
+        text(&on, 0, "text/plain"),
+        text(&on, 1, "text/plain"),
+        text(&on, 2, "text/plain")
+    );
+    assert_eq!(shown, off.console);
+    assert_eq!(on.displays[0].metadata["rvisor"]["class"], "numeric");
+    assert_eq!(on.displays[1].metadata["rvisor"]["class"], "list");
+    let last: Vec<bool> = on
+        .displays
+        .iter()
+        .map(|d| d.metadata["rvisor"]["last"] == Value::Bool(true))
+        .collect();
+    assert_eq!(last, [false, false, true]);
+    assert!(text(&on, 2, "text/html").contains("<table"));
+    // Displays sit where the values were, between the console's segments.
+    let order: Vec<&str> = on
+        .segments
+        .iter()
+        .map(|s| match s {
+            Segment::Stdout { .. } => "out",
+            Segment::Display { .. } => "display",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(order, ["display", "out", "display", "out", "display"]);
+    // Off by default: the other surfaces see what they saw.
+    let plain = run(&mut w, "1");
+    assert!(plain.displays.is_empty() && plain.console == "[1] 1\n");
+}
+
+/// With `values`, a value too long for a display keeps 64 KiB and says so;
+/// a print method that fails leaves its partial text on the console and
+/// ends the call with its error; a value after an invisible one is still
+/// the last; nothing visible: nothing marked.
+#[test]
+fn values_at_their_limits_and_with_failing_prints() {
+    let mut w = worker();
+    let r = w.run("strrep('x', 200000)", &values_on());
+    assert_eq!(r.displays.len(), 1);
+    let t = text(&r, 0, "text/plain");
+    assert!(
+        t.len() <= 64 * 1024 && t.starts_with("[1] \"xxx"),
+        "{}",
+        t.len()
+    );
+    let why = r.displays[0].metadata["rvisor"]["truncated"]["text/plain"]
+        .as_str()
+        .unwrap_or("");
+    assert!(why.contains("64 KiB"), "{:?}", r.displays[0].metadata);
+    assert!(r.console.is_empty());
+
+    let r = w.run(
+        "print.bad <- function(x, ...) { cat('partial\\n'); stop('no print') }\nstructure(1, class = 'bad')",
+        &values_on(),
+    );
+    assert_eq!(r.outcome, Outcome::Error);
+    assert!(r.console.starts_with("partial\n"), "{}", r.console);
+    assert!(r.displays.is_empty());
+
+    let r = w.run("invisible(1)\ny <- 2", &values_on());
+    assert!(r.displays.is_empty() && r.console.is_empty());
+
+    let r = w.run(
+        "plot(1)\n42\ninvisible(0)",
+        &CallOptions {
+            timeout: Some(Duration::from_secs(60)),
+            ..values_on()
+        },
+    );
+    assert_eq!(r.displays.len(), 2, "{:?}", r.displays);
+    assert_eq!(text(&r, 0, "text/plain"), "[1] 42\n");
+    assert_eq!(r.displays[0].metadata["rvisor"]["last"], true);
+    assert_eq!(r.displays[1].metadata["rvisor"]["kind"], "plot");
+}

@@ -21,12 +21,18 @@ fn require_jupyter_client() {
 
 /// Runs `scenario`; its failures are check.py's assertion messages.
 fn scenario(scenario: &str) {
+    scenario_with(scenario, &[]);
+}
+
+/// Runs `scenario` with a kernel started with `flags` (in its kernelspec).
+fn scenario_with(scenario: &str, flags: &[&str]) {
     require_jupyter_client();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jupyter/check.py");
     let out = Command::new("python3")
         .arg(script)
         .arg(rvisor_bin())
         .arg(scenario)
+        .args(flags)
         .output()
         .expect("python3 check.py starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -72,7 +78,7 @@ fn a_crash_is_reported_and_the_next_cell_is_fresh() {
 }
 
 /// A message signed with another key is not answered or run; signed ones
-/// still are.
+/// still are. A new iopub subscriber gets its `iopub_welcome`.
 #[test]
 fn a_bad_signature_is_refused() {
     scenario("bad_signature");
@@ -89,4 +95,28 @@ fn nbclient_runs_a_notebook() {
 #[test]
 fn kernelspec_list_shows_the_kernel() {
     scenario("kernelspec");
+}
+
+/// Visible values: the last one is the cell's execute_result (with its
+/// execution_count), earlier ones display_data, each exactly as R prints
+/// it; print() and cat() are streams; a data frame comes once, as a table
+/// with its text; a failing print method leaves its partial text.
+#[test]
+fn values_are_execute_results() {
+    scenario("values");
+}
+
+/// readline(), menu() and askYesNo() ask through input_request and get the
+/// input_reply's value; with allow_stdin false they fail saying so; an
+/// interrupt ends a cell waiting for input, with state kept, and a late
+/// answer is not taken for the next question.
+#[test]
+fn input_requests_answer_readline_menu_and_askyesno() {
+    scenario("input");
+}
+
+/// An input that is never answered does not stop the cell's timeout.
+#[test]
+fn a_pending_input_still_times_out() {
+    scenario_with("input_timeout", &["--timeout", "2"]);
 }

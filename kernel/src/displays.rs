@@ -68,6 +68,21 @@ impl Display {
     pub fn content(&self) -> Value {
         json!({"data": self.data, "metadata": self.metadata, "transient": {}})
     }
+
+    /// Whether this is the display of the call's last visible value
+    /// (`metadata.rvisor.last`), which a cell sends as `execute_result`.
+    pub fn is_last_value(&self) -> bool {
+        self.metadata
+            .get("rvisor")
+            .and_then(|r| r.get("last"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+
+    /// The content of an `execute_result` of cell `execution_count`.
+    pub fn result_content(&self, execution_count: u64) -> Value {
+        json!({"data": self.data, "metadata": self.metadata, "execution_count": execution_count})
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +107,21 @@ mod tests {
         let d = displays_of(&r);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].data["text/html"], "<table></table>");
+    }
+
+    #[test]
+    fn the_last_value_is_the_cells_result() {
+        let mut d = Display {
+            data: Map::new(),
+            metadata: Map::new(),
+        };
+        assert!(!d.is_last_value());
+        d.metadata
+            .insert("rvisor".into(), json!({"kind": "value", "last": true}));
+        assert!(d.is_last_value());
+        let c = d.result_content(3);
+        assert_eq!(c["execution_count"], 3);
+        assert_eq!(c["metadata"]["rvisor"]["kind"], "value");
     }
 
     #[test]

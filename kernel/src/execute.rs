@@ -15,6 +15,8 @@ struct Request {
     code: String,
     silent: bool,
     store_history: bool,
+    /// The front end answers `input_request`s.
+    allow_stdin: bool,
 }
 
 impl Request {
@@ -25,6 +27,8 @@ impl Request {
             silent,
             // A silent execute is never stored (the protocol's rule).
             store_history: !silent && content["store_history"].as_bool().unwrap_or(true),
+            // Missing: false, as ipykernel reads it.
+            allow_stdin: content["allow_stdin"].as_bool().unwrap_or(false),
         }
     }
 }
@@ -69,7 +73,10 @@ pub(crate) fn execute(k: &mut Shell, msg: &Message) -> Ended {
         // succeeds, as at R's prompt.
         (json!({"status": "ok"}), false)
     } else {
-        match run(k, msg, &req) {
+        k.input.begin_cell(msg, req.allow_stdin);
+        let ran = run(k, msg, &req, count);
+        k.input.end_cell();
+        match ran {
             Ok(None) => (json!({"status": "ok"}), false),
             Ok(Some(error)) => (error, true),
             Err(e) => {
@@ -117,6 +124,7 @@ fn run(
     k: &mut Shell,
     msg: &Message,
     req: &Request,
+    count: u64,
 ) -> Result<Option<Value>, rvisor_server::service::ServiceError> {
     let io = k.iopub.clone();
     let call = SessionRun {
@@ -176,8 +184,21 @@ fn run(
         for notice in session_notices(&r) {
             io.stream(msg, "stderr", &notice);
         }
+        // The last visible value is the cell's result (the session shows
+        // values as displays: display option `values`); every other
+        // display, plots and earlier values, is display_data.
+        // It comes last, as in every kernel (a plot made before the value
+        // is shown above it).
+        let mut result = None;
         for d in displays_of(&r) {
-            io.send(msg, "display_data", d.content());
+            if d.is_last_value() && result.is_none() {
+                result = Some(d);
+            } else {
+                io.send(msg, "display_data", d.content());
+            }
+        }
+        if let Some(d) = result {
+            io.send(msg, "execute_result", d.result_content(count));
         }
     }
     let error = error_content(&r);

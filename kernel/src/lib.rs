@@ -16,10 +16,12 @@ mod introspect;
 pub mod kernelspec;
 mod signals;
 pub mod sockets;
+pub mod stdin;
 pub mod wire;
 
 pub use connection::ConnectionInfo;
 pub use error::KernelError;
+pub use stdin::Input;
 
 use rvisor::CancelToken;
 use rvisor_server::service::{Service, LOCAL_TENANT};
@@ -84,6 +86,7 @@ pub(crate) struct Shell {
     cell: Arc<Mutex<Cell>>,
     execution_count: u64,
     history: history::History,
+    input: Input,
 }
 
 impl Shell {
@@ -124,7 +127,7 @@ fn kernel_info(r_version: &str) -> Value {
 
 /// Decodes a message; a bad one is reported on stderr and dropped
 /// (a wrong signature never reaches R).
-fn decode(frames: Vec<Vec<u8>>, signer: &Signer, socket: &str) -> Option<Message> {
+pub(crate) fn decode(frames: Vec<Vec<u8>>, signer: &Signer, socket: &str) -> Option<Message> {
     match Message::decode(frames, signer) {
         Ok(m) => Some(m),
         Err(WireError::BadSignature) => {
@@ -138,9 +141,22 @@ fn decode(frames: Vec<Vec<u8>>, signer: &Signer, socket: &str) -> Option<Message
     }
 }
 
+/// What the kernel's session needs beyond the defaults, set on the
+/// supervisor's session defaults before the service is made: visible
+/// values as displays (the cell's `execute_result`), and the input tool
+/// (`input_request`), whose other end is the returned [`Input`], for
+/// [`run`].
+pub fn configure(defaults: &mut rvisor::SessionOptions) -> Input {
+    defaults.display.values = Some(true);
+    let input = Input::default();
+    defaults.tools.push(input.tool());
+    input
+}
+
 /// Serves the kernel on the sockets of `conn` until a `shutdown_request`
-/// or SIGTERM; the session is closed on the way out.
-pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
+/// or SIGTERM; the session is closed on the way out. `input` is the one
+/// [`configure`] gave (a default one: R's input functions are refused).
+pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), KernelError> {
     let tenant = LOCAL_TENANT.to_string();
     let session_id = service
         .named_session(&tenant, SESSION_NAME, true)
@@ -150,13 +166,12 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
     let ctx = zmq::Context::new();
     let shell = sockets::bind(&ctx, zmq::ROUTER, "shell", conn, conn.shell_port)?;
     let control = sockets::bind(&ctx, zmq::ROUTER, "control", conn, conn.control_port)?;
-    // Bound so front ends can connect; input requests are not made (R's
-    // readline() does not read in a worker: docs/jupyter.md).
-    let _stdin = sockets::bind(&ctx, zmq::ROUTER, "stdin", conn, conn.stdin_port)?;
-    let iopub = Iopub::new(
-        sockets::bind(&ctx, zmq::PUB, "iopub", conn, conn.iopub_port)?,
+    // R's readline() asks through it (stdin.rs).
+    input.attach(
+        sockets::bind(&ctx, zmq::ROUTER, "stdin", conn, conn.stdin_port)?,
         signer.clone(),
     );
+    let iopub = Iopub::new(sockets::bind_iopub(&ctx, conn)?, signer.clone());
     let hb = sockets::bind(&ctx, zmq::REP, "hb", conn, conn.hb_port)?;
     let stop = Arc::new(AtomicBool::new(false));
     let r_version = service
@@ -176,6 +191,14 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
         std::thread::Builder::new()
             .name("rvisor-kernel-hb".into())
             .spawn(move || sockets::heartbeat(hb, stop))
+            .map_err(|e| KernelError::Session(e.to_string()))?
+    };
+    let welcome_thread = {
+        let stop = stop.clone();
+        let iopub = iopub.clone();
+        std::thread::Builder::new()
+            .name("rvisor-kernel-iopub".into())
+            .spawn(move || iopub.welcome_loop(stop))
             .map_err(|e| KernelError::Session(e.to_string()))?
     };
     let control_thread = {
@@ -206,6 +229,7 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
         cell: common.cell.clone(),
         execution_count: 0,
         history: history::History::default(),
+        input,
     };
     // A front end may wait for a first status before it sends anything.
     sh.iopub.send(
@@ -224,6 +248,7 @@ pub fn run(service: Service, conn: &ConnectionInfo) -> Result<(), KernelError> {
     stop.store(true, Ordering::Relaxed);
     let _ = control_thread.join();
     let _ = hb_thread.join();
+    let _ = welcome_thread.join();
     let _ = service.close(&sh.tenant, &sh.session_id);
     served
 }

@@ -36,6 +36,22 @@ pub(crate) fn bind(
     Ok(s)
 }
 
+/// The iopub socket: an XPUB, so subscriptions are seen and welcomed (JEP
+/// 65), verbose so that every subscriber's is (libzmq passes only the
+/// first of a topic otherwise); to its subscribers it is a PUB.
+pub(crate) fn bind_iopub(
+    ctx: &zmq::Context,
+    conn: &ConnectionInfo,
+) -> Result<zmq::Socket, KernelError> {
+    let s = bind(ctx, zmq::XPUB, "iopub", conn, conn.iopub_port)?;
+    s.set_xpub_verbose(true).map_err(|e| KernelError::Socket {
+        socket: "iopub",
+        endpoint: conn.endpoint(conn.iopub_port),
+        why: e.to_string(),
+    })?;
+    Ok(s)
+}
+
 /// Receives one message from `s` if one comes within [`POLL_MS`]:
 /// `Ok(None)` on a quiet spell (the caller checks its stop flag).
 pub(crate) fn recv(
@@ -93,6 +109,62 @@ impl Iopub {
         let m = parent.broadcast(msg_type, content);
         let s = self.sock.lock().unwrap_or_else(|p| p.into_inner());
         send(&s, "iopub", &m, &self.signer);
+        self.welcome(&s);
+    }
+
+    /// Answers each new subscription waiting on the XPUB socket with an
+    /// `iopub_welcome` (JEP 65: a client knows it is subscribed, and
+    /// misses no message, once it has its welcome).
+    fn welcome(&self, s: &zmq::Socket) {
+        while let Ok(frame) = s.recv_bytes(zmq::DONTWAIT) {
+            // 1 then the topic: a subscription; 0: one that ended.
+            let Some((1, topic)) = frame.split_first() else {
+                continue;
+            };
+            let none = Message {
+                ids: vec![],
+                header: json!({}),
+                parent_header: json!({}),
+                metadata: json!({}),
+                content: json!({}),
+                buffers: vec![],
+            };
+            let mut m = none.broadcast(
+                "iopub_welcome",
+                json!({"subscription": String::from_utf8_lossy(topic)}),
+            );
+            m.parent_header = json!({});
+            m.ids = vec![topic.to_vec()];
+            send(s, "iopub", &m, &self.signer);
+        }
+    }
+
+    /// Welcomes subscribers until `stop` is set: woken by the socket's
+    /// descriptor (libzmq's edge-triggered notice that its state changed),
+    /// and at least every [`POLL_MS`] (a notice taken by a send of another
+    /// thread, which welcomes under the same lock anyway).
+    pub(crate) fn welcome_loop(&self, stop: Arc<AtomicBool>) {
+        let fd = {
+            let s = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+            s.get_fd().ok()
+        };
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(fd) = fd {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: poll on one pollfd we own; libzmq keeps the
+                // descriptor open while the socket lives (it does until
+                // this loop has ended: the socket is dropped after).
+                unsafe { libc::poll(&mut pfd, 1, POLL_MS as i32) };
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+            }
+            let s = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+            self.welcome(&s);
+        }
     }
 
     /// `status` `busy` or `idle` for `parent`.

@@ -105,6 +105,15 @@ pub struct DisplayOptions {
     /// Image formats of plot pages: `png` (default), `svg` or `both`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plot_format: Option<PlotFormat>,
+    /// Visible top-level values as displays too (default false): each
+    /// value R would print at its prompt becomes a display whose
+    /// `text/plain` is exactly what R prints, kept out of the console
+    /// stream (a table's bundle carries it), `metadata.rvisor.kind`
+    /// `value` (`table`, `html` for those), and the last visible value of
+    /// the call marked `metadata.rvisor.last: true`. Jupyter's
+    /// `execute_result` is built from it; other surfaces leave it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<bool>,
 }
 
 impl DisplayOptions {
@@ -116,7 +125,13 @@ impl DisplayOptions {
             max_cols: over.max_cols.or(self.max_cols),
             html_max_bytes: over.html_max_bytes.or(self.html_max_bytes),
             plot_format: over.plot_format.or(self.plot_format),
+            values: over.values.or(self.values),
         }
+    }
+    /// Whether visible values become displays (default false; only with
+    /// displays enabled).
+    pub fn values(&self) -> bool {
+        self.enabled() && self.values.unwrap_or(false)
     }
     /// Whether displays are made (default true).
     pub fn enabled(&self) -> bool {
@@ -204,5 +219,13 @@ mod tests {
         assert!(serde_json::from_str::<DisplayOptions>(r#"{"rows": 3}"#).is_err());
         let f: DisplayOptions = serde_json::from_str(r#"{"plot_format": "both"}"#).unwrap();
         assert!(f.plot_format().png() && f.plot_format().svg());
+        assert!(!DisplayOptions::default().values());
+        let v: DisplayOptions = serde_json::from_str(r#"{"values": true}"#).unwrap();
+        assert!(v.values() && DisplayOptions::default().over(&v).values());
+        let off = DisplayOptions {
+            enabled: Some(false),
+            ..v
+        };
+        assert!(!off.values(), "values need displays");
     }
 }

@@ -74,6 +74,14 @@ def text_of(msgs, name):
     return "".join(c["text"] for t, c in msgs if t == "stream" and c["name"] == name)
 
 
+def result_of(msgs):
+    """The text/plain of the cell's execute_result ("" without one); a cell
+    has at most one."""
+    results = [c for t, c in msgs if t == "execute_result"]
+    assert len(results) <= 1, msgs
+    return results[0]["data"]["text/plain"] if results else ""
+
+
 def basics(km, kc):
     msg_id = kc.kernel_info()
     info = shell_reply(kc, msg_id)["content"]
@@ -92,7 +100,11 @@ def basics(km, kc):
 
     reply, msgs = execute(kc, "x + 1")
     assert reply["execution_count"] == 2, reply
-    assert text_of(msgs, "stdout") == "[1] 42\n", msgs
+    assert result_of(msgs) == "[1] 42\n", msgs
+    assert text_of(msgs, "stdout") == "", msgs  # the value is the result, once
+    result = [c for t, c in msgs if t == "execute_result"][0]
+    assert result["execution_count"] == 2, result
+    assert result["metadata"]["rvisor"]["kind"] == "value", result
 
     reply, msgs = execute(kc, "cat('to stdout\\n'); message('to stderr')")
     assert text_of(msgs, "stdout") == "to stdout\n", msgs
@@ -101,7 +113,7 @@ def basics(km, kc):
     reply, msgs = execute(kc, "f <- function() warning('careful'); f(); 'after'")
     assert reply["status"] == "ok", reply
     assert "Warning message:\nIn f() : careful" in text_of(msgs, "stderr"), msgs
-    assert '"after"' in text_of(msgs, "stdout"), msgs
+    assert result_of(msgs) == '[1] "after"\n', msgs
 
     reply, msgs = execute(kc, "g <- function() stop('boom'); h <- function() g(); h()")
     assert reply["status"] == "error" and reply["ename"] == "RError", reply
@@ -147,7 +159,7 @@ def basics(km, kc):
     assert shell_reply(kc, first)["content"]["status"] == "error"
     assert shell_reply(kc, second)["content"]["status"] == "aborted"
     reply, msgs = execute(kc, "exists('z')")
-    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+    assert result_of(msgs) == "[1] FALSE\n", msgs
 
     c = shell_reply(kc, kc.complete("y <- rnor", 9))["content"]
     assert "rnorm" in c["matches"] and c["cursor_start"] == 5 and c["cursor_end"] == 9, c
@@ -166,6 +178,120 @@ def basics(km, kc):
     assert h["history"][0][1] < h["history"][1][1], h
     ci = shell_reply(kc, kc.comm_info())["content"]
     assert ci == {"status": "ok", "comms": {}}, ci
+
+
+def values(km, kc):
+    """Visible values as displays: the last one the cell's execute_result,
+    earlier ones display_data, explicit print() and cat() stream text."""
+    reply, msgs = execute(kc, "1\ncat('mid\\n')\n2\ninvisible(3)")
+    assert reply["status"] == "ok", reply
+    kinds = [t for t, _ in msgs if t not in ("status", "execute_input")]
+    assert kinds == ["stream", "display_data", "execute_result"], msgs
+    assert text_of(msgs, "stdout") == "mid\n", msgs
+    first = [c for t, c in msgs if t == "display_data"][0]
+    assert first["data"]["text/plain"] == "[1] 1\n", first
+    assert first["metadata"]["rvisor"]["kind"] == "value", first
+    assert "last" not in first["metadata"]["rvisor"], first
+    assert result_of(msgs) == "[1] 2\n", msgs
+    # The last visible value, even with an assignment after it.
+    reply, msgs = execute(kc, "5\ny <- 1")
+    assert result_of(msgs) == "[1] 5\n", msgs
+    # print() is output, not a value; invisible() shows nothing.
+    reply, msgs = execute(kc, "print('p'); invisible(7)")
+    assert text_of(msgs, "stdout") == '[1] "p"\n' and result_of(msgs) == "", msgs
+    # Exactly as R prints it: a list, a function, a long vector.
+    for code in ["list(a = 1, b = 'x')", "function(x) x + 1", "1:30", "'caf\u00e9'"]:
+        reply, msgs = execute(kc, f"v <- {code}; v")
+        want = execute(kc, "cat(paste0(capture.output(print(v)), '\\n'), sep = '')")[1]
+        assert result_of(msgs) == text_of(want, "stdout"), (code, msgs, want)
+    # A data frame: once, as a table with its text.
+    reply, msgs = execute(kc, "data.frame(a = 1:2)")
+    assert text_of(msgs, "stdout") == "", msgs
+    res = [c for t, c in msgs if t == "execute_result"][0]
+    assert "<table" in res["data"]["text/html"], res
+    assert res["data"]["text/plain"] == "  a\n1 1\n2 2\n", res
+    assert res["metadata"]["rvisor"]["kind"] == "table", res
+    # A print method that fails: what it printed, then the error.
+    reply, msgs = execute(kc, "print.bad <- function(x, ...) { cat('partial\\n'); "
+                              "stop('no print') }\nstructure(1, class = 'bad')")
+    assert reply["status"] == "error" and reply["evalue"] == "no print", reply
+    assert text_of(msgs, "stdout") == "partial\n" and result_of(msgs) == "", msgs
+    # A value and a plot: the plot is display_data, the value the result.
+    reply, msgs = execute(kc, "plot(1)\n42")
+    assert result_of(msgs) == "[1] 42\n", msgs
+    assert any("image/png" in c["data"] for t, c in msgs if t == "display_data"), msgs
+    shown = [t for t, _ in msgs if t in ("display_data", "execute_result")]
+    assert shown == ["display_data", "execute_result"], msgs  # the result last
+
+
+def get_input_request(kc):
+    m = kc.get_stdin_msg(timeout=TIMEOUT)
+    assert m["msg_type"] == "input_request", m
+    return m["content"]
+
+
+def input(km, kc):
+    """readline(), menu() and askYesNo() ask through input_request when
+    the front end allows stdin; without it they fail saying why; an
+    interrupt ends a cell that waits for input, state kept."""
+    msg_id = kc.execute("name <- readline('Your name: '); cat('hi', name, '\\n')",
+                        allow_stdin=True)
+    req = get_input_request(kc)
+    assert req == {"prompt": "Your name: ", "password": False}, req
+    kc.input("Ada")
+    msgs = [(m["msg_type"], m["content"]) for m in iopub_until_idle(kc, msg_id)]
+    assert shell_reply(kc, msg_id)["content"]["status"] == "ok"
+    assert text_of(msgs, "stdout") == "hi Ada \n", msgs
+
+    msg_id = kc.execute("menu(c('apple', 'pear'), title = 'Fruit')", allow_stdin=True)
+    assert get_input_request(kc)["prompt"] == "Selection: "
+    kc.input("pear")
+    msgs = [(m["msg_type"], m["content"]) for m in iopub_until_idle(kc, msg_id)]
+    assert "1: apple\n2: pear" in text_of(msgs, "stdout"), msgs
+    assert result_of(msgs) == "[1] 2\n", msgs
+    shell_reply(kc, msg_id)
+
+    msg_id = kc.execute("askYesNo('Go on?')", allow_stdin=True)
+    assert get_input_request(kc)["prompt"].startswith("Go on? (Yes/no/cancel)")
+    kc.input("n")
+    msgs = [(m["msg_type"], m["content"]) for m in iopub_until_idle(kc, msg_id)]
+    assert result_of(msgs) == "[1] FALSE\n", msgs
+    shell_reply(kc, msg_id)
+
+    reply, msgs = execute(kc, "readline('? ')", allow_stdin=False)
+    assert reply["status"] == "error", reply
+    assert "allow_stdin" in reply["evalue"] and "readline()" in reply["evalue"], reply
+
+    # Interrupted while it waits: the cell ends, the state stays, and a
+    # late answer goes nowhere.
+    msg_id = kc.execute("w <- readline('wait: ')", allow_stdin=True)
+    get_input_request(kc)
+    km.interrupt_kernel()
+    reply = shell_reply(kc, msg_id)["content"]
+    assert reply["status"] == "error" and reply["ename"] == "Interrupted", reply
+    kc.input("late")
+    reply, msgs = execute(kc, "c(name, exists('w'))")
+    assert result_of(msgs) == '[1] "Ada"   "FALSE"\n', msgs
+    # A new question after the late answer gets its own answer.
+    msg_id = kc.execute("readline('again: ')", allow_stdin=True)
+    assert get_input_request(kc)["prompt"] == "again: "
+    kc.input("fresh")
+    msgs = [(m["msg_type"], m["content"]) for m in iopub_until_idle(kc, msg_id)]
+    assert result_of(msgs) == '[1] "fresh"\n', msgs
+    shell_reply(kc, msg_id)
+
+
+def input_timeout(km, kc):
+    """A pending input does not stop the cell's timeout (the kernel runs
+    with --timeout 2): the cell ends TimedOut, the session keeps its
+    state."""
+    assert execute(kc, "k <- 3")[0]["status"] == "ok"
+    msg_id = kc.execute("readline('never answered: ')", allow_stdin=True)
+    get_input_request(kc)
+    reply = shell_reply(kc, msg_id)["content"]
+    assert reply["status"] == "error" and reply["ename"] == "TimedOut", reply
+    reply, msgs = execute(kc, "k")
+    assert result_of(msgs) == "[1] 3\n", msgs
 
 
 def interrupt(km, kc):
@@ -188,7 +314,7 @@ def interrupt(km, kc):
         assert reply["status"] == "error" and reply["ename"] == "Interrupted", (how, reply)
         print(f"interrupt ({how}) answered in {took * 1000:.0f} ms", file=sys.stderr)
         r, msgs = execute(kc, "x")
-        assert text_of(msgs, "stdout") == "[1] 5\n", (how, r, msgs)
+        assert result_of(msgs) == "[1] 5\n", (how, r, msgs)
         assert "fresh" not in text_of(msgs, "stderr"), (how, msgs)
 
 
@@ -198,7 +324,7 @@ def restart(km, kc):
     kc.wait_for_ready(timeout=TIMEOUT)
     reply, msgs = execute(kc, "exists('y')")
     assert reply["status"] == "ok" and reply["execution_count"] == 1, reply
-    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+    assert result_of(msgs) == "[1] FALSE\n", msgs
 
 
 def crash(km, kc):
@@ -209,7 +335,7 @@ def crash(km, kc):
     reply, msgs = execute(kc, "exists('w')")
     assert reply["status"] == "ok", reply
     assert "fresh R session" in text_of(msgs, "stderr"), msgs
-    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+    assert result_of(msgs) == "[1] FALSE\n", msgs
 
 
 def bad_signature(km, kc):
@@ -219,6 +345,16 @@ def bad_signature(km, kc):
     from jupyter_client.session import Session
 
     info = km.get_connection_info()
+    # JEP 65: a new iopub subscriber is welcomed (nothing else is sent now).
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://{info['ip']}:{info['iopub_port']}")
+    assert sub.poll(TIMEOUT * 1000), "no iopub_welcome"
+    welcome = Session(key=info["key"]).deserialize(
+        Session(key=info["key"]).feed_identities(sub.recv_multipart())[1])
+    assert welcome["msg_type"] == "iopub_welcome", welcome
+    assert welcome["content"] == {"subscription": ""}, welcome
+    sub.close()
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(f"tcp://{info['ip']}:{info['shell_port']}")
     forger = Session(key=b"not-the-key", username="x")
@@ -233,7 +369,7 @@ def bad_signature(km, kc):
     assert reply["parent_header"]["msg_id"] == good["header"]["msg_id"], reply
     assert reply["parent_header"]["msg_id"] != bad["header"]["msg_id"]
     reply, msgs = execute(kc, "exists('forged')")
-    assert text_of(msgs, "stdout") == "[1] FALSE\n", msgs
+    assert result_of(msgs) == "[1] FALSE\n", msgs
 
 
 def notebook(km, kc):
@@ -255,10 +391,12 @@ def notebook(km, kc):
     outs = [c.outputs for c in nb.cells]
     assert "".join(o["text"] for o in outs[1]) == "42 \n", outs[1]
     assert "image/png" in outs[2][0]["data"], outs[2]
-    frame = "".join(o["text"] for o in outs[3] if o["output_type"] == "stream")
-    assert "a b" in frame and "3 3 c" in frame, outs[3]
-    tables = [o for o in outs[3] if o["output_type"] == "display_data"]
-    assert tables and "<table" in tables[0]["data"]["text/html"], outs[3]
+    # The data frame once: as the cell's result (HTML and its text), not
+    # also as streamed text.
+    assert [o["output_type"] for o in outs[3]] == ["execute_result"], outs[3]
+    frame = outs[3][0]["data"]
+    assert "<table" in frame["text/html"], outs[3]
+    assert "a b" in frame["text/plain"] and "3 3 c" in frame["text/plain"], outs[3]
     assert "careful" in outs[4][0]["text"] and outs[4][0]["name"] == "stderr", outs[4]
 
 
