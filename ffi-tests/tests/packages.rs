@@ -864,3 +864,61 @@ fn over_mcp_install_r_packages_is_offered_with_a_repository_and_installs_for_the
     drop(stdin);
     let _ = child.wait();
 }
+
+#[test]
+fn a_library_installed_on_one_node_is_used_on_another_without_building() {
+    use rvisor_ffi_tests::cluster::{call, post_json, Node, NodeOptions, Store};
+    let dir = TestDir::new("pkgs-nodes");
+    let repo = repository(dir.path(), 9);
+    let repo_url = format!("file://{}", repo.display());
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let (pa, pb) = (
+        dir.path().join("packages-a").display().to_string(),
+        dir.path().join("packages-b").display().to_string(),
+    );
+    let node = |id: &str, pkgs: &str| {
+        let extra = ["--package-repo", repo_url.as_str(), "--package-dir", pkgs];
+        Node::start(
+            id,
+            &NodeOptions {
+                store: Store::Dir(&store),
+                extra: &extra,
+                ..NodeOptions::default()
+            },
+        )
+    };
+    let a = node("n1", &pa);
+    let got = post_json(
+        &a.url("/v1/packages/install"),
+        "",
+        serde_json::json!({"packages": ["rvuses"]}),
+    );
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    // The repository goes away: node b can only have the builds from
+    // the shared store.
+    std::fs::remove_dir_all(&repo).unwrap();
+    let b = node("n2", &pb);
+    let r = post_json(
+        &b.url("/v1/run"),
+        "",
+        serde_json::json!({"script": "library(rvuses); cat(uses_hello())"}),
+    );
+    assert_eq!(
+        r.body["console"], "rvuses and hello from rvbase",
+        "{:?}",
+        r.body
+    );
+    let p = call("GET", &b.url("/v1/packages"), "", None);
+    let on_b: Vec<(&str, bool)> = p.body["tenant_packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["name"].as_str().unwrap(), i["cached"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(on_b, [("rvbase", true), ("rvuses", true)], "{:?}", p.body);
+    assert!(
+        Path::new(&pb).join("cache").is_dir(),
+        "node b keeps the builds in its cache"
+    );
+}

@@ -380,7 +380,7 @@ impl Installer {
         names: &[String],
     ) -> Result<Vec<Installed>, PackageError> {
         let lib = self.library(tenant);
-        let mut manifest = self.installed(tenant);
+        let manifest = self.installed(tenant);
         let current = |n: &str| {
             manifest
                 .iter()
@@ -418,7 +418,146 @@ impl Installer {
         });
         let _ = std::fs::remove_dir_all(&staging);
         let done = done?;
-        for d in &done {
+        self.record(tenant, &done)?;
+        Ok(done)
+    }
+
+    /// The name under which another node finds the build of `p` (a
+    /// package of a tenant's manifest): its R version, platform, name,
+    /// version and tarball SHA-256. `None` for entries without a digest.
+    pub fn build_name(&self, p: &Installed) -> Option<String> {
+        let sha = p.sha256.as_deref()?;
+        Some(format!(
+            "{}/{}/{}_{}_{sha}.tar.gz",
+            self.r.version, self.r.platform, p.name, p.version
+        ))
+    }
+
+    /// Writes the built tree of `name` in `tenant`'s library to `dst` as
+    /// a gzipped tar (one top directory, the package's), for the shared
+    /// store.
+    pub fn pack(&self, tenant: &str, name: &str, dst: &Path) -> Result<(), PackageError> {
+        let out = Command::new("tar")
+            .arg("-czf")
+            .arg(dst)
+            .arg("-C")
+            .arg(self.library(tenant))
+            .arg(name)
+            .output()
+            .map_err(PackageError::io("run tar to pack a built package"))?;
+        if !out.status.success() {
+            return Err(PackageError::Io {
+                what: format!("pack the build of {name}"),
+                source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes into `tenant`'s library the packages of `remote` (a manifest
+    /// another node wrote) it does not have at their versions, from their
+    /// packed builds: `fetch(entry, path)` writes the pack to `path`
+    /// (false: not there). Each pack is checked as a tarball is, unpacked
+    /// into staging, renamed into place with the others, and kept in this
+    /// node's build cache; nothing is built. On any error the library is
+    /// as it was. Returns what was taken.
+    pub fn adopt(
+        &self,
+        tenant: &str,
+        remote: &[Installed],
+        fetch: &dyn Fn(&Installed, &Path) -> Result<bool, String>,
+    ) -> Result<Vec<Installed>, PackageError> {
+        let lock = {
+            let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            m.entry(tenant.into()).or_default().clone()
+        };
+        let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let lib = self.library(tenant);
+        let mine = self.installed(tenant);
+        let missing: Vec<&Installed> = remote
+            .iter()
+            .filter(|r| {
+                crate::policy::valid_name(&r.name)
+                    && !(mine
+                        .iter()
+                        .any(|m| m.name == r.name && m.version == r.version)
+                        && lib.join(&r.name).is_dir())
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dir = self.tenant_dir(tenant);
+        let staging = dir.join(format!("adopt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging)
+            .map_err(PackageError::io("create the staging library"))?;
+        let result = (|| {
+            let mut done = Vec::new();
+            for r in missing {
+                let Some(sha) = r.sha256.clone() else {
+                    continue;
+                };
+                let pack = staging.join(format!(".{}.tar.gz", r.name));
+                let found = fetch(r, &pack).map_err(|detail| PackageError::Download {
+                    url: format!("the shared store's build of {} {}", r.name, r.version),
+                    detail,
+                })?;
+                if !found {
+                    continue;
+                }
+                tarball::check(&pack, &r.name, self.policy.max_unpacked_bytes)?;
+                let out = Command::new("tar")
+                    .args(["-xzf"])
+                    .arg(&pack)
+                    .arg("-C")
+                    .arg(&staging)
+                    .args(["--no-same-owner", "--no-same-permissions"])
+                    .output()
+                    .map_err(PackageError::io("run tar to unpack a built package"))?;
+                let _ = std::fs::remove_file(&pack);
+                if !out.status.success() {
+                    return Err(PackageError::Tarball {
+                        package: r.name.clone(),
+                        detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+                    });
+                }
+                // Readable by the workers' uids whatever this process's
+                // umask, writable by none of them, no set-id bits.
+                let _ = Command::new("chmod")
+                    .args(["-R", "u+rwX,go+rX,go-w,ug-s"])
+                    .arg(staging.join(&r.name))
+                    .status();
+                let key = BuildKey {
+                    package: r.name.clone(),
+                    version: r.version.clone(),
+                    r_version: self.r.version.clone(),
+                    platform: self.r.platform.clone(),
+                    sha256: sha,
+                };
+                self.cache.put(&key, &staging.join(&r.name))?;
+                done.push(Installed {
+                    cached: true,
+                    ..r.clone()
+                });
+            }
+            Ok(done)
+        })();
+        let done = result.and_then(|done| {
+            self.commit(&staging, &lib, &done)?;
+            Ok(done)
+        });
+        let _ = std::fs::remove_dir_all(&staging);
+        let done = done?;
+        self.record(tenant, &done)?;
+        Ok(done)
+    }
+
+    /// Merges `done` into the tenant's manifest.
+    fn record(&self, tenant: &str, done: &[Installed]) -> Result<(), PackageError> {
+        let dir = self.tenant_dir(tenant);
+        let mut manifest = self.installed(tenant);
+        for d in done {
             manifest.retain(|m| m.name != d.name);
             manifest.push(d.clone());
         }
@@ -430,8 +569,7 @@ impl Installer {
         })?;
         std::fs::write(&tmp, body).map_err(PackageError::io("write the manifest"))?;
         std::fs::rename(&tmp, dir.join("manifest.json"))
-            .map_err(PackageError::io("write the manifest"))?;
-        Ok(done)
+            .map_err(PackageError::io("write the manifest"))
     }
 
     /// Builds (or takes from the cache) every entry into `staging`.

@@ -142,6 +142,9 @@ struct ServiceState {
     /// Who owns which session: per-session locks for takeovers and
     /// hand-offs, the hand-offs in progress, results not to acknowledge.
     owner: ownership::Ownership,
+    /// When each tenant's library was last compared with the shared
+    /// store's (packages.rs).
+    package_sync: Mutex<HashMap<String, Instant>>,
     /// Held while sessions are released, so that a shutdown racing a
     /// drain's hand-off waits for its checkpoints.
     releasing: Mutex<()>,
@@ -199,6 +202,7 @@ impl Service {
                 admission: admission.clone(),
                 _monitor: stop_monitor,
                 owner: ownership::Ownership::default(),
+                package_sync: Mutex::new(HashMap::new()),
                 releasing: Mutex::new(()),
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
                 streams: Mutex::new(HashMap::new()),

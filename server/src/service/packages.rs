@@ -9,11 +9,24 @@
 //! [`Service::install_packages`]. Both install through the installer, on
 //! the host: the worker never gets network.
 
-use super::{ErrorCode, Service, ServiceError};
+use super::{lock, ErrorCode, Service, ServiceError};
 use rvisor_packages::{Installed, Installer, PackageError};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a node compares a tenant's library with the shared store's
+/// manifest (on the tenant's calls, at most once per this long).
+pub const SYNC_EVERY: Duration = Duration::from_secs(5);
+
+/// The tenant's manifest in the shared store.
+fn manifest_key(tenant: &str) -> String {
+    format!(
+        "packages/tenants/{}/manifest.json",
+        crate::blob::tenant_key(tenant)
+    )
+}
 
 /// Most packages one install request may name.
 pub const MAX_PACKAGES_PER_INSTALL: usize = 100;
@@ -107,6 +120,7 @@ impl Service {
         let Some(inst) = self.installer() else {
             return Ok(Vec::new());
         };
+        self.sync_library(inst, tenant);
         let lib = inst.library(tenant);
         std::fs::create_dir_all(&lib).map_err(|e| {
             ServiceError::new(
@@ -125,6 +139,7 @@ impl Service {
     /// is on: R's `install.packages()` comes to it.
     pub(super) fn install_tool(&self, tenant: &str) -> Option<rvisor::Tool> {
         let inst = self.installer()?.clone();
+        let service = Arc::downgrade(&self.inner);
         let tenant = tenant.to_string();
         let tool = rvisor::Tool::new(
             INSTALL_TOOL,
@@ -135,6 +150,9 @@ impl Service {
                 let installed = inst
                     .install(&tenant, &names)
                     .map_err(|e| package_error(&e).message)?;
+                if let Some(inner) = service.upgrade() {
+                    Service { inner }.share_installed(&inst, &tenant, &installed);
+                }
                 Ok(json!({"installed": installed}))
             },
         );
@@ -165,8 +183,11 @@ impl Service {
                              /v1/packages/lockfile answers"
                         ))
                     })?;
-                inst.install_lockfile(tenant, &lock)
-                    .map_err(|e| package_error(&e))
+                let done = inst
+                    .install_lockfile(tenant, &lock)
+                    .map_err(|e| package_error(&e))?;
+                self.share_installed(inst, tenant, &done);
+                Ok(done)
             }
             _ => Err(ServiceError::invalid(
                 "give either `packages` (names) or `lockfile` (from GET /v1/packages/lockfile)",
@@ -179,7 +200,9 @@ impl Service {
         &self,
         tenant: &str,
     ) -> Result<rvisor_packages::Lockfile, ServiceError> {
-        Ok(self.installer_or_404()?.lockfile(tenant))
+        let inst = self.installer_or_404()?;
+        self.sync_library(inst, tenant);
+        Ok(inst.lockfile(tenant))
     }
 
     fn installer_or_404(&self) -> Result<&Arc<Installer>, ServiceError> {
@@ -208,7 +231,105 @@ impl Service {
                 "no package was named: give at least one package to install",
             ));
         }
-        inst.install(tenant, names).map_err(|e| package_error(&e))
+        let done = inst.install(tenant, names).map_err(|e| package_error(&e))?;
+        self.share_installed(inst, tenant, &done);
+        Ok(done)
+    }
+
+    /// Puts what `tenant` just installed in the shared store, so every
+    /// node of it has the library without building: each package's built
+    /// tree once (by R version, platform, name, version and tarball
+    /// digest), then the tenant's manifest. A failure is logged: the
+    /// install stands on this node, and other nodes build for themselves.
+    fn share_installed(&self, inst: &Installer, tenant: &str, done: &[Installed]) {
+        if done.is_empty() {
+            return;
+        }
+        let store = self.inner.tables.store();
+        let shared = (|| -> Result<(), String> {
+            for p in done {
+                let Some(name) = inst.build_name(p) else {
+                    continue;
+                };
+                let key = format!("packages/builds/{name}");
+                if store.head(&key).map_err(|e| e.to_string())?.is_some() {
+                    continue;
+                }
+                let pack = std::env::temp_dir().join(format!(
+                    "rvisor-pack-{}-{}.tar.gz",
+                    std::process::id(),
+                    rvisor::ids::random_hex(6)
+                ));
+                let put = inst
+                    .pack(tenant, &p.name, &pack)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| store.put_file(&key, &pack).map_err(|e| e.to_string()));
+                let _ = std::fs::remove_file(&pack);
+                put?;
+            }
+            // The store's manifest with this node's entries over it (a
+            // tenant installing on two nodes at once: the last write wins,
+            // and the other's packages stay on its node until installed
+            // again).
+            let mut manifest: Vec<Installed> = store
+                .get(&manifest_key(tenant))
+                .map_err(|e| e.to_string())?
+                .and_then(|b| serde_json::from_slice(&b.bytes).ok())
+                .unwrap_or_default();
+            for m in inst.installed(tenant) {
+                manifest.retain(|x| x.name != m.name);
+                manifest.push(m);
+            }
+            manifest.sort_by(|a, b| a.name.cmp(&b.name));
+            let body = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+            store
+                .put(&manifest_key(tenant), body)
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        })();
+        if let Err(e) = shared {
+            tracing::warn!(
+                target: "rvisor::packages",
+                "the packages installed for a tenant were not put in the shared store {} ({e}); \
+                 other nodes will build them when asked",
+                store.url()
+            );
+        }
+    }
+
+    /// Takes into this node's copy of `tenant`'s library what the shared
+    /// store's manifest has and it lacks (installed on another node, or
+    /// before a restart on a fresh disk), from the stored builds: at most
+    /// every [`SYNC_EVERY`] per tenant. A failure is logged; the calls go
+    /// on with the library as it is.
+    fn sync_library(&self, inst: &Installer, tenant: &str) {
+        {
+            let mut last = lock(&self.inner.package_sync);
+            if last.get(tenant).is_some_and(|t| t.elapsed() < SYNC_EVERY) {
+                return;
+            }
+            last.insert(tenant.to_string(), Instant::now());
+        }
+        let store = self.inner.tables.store();
+        let remote: Vec<Installed> = match store.get(&manifest_key(tenant)) {
+            Ok(Some(b)) => serde_json::from_slice(&b.bytes).unwrap_or_default(),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(target: "rvisor::packages", "cannot read a tenant's package manifest from the shared store: {e}");
+                return;
+            }
+        };
+        let fetch = |p: &Installed, dst: &std::path::Path| -> Result<bool, String> {
+            let Some(name) = inst.build_name(p) else {
+                return Ok(false);
+            };
+            store
+                .get_to_file(&format!("packages/builds/{name}"), dst)
+                .map_err(|e| e.to_string())
+        };
+        if let Err(e) = inst.adopt(tenant, &remote, &fetch) {
+            tracing::warn!(target: "rvisor::packages", "cannot take a tenant's packages from the shared store: {e}");
+        }
     }
 
     /// Names the repository of each tenant package `r` reports loaded,
@@ -248,7 +369,10 @@ impl Service {
         let site = self.packages()?;
         let (tenant_pkgs, install) = match self.installer() {
             None => (Vec::new(), Value::Null),
-            Some(inst) => (inst.installed(tenant), self.package_policy()),
+            Some(inst) => {
+                self.sync_library(inst, tenant);
+                (inst.installed(tenant), self.package_policy())
+            }
         };
         Ok(json!({
             "packages": site,
