@@ -201,6 +201,8 @@ enum Cmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(subcommand)]
+        action: Option<packages::PackagesCmd>,
     },
     /// Check a script without running it: syntax, forbidden functions,
     /// nesting depth, style. Exit code 0 only when valid.
@@ -291,6 +293,10 @@ struct RunArgs {
     /// result's `artifacts` (docs/files.md).
     #[arg(long, value_name = "DIR")]
     output_dir: Option<PathBuf>,
+    /// A library after R's own on .libPaths() (repeatable), e.g. the one
+    /// `rvisor packages install` names (read-only when confined).
+    #[arg(long = "library-after", value_name = "DIR")]
+    library_after: Vec<PathBuf>,
 }
 
 /// Session options shared by `session` and `repl`.
@@ -320,6 +326,10 @@ struct SessionArgs {
     /// An R library directory (repeatable, in order).
     #[arg(long)]
     libpath: Vec<PathBuf>,
+    /// A library after R's own on .libPaths() (repeatable), e.g. the one
+    /// `rvisor packages install` names (read-only when confined).
+    #[arg(long = "library-after", value_name = "DIR")]
+    library_after: Vec<PathBuf>,
     /// Directory calls run in (default: a private one per session).
     #[arg(long)]
     working_dir: Option<PathBuf>,
@@ -364,6 +374,7 @@ impl SessionArgs {
                 rvisor::EnvPolicy::Names(self.env.clone())
             },
             libpath: self.libpath.clone(),
+            libpath_after: self.library_after.clone(),
             working_dir: self.working_dir.clone(),
             display: self.display.options(),
             ..rvisor::SessionOptions::default()
@@ -1281,7 +1292,10 @@ fn command() -> ExitCode {
             packages,
         } => report(mcp(data_dir, state_dir, hibernate_after_secs, &packages)),
         Cmd::Health { json } => report(ops_health(json)),
-        Cmd::Packages { json } => report(ops_packages(json)),
+        Cmd::Packages {
+            action: Some(a), ..
+        } => report(packages::run(a)),
+        Cmd::Packages { json, action: None } => report(ops_packages(json)),
         Cmd::Validate { file, json, style } => report(ops_validate(&file, json, &style)),
         Cmd::Repl { plots_dir, opts } => {
             let run = || -> Result<ExitCode> {
@@ -1487,6 +1501,7 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
         display,
         inputs,
         output_dir,
+        library_after,
     } = args;
     let with_files = !inputs.is_empty() || output_dir.is_some();
     for p in inputs {
@@ -1544,6 +1559,7 @@ fn run(args: &RunArgs) -> Result<ExitCode> {
     let ctx = rvisor::CallContext {
         variables,
         tables,
+        libraries_after: library_after.clone(),
         ..Default::default()
     };
     if !(timeout >= 0.0 && timeout.is_finite()) {

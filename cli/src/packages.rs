@@ -110,3 +110,70 @@ fn r_program() -> PathBuf {
         _ => PathBuf::from("R"),
     }
 }
+
+/// `rvisor packages install`: the same install as the server's, for the
+/// local user, into a library `rvisor run/session --library-after` takes.
+#[derive(Debug, clap::Subcommand)]
+pub enum PackagesCmd {
+    /// Install packages and their dependencies from --package-repo into
+    /// the local tenant's library under --package-dir; prints what was
+    /// installed and the library's path.
+    Install {
+        /// Package names.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Print JSON (`installed`, `library`).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        packages: PackageArgs,
+    },
+}
+
+/// Runs a `packages` action.
+pub fn run(cmd: PackagesCmd) -> Result<std::process::ExitCode> {
+    let PackagesCmd::Install {
+        names,
+        json,
+        packages,
+    } = cmd;
+    let Some(inst) = packages.installer(None, None, &[])? else {
+        anyhow::bail!(
+            "name a repository to install from: --package-repo URL (https://..., file:///...)"
+        );
+    };
+    let tenant = rvisor_server::service::LOCAL_TENANT;
+    let names = rvisor_server::service::packages::package_names(&serde_json::json!(names))
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    let installed = inst.install(tenant, &names).map_err(|e| {
+        anyhow::anyhow!(rvisor_server::service::packages::package_error(&e).message)
+    })?;
+    let lib = inst.library(tenant);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"installed": installed, "library": lib})
+            )?
+        );
+    } else {
+        if installed.is_empty() {
+            println!("nothing to do: already installed at the repositories' version");
+        }
+        for p in &installed {
+            println!(
+                "installed {} {} from {}{}",
+                p.name,
+                p.version,
+                p.repository,
+                if p.cached { " (from the cache)" } else { "" }
+            );
+        }
+        println!(
+            "library: {} (rvisor run --library-after {})",
+            lib.display(),
+            lib.display()
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -922,3 +922,71 @@ fn a_library_installed_on_one_node_is_used_on_another_without_building() {
         "node b keeps the builds in its cache"
     );
 }
+
+#[test]
+fn the_cli_installs_into_a_local_library_that_rvisor_run_takes() {
+    let dir = TestDir::new("pkgs-cli");
+    let repo = repository(dir.path(), 9);
+    let repo_url = format!("file://{}", repo.display());
+    let bin = rvisor_ffi_tests::rvisor_bin();
+    let pkgs = dir.path().join("pkgs");
+    let out = Command::new(&bin)
+        .args([
+            "packages",
+            "install",
+            "rvuses",
+            "--json",
+            "--package-repo",
+            &repo_url,
+        ])
+        .arg("--package-dir")
+        .arg(&pkgs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["installed"].as_array().unwrap().len(), 2, "{v}");
+    let lib = v["library"].as_str().unwrap().to_string();
+    let script = dir.path().join("use.R");
+    std::fs::write(&script, "library(rvuses); cat(uses_hello())\n").unwrap();
+    let out = Command::new(&bin)
+        .args(["run", "--library-after", &lib])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "rvuses and hello from rvbase"
+    );
+    // A refusal is a clear error and a failing exit.
+    let out = Command::new(&bin)
+        .args([
+            "packages",
+            "install",
+            "nosuchpkg",
+            "--package-repo",
+            &repo_url,
+        ])
+        .arg("--package-dir")
+        .arg(&pkgs)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not in any allowed repository"), "{err}");
+    // `rvisor packages --json` still lists R's own.
+    let out = Command::new(&bin)
+        .args(["packages", "--json"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"stats\""));
+}
