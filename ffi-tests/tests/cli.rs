@@ -219,7 +219,10 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
     // Measured on R 4.2: 11,051 cons cells and 12,834 vector cells more
     // than Rscript before, 5,727 and 6,376 after; 8,036 and 6,742 with the
     // program guard's code (the allow-list of programs), which every
-    // confined worker holds.
+    // confined worker holds. On Debian's R here: 8,899 and 8,474, then
+    // 9,012 and 9,204 with the host-side parts (install.packages through
+    // the server, readline through a front end) kept as text until first
+    // used (their text is the vector cells).
     let f = script(
         "invisible(gc()); g <- gc()
          cat(g[1, 1], g[2, 1], '\n')
@@ -252,9 +255,9 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
     let (theirs, rns) = counts(rscript, "Rscript");
     assert_eq!(ns, rns, "loaded namespaces");
     let (n, v) = (ours[0] - theirs[0], ours[1] - theirs[1]);
-    assert!((0..9_000).contains(&n), "{n} cons cells more than Rscript");
+    assert!((0..9_500).contains(&n), "{n} cons cells more than Rscript");
     assert!(
-        (0..9_000).contains(&v),
+        (0..9_500).contains(&v),
         "{v} vector cells more than Rscript"
     );
 }
