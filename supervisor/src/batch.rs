@@ -3,7 +3,7 @@
 //! discarded after), so no script sees another's state.
 
 use crate::call::CallOptions;
-use crate::session::Supervisor;
+use crate::supervisor::Supervisor;
 use crate::tools::CallContext;
 use rvisor_protocol::RunResult;
 use std::sync::atomic::{AtomicBool, Ordering};

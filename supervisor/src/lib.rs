@@ -48,6 +48,7 @@ mod raw;
 pub mod rules;
 pub mod session;
 mod session_files;
+mod supervisor;
 #[cfg(test)]
 mod testing;
 pub mod tools;
@@ -83,8 +84,9 @@ pub use rvisor_protocol::{
 };
 pub use session::{
     CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, RunningCall, Session, SessionOptions,
-    SessionState, SessionStatus, Supervisor, SupervisorConfig, CHECKPOINT_FAILED, CHECKPOINT_RETRY,
-    KILLED_OVER_BUDGET, MAX_CHECKPOINT_RETRY, RESUMED_MOVED, RESUMED_RESTART,
+    SessionState, SessionStatus, CHECKPOINT_FAILED, CHECKPOINT_RETRY, KILLED_OVER_BUDGET,
+    MAX_CHECKPOINT_RETRY, RESUMED_MOVED, RESUMED_RESTART,
 };
+pub use supervisor::{Supervisor, SupervisorConfig};
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
 pub use worker::{Canceller, Interrupter, Worker};

@@ -18,21 +18,19 @@ use crate::checkpoint::{
     CheckpointStore, Manifest, UnsavedCalls,
 };
 use crate::error::CheckpointError;
-use crate::error::{ConfineError, Error, ValidateError};
+use crate::error::Error;
 use crate::events::{EventFeed, EventSink, Events, StreamLimits, Tail};
 use crate::ids;
 use crate::process::{ExitInfo, WorkerConfig};
 use crate::tools::{CallContext, Tool};
 use crate::worker::{Interrupter, Worker, WorkerSource};
-use rvisor_protocol::timing::mark;
 use rvisor_protocol::{Outcome, RunResult, StreamMode};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -477,8 +475,8 @@ struct Taken {
 }
 
 #[derive(Debug)]
-struct Inner {
-    state: SessionState,
+pub(crate) struct Inner {
+    pub(crate) state: SessionState,
     generation: u64,
     queue: VecDeque<Pending>,
     /// The call out of the queue: starting its worker, or running.
@@ -515,12 +513,12 @@ struct Inner {
     idle_since: Instant,
     /// The manifest of the checkpoint in the store, if this session wrote
     /// (or was resumed from) one.
-    checkpoint: Option<crate::checkpoint::Manifest>,
+    pub(crate) checkpoint: Option<crate::checkpoint::Manifest>,
     /// Bytes of that checkpoint, when known.
     checkpoint_len: Option<u64>,
     /// Restore the checkpoint into the next worker, and why (`hibernated`,
     /// or the reset reason).
-    restore_next: Option<String>,
+    pub(crate) restore_next: Option<String>,
     /// Set by a restore, reported (and cleared) by the next result.
     unreported_restore: Option<rvisor_protocol::Restored>,
     /// Why the last restore failed, for the next result's notice.
@@ -601,7 +599,7 @@ impl Failure {
 }
 
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     id: String,
     opts: SessionOptions,
     /// Where calls run; `None`: in the worker's own private directory
@@ -609,28 +607,28 @@ struct Shared {
     working_dir: Option<PathBuf>,
     owns_working_dir: bool,
     ctx: CallContext,
-    inner: Mutex<Inner>,
+    pub(crate) inner: Mutex<Inner>,
     cv: Condvar,
     /// Where checkpoints go (none: the session is not durable).
-    store: Option<Arc<dyn CheckpointStore>>,
+    pub(crate) store: Option<Arc<dyn CheckpointStore>>,
 }
 
 /// Live workers of a supervisor, so they can be killed on host signals.
 #[derive(Debug, Default)]
-struct Registry {
+pub(crate) struct Registry {
     workers: Mutex<HashMap<u32, PathBuf>>,
 }
 
 impl Registry {
-    fn insert(&self, w: &Worker) {
+    pub(crate) fn insert(&self, w: &Worker) {
         lock(&self.workers).insert(w.pid(), w.temp_dir().to_path_buf());
     }
 
-    fn remove(&self, w: &Worker) {
+    pub(crate) fn remove(&self, w: &Worker) {
         lock(&self.workers).remove(&w.pid());
     }
 
-    fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         let workers = std::mem::take(&mut *lock(&self.workers));
         for (pid, tmp) in workers {
             // SAFETY: kill(2) of a process group we created; if it already
@@ -644,14 +642,14 @@ impl Registry {
 /// The supervisor's source: the pool, with every worker in the registry
 /// while it lives.
 #[derive(Debug)]
-struct PoolSource {
-    pool: Arc<crate::Pool>,
-    cfg: WorkerConfig,
-    registry: Arc<Registry>,
+pub(crate) struct PoolSource {
+    pub(crate) pool: Arc<crate::Pool>,
+    pub(crate) cfg: WorkerConfig,
+    pub(crate) registry: Arc<Registry>,
     /// A call of the session named a preloaded package: its workers come
     /// from the preloaded zygote from then on (the next one after a reset
     /// or hibernation too).
-    preloads: bool,
+    pub(crate) preloads: bool,
 }
 
 impl WorkerSource for PoolSource {
@@ -672,7 +670,7 @@ impl WorkerSource for PoolSource {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -975,7 +973,7 @@ fn died_idle(w: &mut Worker) -> Option<ExitInfo> {
 
 impl Shared {
     /// A new session's state; its tools come from `opts`.
-    fn new(
+    pub(crate) fn new(
         id: String,
         opts: SessionOptions,
         working_dir: Option<PathBuf>,
@@ -1764,7 +1762,10 @@ impl Shared {
 }
 
 /// Starts the runner thread of a session with workers from `source`.
-fn start_runner(shared: Arc<Shared>, source: impl WorkerSource) -> Result<Session, Error> {
+pub(crate) fn start_runner(
+    shared: Arc<Shared>,
+    source: impl WorkerSource,
+) -> Result<Session, Error> {
     let runner = shared.clone();
     std::thread::Builder::new()
         .name(format!("rvisor-session-{}", shared.id))
@@ -1783,7 +1784,7 @@ fn start_runner(shared: Arc<Shared>, source: impl WorkerSource) -> Result<Sessio
 
 /// Closes its session when the last [`Session`] clone is dropped.
 #[derive(Debug)]
-struct CloseOnDrop(Arc<Shared>);
+pub(crate) struct CloseOnDrop(pub(crate) Arc<Shared>);
 
 impl Drop for CloseOnDrop {
     fn drop(&mut self) {
@@ -1791,7 +1792,7 @@ impl Drop for CloseOnDrop {
     }
 }
 
-fn close(shared: &Shared) {
+pub(crate) fn close(shared: &Shared) {
     let mut i = lock(&shared.inner);
     if i.closed {
         return;
@@ -1823,7 +1824,7 @@ fn close(shared: &Shared) {
 /// another handle to the same session; dropping the last handle closes it.
 #[derive(Debug, Clone)]
 pub struct Session {
-    handle: Arc<CloseOnDrop>,
+    pub(crate) handle: Arc<CloseOnDrop>,
 }
 
 impl Session {
@@ -2215,1175 +2216,5 @@ impl Session {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Supervisor
-
-/// Configuration of a [`Supervisor`].
-#[derive(Debug, Clone, Default)]
-pub struct SupervisorConfig {
-    /// How workers are started.
-    pub worker: WorkerConfig,
-    /// Defaults for new sessions.
-    pub defaults: SessionOptions,
-    /// Zygote and spares.
-    pub pool: crate::PoolConfig,
-    /// Safety rules for scripts from agents (health reports them).
-    pub rules: crate::rules::SafetyRules,
-    /// Style checks of validation (`auto`: the fast engine, which the
-    /// service layer runs; `lintr` for lintr itself).
-    pub style: crate::rules::StyleEngine,
-    /// OS confinement of workers (default: every layer; see
-    /// docs/confinement.md). The supervisor refuses to start when the host
-    /// cannot provide it.
-    pub confinement: crate::Confinement,
-    /// The node this supervisor runs on, when several serve behind one
-    /// router (docs/scale-out.md): session ids then read `{node}.s-{hex}`,
-    /// so a router can send a session's calls to its node. `None`: ids
-    /// are `s-{hex}`. The caller checks the form (the server's
-    /// `cluster::NodeId`); it must not contain `/`.
-    pub node_id: Option<String>,
-    /// Where sessions keep their checkpoints (none: sessions are not
-    /// durable: no checkpoints, no hibernation, a kill starts empty).
-    pub checkpoints: Option<Arc<dyn CheckpointStore>>,
-}
-
-#[derive(Debug)]
-struct SupShared {
-    cfg: SupervisorConfig,
-    sessions: Mutex<HashMap<String, Weak<CloseOnDrop>>>,
-    registry: Arc<Registry>,
-    pool: Arc<crate::Pool>,
-    shut: AtomicBool,
-    started: Instant,
-    /// A worker kept for validation: it parses, never evaluates, scripts.
-    validator: Mutex<Option<Worker>>,
-    /// The confinement in force (from the host probe).
-    sandbox: crate::confine::Sandbox,
-}
-
-/// Hands out sessions; owns every worker they start. Dropping the last
-/// clone shuts every session down.
-#[derive(Debug, Clone)]
-pub struct Supervisor {
-    inner: Arc<SupShared>,
-}
-
-impl Supervisor {
-    /// A supervisor with this configuration. Removes temporary directories
-    /// left behind by supervisors that were killed.
-    pub fn new(mut cfg: SupervisorConfig) -> Result<Self, Error> {
-        mark("supervisor.new");
-        if cfg.worker.worker_bin.is_none() {
-            crate::locate_worker()?;
-        }
-        let mut sandbox = crate::confine::probe(&cfg.confinement, &cfg.worker.temp_root)
-            .map_err(Error::Confinement)?;
-        if cfg.confinement.enabled {
-            cfg.confinement
-                .limits
-                .check()
-                .map_err(|e| Error::Confinement(e.into()))?;
-            for p in &cfg.confinement.read_only {
-                crate::confine::check_read_only(p, &cfg.worker.temp_root)
-                    .map_err(Error::Confinement)?;
-            }
-            let cgroups = crate::confine::Cgroups::detect(cfg.confinement.cgroups)
-                .map_err(Error::Confinement)?
-                .map(Arc::new);
-            sandbox.layers.push(crate::confine::cgroup_layer(
-                &cfg.confinement.limits,
-                cgroups.as_deref(),
-            ));
-            cfg.worker.cgroups = cgroups;
-            cfg.worker.uids = Some(Arc::new(
-                crate::confine::Uids::reserve(&cfg.confinement).map_err(Error::Confinement)?,
-            ));
-            if !cfg.pool.zygote {
-                return Err(Error::Confinement(ConfineError::NeedsZygote));
-            }
-            cfg.worker.confine = Some(cfg.confinement.clone());
-            cfg.worker.programs = sandbox.programs.clone().unwrap_or_default();
-        } else {
-            cfg.worker.confine = None;
-            cfg.worker.cgroups = None;
-            cfg.worker.uids = None;
-            cfg.worker.programs = Vec::new();
-        }
-        sweep_stale_dirs(&cfg.worker.temp_root);
-        mark("supervisor.probed");
-        let pool = crate::Pool::new(cfg.worker.clone(), cfg.pool.clone())?;
-        mark("supervisor.ready");
-        Ok(Self {
-            inner: Arc::new(SupShared {
-                cfg,
-                sessions: Mutex::new(HashMap::new()),
-                pool,
-                registry: Arc::new(Registry::default()),
-                shut: AtomicBool::new(false),
-                started: Instant::now(),
-                validator: Mutex::new(None),
-                sandbox,
-            }),
-        })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &SupervisorConfig {
-        &self.inner.cfg
-    }
-
-    /// The confinement workers get (what health reports).
-    pub fn sandbox(&self) -> &crate::confine::Sandbox {
-        &self.inner.sandbox
-    }
-
-    /// A new session with the supervisor's default options.
-    pub fn session(&self) -> Result<Session, Error> {
-        self.session_with(self.inner.cfg.defaults.clone())
-    }
-
-    /// A new session. Its worker starts with the first call.
-    pub fn session_with(&self, opts: SessionOptions) -> Result<Session, Error> {
-        if self.inner.shut.load(Ordering::SeqCst) {
-            return Err(Error::Invalid("the supervisor is shut down".into()));
-        }
-        if opts.plot_width == 0
-            || opts.plot_width > crate::MAX_PLOT_SIDE
-            || opts.plot_height == 0
-            || opts.plot_height > crate::MAX_PLOT_SIDE
-        {
-            return Err(Error::Invalid(format!(
-                "plot sizes must be between 1 and {} pixels",
-                crate::MAX_PLOT_SIDE
-            )));
-        }
-        if let Some(why) = opts.display.problem() {
-            return Err(Error::Invalid(why));
-        }
-        let mut names = std::collections::HashSet::new();
-        for t in &opts.tools {
-            if !crate::tools::valid_name(&t.name) {
-                return Err(Error::Invalid(format!("tool name {:?} is invalid", t.name)));
-            }
-            if !names.insert(t.name.clone()) {
-                return Err(Error::Invalid(format!(
-                    "tool {:?} is registered twice",
-                    t.name
-                )));
-            }
-        }
-        let id = match &self.inner.cfg.node_id {
-            Some(node) => format!("{node}.s-{}", ids::random_hex(8)),
-            None => format!("s-{}", ids::random_hex(8)),
-        };
-        self.open_session(id, opts, None)
-    }
-
-    /// A session that goes on from its checkpoint in the store: the same
-    /// id, options as it had, and its state restored into the worker of
-    /// its first call (`session.restored.reason` is `reason`:
-    /// [`RESUMED_RESTART`] after a restart of this server,
-    /// [`RESUMED_MOVED`] when another node hands it over). Nothing is read
-    /// until that call, so resuming thousands of sessions is cheap; a
-    /// checkpoint that is missing or cannot be loaded then gives a fresh
-    /// session whose first result says why. Fails without a checkpoint
-    /// store, for an id that is not a session id, or one already open.
-    pub fn resume_session(
-        &self,
-        id: &str,
-        opts: SessionOptions,
-        reason: &str,
-    ) -> Result<Session, Error> {
-        if self.inner.shut.load(Ordering::SeqCst) {
-            return Err(Error::Invalid("the supervisor is shut down".into()));
-        }
-        if self.inner.cfg.checkpoints.is_none() {
-            return Err(Error::Invalid(
-                "sessions can only be resumed with a checkpoint store \
-                 (SupervisorConfig::checkpoints)"
-                    .into(),
-            ));
-        }
-        if !ids::is_session_id(id) {
-            return Err(Error::Invalid(format!("{id:?} is not a session id")));
-        }
-        if self.get(id).is_some() {
-            return Err(Error::Invalid(format!("session {id} is already open here")));
-        }
-        self.open_session(id.to_string(), opts, Some(reason))
-    }
-
-    fn open_session(
-        &self,
-        id: String,
-        opts: SessionOptions,
-        resume: Option<&str>,
-    ) -> Result<Session, Error> {
-        let confined = self.inner.cfg.worker.confine.is_some();
-        let (working_dir, owns) = match &opts.working_dir {
-            Some(d) => {
-                if !d.is_dir() {
-                    return Err(Error::Invalid(format!(
-                        "working_dir {} is not a directory; create it first",
-                        d.display()
-                    )));
-                }
-                (
-                    Some(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone())),
-                    false,
-                )
-            }
-            // A confined worker works in its private tmpfs.
-            None if confined => (None, false),
-            None => {
-                use std::os::unix::fs::DirBuilderExt;
-                let d = self
-                    .inner
-                    .cfg
-                    .worker
-                    .temp_root
-                    .join(format!("rvisor-{}-{id}", std::process::id()));
-                std::fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(&d)
-                    .map_err(|source| Error::Io {
-                        what: "create the session's working directory",
-                        source,
-                    })?;
-                (Some(d), true)
-            }
-        };
-        let mut worker_cfg = self.inner.cfg.worker.clone();
-        worker_cfg
-            .apply_overrides(opts.limits.as_ref(), opts.network)
-            .map_err(Error::Settings)?;
-        if let (Some(c), Some(d)) = (worker_cfg.confine.as_mut(), &working_dir) {
-            // An explicit working directory is visible, read-only, inside.
-            crate::confine::check_read_only(d, &worker_cfg.temp_root).map_err(Error::Settings)?;
-            crate::confine::check_enterable(d).map_err(Error::Settings)?;
-            c.read_only.push(d.clone());
-        }
-        worker_cfg.startup_timeout = opts.startup_timeout;
-        worker_cfg.libpath = opts.libpath.clone();
-        worker_cfg.libpath_after = opts.libpath_after.clone();
-        match &opts.env {
-            EnvPolicy::Inherit => worker_cfg.inherit_env = true,
-            EnvPolicy::Names(n) => worker_cfg.env.extend(n.iter().cloned()),
-            EnvPolicy::Minimal => {}
-        }
-        let mut shared = Shared::new(id.clone(), opts, working_dir, owns);
-        if let Some(s) = Arc::get_mut(&mut shared) {
-            s.store = self.inner.cfg.checkpoints.clone();
-        }
-        if let Some(reason) = resume {
-            let mut i = lock(&shared.inner);
-            // Known to exist, not read yet: the first call's worker reads
-            // and loads it (see `start_worker`).
-            i.checkpoint = Some(Manifest::default());
-            i.restore_next = Some(reason.to_string());
-            i.state = SessionState::Hibernated;
-        }
-        let source = PoolSource {
-            pool: self.inner.pool.clone(),
-            cfg: worker_cfg,
-            registry: self.inner.registry.clone(),
-            preloads: false,
-        };
-        let session = start_runner(shared, source)?;
-        let mut sessions = lock(&self.inner.sessions);
-        sessions.retain(|_, w| w.strong_count() > 0);
-        sessions.insert(id, Arc::downgrade(&session.handle));
-        Ok(session)
-    }
-    /// Looks up a live session by id.
-    pub fn get(&self, id: &str) -> Option<Session> {
-        lock(&self.inner.sessions)
-            .get(id)
-            .and_then(Weak::upgrade)
-            .map(|handle| Session { handle })
-    }
-
-    /// Closes every session and kills every worker.
-    pub fn shutdown(&self) {
-        mark("supervisor.shutdown");
-        self.inner.shut.store(true, Ordering::SeqCst);
-        let sessions: Vec<_> = lock(&self.inner.sessions)
-            .drain()
-            .filter_map(|(_, w)| w.upgrade())
-            .collect();
-        for s in &sessions {
-            close(&s.0);
-        }
-        self.inner.registry.kill_all();
-        self.inner.pool.shutdown();
-        mark("supervisor.shut");
-    }
-
-    /// Time since the supervisor was created.
-    pub fn uptime(&self) -> Duration {
-        self.inner.started.elapsed()
-    }
-
-    /// Runs `f` on the validation worker, starting (or replacing) it first.
-    pub(crate) fn with_validator<T>(
-        &self,
-        f: impl Fn(&mut Worker) -> Result<T, ValidateError>,
-    ) -> Result<T, ValidateError> {
-        let mut slot = lock(&self.inner.validator);
-        let mut last = String::from("the worker died during validation");
-        for _ in 0..2 {
-            if slot
-                .as_mut()
-                .is_none_or(|w| !w.is_alive() || w.link_closed())
-            {
-                *slot = Some(
-                    self.inner
-                        .pool
-                        .acquire(&self.inner.cfg.worker)
-                        .map_err(|e| ValidateError::NoWorker(e.to_string()))?,
-                );
-            }
-            let Some(w) = slot.as_mut() else { continue };
-            match f(w) {
-                Ok(v) => return Ok(v),
-                Err(e) if w.is_alive() && !w.link_closed() => return Err(e),
-                // The worker died: once more with a new one.
-                Err(e) => {
-                    last = e.to_string();
-                    *slot = None;
-                }
-            }
-        }
-        Err(ValidateError::NoWorker(last))
-    }
-
-    /// Where workers come from: zygote mode, spares, preloaded packages.
-    pub fn pool_status(&self) -> crate::PoolStatus {
-        self.inner.pool.status()
-    }
-
-    /// The pool (to wait until the zygote is ready, or find its pid).
-    pub fn pool(&self) -> &Arc<crate::Pool> {
-        &self.inner.pool
-    }
-
-    /// Runs `code` once in a fresh worker (a spare when one is ready) that is
-    /// discarded afterwards, so nothing leaks from one run to the next.
-    ///
-    /// ```
-    /// # let sup = rvisor::Supervisor::new(Default::default())?;
-    /// let r = sup.run_once("x <- 1; x + 1", &rvisor::CallOptions::default());
-    /// assert_eq!(r.console, "[1] 2\n");
-    /// assert_eq!(sup.run_once("exists('x')", &Default::default()).console, "[1] FALSE\n");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn run_once(&self, code: &str, opts: &CallOptions) -> RunResult {
-        self.run_once_with(ids::execution_id(), code, opts, &CallContext::default())
-    }
-
-    /// [`Supervisor::run_once`] with a chosen execution id and tools.
-    pub fn run_once_with(
-        &self,
-        execution_id: String,
-        code: &str,
-        opts: &CallOptions,
-        ctx: &CallContext,
-    ) -> RunResult {
-        self.run_once_limited(execution_id, code, opts, ctx, None, None)
-    }
-
-    /// [`Supervisor::run_once_with`] in a worker with its own confinement
-    /// limits and network access (`None`: the supervisor's). The worker is
-    /// forked for this run (spares have the supervisor's limits).
-    pub fn run_once_limited(
-        &self,
-        execution_id: String,
-        code: &str,
-        opts: &CallOptions,
-        ctx: &CallContext,
-        limits: Option<&crate::Limits>,
-        network: Option<bool>,
-    ) -> RunResult {
-        self.run_once_after(execution_id, code, opts, ctx, limits, network, None)
-    }
-
-    /// A one-shot run whose worker first runs `preamble` (seeding, a fixed
-    /// time zone: `rvisor batch --seed`); the preamble's own result is not
-    /// reported unless it fails, and then nothing else runs.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run_once_after(
-        &self,
-        execution_id: String,
-        code: &str,
-        opts: &CallOptions,
-        ctx: &CallContext,
-        limits: Option<&crate::Limits>,
-        network: Option<bool>,
-        preamble: Option<&str>,
-    ) -> RunResult {
-        self.run_once_events(
-            execution_id,
-            code,
-            opts,
-            ctx,
-            limits,
-            network,
-            preamble,
-            None,
-        )
-    }
-
-    /// [`Supervisor::run_once_limited`], handing the call's events to
-    /// `events` while it runs (the result is the same as without).
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_once_streaming(
-        &self,
-        execution_id: String,
-        code: &str,
-        opts: &CallOptions,
-        ctx: &CallContext,
-        limits: Option<&crate::Limits>,
-        network: Option<bool>,
-        events: &EventSink,
-    ) -> RunResult {
-        self.run_once_events(
-            execution_id,
-            code,
-            opts,
-            ctx,
-            limits,
-            network,
-            None,
-            Some(events),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_once_events(
-        &self,
-        execution_id: String,
-        code: &str,
-        opts: &CallOptions,
-        ctx: &CallContext,
-        limits: Option<&crate::Limits>,
-        network: Option<bool>,
-        preamble: Option<&str>,
-        events: Option<&EventSink>,
-    ) -> RunResult {
-        self.run_once_inner(
-            execution_id,
-            code,
-            opts,
-            ctx,
-            limits,
-            network,
-            preamble,
-            events,
-            None,
-        )
-    }
-
-    /// A one-shot run with `files` around its call: `files.before` puts
-    /// inputs in the worker's directory once it is up, `files.after` sees
-    /// it (and the result) once the call ended, before the worker goes
-    /// (docs/files.md). Unconfined, the call runs in the worker's own
-    /// temporary directory, as a confined one does.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_once_with_files(
-        &self,
-        execution_id: String,
-        code: &str,
-        opts: &CallOptions,
-        ctx: &CallContext,
-        limits: Option<&crate::Limits>,
-        network: Option<bool>,
-        events: Option<&EventSink>,
-        files: &mut dyn crate::files::RunFiles,
-    ) -> RunResult {
-        self.run_once_inner(
-            execution_id,
-            code,
-            opts,
-            ctx,
-            limits,
-            network,
-            None,
-            events,
-            Some(files),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_once_inner(
-        &self,
-        execution_id: String,
-        code: &str,
-        opts: &CallOptions,
-        ctx: &CallContext,
-        limits: Option<&crate::Limits>,
-        network: Option<bool>,
-        preamble: Option<&str>,
-        events: Option<&EventSink>,
-        mut files: Option<&mut dyn crate::files::RunFiles>,
-    ) -> RunResult {
-        if let Err(e) = validate_call(code, opts) {
-            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
-        }
-        let cancelled = |id: String| {
-            RunResult::failed(
-                id,
-                code.into(),
-                Outcome::Cancelled,
-                "cancelled before it started".to_string(),
-            )
-        };
-        if ctx.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
-            return cancelled(execution_id);
-        }
-        let mut cfg = self.inner.cfg.worker.clone();
-        if let Err(e) = cfg.apply_overrides(limits, network) {
-            return RunResult::failed(execution_id, code.into(), Outcome::Rejected, e.to_string());
-        }
-        cfg.libpath_after
-            .extend(ctx.libraries_after.iter().cloned());
-        mark("run_once.acquire");
-        let pool = &self.inner.pool;
-        let preloads = pool.names_preload(code) || preamble.is_some_and(|p| pool.names_preload(p));
-        let acquired = pool.acquire_with(&cfg, preloads);
-        mark("run_once.acquired");
-        let mut worker = match acquired {
-            Ok(w) => w,
-            Err(e) => {
-                let outcome = match e {
-                    Error::StartupTimeout(_) => Outcome::StartupTimedOut,
-                    _ => Outcome::StartupFailed,
-                };
-                return RunResult::failed(execution_id, code.into(), outcome, e.to_string());
-            }
-        };
-        self.inner.registry.insert(&worker);
-        // `ctx.cancel` is a state the worker's call loop reads: a cancel
-        // that came while the worker started (or during the preamble)
-        // means the call is not sent.
-        let prepared = match preamble {
-            None => Ok(()),
-            Some(p) => {
-                let pre_ctx = CallContext {
-                    cancel: ctx.cancel.clone(),
-                    ..CallContext::default()
-                };
-                let pre = worker.run_call(ids::execution_id(), p, opts, &pre_ctx);
-                if pre.success {
-                    Ok(())
-                } else if pre.outcome == Outcome::Cancelled {
-                    Err(cancelled(execution_id.clone()))
-                } else {
-                    let why = pre.error.map(|e| e.message).unwrap_or_default();
-                    Err(RunResult::failed(
-                        execution_id.clone(),
-                        code.into(),
-                        Outcome::StartupFailed,
-                        format!("the preamble failed ({}): {why}", pre.outcome),
-                    ))
-                }
-            }
-        };
-        // Files: the worker's directory, from the host (crate::files).
-        let confined = cfg.confine.is_some();
-        let dir = crate::files::WorkDir::new(if confined {
-            crate::files::Place::Worker {
-                pid: worker.pid(),
-                dir: worker.temp_dir().to_path_buf(),
-                generation: 1,
-            }
-        } else {
-            crate::files::Place::Host(worker.temp_dir().to_path_buf())
-        });
-        let mut call_opts = std::borrow::Cow::Borrowed(opts);
-        let prepared = match (prepared, files.as_mut()) {
-            (Ok(()), Some(f)) => {
-                if !confined && opts.working_dir.is_none() {
-                    call_opts.to_mut().working_dir = Some(worker.temp_dir().to_path_buf());
-                }
-                f.before(&dir).map_err(|why| {
-                    RunResult::failed(
-                        execution_id.clone(),
-                        code.into(),
-                        Outcome::Rejected,
-                        format!("the run's input files were refused: {why}; nothing ran"),
-                    )
-                })
-            }
-            (p, _) => p,
-        };
-        mark("run_once.call");
-        let mut r = match prepared {
-            Ok(()) => worker.run_call_with_events(execution_id, code, &call_opts, ctx, events),
-            Err(r) => r,
-        };
-        if let Some(f) = files.as_mut() {
-            f.after(&dir, &mut r);
-        }
-        mark("run_once.result");
-        if let Some(t) = &ctx.cancel {
-            t.clear();
-        }
-        self.inner.registry.remove(&worker);
-        r.session.id = format!("run-{}", worker.pid());
-        r.session.generation = 1;
-        r.session.fresh = true;
-        // A one-shot worker is never reused.
-        worker.discard();
-        r
-    }
-
-    /// Kills every worker and exits when the host gets SIGINT or SIGTERM
-    /// (for hosts without signal handling of their own; call once). Behind
-    /// the `ctrlc` feature: it ends the process, which a library host may
-    /// not want.
-    #[cfg(feature = "ctrlc")]
-    pub fn cleanup_on_signals(&self) -> Result<(), Error> {
-        let registry = self.inner.registry.clone();
-        let pool = self.inner.pool.clone();
-        ctrlc::set_handler(move || {
-            registry.kill_all();
-            pool.shutdown();
-            std::process::exit(130);
-        })
-        .map_err(|e| Error::Invalid(format!("failed to install the signal handler: {e}")))
-    }
-}
-
-impl Drop for SupShared {
-    fn drop(&mut self) {
-        for (_, w) in lock(&self.sessions).drain() {
-            if let Some(s) = w.upgrade() {
-                close(&s.0);
-            }
-        }
-        self.registry.kill_all();
-        self.pool.shutdown();
-    }
-}
-
-/// Removes `rvisor-<pid>-*` directories of processes that no longer exist.
-fn sweep_stale_dirs(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix("rvisor-") else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        if let Ok(meta) = e.metadata() {
-            use std::os::unix::fs::MetadataExt;
-            // SAFETY: geteuid has no preconditions.
-            let me = unsafe { libc::geteuid() };
-            if meta.is_dir() && meta.uid() == me {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::{Fake, Note, Release, Step};
-
-    #[test]
-    fn rfc3339_shape() {
-        let t = super::now_rfc3339();
-        assert_eq!(t.len(), 20);
-        assert!(t.starts_with("20"));
-        assert!(t.ends_with('Z'));
-    }
-
-    /// A session whose workers are fakes (no R, no root).
-    fn session(fake: &Fake, opts: SessionOptions) -> Session {
-        let shared = Shared::new("s-test".into(), opts, None, false);
-        start_runner(shared, fake.source()).unwrap()
-    }
-
-    fn quick() -> SessionOptions {
-        SessionOptions {
-            timeout: Duration::from_secs(60),
-            grace: Duration::from_secs(60),
-            ..SessionOptions::default()
-        }
-    }
-
-    /// Waits until the runner has taken the call and the fake started it.
-    fn started(fake: &Fake, code: &str) {
-        fake.expect(Note::Started(code.into()));
-    }
-
-    #[test]
-    fn calls_run_in_order_and_the_first_says_fresh() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        assert_eq!(s.status().state, SessionState::New);
-        let a = s.run("a").unwrap();
-        let b = s.run("b").unwrap();
-        let (a, b) = (a.wait(), b.wait());
-        assert_eq!(
-            (a.console.as_str(), b.console.as_str()),
-            ("ran a\n", "ran b\n")
-        );
-        assert!(a.session.fresh && !b.session.fresh);
-        assert_eq!(a.session.reset_reason, None);
-        assert_eq!((a.session.generation, b.session.generation), (1, 1));
-        assert_eq!(a.session.id, "s-test");
-        assert_eq!(fake.started(), 1);
-    }
-
-    #[test]
-    fn a_crash_resets_the_session_and_the_next_result_says_why() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        let crashed = s.run("crash").unwrap().wait();
-        assert_eq!(crashed.outcome, Outcome::WorkerFailed);
-        let next = s.run("x").unwrap().wait();
-        assert_eq!(next.outcome, Outcome::Complete);
-        assert!(next.session.fresh);
-        assert_eq!(next.session.reset_reason.as_deref(), Some("crash"));
-        assert_eq!(next.session.generation, 2);
-        assert!(
-            next.console.starts_with(
-                "rvisor: started a fresh R session (generation 2) because the previous worker \
-                 crashed; earlier variables are gone.\nran x\n"
-            ),
-            "{}",
-            next.console
-        );
-        let st = s.status();
-        assert_eq!(st.last_reset.map(|r| r.reason).as_deref(), Some("crash"));
-        assert_eq!(st.generation, 2);
-        // The dead worker was taken out of the registry.
-        assert_eq!(fake.forgotten().len(), 1);
-        let third = s.run("y").unwrap().wait();
-        assert!(!third.session.fresh && third.session.reset_reason.is_none());
-    }
-
-    #[test]
-    fn a_timeout_r_ignores_kills_the_worker_after_the_grace_period() {
-        let fake = Fake::new();
-        let s = session(
-            &fake,
-            SessionOptions {
-                timeout: Duration::from_millis(1),
-                grace: Duration::from_millis(1),
-                ..SessionOptions::default()
-            },
-        );
-        let r = s.run("hang").unwrap().wait();
-        assert_eq!(r.outcome, Outcome::TimedOut);
-        assert!(r.error.unwrap().message.contains("the worker was killed"));
-        let next = s.run("x").unwrap().wait();
-        assert_eq!(next.session.reset_reason.as_deref(), Some("timeout"));
-        assert_eq!(next.session.generation, 2);
-        assert!(next
-            .console
-            .starts_with("rvisor: started a fresh R session"));
-    }
-
-    #[test]
-    fn a_crash_drops_the_queue_as_not_executed() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        let running = s.run("wait").unwrap();
-        started(&fake, "wait");
-        let queued = [s.run("q1").unwrap(), s.run("q2").unwrap()];
-        assert_eq!(s.status().queued, 2);
-        fake.release(1, Release::Crash);
-        assert_eq!(running.wait().outcome, Outcome::WorkerFailed);
-        for q in queued {
-            let r = q.wait();
-            assert_eq!(r.outcome, Outcome::NotExecuted);
-            assert!(
-                r.console
-                    .contains("the session was reset (the previous worker crashed)"),
-                "{}",
-                r.console
-            );
-        }
-        assert!(!fake.notes_now().contains(&Note::Started("q1".into())));
-        // Calls made after the reset run, in the fresh generation.
-        let after = s.run("z").unwrap().wait();
-        assert_eq!(after.session.generation, 2);
-        assert_eq!(after.session.reset_reason.as_deref(), Some("crash"));
-    }
-
-    #[test]
-    fn cancel_while_queued_drops_the_queue_and_stops_the_running_call() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        s.run("keep").unwrap().wait();
-        let running = s.run("wait").unwrap();
-        started(&fake, "wait");
-        let queued = s.run("q").unwrap();
-        s.cancel();
-        // The queue is dropped at once, before the running call ends.
-        let q = queued.try_result().expect("resolved by cancel() itself");
-        assert_eq!(q.outcome, Outcome::NotExecuted);
-        let r = running.wait();
-        assert_eq!(r.outcome, Outcome::Cancelled);
-        assert!(r.error.unwrap().message.contains("variables are kept"));
-        // R answered the interrupt: same worker, same generation.
-        let next = s.run("x").unwrap().wait();
-        assert_eq!(next.session.generation, 1);
-        assert!(!next.session.fresh);
-        assert_eq!(fake.started(), 1);
-    }
-
-    #[test]
-    fn cancel_call_stops_one_call_and_leaves_the_others() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        let running = s.run("wait").unwrap();
-        started(&fake, "wait");
-        let first = s.run("q1").unwrap();
-        let second = s.run("q2").unwrap();
-        // A queued call leaves the queue at once; the others stay.
-        assert!(s.cancel_call(first.execution_id()));
-        let q = first.try_result().expect("resolved by cancel_call itself");
-        assert_eq!(q.outcome, Outcome::Cancelled);
-        assert_eq!(s.status().queued, 1);
-        // The running call is cancelled; the next queued one then runs.
-        assert!(s.cancel_call(running.execution_id()));
-        assert_eq!(running.wait().outcome, Outcome::Cancelled);
-        let id = second.execution_id().to_string();
-        assert_eq!(second.wait().outcome, Outcome::Complete);
-        // A call that ended is not found.
-        assert!(!s.cancel_call(&id));
-        assert_eq!(fake.started(), 1, "R answered: same worker");
-    }
-
-    #[test]
-    fn cancel_of_a_call_r_ignores_kills_its_worker() {
-        let fake = Fake::new();
-        let s = session(
-            &fake,
-            SessionOptions {
-                grace: Duration::from_millis(1),
-                ..quick()
-            },
-        );
-        let running = s.run("hang").unwrap();
-        started(&fake, "hang");
-        s.cancel();
-        let r = running.wait();
-        assert_eq!(r.outcome, Outcome::Cancelled);
-        assert!(r.error.unwrap().message.contains("worker was killed"));
-        let next = s.run("x").unwrap().wait();
-        assert_eq!(next.session.reset_reason.as_deref(), Some("cancel"));
-        assert_eq!(next.session.generation, 2);
-    }
-
-    #[test]
-    fn cancel_after_completion_changes_nothing() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        let done = s.run("a").unwrap().wait();
-        assert_eq!(done.outcome, Outcome::Complete);
-        s.cancel();
-        let next = s.run("b").unwrap().wait();
-        assert_eq!(next.outcome, Outcome::Complete);
-        assert_eq!(next.session.generation, 1);
-        assert!(s.status().last_reset.is_none());
-        assert!(!fake.notes_now().contains(&Note::Interrupted));
-    }
-
-    #[test]
-    fn close_while_running_resolves_everything_as_closed() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        let running = s.run("wait").unwrap();
-        started(&fake, "wait");
-        let queued = s.run("q").unwrap();
-        s.close();
-        assert_eq!(s.status().state, SessionState::Closed);
-        assert_eq!(queued.try_result().unwrap().outcome, Outcome::Closed);
-        let r = running.wait();
-        assert_eq!(r.outcome, Outcome::Closed);
-        assert_eq!(
-            r.error.unwrap().message,
-            "the session was closed during the call"
-        );
-        assert_eq!(s.run("x").unwrap_err(), Rejection::Closed);
-        // The runner ends the worker.
-        fake.expect(Note::Shutdown);
-    }
-
-    #[test]
-    fn a_full_queue_is_refused() {
-        let fake = Fake::new();
-        let s = session(
-            &fake,
-            SessionOptions {
-                queue_limit: 1,
-                ..quick()
-            },
-        );
-        let running = s.run("wait").unwrap();
-        started(&fake, "wait");
-        let queued = s.run("q").unwrap();
-        let refused = s.run("r").unwrap_err();
-        assert_eq!(refused, Rejection::QueueFull(1));
-        assert_eq!(refused.code(), "queue_full");
-        fake.release(1, Release::Complete);
-        assert_eq!(running.wait().console, "released\n");
-        assert_eq!(queued.wait().console, "ran q\n");
-    }
-
-    #[test]
-    fn a_worker_that_cannot_start_fails_the_call_not_the_session() {
-        let fake = Fake::new();
-        fake.fail_next_starts(1);
-        let s = session(&fake, quick());
-        let r = s.run("x").unwrap().wait();
-        assert_eq!(r.outcome, Outcome::StartupFailed);
-        assert!(
-            r.console.contains("no R on this fake host"),
-            "{}",
-            r.console
-        );
-        assert_eq!(r.session.generation, 0);
-        assert_eq!(s.status().state, SessionState::New);
-        let ok = s.run("y").unwrap().wait();
-        assert_eq!(ok.outcome, Outcome::Complete);
-        assert_eq!(ok.session.generation, 1);
-        assert!(ok.session.fresh);
-    }
-
-    #[test]
-    fn a_worker_killed_while_idle_is_replaced_before_the_next_call() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        s.run("a").unwrap().wait();
-        fake.kill_from_outside(1);
-        let r = s.run("b").unwrap().wait();
-        assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
-        assert_eq!(r.session.reset_reason.as_deref(), Some("killed"));
-        assert_eq!(r.session.generation, 2);
-        assert_eq!(fake.started(), 2);
-    }
-
-    #[test]
-    fn quit_and_reset_start_a_fresh_generation() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        assert_eq!(s.run("quit").unwrap().wait().outcome, Outcome::WorkerExited);
-        let r = s.run("a").unwrap().wait();
-        assert_eq!(r.session.reset_reason.as_deref(), Some("quit"));
-        assert_eq!(r.session.generation, 2);
-        s.reset();
-        let r = s.run("b").unwrap().wait();
-        assert_eq!(r.session.reset_reason.as_deref(), Some("reset"));
-        assert_eq!(r.session.generation, 3);
-        assert!(r.console.starts_with(
-            "rvisor: started a fresh R session (generation 3) because the session was reset on request"
-        ));
-    }
-
-    // -----------------------------------------------------------------------
-    // A cancel at every step of a call's life resolves the call. The fake is
-    // held at the step (`Fake::hold`), the cancel lands there, and the call
-    // must resolve while the fake still waits, or once it goes on.
-
-    /// How long a test waits for a result before calling it lost.
-    const RESOLVES: Duration = Duration::from_secs(10);
-
-    /// The ways of cancelling a call.
-    #[derive(Debug, Clone, Copy)]
-    enum How {
-        Cancel,
-        CancelCall,
-        Close,
-        Reset,
-    }
-
-    const EVERY_WAY: [How; 4] = [How::Cancel, How::CancelCall, How::Close, How::Reset];
-
-    fn cancel(s: &Session, h: &CallHandle, how: How) {
-        match how {
-            How::Cancel => s.cancel(),
-            How::CancelCall => assert!(s.cancel_call(h.execution_id()), "the call is known"),
-            How::Close => s.close(),
-            How::Reset => s.reset(),
-        }
-    }
-
-    /// What a call that never ran resolves as when cancelled `how`.
-    fn not_run(how: How) -> Outcome {
-        match how {
-            How::Close => Outcome::Closed,
-            _ => Outcome::Cancelled,
-        }
-    }
-
-    fn resolved(h: &CallHandle, what: &str) -> RunResult {
-        h.wait_timeout(RESOLVES)
-            .unwrap_or_else(|| panic!("{what}: the call never resolved"))
-    }
-
-    #[test]
-    fn a_cancel_while_the_worker_starts_resolves_the_call_at_once_and_nothing_runs() {
-        for how in EVERY_WAY {
-            let fake = Fake::new();
-            let s = session(&fake, quick());
-            fake.hold(Step::Start);
-            let h = s.run("wait").unwrap();
-            fake.expect(Note::Held(Step::Start));
-            cancel(&s, &h, how);
-            // Resolved while the worker is still starting.
-            let r = resolved(&h, &format!("{how:?} while starting"));
-            assert_eq!(r.outcome, not_run(how), "{how:?}: {}", r.console);
-            assert_eq!(r.execution_id, h.execution_id());
-            fake.go();
-            if matches!(how, How::Close) {
-                fake.expect(Note::Shutdown);
-                assert!(!fake.notes_now().contains(&Note::Started("wait".into())));
-                continue;
-            }
-            // The session goes on; the cancelled call never reached R.
-            let next = s.run("x").unwrap().wait();
-            assert_eq!(next.console.lines().last(), Some("ran x"), "{how:?}");
-            assert!(next.session.fresh, "{how:?}: the first call that ran");
-            let notes = fake.notes_now();
-            assert!(
-                !notes.contains(&Note::Started("wait".into())),
-                "{how:?}: {notes:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_cancel_while_a_hibernated_session_restores_resolves_the_call_at_once() {
-        let dir = std::env::temp_dir().join(format!("rvisor-test-{}", ids::random_hex(6)));
-        let store = Arc::new(crate::checkpoint::DirStore::new(&dir).unwrap());
-        // A checkpoint file the fake "loads": only its manifest is read here.
-        let mut file = rvisor_protocol::checkpoint::MAGIC.to_vec();
-        file.extend_from_slice(b"STATE{}");
-        file.extend_from_slice(&2u32.to_be_bytes());
-        for how in [How::Cancel, How::CancelCall] {
-            // Put back each time: a closed session deletes its checkpoint.
-            let staged = crate::checkpoint::anonymous_file(&dir).unwrap();
-            std::io::Write::write_all(&mut &staged, &file).unwrap();
-            store.put("s-test", &staged, file.len() as u64).unwrap();
-            let fake = Fake::new();
-            let mut shared = Shared::new("s-test".into(), quick(), None, false);
-            Arc::get_mut(&mut shared).unwrap().store = Some(store.clone());
-            {
-                let mut i = lock(&shared.inner);
-                i.checkpoint = Some(Manifest::default());
-                i.restore_next = Some("hibernated".into());
-                i.state = SessionState::Hibernated;
-            }
-            let s = start_runner(shared, fake.source()).unwrap();
-            fake.hold(Step::Restore);
-            let h = s.run("wait").unwrap();
-            fake.expect(Note::Held(Step::Restore));
-            cancel(&s, &h, how);
-            let r = resolved(&h, &format!("{how:?} while restoring"));
-            assert_eq!(r.outcome, Outcome::Cancelled, "{how:?}: {}", r.console);
-            fake.go();
-            // The restore goes on, and the next call runs on the state.
-            let next = s.run("x").unwrap().wait();
-            assert_eq!(next.console.lines().last(), Some("ran x"), "{how:?}");
-            assert!(next.session.restored.is_some(), "{how:?}");
-            assert!(!fake.notes_now().contains(&Note::Started("wait".into())));
-        }
-        let _ = std::fs::remove_dir_all(dir);
-    }
-
-    #[test]
-    fn a_cancel_after_the_call_left_the_queue_and_before_it_was_sent_is_not_lost() {
-        for how in EVERY_WAY {
-            let fake = Fake::new();
-            let s = session(&fake, quick());
-            s.run("keep").unwrap().wait();
-            // The runner stops at its check for a worker that died while
-            // idle: the call is out of the queue, not sent yet.
-            fake.hold(Step::Poll);
-            let h = s.run("wait").unwrap();
-            fake.expect(Note::Held(Step::Poll));
-            cancel(&s, &h, how);
-            fake.go();
-            let r = resolved(&h, &format!("{how:?} before the send"));
-            assert_eq!(r.outcome, not_run(how), "{how:?}: {}", r.console);
-            if matches!(how, How::Close) {
-                continue;
-            }
-            let next = s.run("x").unwrap().wait();
-            assert_eq!(next.console.lines().last(), Some("ran x"), "{how:?}");
-            assert!(!fake.notes_now().contains(&Note::Started("wait".into())));
-        }
-    }
-
-    #[test]
-    fn a_cancel_that_overtakes_its_call_interrupts_it_when_it_begins() {
-        for how in [How::Cancel, How::CancelCall] {
-            let fake = Fake::new();
-            let s = session(&fake, quick());
-            s.run("keep").unwrap().wait();
-            fake.hold(Step::Receive);
-            let h = s.run("wait").unwrap();
-            fake.expect(Note::Held(Step::Receive));
-            cancel(&s, &h, how);
-            fake.go();
-            let r = resolved(&h, &format!("{how:?} as the call arrived"));
-            assert_eq!(r.outcome, Outcome::Cancelled, "{how:?}: {}", r.console);
-            assert!(r.error.unwrap().message.contains("variables are kept"));
-            let next = s.run("x").unwrap().wait();
-            assert_eq!(
-                next.session.generation, 1,
-                "{how:?}: R answered, same worker"
-            );
-        }
-    }
-
-    #[test]
-    fn a_cancel_as_the_result_is_sent_leaves_the_result_and_the_next_call_alone() {
-        for how in [How::Cancel, How::CancelCall] {
-            let fake = Fake::new();
-            let s = session(&fake, quick());
-            fake.hold(Step::Finish);
-            let h = s.run("x").unwrap();
-            fake.expect(Note::Held(Step::Finish));
-            cancel(&s, &h, how);
-            fake.go();
-            // R had finished: its result stands.
-            let r = resolved(&h, &format!("{how:?} as the result was sent"));
-            assert_eq!(r.outcome, Outcome::Complete, "{how:?}: {}", r.console);
-            // The late interrupt does not touch the next call: only the
-            // release ends it.
-            let next = s.run("wait").unwrap();
-            started(&fake, "wait");
-            fake.release(1, Release::Complete);
-            let next = resolved(&next, "the next call");
-            assert_eq!(next.console, "released\n", "{how:?}");
-            assert_eq!(next.session.generation, 1);
-        }
-    }
-
-    #[test]
-    fn interrupt_stops_the_call_but_keeps_the_queue() {
-        let fake = Fake::new();
-        let s = session(&fake, quick());
-        let running = s.run("wait").unwrap();
-        started(&fake, "wait");
-        let queued = s.run("q").unwrap();
-        s.interrupt();
-        assert_eq!(running.wait().outcome, Outcome::Interrupted);
-        assert_eq!(queued.wait().console, "ran q\n");
-    }
-}
+mod tests;
