@@ -502,6 +502,7 @@ set_tools <- function(names) {
   if ("rvisor.input" %in% names) install_input()
 }
 
+## install_input(): driver_input.R, loaded on first use.
 
 helpers$`$.rvisor_tools` <- function(x, name) {
   f <- .subset2(x, name)

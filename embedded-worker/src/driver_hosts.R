@@ -1,8 +1,7 @@
 ## The driver's part of host-side replacements, loaded on first use
 ## (driver.R, "parts loaded on first use"): install.packages() through the
-## server (docs/packages.md), readline()/menu() through a front end's input
-## (docs/jupyter.md), and the packages of a tenant's library a call had
-## loaded. Only workers that have those tools or libraries parse it.
+## server (docs/packages.md) and the packages of a tenant's library a call
+## had loaded (input from a front end is driver_input.R). Only workers that have those tools or libraries parse it.
 ## Top-level assignments only.
 
 ## install.packages() through the host (docs/packages.md): where the
@@ -49,59 +48,6 @@ patch_install <- function() {
     lockBinding("install.packages", e)
   }
   state$install_patched <- TRUE
-  invisible()
-}
-
-## --- input from the front end ---------------------------------------------
-## In a session whose host offers the tool "rvisor.input" (the Jupyter
-## kernel's: an input_request on the front end's stdin channel),
-## readline(), menu() and askYesNo() (which calls readline()) ask through
-## it; elsewhere, and in sessions without the tool, they are R's own in a
-## non-interactive R (readline() returns "", menu() refuses).
-## interactive() stays FALSE. Installed once per worker, on the first call
-## that has the tool.
-install_input <- function() {
-  if (isTRUE(state$input_installed)) return(invisible())
-  r_readline <- get("readline", envir = baseenv())
-  utils_ns <- asNamespace("utils")
-  r_menu <- get("menu", envir = utils_ns)
-  has_input <- function() "rvisor.input" %in% state$tool_names
-  ask <- function(prompt, what) {
-    prompt <- paste(as.character(prompt), collapse = "")
-    res <- tryCatch(call_tool("rvisor.input", list(prompt = prompt, password = FALSE)),
-                    error = function(e) stop(sprintf("%s cannot read input: %s", what,
-                      sub("^tool 'rvisor.input' failed: ", "", conditionMessage(e))),
-                      call. = FALSE))
-    if (!is.character(res) || length(res) != 1L) res <- ""
-    res
-  }
-  readline <- function(prompt = "") {
-    if (has_input()) ask(prompt, "readline()") else r_readline(prompt)
-  }
-  menu <- function(choices, graphics = FALSE, title = NULL) {
-    if (!has_input()) return(r_menu(choices, graphics, title))
-    nc <- length(choices)
-    if (length(title) && nzchar(title[1L])) cat(title[1L], "\n")
-    cat("", paste0(format(seq_len(nc)), ": ", choices), "", sep = "\n")
-    repeat {
-      ans <- trimws(ask("Selection: ", "menu()"))
-      ind <- suppressWarnings(as.integer(ans))
-      if (is.na(ind)) ind <- match(ans, choices)
-      if (!is.na(ind) && ind >= 0L && ind <= nc) return(ind)
-      cat("Enter an item from the menu, or 0 to exit\n")
-    }
-  }
-  envs <- list(list("readline", readline, list(baseenv(), .BaseNamespaceEnv)),
-               list("menu", menu, c(list(utils_ns),
-                 if ("package:utils" %in% search()) list(as.environment("package:utils")))))
-  for (sw in envs) {
-    for (e in sw[[3L]]) {
-      unlockBinding(sw[[1L]], e)
-      assign(sw[[1L]], sw[[2L]], envir = e)
-      lockBinding(sw[[1L]], e)
-    }
-  }
-  state$input_installed <- TRUE
   invisible()
 }
 

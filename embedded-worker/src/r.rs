@@ -267,13 +267,16 @@ pub struct R {
 const DRIVER_SOURCE: &str = include_str!("driver.R");
 
 /// The driver's parts loaded on first use (driver.R, "parts loaded on
-/// first use"): validation, checkpoints, displays and host-side replacements, which a worker that
-/// only runs code (and shows no table or HTML value) never needs, so their code is not among the objects a user's
+/// first use"): validation, checkpoints, displays, input from a front end
+/// and the other host-side replacements, which a worker that only runs
+/// code (and shows no table or HTML
+/// value) never needs, so their code is not among the objects a user's
 /// `gc()` counts.
-const DRIVER_PARTS: [&str; 4] = [
+const DRIVER_PARTS: [&str; 5] = [
     include_str!("driver_validate.R"),
     include_str!("driver_state.R"),
     include_str!("driver_display.R"),
+    include_str!("driver_input.R"),
     include_str!("driver_hosts.R"),
 ];
 
