@@ -145,6 +145,13 @@ impl Installer {
         }
     }
 
+    /// The lock that orders one tenant's changes to its library (an
+    /// install, a lockfile, taking builds from the shared store).
+    fn tenant_lock(&self, tenant: &str) -> Arc<Mutex<()>> {
+        let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(tenant.into()).or_default().clone()
+    }
+
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
         &self.policy
@@ -207,10 +214,7 @@ impl Installer {
         for n in names {
             self.policy.check_name(n)?;
         }
-        let lock = {
-            let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            m.entry(tenant.into()).or_default().clone()
-        };
+        let lock = self.tenant_lock(tenant);
         let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
         let index = self.index()?;
         let lib = self.library(tenant);
@@ -272,11 +276,8 @@ impl Installer {
         for n in &names {
             self.policy.check_name(n)?;
         }
-        let lock_held = {
-            let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            m.entry(tenant.into()).or_default().clone()
-        };
-        let _held = lock_held.lock().unwrap_or_else(|e| e.into_inner());
+        let held = self.tenant_lock(tenant);
+        let _held = held.lock().unwrap_or_else(|e| e.into_inner());
         let index = self.index()?;
         let repos: Vec<&str> = self
             .policy
@@ -467,10 +468,7 @@ impl Installer {
         remote: &[Installed],
         fetch: &dyn Fn(&Installed, &Path) -> Result<bool, String>,
     ) -> Result<Vec<Installed>, PackageError> {
-        let lock = {
-            let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            m.entry(tenant.into()).or_default().clone()
-        };
+        let lock = self.tenant_lock(tenant);
         let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
         let lib = self.library(tenant);
         let mine = self.installed(tenant);
