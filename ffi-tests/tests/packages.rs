@@ -102,6 +102,31 @@ fn sources(src: &Path, port: u16) {
         "",
         &[("NAMESPACE", "\n"), ("R/loop.R", "repeat {}\n")],
     );
+    // Build-time code that reads and writes outside its build: a file of
+    // the host beside the repository, another tenant's library (bob's,
+    // under the test's state directory), the host's /tmp. It records
+    // what it could do rather than failing, so a session can ask.
+    let root = src
+        .parent()
+        .expect("src has a parent")
+        .display()
+        .to_string();
+    let snoop = format!(
+        r#"probe <- function(expr) tryCatch({{ expr; "done" }}, error = function(e) "denied", warning = function(w) "denied")
+seen_at_build <- c(
+  host = probe(readLines("{root}/host-secret")),
+  tenant = probe(readLines("{root}/state/tenants/626f62/library/rvbase/DESCRIPTION")),
+  planted = probe(writeLines("x", "{root}/planted-by-build")),
+  tmp = probe(writeLines("x", "/tmp/rvisor-rvsnoop-planted"))
+)
+seen <- function() seen_at_build
+"#
+    );
+    pkg(
+        "rvsnoop",
+        "",
+        &[("NAMESPACE", "export(seen)\n"), ("R/snoop.R", &snoop)],
+    );
     pkg(
         "rvcycleone",
         "Imports: rvcycletwo\n",
@@ -146,6 +171,7 @@ fn repository(root: &Path, port: u16) -> PathBuf {
         "rvcycletwo",
         "rvnetwork",
         "rvloop",
+        "rvsnoop",
     ];
     let mut args = vec![
         "CMD".to_string(),
@@ -338,6 +364,36 @@ fn a_tenant_installs_with_dependencies_sessions_load_it_and_another_tenant_gets_
 }
 
 #[test]
+fn a_build_reads_and_writes_nothing_outside_its_own_directory() {
+    let dir = TestDir::new("pkgs-snoop");
+    let repo = repository(dir.path(), 9);
+    std::fs::write(dir.path().join("host-secret"), "the host's\n").unwrap();
+    let _ = std::fs::remove_file("/tmp/rvisor-rvsnoop-planted");
+    let inst = installer(
+        &dir.path().join("state"),
+        &format!("file://{}", repo.display()),
+        |_| {},
+    );
+    inst.install("bob", &["rvbase".into()])
+        .expect("bob's install");
+    assert!(inst.library("bob").join("rvbase/DESCRIPTION").exists());
+    inst.install("alice", &["rvsnoop".into()])
+        .expect("a build that only looks around still installs");
+    let sup = Supervisor::new(SupervisorConfig::default()).expect("supervisor starts");
+    let s = session_with(&sup, &inst.library("alice"));
+    let r = console(
+        &s,
+        "cat(paste(names(rvsnoop::seen()), rvsnoop::seen(), sep = '='))",
+    );
+    assert_eq!(
+        r.console, "host=denied tenant=denied planted=denied tmp=denied",
+        "the build saw: {r:?}"
+    );
+    assert!(!dir.path().join("planted-by-build").exists());
+    assert!(!Path::new("/tmp/rvisor-rvsnoop-planted").exists());
+}
+
+#[test]
 fn refusals_and_failures_name_their_rule_and_leave_the_library_unchanged() {
     let dir = TestDir::new("pkgs-http");
     let url = serve(dir.path().join("repo"));
@@ -395,7 +451,7 @@ fn refusals_and_failures_name_their_rule_and_leave_the_library_unchanged() {
     // host works. (Without root it keeps the host's, as documented, and
     // the build goes through.)
     assert!(
-        rvisor_packages::build::can_isolate_network(),
+        rvisor_packages::confine::BuilderSandbox::here().network,
         "these tests run as root, as the confined sessions need"
     );
     let m = check("rvnetwork", &|e| matches!(e, PackageError::Build { .. }));

@@ -1,7 +1,8 @@
 //! The builder: `R CMD INSTALL` of one checked tarball into a staging
-//! library, in a process of its own with no network (a new network
-//! namespace when run as root), a clean environment, rlimits and a
-//! timeout after which its whole process group is killed.
+//! library, in a process of its own, confined (`confine.rs`: Landlock,
+//! seccomp, no network, no capabilities as root), with a clean
+//! environment, rlimits and a timeout after which its whole process group
+//! is killed.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
@@ -10,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::PackageError;
+use crate::{confine, PackageError};
 
 /// Most bytes of a build's output kept for its error.
 const LOG_BYTES: u64 = 16 << 10;
@@ -25,17 +26,9 @@ pub struct BuildSettings {
     /// Libraries the build sees, after the staging one (the tenant's, so
     /// dependencies installed before are found; the site ones are R's own).
     pub libraries: Vec<PathBuf>,
-    /// Cut the network: a new network namespace (needs root: `unshare
-    /// --net`). Without root the build has the host's network; the
-    /// supervisor says so in health.
-    pub no_network: bool,
-}
-
-/// Whether the builder can cut the network here (root and `unshare`).
-pub fn can_isolate_network() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && Path::new("/usr/bin/unshare").exists()
+    /// R's home and its own libraries: read-only in the build, like the
+    /// system's directories.
+    pub r_dirs: Vec<PathBuf>,
 }
 
 /// Installs `tarball` of `package` into `staging` (a library directory);
@@ -53,13 +46,12 @@ pub fn install(
     let log2 = log
         .try_clone()
         .map_err(PackageError::io("open the build log"))?;
-    let mut cmd = if s.no_network {
-        let mut c = Command::new("/usr/bin/unshare");
-        c.arg("--net").arg("--").arg(&s.r);
-        c
-    } else {
-        Command::new(&s.r)
-    };
+    let mut reads = s.libraries.clone();
+    reads.extend(s.r_dirs.iter().cloned());
+    reads.extend(s.r.parent().map(Path::to_path_buf));
+    reads.push(tarball.to_path_buf());
+    let confinement = confine::prepare(&reads, &[staging.to_path_buf(), scratch.to_path_buf()])?;
+    let mut cmd = Command::new(&s.r);
     let libs = std::env::join_paths(
         std::iter::once(staging.to_path_buf()).chain(s.libraries.iter().cloned()),
     )
@@ -83,7 +75,8 @@ pub fn install(
         .stderr(log2);
     let cpu = s.timeout.as_secs().max(1);
     // SAFETY: between fork and exec only async-signal-safe calls are made
-    // (setsid, setrlimit), on values computed before the fork.
+    // (setsid, setrlimit, and the confinement's system calls), on values
+    // computed before the fork.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -100,7 +93,7 @@ pub fn install(
             // clock timeout were missed; 4 GiB per written file.
             lim(libc::RLIMIT_CPU, cpu);
             lim(libc::RLIMIT_FSIZE, 4 << 30);
-            Ok(())
+            confinement.enter()
         });
     }
     let mut child = cmd.spawn().map_err(PackageError::io(format!(

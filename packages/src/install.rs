@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::build::{self, BuildSettings};
 use crate::cache::{self, BuildKey, Cache};
+use crate::confine::BuilderSandbox;
 use crate::index::{self, Entry};
 use crate::{fetch, resolve, tarball, PackageError, Policy};
 
@@ -86,6 +87,9 @@ pub struct RInfo {
     pub platform: String,
     /// Packages in R's libraries (never installed into a tenant's).
     pub site_packages: BTreeSet<String>,
+    /// R's home and libraries (`R.home()`, `.libPaths()`), which a build
+    /// reads.
+    pub dirs: Vec<PathBuf>,
 }
 
 impl RInfo {
@@ -94,7 +98,7 @@ impl RInfo {
     pub fn probe(r: &Path, libpath: &[PathBuf]) -> Result<Self, PackageError> {
         let mut c = Command::new(r);
         c.args(["--vanilla", "-s", "-e"]).arg(
-            "cat(paste(R.version$major, R.version$minor, sep='.'), R.version$platform, rownames(installed.packages()), sep='\\n')",
+            "cat(paste(R.version$major, R.version$minor, sep='.'), R.version$platform, paste(c(R.home(), .libPaths()), collapse='\\t'), rownames(installed.packages()), sep='\\n')",
         );
         if !libpath.is_empty() {
             if let Ok(j) = std::env::join_paths(libpath) {
@@ -116,6 +120,13 @@ impl RInfo {
             r: r.into(),
             version: lines.next().unwrap_or("").into(),
             platform: lines.next().unwrap_or("").into(),
+            dirs: lines
+                .next()
+                .unwrap_or("")
+                .split('\t')
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .collect(),
             site_packages: lines.map(String::from).collect(),
         })
     }
@@ -157,9 +168,9 @@ impl Installer {
         &self.policy
     }
 
-    /// Whether builds run without network here.
-    pub fn builds_without_network(&self) -> bool {
-        build::can_isolate_network()
+    /// What the builder's confinement enforces here.
+    pub fn builder_sandbox(&self) -> BuilderSandbox {
+        BuilderSandbox::here()
     }
 
     fn tenant_dir(&self, tenant: &str) -> PathBuf {
@@ -627,7 +638,7 @@ impl Installer {
                         r: self.r.r.clone(),
                         timeout: self.policy.build_timeout,
                         libraries: vec![lib.to_path_buf()],
-                        no_network: build::can_isolate_network(),
+                        r_dirs: self.r.dirs.clone(),
                     };
                     build::install(&s, &e.package, &tar, staging, &scratch.join(&e.package))?;
                     self.cache.put(&key, &staging.join(&e.package))?;

@@ -15,6 +15,7 @@
 
 pub mod build;
 pub mod cache;
+pub mod confine;
 pub mod error;
 pub mod fetch;
 pub mod index;

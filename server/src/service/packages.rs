@@ -357,7 +357,9 @@ impl Service {
             None => Value::Null,
             Some(inst) => {
                 let mut v = serde_json::to_value(inst.policy()).unwrap_or_default();
-                v["builds_without_network"] = json!(inst.builds_without_network());
+                let sandbox = inst.builder_sandbox();
+                v["builds_without_network"] = json!(sandbox.network);
+                v["builder"] = json!(sandbox);
                 v
             }
         }
