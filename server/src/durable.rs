@@ -7,6 +7,7 @@
 //! ```text
 //! sessions/{tenant hex}/{session id}/record.json   what the service needs to resume it
 //! sessions/{tenant hex}/{session id}/checkpoint    its state (written by the worker)
+//! sessions/{tenant hex}/{session id}/history.json  what happened in it (service/history.rs)
 //! leases/sessions/{session id}                     the owning node and until when
 //! ```
 //!
@@ -129,6 +130,10 @@ fn record_key(tenant: &str, id: &str) -> String {
     format!("sessions/{}/{id}/record.json", tenant_key(tenant))
 }
 
+fn history_key(tenant: &str, id: &str) -> String {
+    format!("sessions/{}/{id}/history.json", tenant_key(tenant))
+}
+
 fn lease_key(id: &str) -> String {
     format!("leases/sessions/{id}")
 }
@@ -249,6 +254,25 @@ impl SessionStore {
         Ok(out)
     }
 
+    /// Writes the history of `tenant`'s session `id` (service/history.rs)
+    /// beside its checkpoint; on a node with leases only while this node
+    /// holds the session's lease, so a node that lost the session cannot
+    /// overwrite the new owner's history.
+    pub fn put_history(&self, tenant: &str, id: &str, bytes: Vec<u8>) -> Result<(), BlobError> {
+        if self.uses_leases() && !self.holds(id, Duration::ZERO) {
+            return Ok(());
+        }
+        self.blob.put(&history_key(tenant, id), bytes).map(|_| ())
+    }
+
+    /// The stored history of `tenant`'s session `id`, if any.
+    pub fn get_history(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>, BlobError> {
+        if !rvisor::ids::is_session_id(id) {
+            return Ok(None);
+        }
+        Ok(self.blob.get(&history_key(tenant, id))?.map(|b| b.bytes))
+    }
+
     /// Deletes everything kept of a closed session: record, checkpoint and
     /// lease.
     pub fn delete_session(&self, tenant: &str, id: &str) {
@@ -263,6 +287,7 @@ impl SessionStore {
             format!("sessions/{tenant_hex}/{id}/checkpoint"),
             format!("sessions/{tenant_hex}/{id}/unsaved.json"),
             format!("sessions/{tenant_hex}/{id}/record.json"),
+            format!("sessions/{tenant_hex}/{id}/history.json"),
             lease_key(id),
         ] {
             if let Err(e) = self.blob.delete(&k) {

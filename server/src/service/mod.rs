@@ -13,9 +13,11 @@ mod artifacts;
 mod call;
 mod error;
 mod files;
+mod history;
 mod metrics;
 mod node;
 mod oneshot;
+mod overview;
 mod ownership;
 pub mod packages;
 mod policy;
@@ -29,8 +31,14 @@ pub use artifacts::InputFile;
 pub use call::{PendingCall, ServiceEvents};
 pub use error::{ErrorCode, ServiceError};
 pub use files::{file_error, SessionUpload, INLINE_FILE_BYTES};
+pub use history::{
+    EntryKind, HistoryEntry, HistoryLimits, HistoryPage, PersistFn, SessionHistory,
+    DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_ENTRIES, DEFAULT_HISTORY_ENTRY_BYTES,
+    DEFAULT_HISTORY_PAGE, MAX_HISTORY_PAGE,
+};
 pub use metrics::{CallTotals, Surface, UsageReport};
 pub use node::{DrainStatus, Readiness};
+pub use overview::{AdminStats, MinuteStats, SessionSummary};
 pub use policy::{check_bindings, check_timeout, tighter_limits};
 pub use request::{
     objects, DataframeRef, LimitsRequest, NewSession, RunScript, SessionRun, Variable,
@@ -83,6 +91,8 @@ pub struct ServiceConfig {
     /// Packages on demand (packages.rs, docs/packages.md): the installer
     /// of tenant libraries; `None`, installing is off.
     pub packages: Option<Arc<rvisor_packages::Installer>>,
+    /// How much history each session keeps (history.rs).
+    pub history: HistoryLimits,
 }
 
 /// Default of [`ServiceConfig::session_ttl`]: 7 days.
@@ -102,6 +112,7 @@ impl Default for ServiceConfig {
             streams: StreamConfig::default(),
             files: rvisor::file_rules::FileLimits::default(),
             packages: None,
+            history: HistoryLimits::default(),
         }
     }
 }
@@ -114,6 +125,8 @@ struct Entry {
     tenant: String,
     session: Session,
     published: Published,
+    /// What happened in it (history.rs).
+    history: Arc<SessionHistory>,
 }
 
 /// The service every surface calls. Cheap to clone.

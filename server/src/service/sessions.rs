@@ -153,12 +153,14 @@ impl Service {
             ));
         }
         let s = make(&self.inner.sup, opts).map_err(session_error)?;
+        let history = self.open_history(tenant, s.id());
         sessions.insert(
             s.id().to_string(),
             Entry {
                 tenant: tenant.to_string(),
                 session: s.clone(),
                 published: published.clone(),
+                history,
             },
         );
         Ok((s, published))
@@ -324,6 +326,7 @@ impl Service {
         let s = self.session(tenant, id)?;
         // The fresh worker is put in place before the next call runs.
         s.reset();
+        self.record_event(id, super::EntryKind::Reset, "reset");
         Ok(s.status())
     }
 
@@ -385,6 +388,7 @@ impl Service {
             )),
             e => ServiceError::new(ErrorCode::Closed, e.to_string()),
         })?;
+        self.record_event(id, super::EntryKind::Restore, "restore");
         Ok(s.status())
     }
 
