@@ -527,8 +527,16 @@ impl Service {
             .map(|e| e.history.clone())
     }
 
-    /// Enters call result `r` in its session's history.
-    pub(super) fn record_call(&self, session_id: &str, r: &RunResult, took: Duration) {
+    /// Enters call result `r` in its session's history, with the files it
+    /// changed since `files_before` (the session's files when it was
+    /// queued; `None`: not known, e.g. it woke from hibernation).
+    pub(super) fn record_call(
+        &self,
+        (_tenant, session_id): (&str, &str),
+        r: &RunResult,
+        took: Duration,
+        files_before: Option<&rvisor::files::Snapshot>,
+    ) {
         // A call refused before it ran (never queued) is not history.
         if matches!(r.outcome, rvisor::Outcome::Rejected) {
             return;
@@ -539,7 +547,32 @@ impl Service {
         for e in entries_before(r) {
             h.push(e);
         }
-        h.push(call_entry(r, took));
+        let mut e = call_entry(r, took);
+        if let (Some(before), true) = (files_before, e.files.is_empty()) {
+            if let Some(after) = self.snapshot_here(session_id) {
+                e.files = rvisor::files::changed_files(before, &after)
+                    .into_iter()
+                    .map(|f| {
+                        serde_json::json!({
+                            "uri": format!("/v1/sessions/{session_id}/files/{}", f.name),
+                            "name": f.name,
+                            "size": f.size,
+                            "media_type": f.media_type,
+                            "modified": f.modified,
+                        })
+                    })
+                    .collect();
+            }
+        }
+        h.push(e);
+    }
+
+    /// The files of session `id` if this node holds it with a live worker
+    /// (never adopted from the store for this: the session may have moved).
+    fn snapshot_here(&self, id: &str) -> Option<rvisor::files::Snapshot> {
+        let s = lock(&self.inner.sessions).get(id)?.session.clone();
+        s.status().pid?;
+        s.snapshot(self.file_limits().max_files).ok()
     }
 
     /// Enters a reset or restore of session `id`, asked for by a client.

@@ -245,6 +245,8 @@ impl Service {
         stream: bool,
     ) -> Result<PendingCall, ServiceError> {
         let (s, published) = self.find(tenant, id)?;
+        // The files now, so the history can say which the call changed.
+        let files_before = self.session_snapshot(tenant, id).ok().flatten();
         // Counted from here: a drain waits for calls already accepted.
         let in_flight = self.inner.drain.enter();
         let timeout = match req.timeout_seconds {
@@ -306,6 +308,7 @@ impl Service {
             cancel,
             tenant: tenant.to_string(),
             in_flight,
+            files_before,
         })
     }
 
