@@ -11,6 +11,8 @@
   const TOKEN_KEY = "rvisor-token";
   const main = () => document.getElementById("main");
   let stopPage = () => {};
+  // Why the sign-in page is shown again (a token that stopped working).
+  let signInWhy = "";
 
   // ---- helpers ----------------------------------------------------------
 
@@ -55,7 +57,7 @@
       return r;
     }
     const body = r.status === 204 ? null : await r.json().catch(() => null);
-    if (r.status === 401) {
+    if (r.status === 401 && !opts.signingIn) {
       signOut("Your token was not accepted: sign in again.");
       throw new ApiError(401, body);
     }
@@ -91,8 +93,9 @@
 
   function signOut(why) {
     sessionStorage.removeItem(TOKEN_KEY);
-    location.hash = "#/signin";
-    renderSignIn(why);
+    signInWhy = why || "";
+    if (location.hash !== "#/signin") location.hash = "#/signin"; // routes again
+    else route();
   }
 
   function renderSignIn(why) {
@@ -107,14 +110,14 @@
         if (!t) return;
         sessionStorage.setItem(TOKEN_KEY, t);
         try {
-          await api("/v1/usage");
+          await api("/v1/usage", { signingIn: true });
         } catch (e) {
           sessionStorage.removeItem(TOKEN_KEY);
           msg.textContent = e.status === 401 ? "That token is not valid here." : e.message;
           return;
         }
-        location.hash = "#/sessions";
-        route();
+        if (location.hash === "#/sessions") route();
+        else location.hash = "#/sessions";
       },
     },
     el("h1", { text: "Sign in" }),
@@ -505,7 +508,11 @@
   async function route() {
     stopPage();
     stopPage = () => {};
-    if (!token()) return renderSignIn();
+    if (!token()) {
+      const why = signInWhy;
+      signInWhy = "";
+      return renderSignIn(why);
+    }
     document.getElementById("nav").hidden = false;
     // The operator link only for tokens that may read the stats.
     api("/v1/admin/stats").then(() => { document.getElementById("nav-admin").hidden = false; }, () => {});
