@@ -160,16 +160,9 @@ fn the_oldest_entries_leave_first_by_count_and_by_bytes_and_a_big_one_is_cut() {
 
     // Paging: two at a time, newest first, each cursor the next page's.
     let p1 = svc.history("alice", &id, Some(2), None).unwrap();
-    let before: u64 = p1.next.as_deref().unwrap().parse().unwrap();
+    let before = p1.next.unwrap();
     let p2 = svc.history("alice", &id, Some(2), Some(before)).unwrap();
-    let p3 = svc
-        .history(
-            "alice",
-            &id,
-            Some(2),
-            Some(p2.next.as_deref().unwrap().parse().unwrap()),
-        )
-        .unwrap();
+    let p3 = svc.history("alice", &id, Some(2), p2.next).unwrap();
     let all: Vec<&str> = [&p1, &p2, &p3]
         .iter()
         .flat_map(|p| p.entries.iter().map(|e| e.code.as_str()))
@@ -318,7 +311,7 @@ fn the_history_outlives_hibernation_and_its_node() {
     );
     // Numbering goes on from n1's (a restore entry may come first).
     assert!(e[0]["seq"].as_u64().unwrap() >= 4, "{page}");
-    assert!(page["next"].is_string(), "{page}");
+    assert!(page["next"].is_u64(), "{page}");
     // A closed session's history goes with it.
     assert_eq!(
         call(
@@ -350,4 +343,43 @@ fn walk(d: &std::path::Path) -> Vec<String> {
         }
     }
     out
+}
+
+#[test]
+fn session_jsonl_answers_history_pages() {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = std::process::Command::new(rvisor_ffi_tests::rvisor_bin())
+        .args(["--unconfined", "session", "--jsonl"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("rvisor session --jsonl starts");
+    let mut input = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut ask = |v: Value| -> Value {
+        writeln!(input, "{v}").unwrap();
+        input.flush().unwrap();
+        let line = lines.next().expect("an answer").unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    for i in 1..=3 {
+        let r = ask(json!({"id": i, "op": "run", "code": format!("cat({i})")}));
+        assert_eq!(r["result"]["outcome"], "complete", "{r}");
+    }
+    let h = ask(json!({"id": 9, "op": "history", "limit": 2}));
+    let codes: Vec<&str> = h["history"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["cat(3)", "cat(2)"], "{h}");
+    assert_eq!(h["history"]["next"], 2);
+    let older = ask(json!({"id": 10, "op": "history", "before": 2}));
+    assert_eq!(older["history"]["entries"][0]["console"], "1", "{older}");
+    let bad = ask(json!({"id": 11, "op": "history", "limit": 0}));
+    assert_eq!(bad["error"]["code"], "invalid", "{bad}");
+    drop(input);
+    let _ = child.wait();
 }

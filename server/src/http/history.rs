@@ -20,7 +20,8 @@ pub struct HistoryQuery {
     #[param(minimum = 1, maximum = 100)]
     limit: Option<u32>,
     /// The cursor of an older page: the `next` of the page before.
-    before: Option<String>,
+    #[param(minimum = 0)]
+    before: Option<u64>,
 }
 
 /// Reads `limit` and `before` from a query string; anything malformed
@@ -51,11 +52,16 @@ fn parse_query(q: Option<&str>) -> Result<(Option<usize>, Option<u64>), ApiError
                 if before.is_some() {
                     return Err(bad("give before once".into()));
                 }
-                let n = v.parse::<u64>().map_err(|_| {
-                    bad(format!(
+                // As the document types it: a non-negative int64.
+                let n = v
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(|| {
+                        bad(format!(
                         "before must be the `next` cursor of an earlier page (a number), not {v:?}"
                     ))
-                })?;
+                    })?;
                 before = Some(n);
             }
             // Unknown parameters are ignored, as elsewhere.
@@ -91,14 +97,21 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", responses((status = 200, description = "The caller's sessions on this node, latest activity first: state (`running`, `idle`, `hibernated`...), idle time, the worker's memory, the last call. Another tenant's sessions are never listed", body = Vec<crate::service::SessionSummary>)))]
+/// The caller's sessions.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct SessionList {
+    /// Latest activity first.
+    sessions: Vec<crate::service::SessionSummary>,
+}
+
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", responses((status = 200, description = "The caller's sessions on this node, latest activity first: state (`running`, `idle`, `hibernated`...), idle time, the worker's memory, the last call. Another tenant's sessions are never listed", body = SessionList)))]
 pub(super) async fn sessions_list(
     State(st): State<Handlers>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
 ) -> Result<Response, ApiError> {
     let svc = st.service.clone();
-    let list = blocking(move || svc.list_sessions(&tenant)).await?;
-    Ok(Json(serde_json::json!({ "sessions": list })).into_response())
+    let sessions = blocking(move || svc.list_sessions(&tenant)).await?;
+    Ok(Json(SessionList { sessions }).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/history", tag = "sessions", params(("id" = String, Path, description = "session id"), HistoryQuery), responses((status = 200, description = "A page of the session's history, newest first: its calls (code, console, displays, plots, files changed, outcome, times), resets and restores; `next` is the cursor of the older page (pass it as `before`), null at the oldest. Bounded per session (docs/console.md)", body = crate::service::HistoryPage)))]

@@ -137,7 +137,7 @@ pub struct HistoryPage {
     pub entries: Vec<HistoryEntry>,
     /// The cursor of the next (older) page: pass it as `before`; null
     /// when there are no older entries.
-    pub next: Option<String>,
+    pub next: Option<u64>,
     /// Entries the session keeps now.
     pub total: usize,
     /// Entries that left the ring (oldest first) since the session began.
@@ -511,7 +511,7 @@ impl Service {
         Ok(HistoryPage {
             session_id: id.to_string(),
             entries,
-            next: next.map(|n| n.to_string()),
+            next,
             total,
             dropped,
             max_entries: l.max_entries,
