@@ -342,7 +342,7 @@
     const runBtn = el("button", { type: "button", class: "primary", id: "run", text: "Run" });
     const cancelBtn = el("button", { type: "button", class: "danger", id: "cancel", text: "Cancel", disabled: true });
     const more = el("button", { type: "button", id: "older", text: "Older entries", hidden: true });
-    let next = null, newest = 0, ownCall = false, gone = false;
+    let next = null, newest = 0, ownCall = false, gone = false, wasRunning = false, polls = 0;
 
     show(el("h1", {}, "Session ", el("code", { text: id })), status, err,
       el("div", { class: "card run-box" }, code, el("div", { class: "buttons" }, runBtn, cancelBtn)),
@@ -385,7 +385,11 @@
       } else if (!ownCall) {
         liveLabel.hidden = true; live.hidden = true;
       }
-      // A call that ended since the last look: read the history again.
+      // A call that ended since the last look (seen ending, or one too
+      // short to be seen running: checked every 2 s): read the history.
+      const ended = wasRunning && !st.running;
+      wasRunning = !!st.running;
+      if (!ended && ++polls % 5 !== 0) return;
       const top = await api(`/v1/sessions/${sid}/history?limit=1`).catch(() => null);
       if (top && top.entries.length && top.entries[0].seq !== newest) {
         await loadHistory(true).catch(() => {});
