@@ -245,6 +245,13 @@ fn the_history_outlives_hibernation_and_its_node() {
         let (_, st) = get(&n1, &format!("/v1/sessions/{id}"), ALICE);
         (st["state"] == "hibernated").then_some(())
     });
+    // The history went into the store with the checkpoint.
+    let kept = walk(&store);
+    assert!(kept.iter().any(|p| p.ends_with("/checkpoint")), "{kept:?}");
+    assert!(
+        kept.iter().any(|p| p.ends_with("/history.json")),
+        "{kept:?}"
+    );
     let woke = run(&n1, "cat(v)");
     assert_eq!(woke["session"]["restored"]["reason"], "hibernated");
 

@@ -88,6 +88,24 @@ pub struct SessionStore {
     /// so that two writers of this node never race each other's e-tag
     /// (the loser would read that as the lease being lost).
     writing: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Gives a session's history (by id) to write beside each checkpoint
+    /// of it (set by the service: [`SessionStore::set_history_source`]).
+    history: HistorySlot,
+}
+
+/// A session's history to keep with its checkpoint: session id -> the
+/// history's stored bytes (`None`: none to write).
+pub type HistorySource = Arc<dyn Fn(&str) -> Option<Vec<u8>> + Send + Sync>;
+
+/// Where the [`HistorySource`] is kept (set after the store is made).
+#[derive(Default)]
+struct HistorySlot(Mutex<Option<HistorySource>>);
+
+impl std::fmt::Debug for HistorySlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = lock(&self.0).is_some();
+        f.debug_tuple("HistorySlot").field(&set).finish()
+    }
 }
 
 /// A lease this node holds, and until when it is surely ours by this
@@ -168,6 +186,7 @@ impl SessionStore {
             lease_ttl: lease_ttl.max(MIN_LEASE_TTL),
             leases: Mutex::new(HashMap::new()),
             writing: Mutex::new(HashMap::new()),
+            history: HistorySlot::default(),
         })
     }
 
@@ -254,15 +273,32 @@ impl SessionStore {
         Ok(out)
     }
 
-    /// Writes the history of `tenant`'s session `id` (service/history.rs)
-    /// beside its checkpoint; on a node with leases only while this node
-    /// holds the session's lease, so a node that lost the session cannot
-    /// overwrite the new owner's history.
-    pub fn put_history(&self, tenant: &str, id: &str, bytes: Vec<u8>) -> Result<(), BlobError> {
-        if self.uses_leases() && !self.holds(id, Duration::ZERO) {
-            return Ok(());
+    /// Where the histories written beside checkpoints come from (the
+    /// service, service/history.rs): each checkpoint of a session that is
+    /// stored is followed by its history, so the two go together through
+    /// hibernation, a restart and a move to another node.
+    pub fn set_history_source(&self, source: HistorySource) {
+        *lock(&self.history.0) = Some(source);
+    }
+
+    /// Writes session `id`'s history (of the tenant whose key component
+    /// is `tenant_hex`) from the history source, if it has one; only
+    /// while this node may write the session (its lease), so a node that
+    /// lost the session cannot overwrite the new owner's history. A
+    /// failure is logged: the checkpoint stands without it.
+    pub fn write_history(&self, tenant_hex: &str, id: &str) {
+        let source = lock(&self.history.0).clone();
+        let Some(bytes) = source.and_then(|f| f(id)) else {
+            return;
+        };
+        if !self.may_write(id) {
+            return;
         }
-        self.blob.put(&history_key(tenant, id), bytes).map(|_| ())
+        let key = format!("sessions/{tenant_hex}/{id}/history.json");
+        if let Err(e) = self.blob.put(&key, bytes) {
+            tracing::warn!(target: "rvisor::sessions", session = id,
+                "the session's history could not be stored beside its checkpoint: {e}");
+        }
     }
 
     /// The stored history of `tenant`'s session `id`, if any.
@@ -721,6 +757,7 @@ impl CheckpointStore for Checkpoints {
             return Err(Self::fenced());
         }
         self.noted(k.tenant, k.id, Some(len));
+        self.store.write_history(k.tenant, k.id);
         Ok(())
     }
 

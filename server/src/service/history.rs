@@ -8,17 +8,20 @@
 //! whichever is reached first; the oldest entries leave first). One entry
 //! is at most [`HistoryLimits::max_entry_bytes`] (default 1 MiB): a larger
 //! one is cut (plots and rich displays first, then console text) and says
-//! so in its `truncated` field. The ring is written through a persist
-//! hook ([`PersistFn`]) after every change; the service points it at the
-//! session's store beside its checkpoint (`durable.rs`), so the history
-//! survives hibernation, a restart and a move to another node.
+//! so in its `truncated` field. With a store, the history is written
+//! beside the session's checkpoint each time one is stored (`durable.rs`,
+//! [`crate::durable::HistorySource`]), so it goes with the state it
+//! describes through hibernation, a restart and a move to another node;
+//! a node that dies loses the entries since the last checkpoint, as the
+//! session loses their effects.
 
 use super::{lock, ErrorCode, Service, ServiceError};
 use rvisor::RunResult;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// Default of [`HistoryLimits::max_entries`].
@@ -150,18 +153,16 @@ pub struct HistoryPage {
     pub max_entry_bytes: usize,
 }
 
-/// Writes a session's history (its JSON) where it is kept; called after
-/// every change, with the ring's lock not held.
-pub type PersistFn = Arc<dyn Fn(Vec<u8>) + Send + Sync>;
+/// The histories of the sessions this node holds, by session id, for
+/// the store to write beside checkpoints. Weak: a session's history lives
+/// as long as its entry (and a session being released keeps its entry
+/// until its last checkpoint is written).
+pub(super) type Histories = Arc<Mutex<HashMap<String, Weak<SessionHistory>>>>;
 
 /// The history of one session.
 pub struct SessionHistory {
     limits: HistoryLimits,
     ring: Mutex<Ring>,
-    /// Serialises persists, so that a slower write of an older state
-    /// cannot land after a newer one.
-    persisting: Mutex<()>,
-    persist: Option<PersistFn>,
 }
 
 impl std::fmt::Debug for SessionHistory {
@@ -196,24 +197,22 @@ fn size_of(e: &HistoryEntry) -> usize {
 }
 
 impl SessionHistory {
-    /// An empty history within `limits`, written through `persist`.
-    pub fn new(limits: HistoryLimits, persist: Option<PersistFn>) -> Self {
+    /// An empty history within `limits`.
+    pub fn new(limits: HistoryLimits) -> Self {
         Self {
             limits,
             ring: Mutex::new(Ring {
                 next_seq: 1,
                 ..Ring::default()
             }),
-            persisting: Mutex::new(()),
-            persist,
         }
     }
 
-    /// The history stored as `bytes` (by the persist hook), within
-    /// `limits` (tighter limits than it was written with drop the oldest
-    /// entries); an unreadable one is empty, with a warning.
-    pub fn load(limits: HistoryLimits, bytes: &[u8], persist: Option<PersistFn>) -> Self {
-        let h = Self::new(limits, persist);
+    /// The history stored as `bytes` ([`SessionHistory::to_bytes`]),
+    /// within `limits` (tighter limits than it was written with drop the
+    /// oldest entries); an unreadable one is empty, with a warning.
+    pub fn load(limits: HistoryLimits, bytes: &[u8]) -> Self {
+        let h = Self::new(limits);
         match serde_json::from_slice::<Stored>(bytes) {
             Ok(s) => {
                 let mut ring = lock(&h.ring);
@@ -263,23 +262,16 @@ impl SessionHistory {
     }
 
     /// Adds `e` (its `seq` is set here), cut to the size of one entry,
-    /// dropping the oldest entries past the bounds; then persists.
+    /// dropping the oldest entries past the bounds.
     pub fn push(&self, mut e: HistoryEntry) {
-        let _order = self.persist.as_ref().map(|_| lock(&self.persisting));
-        let bytes = {
-            let mut ring = lock(&self.ring);
-            e.seq = ring.next_seq;
-            ring.next_seq += 1;
-            let max_one = self.limits.max_entry_bytes.min(self.limits.max_bytes);
-            let size = fit(&mut e, max_one);
-            ring.bytes += size;
-            ring.entries.push_back((e, size));
-            Self::trim(&mut ring, &self.limits);
-            self.persist.as_ref().map(|_| Self::encode(&ring))
-        };
-        if let (Some(p), Some(b)) = (&self.persist, bytes) {
-            p(b);
-        }
+        let mut ring = lock(&self.ring);
+        e.seq = ring.next_seq;
+        ring.next_seq += 1;
+        let max_one = self.limits.max_entry_bytes.min(self.limits.max_bytes);
+        let size = fit(&mut e, max_one);
+        ring.bytes += size;
+        ring.entries.push_back((e, size));
+        Self::trim(&mut ring, &self.limits);
     }
 
     /// Up to `limit` entries older than `before` (a `seq`; `None`: from
@@ -583,31 +575,37 @@ impl Service {
     }
 
     /// A history for a session of `tenant` being entered in the service:
-    /// with a store, the one kept there (resumed or moved sessions) and
-    /// written back there after every change.
+    /// with a store, the one kept there beside its checkpoint (a session
+    /// resumed after a restart, or moved here), registered so that the
+    /// store writes it beside the session's next checkpoints.
     pub(super) fn open_history(&self, tenant: &str, id: &str) -> Arc<SessionHistory> {
         let limits = self.inner.cfg.history;
         let Some(d) = self.inner.cfg.durable.clone() else {
-            return Arc::new(SessionHistory::new(limits, None));
+            return Arc::new(SessionHistory::new(limits));
         };
-        let (t, i) = (tenant.to_string(), id.to_string());
-        let store = d.clone();
-        let persist: PersistFn = Arc::new(move |bytes| {
-            if let Err(e) = store.put_history(&t, &i, bytes) {
-                tracing::warn!(target: "rvisor::sessions", session = %i,
-                    "the session's history could not be written to the store: {e}");
-            }
-        });
-        match d.get_history(tenant, id) {
-            Ok(Some(bytes)) => Arc::new(SessionHistory::load(limits, &bytes, Some(persist))),
-            Ok(None) => Arc::new(SessionHistory::new(limits, Some(persist))),
+        let h = Arc::new(match d.get_history(tenant, id) {
+            Ok(Some(bytes)) => SessionHistory::load(limits, &bytes),
+            Ok(None) => SessionHistory::new(limits),
             Err(e) => {
                 tracing::warn!(target: "rvisor::sessions", session = %id,
                     "the session's history could not be read from the store, it starts empty: {e}");
-                Arc::new(SessionHistory::new(limits, Some(persist)))
+                SessionHistory::new(limits)
             }
-        }
+        });
+        let mut all = lock(&self.inner.histories);
+        all.retain(|_, w| w.strong_count() > 0);
+        all.insert(id.to_string(), Arc::downgrade(&h));
+        h
     }
+}
+
+/// What the store writes beside a session's checkpoint: its history as
+/// this node holds it.
+pub(super) fn history_source(all: Histories) -> crate::durable::HistorySource {
+    Arc::new(move |id: &str| {
+        let h = lock(&all).get(id).and_then(Weak::upgrade)?;
+        Some(h.to_bytes())
+    })
 }
 
 #[cfg(test)]
@@ -624,13 +622,10 @@ mod tests {
 
     #[test]
     fn the_oldest_leave_first_by_count() {
-        let h = SessionHistory::new(
-            HistoryLimits {
-                max_entries: 3,
-                ..HistoryLimits::default()
-            },
-            None,
-        );
+        let h = SessionHistory::new(HistoryLimits {
+            max_entries: 3,
+            ..HistoryLimits::default()
+        });
         for i in 0..5 {
             h.push(call(&format!("x <- {i}"), ""));
         }
@@ -648,7 +643,7 @@ mod tests {
             max_bytes: 20_000,
             max_entry_bytes: 10_000,
         };
-        let h = SessionHistory::new(limits, None);
+        let h = SessionHistory::new(limits);
         for _ in 0..10 {
             h.push(call("print(1)", &"a".repeat(3_000)));
         }
@@ -666,7 +661,7 @@ mod tests {
 
     #[test]
     fn pages_go_newest_first_with_a_cursor() {
-        let h = SessionHistory::new(HistoryLimits::default(), None);
+        let h = SessionHistory::new(HistoryLimits::default());
         for i in 0..7 {
             h.push(call(&format!("{i}"), ""));
         }
@@ -682,21 +677,41 @@ mod tests {
 
     #[test]
     fn a_stored_history_loads_with_its_numbering() {
-        let stored = Arc::new(Mutex::new(Vec::new()));
-        let s2 = stored.clone();
-        let persist: PersistFn = Arc::new(move |b| *lock(&s2) = b);
-        let h = SessionHistory::new(HistoryLimits::default(), Some(persist));
+        let h = SessionHistory::new(HistoryLimits::default());
         h.push(call("a", "1"));
         h.push(event_entry(EntryKind::Reset, "timeout"));
-        let bytes = lock(&stored).clone();
-        let back = SessionHistory::load(HistoryLimits::default(), &bytes, None);
+        let bytes = h.to_bytes();
+        let back = SessionHistory::load(HistoryLimits::default(), &bytes);
         let (page, _) = back.page(10, None);
         assert_eq!(page.len(), 2);
         assert_eq!(page[0].kind, EntryKind::Reset);
         back.push(call("b", ""));
         assert_eq!(back.page(1, None).0[0].seq, 3);
         // Garbage loads as an empty history.
-        let bad = SessionHistory::load(HistoryLimits::default(), b"{not json", None);
+        let bad = SessionHistory::load(HistoryLimits::default(), b"{not json");
         assert_eq!(bad.counts().0, 0);
+        // Tighter limits on load drop the oldest.
+        let tight = SessionHistory::load(
+            HistoryLimits {
+                max_entries: 1,
+                ..HistoryLimits::default()
+            },
+            &bytes,
+        );
+        assert_eq!(tight.page(10, None).0[0].kind, EntryKind::Reset);
+        assert_eq!(tight.counts().1, 1);
+    }
+
+    #[test]
+    fn the_source_gives_the_histories_of_live_sessions_only() {
+        let all: Histories = Arc::default();
+        let h = Arc::new(SessionHistory::new(HistoryLimits::default()));
+        h.push(call("x", ""));
+        lock(&all).insert("s-1".into(), Arc::downgrade(&h));
+        let source = history_source(all.clone());
+        assert!(source("s-1").is_some());
+        assert!(source("s-2").is_none());
+        drop(h);
+        assert!(source("s-1").is_none());
     }
 }

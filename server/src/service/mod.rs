@@ -32,9 +32,8 @@ pub use call::{PendingCall, ServiceEvents};
 pub use error::{ErrorCode, ServiceError};
 pub use files::{file_error, SessionUpload, INLINE_FILE_BYTES};
 pub use history::{
-    EntryKind, HistoryEntry, HistoryLimits, HistoryPage, PersistFn, SessionHistory,
-    DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_ENTRIES, DEFAULT_HISTORY_ENTRY_BYTES,
-    DEFAULT_HISTORY_PAGE, MAX_HISTORY_PAGE,
+    EntryKind, HistoryEntry, HistoryLimits, HistoryPage, SessionHistory, DEFAULT_HISTORY_BYTES,
+    DEFAULT_HISTORY_ENTRIES, DEFAULT_HISTORY_ENTRY_BYTES, DEFAULT_HISTORY_PAGE, MAX_HISTORY_PAGE,
 };
 pub use metrics::{CallTotals, Surface, UsageReport};
 pub use node::{DrainStatus, Readiness};
@@ -169,6 +168,9 @@ struct ServiceState {
     /// Session id -> (tenant, bytes of its files when last seen), for the
     /// tenant quota of files and `/v1/usage`.
     file_bytes: Mutex<HashMap<String, (String, u64)>>,
+    /// The sessions' histories, for the store to write beside their
+    /// checkpoints (history.rs).
+    histories: history::Histories,
 }
 
 impl Drop for ServiceState {
@@ -220,9 +222,11 @@ impl Service {
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
                 streams: Mutex::new(HashMap::new()),
                 file_bytes: Mutex::new(HashMap::new()),
+                histories: Arc::default(),
             }),
         };
         if let Some(d) = svc.inner.cfg.durable.clone() {
+            d.set_history_source(history::history_source(svc.inner.histories.clone()));
             // Sessions past the TTL go before the rest are resumed and
             // before any request could adopt one.
             if let Some(ttl) = svc.inner.cfg.session_ttl {
