@@ -397,6 +397,13 @@
       }
     };
 
+    let busy = false;
+    const refresh = async () => {
+      if (busy || gone) return;
+      busy = true;
+      try { await poll(); } finally { busy = false; }
+    };
+
     runBtn.addEventListener("click", async () => {
       const src = code.value;
       if (!src.trim()) return;
@@ -417,6 +424,7 @@
         liveLabel.hidden = true; live.hidden = true;
         await loadHistory(true).catch(() => {});
         loadFiles().catch(() => {});
+        refresh();
       }
     });
     cancelBtn.addEventListener("click", async () => {
@@ -430,13 +438,8 @@
       if (e.status === 404) { err.replaceChildren(problem(new Error("There is no such session (it was closed, or is not yours)."))); return; }
       err.replaceChildren(problem(e));
     }
-    let busy = false;
-    const timer = setInterval(async () => {
-      if (busy || gone) return;
-      busy = true;
-      try { await poll(); } finally { busy = false; }
-    }, 400);
-    poll();
+    const timer = setInterval(refresh, 400);
+    refresh();
     stopPage = () => clearInterval(timer);
   }
 

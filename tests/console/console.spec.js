@@ -121,6 +121,8 @@ test("code run from the console shows a plot, a table once, and a file to downlo
   expect(fs.readFileSync(saved, "utf8")).toBe("hello file\n");
   expect(download.suggestedFilename()).toBe("out.txt");
   await expect(page.locator('#files a.file[data-file="out.txt"]')).toBeVisible();
+  await expect(page.locator("#status")).toContainText("idle");
+  await expect(page.locator("#cancel")).toBeDisabled();
   await shot(page, "session");
 });
 
