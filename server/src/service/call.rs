@@ -47,7 +47,7 @@ impl PendingCall {
         r.published = take_published(published, &r.execution_id.clone());
         service.name_package_sources(tenant, &mut r);
         service.inner.metrics.record(tenant, &r, started.elapsed());
-        service.record_call((tenant, session_id), &r, started.elapsed(), files_before);
+        service.record_call(session_id, &r, started.elapsed(), files_before);
         r
     }
 

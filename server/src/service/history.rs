@@ -524,7 +524,7 @@ impl Service {
     /// queued; `None`: not known, e.g. it woke from hibernation).
     pub(super) fn record_call(
         &self,
-        (_tenant, session_id): (&str, &str),
+        session_id: &str,
         r: &RunResult,
         took: Duration,
         files_before: Option<&rvisor::files::Snapshot>,
