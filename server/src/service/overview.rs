@@ -96,7 +96,7 @@ impl Minutes {
         (0..MINUTES as u64)
             .rev()
             .map(|back| {
-                let minute = last - back * 60;
+                let minute = last.saturating_sub(back * 60);
                 let mut m = self
                     .slots
                     .iter()
@@ -259,5 +259,7 @@ mod tests {
         // An hour later they are gone from the report.
         let later = m.report(t0 + 3 * 3600);
         assert!(later.iter().all(|s| s.calls == 0));
+        // A clock at the epoch (unreadable) gives minutes, not a panic.
+        assert_eq!(m.report(0).len(), MINUTES);
     }
 }
