@@ -25,7 +25,8 @@ demo:
 # live server (schemathesis on its own /v1/openapi.json, bounded), and a
 # client generated from that document (openapi-python-client) run against
 # a live server with a token, and a notebook with the rvisor kernel in
-# JupyterLab, in Chromium (Playwright; about 20 s).
+# JupyterLab, in Chromium (Playwright; about 20 s), and the web console
+# in Chromium against a live server (tests/console; about 15 s).
 test: setup
 	$(CARGO) build --workspace
 	RVISOR_WORKER=$(CURDIR)/target/debug/rvisor-worker $(CARGO) test --workspace --doc
@@ -33,6 +34,7 @@ test: setup
 	./scripts/fuzz-openapi.sh
 	./scripts/generated-client.sh
 	./scripts/jupyterlab-tests.sh target/debug/rvisor
+	./scripts/console-tests.sh target/debug/rvisor
 
 # The confinement attack suite and the functional suites again as an
 # ordinary user, i.e. with rootless confinement (docs/confinement.md,

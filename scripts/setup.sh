@@ -121,3 +121,13 @@ if command -v python3 >/dev/null 2>&1 && ! python3 -c "import jupyterlab" >/dev/
   echo "setup: installing jupyterlab (for the JupyterLab browser test)" >&2
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "jupyterlab==4.6.6"
 fi
+# Playwright's test runner for the browser tests (tests/jupyterlab,
+# tests/console), from their committed lock files; no browser download
+# (they drive Debian's chromium).
+for dir in tests/jupyterlab tests/console; do
+  d="$(cd "$(dirname "$0")/.." && pwd)/$dir"
+  if command -v npm >/dev/null 2>&1 && [ -f "$d/package-lock.json" ] && [ ! -d "$d/node_modules/@playwright/test" ]; then
+    echo "setup: installing Playwright's test runner in $dir (npm ci)" >&2
+    (cd "$d" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --silent)
+  fi
+done

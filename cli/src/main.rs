@@ -854,6 +854,15 @@ struct ServeArgs {
     /// tenant bound, each stream keeps its own).
     #[arg(long, default_value_t = (rvisor_server::service::DEFAULT_TENANT_STREAM_BUFFER_BYTES >> 10) as u64, value_name = "KIB", value_parser = tenant_buffer_kib)]
     tenant_stream_buffer_kb: u64,
+    /// Entries of each session's history (the console's, and `GET
+    /// /v1/sessions/{id}/history`; docs/console.md); past it the oldest
+    /// leave (1 to 10,000).
+    #[arg(long, default_value_t = rvisor_server::service::DEFAULT_HISTORY_ENTRIES as u64, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    history_entries: u64,
+    /// KiB of each session's history (64 to 1,048,576); past it the
+    /// oldest entries leave. One entry holds at most a quarter of it.
+    #[arg(long, default_value_t = (rvisor_server::service::DEFAULT_HISTORY_BYTES >> 10) as u64, value_name = "KIB", value_parser = clap::value_parser!(u64).range(64..=1_048_576))]
+    history_kb: u64,
     #[command(flatten)]
     packages: packages::PackageArgs,
 }
@@ -1075,6 +1084,11 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             },
         },
         packages: installer,
+        history: rvisor_server::service::HistoryLimits {
+            max_entries: a.history_entries as usize,
+            max_bytes: (a.history_kb as usize) << 10,
+            max_entry_bytes: ((a.history_kb as usize) << 10) / 4,
+        },
         ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

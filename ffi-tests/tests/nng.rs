@@ -1213,3 +1213,30 @@ fn status_shows_the_output_of_the_running_call_so_far() {
     let st = ok(&p.call(TOK_A, json!({"op": "status"})), "status");
     assert!(st["running"].is_null(), "{st}");
 }
+
+#[test]
+fn history_answers_pages_of_the_named_session_for_its_tenant_only() {
+    let s = Server::ipc();
+    let mut p = s.peer();
+    for i in 1..=3 {
+        assert_eq!(p.run(&format!("cat({i})"))["outcome"], "complete");
+    }
+    let page = ok(
+        &p.call(TOK_A, json!({"op": "history", "limit": 2})),
+        "history",
+    );
+    let codes: Vec<&str> = page["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| e["code"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(codes, ["cat(3)", "cat(2)"], "{page}");
+    let older = ok(
+        &p.call(TOK_A, json!({"op": "history", "before": page["next"]})),
+        "history",
+    );
+    assert_eq!(older["entries"][0]["console"], "1", "{older}");
+    // Bob has no session named main until he makes one.
+    err(&p.call(TOK_B, json!({"op": "history"})), "unknown_session");
+}

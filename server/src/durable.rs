@@ -7,6 +7,7 @@
 //! ```text
 //! sessions/{tenant hex}/{session id}/record.json   what the service needs to resume it
 //! sessions/{tenant hex}/{session id}/checkpoint    its state (written by the worker)
+//! sessions/{tenant hex}/{session id}/history.json  what happened in it (service/history.rs)
 //! leases/sessions/{session id}                     the owning node and until when
 //! ```
 //!
@@ -87,6 +88,24 @@ pub struct SessionStore {
     /// so that two writers of this node never race each other's e-tag
     /// (the loser would read that as the lease being lost).
     writing: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Gives a session's history (by id) to write beside each checkpoint
+    /// of it (set by the service: [`SessionStore::set_history_source`]).
+    history: HistorySlot,
+}
+
+/// A session's history to keep with its checkpoint: session id -> the
+/// history's stored bytes (`None`: none to write).
+pub type HistorySource = Arc<dyn Fn(&str) -> Option<Vec<u8>> + Send + Sync>;
+
+/// Where the [`HistorySource`] is kept (set after the store is made).
+#[derive(Default)]
+struct HistorySlot(Mutex<Option<HistorySource>>);
+
+impl std::fmt::Debug for HistorySlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = lock(&self.0).is_some();
+        f.debug_tuple("HistorySlot").field(&set).finish()
+    }
 }
 
 /// A lease this node holds, and until when it is surely ours by this
@@ -129,6 +148,10 @@ fn record_key(tenant: &str, id: &str) -> String {
     format!("sessions/{}/{id}/record.json", tenant_key(tenant))
 }
 
+fn history_key(tenant: &str, id: &str) -> String {
+    format!("sessions/{}/{id}/history.json", tenant_key(tenant))
+}
+
 fn lease_key(id: &str) -> String {
     format!("leases/sessions/{id}")
 }
@@ -163,6 +186,7 @@ impl SessionStore {
             lease_ttl: lease_ttl.max(MIN_LEASE_TTL),
             leases: Mutex::new(HashMap::new()),
             writing: Mutex::new(HashMap::new()),
+            history: HistorySlot::default(),
         })
     }
 
@@ -249,6 +273,42 @@ impl SessionStore {
         Ok(out)
     }
 
+    /// Where the histories written beside checkpoints come from (the
+    /// service, service/history.rs): each checkpoint of a session that is
+    /// stored is followed by its history, so the two go together through
+    /// hibernation, a restart and a move to another node.
+    pub fn set_history_source(&self, source: HistorySource) {
+        *lock(&self.history.0) = Some(source);
+    }
+
+    /// Writes session `id`'s history (of the tenant whose key component
+    /// is `tenant_hex`) from the history source, if it has one; only
+    /// while this node may write the session (its lease), so a node that
+    /// lost the session cannot overwrite the new owner's history. A
+    /// failure is logged: the checkpoint stands without it.
+    pub fn write_history(&self, tenant_hex: &str, id: &str) {
+        let source = lock(&self.history.0).clone();
+        let Some(bytes) = source.and_then(|f| f(id)) else {
+            return;
+        };
+        if !self.may_write(id) {
+            return;
+        }
+        let key = format!("sessions/{tenant_hex}/{id}/history.json");
+        if let Err(e) = self.blob.put(&key, bytes) {
+            tracing::warn!(target: "rvisor::sessions", session = id,
+                "the session's history could not be stored beside its checkpoint: {e}");
+        }
+    }
+
+    /// The stored history of `tenant`'s session `id`, if any.
+    pub fn get_history(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>, BlobError> {
+        if !rvisor::ids::is_session_id(id) {
+            return Ok(None);
+        }
+        Ok(self.blob.get(&history_key(tenant, id))?.map(|b| b.bytes))
+    }
+
     /// Deletes everything kept of a closed session: record, checkpoint and
     /// lease.
     pub fn delete_session(&self, tenant: &str, id: &str) {
@@ -263,6 +323,7 @@ impl SessionStore {
             format!("sessions/{tenant_hex}/{id}/checkpoint"),
             format!("sessions/{tenant_hex}/{id}/unsaved.json"),
             format!("sessions/{tenant_hex}/{id}/record.json"),
+            format!("sessions/{tenant_hex}/{id}/history.json"),
             lease_key(id),
         ] {
             if let Err(e) = self.blob.delete(&k) {
@@ -696,6 +757,7 @@ impl CheckpointStore for Checkpoints {
             return Err(Self::fenced());
         }
         self.noted(k.tenant, k.id, Some(len));
+        self.store.write_history(k.tenant, k.id);
         Ok(())
     }
 

@@ -46,6 +46,12 @@ struct Request {
     /// A file's bytes, base64 (`put_file`).
     #[serde(default)]
     content_base64: Option<String>,
+    /// Entries of a `history` page (1 to 100, default 20).
+    #[serde(default)]
+    limit: Option<usize>,
+    /// A `history` page's cursor: the `next` of the page before.
+    #[serde(default)]
+    before: Option<u64>,
 }
 
 /// Largest accepted request line (the code limit plus room for JSON).
@@ -272,12 +278,13 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
                 | "put_file"
                 | "get_file"
                 | "delete_file"
+                | "history"
         ) {
             emit(&error_line(
                 &req.id,
                 "bad_request",
                 &format!(
-                    "unknown op {:?}; use run, status, cancel, reset, close, checkpoint, restore, hibernate, files, put_file, get_file or delete_file",
+                    "unknown op {:?}; use run, status, cancel, reset, close, checkpoint, restore, hibernate, files, put_file, get_file, delete_file or history",
                     req.op
                 ),
             ));
@@ -302,6 +309,16 @@ fn serve_with<R: BufRead, W: Write + Send + 'static>(
         };
         if let Some(line) = file_op(service, tenant, &sid, &req) {
             emit(&line);
+            continue;
+        }
+        if req.op == "history" {
+            // As of now: calls still queued are entered when they end.
+            emit(
+                &match service.history(tenant, &sid, req.limit, req.before) {
+                    Ok(page) => json!({"id": req.id, "history": page}),
+                    Err(e) => error_of(&req.id, &e),
+                },
+            );
             continue;
         }
         let answer = match req.op.as_str() {

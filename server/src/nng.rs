@@ -213,6 +213,12 @@ struct NngRequest {
     /// Package names (`install_packages`).
     #[serde(default)]
     packages: Option<Value>,
+    /// Entries of a `history` page (1 to 100, default 20).
+    #[serde(default)]
+    limit: Option<usize>,
+    /// A `history` page's cursor: the `next` of the page before.
+    #[serde(default)]
+    before: Option<u64>,
     /// A lockfile (`install_packages`, instead of `packages`).
     #[serde(default)]
     lockfile: Option<Value>,
@@ -370,7 +376,7 @@ impl Adapter {
                 )
             }
             "run" | "status" | "cancel" | "reset" | "close" | "checkpoint" | "restore"
-            | "hibernate" | "files" | "put_file" | "get_file" | "delete_file" => {
+            | "hibernate" | "files" | "put_file" | "get_file" | "delete_file" | "history" => {
                 self.session_op(&req, tenant, cancel).await
             }
             "put_table" => {
@@ -404,7 +410,7 @@ impl Adapter {
                 "bad_request",
                 &format!(
                     "unknown op {other:?}; use run, status, cancel, reset, close, checkpoint, \
-                     restore, hibernate (sessions), health, packages, validate, run_script, \
+                     restore, hibernate, history (sessions), health, packages, validate, run_script, \
                      put_table, get_table or delete_table"
                 ),
             ),
@@ -483,6 +489,15 @@ impl Adapter {
             }
             "restore" => reply(id, "status", svc.restore(&tenant, &sid)),
             "hibernate" => reply(id, "status", svc.hibernate(&tenant, &sid)),
+            "history" => {
+                let svc = svc.clone();
+                let (limit, before) = (req.limit, req.before);
+                reply(
+                    id,
+                    "history",
+                    blocking(move || svc.history(&tenant, &sid, limit, before)).await,
+                )
+            }
             // Small files inline as base64 (docs/files.md); blocking file
             // system work off the connection's task.
             "files" | "put_file" | "get_file" | "delete_file" => {

@@ -23,7 +23,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
+mod console;
 mod files;
+mod history;
 mod openapi;
 mod packages;
 pub use openapi::{
@@ -77,6 +79,8 @@ pub struct ServeConfig {
     /// Packages on demand (docs/packages.md): the installer of tenant
     /// libraries; `None`, installing is off.
     pub packages: Option<std::sync::Arc<rvisor_packages::Installer>>,
+    /// How much history each session keeps (docs/console.md).
+    pub history: crate::service::HistoryLimits,
 }
 
 impl ServeConfig {
@@ -106,6 +110,7 @@ impl Default for ServeConfig {
             streams: crate::service::StreamConfig::default(),
             files: rvisor::file_rules::FileLimits::default(),
             packages: None,
+            history: crate::service::HistoryLimits::default(),
         }
     }
 }
@@ -861,6 +866,7 @@ pub fn service(sup: Supervisor, cfg: &ServeConfig) -> std::io::Result<Service> {
             streams: cfg.streams.clone(),
             files: cfg.files,
             packages: cfg.packages.clone(),
+            history: cfg.history,
         },
     )
 }
@@ -904,7 +910,12 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .route("/v1/packages/lockfile", get(packages::packages_lockfile))
         .route("/v1/validate", post(validate))
         .route("/v1/run", post(run))
-        .route("/v1/sessions", post(create_session))
+        .route(
+            "/v1/sessions",
+            post(create_session).get(history::sessions_list),
+        )
+        .route("/v1/sessions/{id}/history", get(history::session_history))
+        .route("/v1/admin/stats", get(history::admin_stats))
         .route(
             "/v1/sessions/{id}",
             get(session_status).delete(session_delete),
@@ -933,6 +944,10 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(st.clone(), auth))
+        // The web console's files need no token (they hold none, and the
+        // sign-in page must load before there is one); outside the auth
+        // layer, and out of the OpenAPI document (they are not the API).
+        .merge(console::routes())
         .layer(middleware::from_fn(log_requests))
         .with_state(st)
 }

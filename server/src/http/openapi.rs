@@ -43,7 +43,10 @@ use super::*;
         usage,
         livez,
         readyz,
-        admin_drain
+        admin_drain,
+        history::sessions_list,
+        history::session_history,
+        history::admin_stats
     ),
     components(schemas(ErrorBody, ErrorDetail))
 )]
@@ -222,6 +225,9 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
         ("get", "/livez", &[]),
         ("get", "/readyz", &[E::Internal]),
         ("post", "/v1/admin/drain", &[E::Forbidden]),
+        ("get", "/v1/sessions", &[E::Internal]),
+        ("get", "/v1/sessions/{id}/history", SESSION_LOOKUP),
+        ("get", "/v1/admin/stats", &[E::Forbidden, E::Internal]),
     ]
 };
 

@@ -22,6 +22,9 @@ pub struct PendingCall {
     pub(super) tenant: String,
     /// Counts the call as in flight (a drain waits for it) until it ends.
     pub(super) in_flight: crate::cluster::InFlight,
+    /// The session's files when the call was queued: those it changed go
+    /// into the session's history.
+    pub(super) files_before: Option<rvisor::files::Snapshot>,
 }
 
 impl PendingCall {
@@ -34,7 +37,7 @@ impl PendingCall {
         published: &Published,
         service: &Service,
         (tenant, session_id): (&str, &str),
-        started: Instant,
+        (started, files_before): (Instant, Option<&rvisor::files::Snapshot>),
         mut r: RunResult,
     ) -> RunResult {
         // A call that never ran (dropped from the queue) says whose it was.
@@ -44,6 +47,7 @@ impl PendingCall {
         r.published = take_published(published, &r.execution_id.clone());
         service.name_package_sources(tenant, &mut r);
         service.inner.metrics.record(tenant, &r, started.elapsed());
+        service.record_call(session_id, &r, started.elapsed(), files_before);
         r
     }
 
@@ -62,7 +66,7 @@ impl PendingCall {
             &self.published,
             &self.service,
             (&self.tenant, &self.session_id),
-            self.started,
+            (self.started, self.files_before.as_ref()),
             r,
         )
     }
@@ -82,12 +86,19 @@ impl PendingCall {
             cancel,
             tenant,
             in_flight,
+            files_before,
         } = self;
         ServiceEvents {
             events: handle.events(),
             guard: Some(CancelOnDrop::new(cancel.clone())),
             cancel,
-            done: Some((published, service, (tenant, session_id), started)),
+            done: Some(Done {
+                published,
+                service,
+                who: (tenant, session_id),
+                started,
+                files_before,
+            }),
             ahead: None,
             in_flight: Some(in_flight),
             trim: GiveBack(false),
@@ -107,13 +118,20 @@ impl PendingCall {
             cancel,
             tenant,
             in_flight,
+            files_before,
         } = self;
         let guard = CancelOnDrop::new(cancel.clone());
         let r = handle.await;
         guard.disarm();
         cancel.clear();
         drop(in_flight);
-        Self::complete(&published, &service, (&tenant, &session_id), started, r)
+        Self::complete(
+            &published,
+            &service,
+            (&tenant, &session_id),
+            (started, files_before.as_ref()),
+            r,
+        )
     }
 }
 
@@ -123,9 +141,8 @@ pub struct ServiceEvents {
     events: Events,
     guard: Option<CancelOnDrop>,
     cancel: CancelToken,
-    /// What the result gets when it passes: tables, metrics, (tenant,
-    /// session id).
-    done: Option<(Published, Service, (String, String), Instant)>,
+    /// What the result gets when it passes: tables, metrics, history.
+    done: Option<Done>,
     /// An event read ahead (see [`ServiceEvents::put_back`]).
     ahead: Option<CallEvent>,
     /// A session call counts as in flight (a drain waits for it) until its
@@ -133,6 +150,17 @@ pub struct ServiceEvents {
     in_flight: Option<crate::cluster::InFlight>,
     /// Declared last, so dropped after `events` has freed what it held.
     trim: GiveBack,
+}
+
+/// What a session call's result gets when it passes ([`PendingCall::complete`]).
+#[derive(Debug)]
+struct Done {
+    published: Published,
+    service: Service,
+    /// (tenant, session id).
+    who: (String, String),
+    started: Instant,
+    files_before: Option<rvisor::files::Snapshot>,
 }
 
 /// Gives the heap back to the system when dropped, if armed.
@@ -188,13 +216,19 @@ impl ServiceEvents {
             }
             self.cancel.clear();
             self.in_flight = None;
-            if let Some((published, service, (tenant, sid), started)) = self.done.take() {
+            if let Some(d) = self.done.take() {
                 let r = std::mem::replace(
                     result.as_mut(),
                     RunResult::empty(String::new(), String::new()),
                 );
-                let mut r =
-                    PendingCall::complete(&published, &service, (&tenant, &sid), started, r);
+                let service = d.service;
+                let mut r = PendingCall::complete(
+                    &d.published,
+                    &service,
+                    (&d.who.0, &d.who.1),
+                    (d.started, d.files_before.as_ref()),
+                    r,
+                );
                 // A streamed answer has its status already: a result this
                 // node must not acknowledge (it ran on a copy the node no
                 // longer owned) says so in the result itself.

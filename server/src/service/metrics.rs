@@ -44,6 +44,8 @@ pub(super) struct Metrics {
     pub(super) requests: Mutex<BTreeMap<Surface, u64>>,
     /// Per tenant: what `/v1/usage` shows that tenant.
     pub(super) tenants: Mutex<HashMap<String, CallTotals>>,
+    /// Calls of the last hour, by minute (overview.rs).
+    pub(super) minutes: Mutex<super::overview::Minutes>,
 }
 
 /// One tenant's use of the service since it started.
@@ -111,6 +113,7 @@ impl Metrics {
         self.sum_micros
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
+        lock(&self.minutes).record(r.success, took);
     }
 }
 

@@ -13,9 +13,11 @@ mod artifacts;
 mod call;
 mod error;
 mod files;
+mod history;
 mod metrics;
 mod node;
 mod oneshot;
+mod overview;
 mod ownership;
 pub mod packages;
 mod policy;
@@ -29,8 +31,13 @@ pub use artifacts::InputFile;
 pub use call::{PendingCall, ServiceEvents};
 pub use error::{ErrorCode, ServiceError};
 pub use files::{file_error, SessionUpload, INLINE_FILE_BYTES};
+pub use history::{
+    EntryKind, HistoryEntry, HistoryLimits, HistoryPage, SessionHistory, DEFAULT_HISTORY_BYTES,
+    DEFAULT_HISTORY_ENTRIES, DEFAULT_HISTORY_ENTRY_BYTES, DEFAULT_HISTORY_PAGE, MAX_HISTORY_PAGE,
+};
 pub use metrics::{CallTotals, Surface, UsageReport};
 pub use node::{DrainStatus, Readiness};
+pub use overview::{AdminStats, MinuteStats, SessionSummary};
 pub use policy::{check_bindings, check_timeout, tighter_limits};
 pub use request::{
     objects, DataframeRef, LimitsRequest, NewSession, RunScript, SessionRun, Variable,
@@ -83,6 +90,8 @@ pub struct ServiceConfig {
     /// Packages on demand (packages.rs, docs/packages.md): the installer
     /// of tenant libraries; `None`, installing is off.
     pub packages: Option<Arc<rvisor_packages::Installer>>,
+    /// How much history each session keeps (history.rs).
+    pub history: HistoryLimits,
 }
 
 /// Default of [`ServiceConfig::session_ttl`]: 7 days.
@@ -102,6 +111,7 @@ impl Default for ServiceConfig {
             streams: StreamConfig::default(),
             files: rvisor::file_rules::FileLimits::default(),
             packages: None,
+            history: HistoryLimits::default(),
         }
     }
 }
@@ -114,6 +124,8 @@ struct Entry {
     tenant: String,
     session: Session,
     published: Published,
+    /// What happened in it (history.rs).
+    history: Arc<SessionHistory>,
 }
 
 /// The service every surface calls. Cheap to clone.
@@ -156,6 +168,9 @@ struct ServiceState {
     /// Session id -> (tenant, bytes of its files when last seen), for the
     /// tenant quota of files and `/v1/usage`.
     file_bytes: Mutex<HashMap<String, (String, u64)>>,
+    /// The sessions' histories, for the store to write beside their
+    /// checkpoints (history.rs).
+    histories: history::Histories,
 }
 
 impl Drop for ServiceState {
@@ -207,9 +222,11 @@ impl Service {
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
                 streams: Mutex::new(HashMap::new()),
                 file_bytes: Mutex::new(HashMap::new()),
+                histories: Arc::default(),
             }),
         };
         if let Some(d) = svc.inner.cfg.durable.clone() {
+            d.set_history_source(history::history_source(svc.inner.histories.clone()));
             // Sessions past the TTL go before the rest are resumed and
             // before any request could adopt one.
             if let Some(ttl) = svc.inner.cfg.session_ttl {

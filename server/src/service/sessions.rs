@@ -153,12 +153,14 @@ impl Service {
             ));
         }
         let s = make(&self.inner.sup, opts).map_err(session_error)?;
+        let history = self.open_history(tenant, s.id());
         sessions.insert(
             s.id().to_string(),
             Entry {
                 tenant: tenant.to_string(),
                 session: s.clone(),
                 published: published.clone(),
+                history,
             },
         );
         Ok((s, published))
@@ -243,6 +245,8 @@ impl Service {
         stream: bool,
     ) -> Result<PendingCall, ServiceError> {
         let (s, published) = self.find(tenant, id)?;
+        // The files now, so the history can say which the call changed.
+        let files_before = self.session_snapshot(tenant, id).ok().flatten();
         // Counted from here: a drain waits for calls already accepted.
         let in_flight = self.inner.drain.enter();
         let timeout = match req.timeout_seconds {
@@ -304,6 +308,7 @@ impl Service {
             cancel,
             tenant: tenant.to_string(),
             in_flight,
+            files_before,
         })
     }
 
@@ -324,6 +329,7 @@ impl Service {
         let s = self.session(tenant, id)?;
         // The fresh worker is put in place before the next call runs.
         s.reset();
+        self.record_event(id, super::EntryKind::Reset, "reset");
         Ok(s.status())
     }
 
@@ -385,6 +391,7 @@ impl Service {
             )),
             e => ServiceError::new(ErrorCode::Closed, e.to_string()),
         })?;
+        self.record_event(id, super::EntryKind::Restore, "restore");
         Ok(s.status())
     }
 
