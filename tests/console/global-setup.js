@@ -5,37 +5,11 @@
 const { spawn } = require("child_process");
 const crypto = require("crypto");
 const fs = require("fs");
-const net = require("net");
 const os = require("os");
 const path = require("path");
+const { freePort, waitUp } = require("../browser-lib/processes");
 
 const STATE = path.join(__dirname, "test-results", "state.json");
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-    srv.on("error", reject);
-  });
-}
-
-async function waitUp(url, child, deadlineMs) {
-  const end = Date.now() + deadlineMs;
-  while (Date.now() < end) {
-    if (child.exitCode !== null) throw new Error(`rvisor serve exited (${child.exitCode})`);
-    try {
-      const r = await fetch(url);
-      if (r.ok) return;
-    } catch (_) {
-      // not listening yet
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`rvisor serve did not answer ${url} within ${deadlineMs} ms`);
-}
 
 module.exports = async () => {
   const repo = path.resolve(__dirname, "..", "..");
@@ -53,7 +27,7 @@ module.exports = async () => {
      "--operator", "ops", "--data-dir", path.join(tmp, "data")],
     { stdio: ["ignore", log, log], detached: true });
   const base = `http://127.0.0.1:${port}`;
-  await waitUp(`${base}/readyz`, child, 30_000);
+  await waitUp(`${base}/readyz`, child, 30_000, "rvisor serve");
   const artifacts = path.join(repo, "target", "console-artifacts");
   fs.mkdirSync(artifacts, { recursive: true });
   fs.writeFileSync(STATE, JSON.stringify({ pid: child.pid, base, tokens, tmp, artifacts }));
