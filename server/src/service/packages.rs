@@ -28,6 +28,51 @@ fn manifest_key(tenant: &str) -> String {
     )
 }
 
+/// Tries of [`merge_manifest`] before it gives up (each a read and a
+/// conditional write; another node's write in between means one more).
+const MERGE_TRIES: usize = 16;
+
+/// Puts `mine` (this node's view of a tenant's library) into the shared
+/// store's manifest at `key`: the store's entries with this node's over
+/// them, written only if no other node wrote in between (compare and
+/// swap on the e-tag; retried on a conflict), so two nodes installing for
+/// one tenant at once both keep their packages. `between` runs after each
+/// read (tests put another node's write there).
+fn merge_manifest(
+    store: &crate::blob::BlobStore,
+    key: &str,
+    mine: &[Installed],
+    mut between: impl FnMut(),
+) -> Result<(), String> {
+    use crate::blob::BlobError;
+    for _ in 0..MERGE_TRIES {
+        let current = store.get(key).map_err(|e| e.to_string())?;
+        let mut manifest: Vec<Installed> = current
+            .as_ref()
+            .and_then(|b| serde_json::from_slice(&b.bytes).ok())
+            .unwrap_or_default();
+        for m in mine {
+            manifest.retain(|x| x.name != m.name);
+            manifest.push(m.clone());
+        }
+        manifest.sort_by(|a, b| a.name.cmp(&b.name));
+        let body = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+        between();
+        let put = match current.and_then(|b| b.e_tag) {
+            Some(tag) => store.put_if_match(key, body, &tag),
+            None => store.put_if_absent(key, body),
+        };
+        match put {
+            Ok(_) => return Ok(()),
+            Err(BlobError::Changed(_) | BlobError::Exists(_)) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!(
+        "the manifest changed under every one of {MERGE_TRIES} tries"
+    ))
+}
+
 /// Most packages one install request may name.
 pub const MAX_PACKAGES_PER_INSTALL: usize = 100;
 
@@ -267,25 +312,7 @@ impl Service {
                 let _ = std::fs::remove_file(&pack);
                 put?;
             }
-            // The store's manifest with this node's entries over it (a
-            // tenant installing on two nodes at once: the last write wins,
-            // and the other's packages stay on its node until installed
-            // again).
-            let mut manifest: Vec<Installed> = store
-                .get(&manifest_key(tenant))
-                .map_err(|e| e.to_string())?
-                .and_then(|b| serde_json::from_slice(&b.bytes).ok())
-                .unwrap_or_default();
-            for m in inst.installed(tenant) {
-                manifest.retain(|x| x.name != m.name);
-                manifest.push(m);
-            }
-            manifest.sort_by(|a, b| a.name.cmp(&b.name));
-            let body = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
-            store
-                .put(&manifest_key(tenant), body)
-                .map_err(|e| e.to_string())?;
-            Ok(())
+            merge_manifest(store, &manifest_key(tenant), &inst.installed(tenant), || {})
         })();
         if let Err(e) = shared {
             tracing::warn!(
@@ -387,6 +414,61 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pkg(name: &str) -> Installed {
+        Installed {
+            name: name.into(),
+            version: "1.0".into(),
+            repository: "file:///repo".into(),
+            cached: false,
+            requested: true,
+            sha256: None,
+        }
+    }
+
+    fn names_in(store: &crate::blob::BlobStore, key: &str) -> Vec<String> {
+        let b = store.get(key).unwrap().expect("a manifest");
+        let m: Vec<Installed> = serde_json::from_slice(&b.bytes).unwrap();
+        m.into_iter().map(|i| i.name).collect()
+    }
+
+    #[test]
+    fn two_nodes_installing_for_one_tenant_at_once_both_keep_their_packages() {
+        let dir = std::env::temp_dir().join(format!(
+            "rvisor-manifest-{}-{}",
+            std::process::id(),
+            rvisor::ids::random_hex(4)
+        ));
+        let url: crate::blob::StoreUrl = format!("file://{}", dir.display()).parse().unwrap();
+        let store = crate::blob::BlobStore::open(&url).unwrap();
+        let key = manifest_key("t");
+        // The first write of a manifest, with another node's first write
+        // landing between this node's read and write.
+        let mut raced = false;
+        merge_manifest(&store, &key, &[pkg("mine")], || {
+            if !std::mem::replace(&mut raced, true) {
+                merge_manifest(&store, &key, &[pkg("theirs")], || {}).unwrap();
+            }
+        })
+        .unwrap();
+        assert_eq!(names_in(&store, &key), ["mine", "theirs"]);
+        // And a replacement, raced the same way.
+        let mut raced = false;
+        merge_manifest(&store, &key, &[pkg("mine"), pkg("later")], || {
+            if !std::mem::replace(&mut raced, true) {
+                merge_manifest(&store, &key, &[pkg("theirs"), pkg("other")], || {}).unwrap();
+            }
+        })
+        .unwrap();
+        assert_eq!(names_in(&store, &key), ["later", "mine", "other", "theirs"]);
+        // A store that changes under every try: an error, not a lost write.
+        let e = merge_manifest(&store, &key, &[pkg("x")], || {
+            store.put(&key, b"[]".to_vec()).unwrap();
+        })
+        .unwrap_err();
+        assert!(e.contains("changed under every"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn names_from_a_string_or_a_list() {
