@@ -390,3 +390,63 @@ fn session_jsonl_answers_history_pages() {
     drop(input);
     let _ = child.wait();
 }
+
+#[test]
+fn a_watcher_sees_every_call_of_the_session_in_full_whoever_runs_it() {
+    use rvisor::EventKind;
+    let dir = TestDir::new("history-watch");
+    let svc = service(&dir, HistoryLimits::default());
+    let id = svc
+        .create_session("alice", NewSession::default())
+        .expect("a session")
+        .id;
+    let e = svc.watch("bob", &id).expect_err("not bob's");
+    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+    let watch = svc.watch("alice", &id).expect("a watch");
+    // Queued without streaming, and printing more than status's tail
+    // keeps (20 lines): the watcher still gets all of it.
+    let code = "for (i in 1:60) cat('line', i, '\\n'); Sys.sleep(0.3); message('to stderr'); cat('end\\n')";
+    let r = run(&svc, "alice", &id, code);
+    assert_eq!(r.outcome, Outcome::Complete, "{r:?}");
+    let seen = watch.recv_timeout(DEADLINE).expect("the call is seen");
+    assert_eq!(
+        (seen.execution_id.as_str(), seen.code.as_str()),
+        (r.execution_id.as_str(), code)
+    );
+    let mut text = String::new();
+    let mut result = None;
+    for e in seen.events {
+        match e.kind {
+            EventKind::Result { result: got } => result = Some(got),
+            kind => text.push_str(kind.console_text().unwrap_or("")),
+        }
+    }
+    assert_eq!(text, r.console, "every line, in order");
+    assert_eq!(text.lines().count(), 62, "{text}");
+    let result = result.expect("the result ends the call's events");
+    assert_eq!(
+        (result.execution_id, result.outcome),
+        (r.execution_id.clone(), Outcome::Complete)
+    );
+
+    // At most MAX_WATCHERS at once (busy past that); a dropped one frees
+    // its place.
+    let more: Vec<_> = (1..rvisor::MAX_WATCHERS)
+        .map(|_| svc.watch("alice", &id).expect("room"))
+        .collect();
+    let e = svc.watch("alice", &id).expect_err("full");
+    assert_eq!(e.code, ErrorCode::Busy, "{e}");
+    drop(more);
+    let last = svc.watch("alice", &id).expect("room again");
+    // The next call is seen by both; closing the session ends the watch.
+    let r = run(&svc, "alice", &id, "cat('again\\n')");
+    for w in [&watch, &last] {
+        let seen = w.recv_timeout(DEADLINE).expect("seen");
+        assert_eq!(seen.execution_id, r.execution_id);
+    }
+    svc.close("alice", &id).expect("closed");
+    assert!(matches!(
+        last.recv_timeout(DEADLINE),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
+    ));
+}

@@ -51,7 +51,7 @@
       headers["Content-Type"] = "application/json";
       opts.body = JSON.stringify(opts.json);
     }
-    const r = await fetch(path, { method: opts.method || "GET", headers, body: opts.body, cache: "no-store" });
+    const r = await fetch(path, { method: opts.method || "GET", headers, body: opts.body, cache: "no-store", signal: opts.signal });
     if (opts.raw) {
       if (!r.ok) throw new ApiError(r.status, await r.json().catch(() => null));
       return r;
@@ -343,6 +343,8 @@
     const cancelBtn = el("button", { type: "button", class: "danger", id: "cancel", text: "Cancel", disabled: true });
     const more = el("button", { type: "button", id: "older", text: "Older entries", hidden: true });
     let next = null, newest = 0, ownCall = false, gone = false, wasRunning = false, polls = 0;
+    // The call the watch stream is showing (another client's, in full).
+    let watched = null;
 
     show(el("h1", {}, "Session ", el("code", { text: id })), status, err,
       el("div", { class: "card run-box" }, code, el("div", { class: "buttons" }, runBtn, cancelBtn)),
@@ -377,8 +379,11 @@
       status.replaceChildren(el("span", { class: `state ${st.state}`, text: st.state }),
         ` generation ${st.generation}` + (st.queued ? ` · ${st.queued} queued` : ""));
       cancelBtn.disabled = !st.running && !ownCall;
-      if (st.running && !ownCall) {
-        // Another client's call: its last lines, as status reports them.
+      if (st.running && !ownCall && watched === st.running.execution_id) {
+        // Shown in full by the watch stream.
+      } else if (st.running && !ownCall) {
+        // A call that started before the watch: its last lines, as
+        // status reports them.
         liveLabel.hidden = false; live.hidden = false;
         live.textContent = st.running.output_tail || "";
         live.dataset.execution = st.running.execution_id;
@@ -438,9 +443,47 @@
       if (e.status === 404) { err.replaceChildren(problem(new Error("There is no such session (it was closed, or is not yours)."))); return; }
       err.replaceChildren(problem(e));
     }
+    // Every call that starts from now on, whoever runs it, in full: the
+    // session's watch stream (reconnected if it drops).
+    const stopWatch = new AbortController();
+    const watch = async () => {
+      while (!stopWatch.signal.aborted && !gone) {
+        try {
+          const res = await api(`/v1/sessions/${sid}/watch`, { headers: { Accept: "text/event-stream" }, raw: true, signal: stopWatch.signal });
+          await readSse(res, (ev, data) => {
+            if (ev === "watching") { live.dataset.watching = "1"; return; }
+            if (ownCall) return;
+            if (ev === "call") {
+              watched = data.execution_id;
+              liveLabel.hidden = false; live.hidden = false;
+              live.textContent = ""; live.dataset.execution = watched;
+              cancelBtn.disabled = false;
+            } else if (data.execution_id !== watched) {
+              return;
+            } else if (["stdout", "stderr", "message"].includes(ev)) {
+              live.textContent += data.text || "";
+            } else if (ev === "warning") {
+              live.textContent += `Warning: ${data.message}\n`;
+            } else if (ev === "error") {
+              live.textContent += `Error: ${data.message}\n`;
+            } else if (ev === "result") {
+              watched = null;
+              liveLabel.hidden = true; live.hidden = true;
+              loadHistory(true).catch(() => {});
+              loadFiles().catch(() => {});
+            }
+          });
+        } catch (e) {
+          if (stopWatch.signal.aborted || (e && e.status === 404)) return;
+        }
+        delete live.dataset.watching;
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    };
+    watch();
     const timer = setInterval(refresh, 400);
     refresh();
-    stopPage = () => clearInterval(timer);
+    stopPage = () => { clearInterval(timer); stopWatch.abort(); };
   }
 
   // ---- operator ---------------------------------------------------------

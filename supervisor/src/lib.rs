@@ -84,8 +84,8 @@ pub use rvisor_protocol::{
 };
 pub use session::{
     CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, RunningCall, Session, SessionOptions,
-    SessionState, SessionStatus, CHECKPOINT_FAILED, CHECKPOINT_RETRY, KILLED_OVER_BUDGET,
-    MAX_CHECKPOINT_RETRY, RESUMED_MOVED, RESUMED_RESTART,
+    SessionState, SessionStatus, Watch, WatchedCall, CHECKPOINT_FAILED, CHECKPOINT_RETRY,
+    KILLED_OVER_BUDGET, MAX_CHECKPOINT_RETRY, MAX_WATCHERS, RESUMED_MOVED, RESUMED_RESTART,
 };
 pub use supervisor::{Supervisor, SupervisorConfig};
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};

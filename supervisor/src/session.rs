@@ -252,6 +252,58 @@ struct LiveCall {
     pid: u32,
     cpu_at_start: Option<f64>,
     tail: Mutex<Tail>,
+    /// The feeds of the session's watchers ([`Session::watch`]).
+    watch: Vec<EventFeed>,
+}
+
+/// Most watchers a session has at once ([`Session::watch`]).
+pub const MAX_WATCHERS: usize = 8;
+
+/// Calls a watcher has not taken yet before the next ones go unwatched.
+const WATCH_BACKLOG: usize = 4;
+
+/// A call a watcher of its session sees ([`Session::watch`]): its id, its
+/// code, and its events as a streaming caller gets them, ending with its
+/// result.
+#[derive(Debug)]
+pub struct WatchedCall {
+    /// The call's execution id.
+    pub execution_id: String,
+    /// The code it runs.
+    pub code: String,
+    /// Its events (bounded as `limits` said; a slow reader gets `lagged`).
+    pub events: Events,
+}
+
+#[derive(Debug)]
+struct Watcher {
+    tx: std::sync::mpsc::SyncSender<WatchedCall>,
+    limits: StreamLimits,
+    /// Gone when the [`Watch`] is dropped.
+    alive: std::sync::Weak<()>,
+}
+
+/// A session's calls as they start ([`Session::watch`]). Dropping it stops
+/// watching.
+#[derive(Debug)]
+pub struct Watch {
+    rx: std::sync::mpsc::Receiver<WatchedCall>,
+    _alive: Arc<()>,
+}
+
+impl Watch {
+    /// The next call to start (waits); an error once the session closed.
+    pub fn recv(&self) -> Result<WatchedCall, std::sync::mpsc::RecvError> {
+        self.rx.recv()
+    }
+
+    /// [`Watch::recv`] waiting at most `timeout`.
+    pub fn recv_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<WatchedCall, std::sync::mpsc::RecvTimeoutError> {
+        self.rx.recv_timeout(timeout)
+    }
 }
 
 impl LiveCall {
@@ -494,6 +546,8 @@ pub(crate) struct Inner {
     closed: bool,
     /// The running call's progress, for status.
     live: Option<Arc<LiveCall>>,
+    /// Who follows the session's calls ([`Session::watch`]).
+    watchers: Vec<Watcher>,
     /// A call ran since the last checkpoint.
     dirty: bool,
     /// Execution ids of the calls that completed since the checkpoint in
@@ -1006,6 +1060,7 @@ impl Shared {
                 reset_requested: false,
                 closed: false,
                 live: None,
+                watchers: Vec::new(),
                 dirty: false,
                 unsaved_calls: VecDeque::new(),
                 unsaved_count: 0,
@@ -1547,16 +1602,41 @@ impl Shared {
     /// The running call's sink: its console text feeds `status`; a
     /// streaming call's events also go to its feed.
     fn live_sink(&self, call: &Pending, pid: u32) -> EventSink {
+        let mut i = lock(&self.inner);
+        // Each watcher gets this call's events (a watcher gone is
+        // forgotten; one that has not taken the calls before misses this).
+        let mut watch = Vec::new();
+        i.watchers.retain(|w| {
+            let (feed, events) = EventFeed::with_limits(&call.execution_id, w.limits.clone());
+            let seen = WatchedCall {
+                execution_id: call.execution_id.clone(),
+                code: call.code.to_string(),
+                events,
+            };
+            if w.alive.strong_count() == 0 {
+                return false;
+            }
+            match w.tx.try_send(seen) {
+                Ok(()) => {
+                    watch.push(feed);
+                    true
+                }
+                Err(std::sync::mpsc::TrySendError::Full(_)) => true,
+                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => false,
+            }
+        });
         let live = Arc::new(LiveCall {
             execution_id: call.execution_id.clone(),
             started: Instant::now(),
             pid,
             cpu_at_start: proc_cpu_ms(pid),
             tail: Mutex::new(Tail::default()),
+            watch,
         });
-        lock(&self.inner).live = Some(live.clone());
+        i.live = Some(live.clone());
+        drop(i);
         let feed = lock(&call.slot.m).feed.clone();
-        let mode = if feed.is_some() {
+        let mode = if feed.is_some() || !live.watch.is_empty() {
             StreamMode::Full
         } else {
             StreamMode::Tail
@@ -1564,6 +1644,9 @@ impl Shared {
         EventSink::new(mode, move |e| {
             if let Some(t) = e.console_text() {
                 live.tail.lock().unwrap_or_else(|e| e.into_inner()).push(t);
+            }
+            for w in &live.watch {
+                w.push(e.clone());
             }
             if let Some(f) = &feed {
                 f.push(e);
@@ -1656,7 +1739,7 @@ impl Shared {
 
             let mut i = lock(&self.inner);
             i.running = None;
-            i.live = None;
+            let watched = i.live.take();
             i.stamp(&self.id, &mut res);
             i.dirty = true;
             if alive {
@@ -1695,6 +1778,9 @@ impl Shared {
             drop(i);
             if let Some(gate) = &self.opts.call_gate {
                 gate.after_call(&self.id, &res.execution_id);
+            }
+            for w in watched.iter().flat_map(|l| &l.watch) {
+                w.finish(&res);
             }
             call.slot.resolve(res);
 
@@ -1798,6 +1884,8 @@ pub(crate) fn close(shared: &Shared) {
         return;
     }
     i.closed = true;
+    // Watchers see the stream end.
+    i.watchers.clear();
     // A released session lets its running call finish (its work goes into
     // the last checkpoint); a closed or abandoned one cancels it.
     let released = i.keep_checkpoint && !i.abandoned;
@@ -1953,6 +2041,46 @@ impl Session {
     /// The session's status.
     pub fn status(&self) -> SessionStatus {
         self.shared().status()
+    }
+
+    /// Follows the session's calls from the next one to start on: each
+    /// comes as a [`WatchedCall`] with its events, as a streaming caller
+    /// gets them (whoever queued it, streaming or not), bounded by
+    /// `limits`. For a person watching an agent's session (the web
+    /// console). Dropping the receiver stops watching; the stream ends
+    /// when the session closes. A watcher that has not taken the calls
+    /// before misses the next ones; at most [`MAX_WATCHERS`] at once.
+    ///
+    /// ```
+    /// # let sup = rvisor::Supervisor::new(Default::default())?;
+    /// let session = sup.session()?;
+    /// let watch = session.watch(Default::default())?;
+    /// session.run("cat('seen\\n')")?.wait();
+    /// let call = watch.recv()?;
+    /// let text: String = call.events.filter_map(|e| e.kind.console_text().map(String::from)).collect();
+    /// assert_eq!(text, "seen\n");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn watch(&self, limits: StreamLimits) -> Result<Watch, Rejection> {
+        let s = self.shared();
+        let mut i = lock(&s.inner);
+        if i.closed {
+            return Err(Rejection::Closed);
+        }
+        i.watchers.retain(|w| w.alive.strong_count() > 0);
+        if i.watchers.len() >= MAX_WATCHERS {
+            return Err(Rejection::Invalid(format!(
+                "this session has {MAX_WATCHERS} watchers already; close one (or wait for it to time out) and try again"
+            )));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(WATCH_BACKLOG);
+        let alive = Arc::new(());
+        i.watchers.push(Watcher {
+            tx,
+            limits,
+            alive: Arc::downgrade(&alive),
+        });
+        Ok(Watch { rx, _alive: alive })
     }
 
     /// Stops the running call (outcome `cancelled`; the worker is killed if

@@ -73,13 +73,18 @@ test("a call another client runs shows its output live, and the console cancels 
 
   await page.goto(`${state().base}/ui/#/session/${sessionId}`);
   await expect(page.locator("#history")).toContainText("Nothing has run");
-  // The agent's call, from another client: prints a line every 200 ms.
+  // The page follows the session's calls (its watch stream) from here.
+  await expect(page.locator("#live")).toHaveAttribute("data-watching", "1");
+  // The agent's call, from another client, not streaming: 30 lines at
+  // once (more than status's tail of 20), then a line every 200 ms.
   let finished = false;
   const agent = api("POST", `/v1/sessions/${sessionId}/run`, tokens.alice,
-    { code: 'for (i in 1:200) { cat("tick", i, "\\n"); Sys.sleep(0.2) }' })
+    { code: 'for (i in 1:30) cat("first", i, "\\n"); for (i in 1:200) { cat("tick", i, "\\n"); Sys.sleep(0.2) }' })
     .then((r) => { finished = true; return r; });
   await expect(page.locator("#live")).toContainText("tick 3");
   expect(finished).toBe(false);
+  // All of it, not only the last lines.
+  await expect(page.locator("#live")).toContainText("first 1 \nfirst 2 \n");
   await expect(page.locator("#status")).toContainText("running");
   await shot(page, "session-live");
   await expect(page.locator("#cancel")).toBeEnabled();

@@ -28,6 +28,7 @@ mod files;
 mod history;
 mod openapi;
 mod packages;
+mod watch;
 pub use openapi::{
     document, openapi_json, service_document, CHECKPOINT_OPERATIONS, OPERATION_ERRORS,
     SESSION_LOOKUP, UNAUTHENTICATED,
@@ -915,6 +916,7 @@ pub fn routes(service: Service, cfg: &ServeConfig) -> Router {
             post(create_session).get(history::sessions_list),
         )
         .route("/v1/sessions/{id}/history", get(history::session_history))
+        .route("/v1/sessions/{id}/watch", get(watch::session_watch))
         .route("/v1/admin/stats", get(history::admin_stats))
         .route(
             "/v1/sessions/{id}",

@@ -46,7 +46,8 @@ use super::*;
         admin_drain,
         history::sessions_list,
         history::session_history,
-        history::admin_stats
+        history::admin_stats,
+        watch::session_watch
     ),
     components(schemas(ErrorBody, ErrorDetail))
 )]
@@ -227,6 +228,7 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
         ("post", "/v1/admin/drain", &[E::Forbidden]),
         ("get", "/v1/sessions", &[E::Internal]),
         ("get", "/v1/sessions/{id}/history", SESSION_LOOKUP),
+        ("get", "/v1/sessions/{id}/watch", SESSION_LOOKUP),
         ("get", "/v1/admin/stats", &[E::Forbidden, E::Internal]),
     ]
 };

@@ -312,6 +312,17 @@ impl Service {
         })
     }
 
+    /// Follows session `id`'s calls from the next one on, whoever queues
+    /// them ([`rvisor::Session::watch`], bounded as the tenant's streams):
+    /// the web console's live view of an agent's calls.
+    pub fn watch(&self, tenant: &str, id: &str) -> Result<rvisor::Watch, ServiceError> {
+        let s = self.session(tenant, id)?;
+        s.watch(self.stream_limits(tenant)).map_err(|e| match e {
+            rvisor::Rejection::Invalid(m) => ServiceError::new(ErrorCode::Busy, m),
+            other => other.into(),
+        })
+    }
+
     /// The status of session `id`.
     pub fn session_status(&self, tenant: &str, id: &str) -> Result<SessionStatus, ServiceError> {
         Ok(self.session(tenant, id)?.status())
