@@ -1007,3 +1007,52 @@ fn dropping_one_of_two_supervisors_leaves_the_other_its_cgroups() {
     let r = call_ok(&s, "cat(Sys.getpid() > 0)");
     assert_eq!(r.console, "TRUE");
 }
+
+#[test]
+fn a_tenant_librarys_next_session_takes_a_spare_forked_with_that_library() {
+    let sup = ready_supervisor();
+    let base = std::env::temp_dir().join(format!("rvisor-libspare-{}", std::process::id()));
+    let (a, b) = (base.join("tenant-a"), base.join("tenant-b"));
+    for d in [&a, &b] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let with = |lib: &Path| {
+        sup.session_with(SessionOptions {
+            libpath_after: vec![lib.to_path_buf()],
+            ..SessionOptions::default()
+        })
+        .expect("session")
+    };
+    let last_lib = "lp <- .libPaths(); cat(normalizePath(lp[length(lp)]))";
+    // The first session of tenant A's library is forked for it; then the
+    // keeper makes a spare with that library.
+    let first = with(&a);
+    let r = call_ok(&first, last_lib);
+    assert_eq!(r.console, a.canonicalize().unwrap().display().to_string());
+    wait_until("a spare with A's library", || {
+        sup.pool_status().library_spare_pids.len() == 1
+    });
+    let spare = sup.pool_status().library_spare_pids[0];
+    // A's next session is that spare, and has A's library.
+    let next = with(&a);
+    let r = call_ok(&next, last_lib);
+    assert_eq!(r.console, a.canonicalize().unwrap().display().to_string());
+    assert_eq!(next.status().pid, Some(spare), "handed over, not forked");
+    // B's library is another: not A's spare.
+    wait_until("A's spare made again", || {
+        sup.pool_status().library_spare_pids.len() == 1
+    });
+    let a_spare = sup.pool_status().library_spare_pids[0];
+    let other = with(&b);
+    let r = call_ok(&other, last_lib);
+    assert_eq!(r.console, b.canonicalize().unwrap().display().to_string());
+    assert_ne!(other.status().pid, Some(a_spare));
+    // A session without a tenant library still takes a plain spare.
+    let plain = sup.session().expect("session");
+    let r = call_ok(
+        &plain,
+        "cat(length(.libPaths()) == length(unique(c(.Library, .Library.site, .libPaths()))))",
+    );
+    assert_eq!(r.console, "TRUE");
+    let _ = std::fs::remove_dir_all(&base);
+}

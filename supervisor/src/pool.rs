@@ -23,6 +23,7 @@ use crate::worker::Worker;
 use crate::zygote::Zygote;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -104,6 +105,11 @@ pub struct PoolStatus {
     /// Ready spares of the preloaded zygote.
     #[serde(default)]
     pub preloaded_spares: usize,
+    /// The process ids of the ready spares forked with the libraries of
+    /// the workers asked for lately (a tenant's library; at most
+    /// [`RECENT_LIBRARIES`]).
+    #[serde(default)]
+    pub library_spare_pids: Vec<u32>,
     /// The preloaded zygote is not made because no call has named a
     /// preload yet ([`PoolConfig::preload_on_first_use`]).
     #[serde(default)]
@@ -188,6 +194,21 @@ struct Inner {
     /// The latest zygote start failed (the keeper retries with backoff).
     last_start_failed: bool,
     last_error: Option<String>,
+    /// The libraries-after of the latest workers asked for with them (a
+    /// tenant's library, docs/packages.md), most recent first, at most
+    /// [`RECENT_LIBRARIES`], each with a spare forked with them (by the
+    /// zygote it names) once the keeper made it.
+    library_spares: VecDeque<LibrarySpare>,
+}
+
+/// Libraries-after that get a spare of their own (a tenant's sessions
+/// come one after another: the next one is a hand-over, not a fork).
+pub const RECENT_LIBRARIES: usize = 4;
+
+#[derive(Debug)]
+struct LibrarySpare {
+    libraries: Vec<PathBuf>,
+    spare: Option<(Arc<Zygote>, Worker)>,
 }
 
 /// Makes workers.
@@ -279,11 +300,61 @@ impl Pool {
 
     /// Whether a spare (forked with the base environment) fits `cfg`.
     fn spare_compatible(&self, cfg: &WorkerConfig) -> bool {
+        self.library_spare_compatible(cfg) && cfg.libpath_after == self.base.libpath_after
+    }
+
+    /// Whether a spare forked with the base environment and `cfg`'s
+    /// libraries-after fits `cfg`.
+    fn library_spare_compatible(&self, cfg: &WorkerConfig) -> bool {
         self.zygote_compatible(cfg)
-            && cfg.libpath_after == self.base.libpath_after
             && cfg.env == self.base.env
             && cfg.inherit_env == self.base.inherit_env
             && cfg.confine == self.base.confine
+    }
+
+    /// The spare of `cfg`'s libraries-after, if the keeper has one ready
+    /// (of the zygote that forks now); either way they become the most
+    /// recent, so the keeper makes (or remakes) their spare.
+    fn take_library_spare(&self, cfg: &WorkerConfig) -> Option<Worker> {
+        if !self.cfg.zygote
+            || cfg.libpath_after.is_empty()
+            || cfg.libpath_after == self.base.libpath_after
+            || !self.library_spare_compatible(cfg)
+        {
+            return None;
+        }
+        let (taken, dropped) = {
+            let mut i = lock(&self.inner);
+            let current = i.current();
+            let at = i
+                .library_spares
+                .iter()
+                .position(|l| l.libraries == cfg.libpath_after);
+            let mut entry = match at.and_then(|at| i.library_spares.remove(at)) {
+                Some(e) => e,
+                None => LibrarySpare {
+                    libraries: cfg.libpath_after.clone(),
+                    spare: None,
+                },
+            };
+            let taken = entry.spare.take().and_then(|(z, w)| {
+                current
+                    .as_ref()
+                    .is_some_and(|c| Arc::ptr_eq(c, &z))
+                    .then_some(w)
+            });
+            i.library_spares.push_front(entry);
+            let dropped: Vec<LibrarySpare> = if i.library_spares.len() > RECENT_LIBRARIES {
+                i.library_spares.drain(RECENT_LIBRARIES..).collect()
+            } else {
+                Vec::new()
+            };
+            (taken, dropped)
+        };
+        drop(dropped);
+        self.cv.notify_all();
+        let mut w = taken?;
+        w.is_alive().then_some(w)
     }
 
     /// A live spare that fits `cfg`, if there is one (the keeper refills):
@@ -325,7 +396,10 @@ impl Pool {
                     return Ok(w);
                 }
             }
-            if let Some(w) = self.take_spare(cfg, false) {
+            if let Some(w) = self
+                .take_spare(cfg, false)
+                .or_else(|| self.take_library_spare(cfg))
+            {
                 return Ok(w);
             }
             let zygote = lock(&self.inner).current();
@@ -371,7 +445,10 @@ impl Pool {
                 return Ok(w);
             }
         }
-        if let Some(w) = self.take_spare(cfg, false) {
+        if let Some(w) = self
+            .take_spare(cfg, false)
+            .or_else(|| self.take_library_spare(cfg))
+        {
             return Ok(w);
         }
         let end = std::time::Instant::now() + cfg.startup_timeout;
@@ -448,6 +525,11 @@ impl Pool {
                 .unwrap_or_default(),
             preloaded_zygote_pid: preloaded.as_ref().map(|z| z.pid()),
             preloaded_spares: i.preloaded.spares.len(),
+            library_spare_pids: i
+                .library_spares
+                .iter()
+                .filter_map(|l| l.spare.as_ref().map(|(_, w)| w.pid()))
+                .collect(),
             preload_awaits_first_use: self.split()
                 && self.cfg.preload_on_first_use
                 && !i.preload_wanted,
@@ -498,10 +580,16 @@ impl Pool {
     /// Stops the keeper, kills the zygote and the spares.
     pub fn shutdown(&self) {
         self.shut.store(true, Ordering::SeqCst);
-        let (base, warm, preloaded) = {
+        let (base, warm, preloaded, library_spares) = {
             let mut i = lock(&self.inner);
-            (i.base.take(), i.warm.clear(), i.preloaded.clear())
+            (
+                i.base.take(),
+                i.warm.clear(),
+                i.preloaded.clear(),
+                std::mem::take(&mut i.library_spares),
+            )
         };
+        drop(library_spares);
         let (warm, warm_spares) = warm;
         let (preloaded, preloaded_spares) = preloaded;
         drop(warm_spares);
@@ -666,6 +754,51 @@ fn keeper(pool: std::sync::Weak<Pool>) {
                 None
             }
         };
+        // Then a spare for each of the recent libraries-after that lacks
+        // one (or whose spare's zygote was replaced).
+        if zygote.is_none() && !p.shut.load(Ordering::SeqCst) {
+            let wanted = {
+                let i = lock(&p.inner);
+                i.current().and_then(|z| {
+                    i.library_spares
+                        .iter()
+                        .find(|l| !l.spare.as_ref().is_some_and(|(sz, _)| Arc::ptr_eq(sz, &z)))
+                        .map(|l| (z.clone(), l.libraries.clone()))
+                })
+            };
+            if let Some((z, libraries)) = wanted {
+                let cfg = WorkerConfig {
+                    libpath_after: libraries.clone(),
+                    ..p.base.clone()
+                };
+                match z.fork(&cfg) {
+                    Ok(w) => {
+                        let mut i = lock(&p.inner);
+                        let still = i.current().is_some_and(|c| Arc::ptr_eq(&c, &z));
+                        let old = match i
+                            .library_spares
+                            .iter_mut()
+                            .find(|l| l.libraries == libraries)
+                        {
+                            Some(l) if still => l.spare.replace((z, w)),
+                            _ => Some((z, w)),
+                        };
+                        drop(i);
+                        drop(old);
+                        p.cv.notify_all();
+                    }
+                    Err(e) => {
+                        // Not tried again for these libraries until they
+                        // are asked for again (a removed directory would
+                        // fail every time).
+                        let mut i = lock(&p.inner);
+                        i.last_error = Some(e.to_string());
+                        i.library_spares.retain(|l| l.libraries != libraries);
+                    }
+                }
+                continue;
+            }
+        }
         if let Some((zygote, which)) = zygote.filter(|_| !p.shut.load(Ordering::SeqCst)) {
             match zygote.fork(&p.base) {
                 Ok(w) => {
