@@ -626,6 +626,22 @@ fn media_types(doc: &mut serde_json::Value) {
             ok["200"]["content"] = json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": "The file's bytes; Content-Type is its media type (from its extension), Content-Length its size"}}});
         }
     }
+    if let Some(ok) =
+        operation(doc, "get", "/v1/sessions/{id}/watch").and_then(|op| op.get_mut("responses"))
+    {
+        // The schema of one event (as Server-Sent Events clients and
+        // schemathesis read them: its fields), not of the whole body.
+        ok["200"]["content"] = json!({"text/event-stream": {"schema": {
+            "type": "object",
+            "description": "One Server-Sent Event: `watching` first (data {session_id}), then per call `call` (data {execution_id, code}) and its events as a streaming run gives them (`id` the event's seq, `data` its JSON), ending with `result` (the RunResult). The stream runs until the session closes; closing it never cancels a call",
+            "properties": {
+                "event": {"type": "string"},
+                "data": {"type": "string"},
+                "id": {"type": "string"},
+                "retry": {"type": "integer"}
+            }
+        }}});
+    }
     for path in ["/v1/run", "/v1/sessions/{id}/run"] {
         if let Some(ok) = operation(doc, "post", path).and_then(|op| op.get_mut("responses")) {
             ok["200"]["content"]["text/html"] = json!({"schema": {"type": "string", "description": "A self-contained HTML fragment"}});
