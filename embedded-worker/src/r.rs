@@ -280,6 +280,21 @@ const DRIVER_PARTS: [&str; 5] = [
     include_str!("driver_hosts.R"),
 ];
 
+/// A part's text without its comment lines (a line that is only a
+/// comment): the text stays in every worker until first used, and a
+/// user's `gc()` counts it (some 1,000 vector cells of comments). A line
+/// of a string running over lines that began with `#` would be dropped
+/// too: no part has one (each parses to the same code either way).
+fn without_comment_lines(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .fold(String::with_capacity(text.len()), |mut out, l| {
+            out.push_str(l);
+            out.push('\n');
+            out
+        })
+}
+
 /// Where R's hooks and the driver's native routines deliver what they get.
 /// Set once by [`start`]; plain function pointers, so the callbacks below
 /// can reach them from `extern "C"` frames without knowing their modules.
@@ -791,7 +806,8 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         // user's gc() would count).
         let tok = RThread::assume();
         protected(tok, |scope| {
-            let parts = DRIVER_PARTS.map(|text| scope.protect(mk_string(text)));
+            let parts =
+                DRIVER_PARTS.map(|text| scope.protect(mk_string(&without_comment_lines(text))));
             call_driver(driver, c"on_demand", &parts).map(|_| ())
         })
         .map_err(|e| format!("failed to bind the driver's parts: {e}"))?;
