@@ -256,56 +256,6 @@ struct LiveCall {
     watch: Vec<EventFeed>,
 }
 
-/// Most watchers a session has at once ([`Session::watch`]).
-pub const MAX_WATCHERS: usize = 8;
-
-/// Calls a watcher has not taken yet before the next ones go unwatched.
-const WATCH_BACKLOG: usize = 4;
-
-/// A call a watcher of its session sees ([`Session::watch`]): its id, its
-/// code, and its events as a streaming caller gets them, ending with its
-/// result.
-#[derive(Debug)]
-pub struct WatchedCall {
-    /// The call's execution id.
-    pub execution_id: String,
-    /// The code it runs.
-    pub code: String,
-    /// Its events (bounded as `limits` said; a slow reader gets `lagged`).
-    pub events: Events,
-}
-
-#[derive(Debug)]
-struct Watcher {
-    tx: std::sync::mpsc::SyncSender<WatchedCall>,
-    limits: StreamLimits,
-    /// Gone when the [`Watch`] is dropped.
-    alive: std::sync::Weak<()>,
-}
-
-/// A session's calls as they start ([`Session::watch`]). Dropping it stops
-/// watching.
-#[derive(Debug)]
-pub struct Watch {
-    rx: std::sync::mpsc::Receiver<WatchedCall>,
-    _alive: Arc<()>,
-}
-
-impl Watch {
-    /// The next call to start (waits); an error once the session closed.
-    pub fn recv(&self) -> Result<WatchedCall, std::sync::mpsc::RecvError> {
-        self.rx.recv()
-    }
-
-    /// [`Watch::recv`] waiting at most `timeout`.
-    pub fn recv_timeout(
-        &self,
-        timeout: Duration,
-    ) -> Result<WatchedCall, std::sync::mpsc::RecvTimeoutError> {
-        self.rx.recv_timeout(timeout)
-    }
-}
-
 impl LiveCall {
     fn report(&self) -> RunningCall {
         let cpu_ms = match (self.cpu_at_start, proc_cpu_ms(self.pid)) {
@@ -1603,28 +1553,7 @@ impl Shared {
     /// streaming call's events also go to its feed.
     fn live_sink(&self, call: &Pending, pid: u32) -> EventSink {
         let mut i = lock(&self.inner);
-        // Each watcher gets this call's events (a watcher gone is
-        // forgotten; one that has not taken the calls before misses this).
-        let mut watch = Vec::new();
-        i.watchers.retain(|w| {
-            let (feed, events) = EventFeed::with_limits(&call.execution_id, w.limits.clone());
-            let seen = WatchedCall {
-                execution_id: call.execution_id.clone(),
-                code: call.code.to_string(),
-                events,
-            };
-            if w.alive.strong_count() == 0 {
-                return false;
-            }
-            match w.tx.try_send(seen) {
-                Ok(()) => {
-                    watch.push(feed);
-                    true
-                }
-                Err(std::sync::mpsc::TrySendError::Full(_)) => true,
-                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => false,
-            }
-        });
+        let watch = watch::start(&mut i.watchers, &call.execution_id, &call.code);
         let live = Arc::new(LiveCall {
             execution_id: call.execution_id.clone(),
             started: Instant::now(),
@@ -2043,46 +1972,6 @@ impl Session {
         self.shared().status()
     }
 
-    /// Follows the session's calls from the next one to start on: each
-    /// comes as a [`WatchedCall`] with its events, as a streaming caller
-    /// gets them (whoever queued it, streaming or not), bounded by
-    /// `limits`. For a person watching an agent's session (the web
-    /// console). Dropping the receiver stops watching; the stream ends
-    /// when the session closes. A watcher that has not taken the calls
-    /// before misses the next ones; at most [`MAX_WATCHERS`] at once.
-    ///
-    /// ```
-    /// # let sup = rvisor::Supervisor::new(Default::default())?;
-    /// let session = sup.session()?;
-    /// let watch = session.watch(Default::default())?;
-    /// session.run("cat('seen\\n')")?.wait();
-    /// let call = watch.recv()?;
-    /// let text: String = call.events.filter_map(|e| e.kind.console_text().map(String::from)).collect();
-    /// assert_eq!(text, "seen\n");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn watch(&self, limits: StreamLimits) -> Result<Watch, Rejection> {
-        let s = self.shared();
-        let mut i = lock(&s.inner);
-        if i.closed {
-            return Err(Rejection::Closed);
-        }
-        i.watchers.retain(|w| w.alive.strong_count() > 0);
-        if i.watchers.len() >= MAX_WATCHERS {
-            return Err(Rejection::Invalid(format!(
-                "this session has {MAX_WATCHERS} watchers already; close one (or wait for it to time out) and try again"
-            )));
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel(WATCH_BACKLOG);
-        let alive = Arc::new(());
-        i.watchers.push(Watcher {
-            tx,
-            limits,
-            alive: Arc::downgrade(&alive),
-        });
-        Ok(Watch { rx, _alive: alive })
-    }
-
     /// Stops the running call (outcome `cancelled`; the worker is killed if
     /// R does not answer within the grace period) and drops the queued ones
     /// (outcome `not_executed`). A call taken from the queue whose worker
@@ -2346,3 +2235,7 @@ impl Session {
 
 #[cfg(test)]
 mod tests;
+
+mod watch;
+use watch::Watcher;
+pub use watch::{Watch, WatchedCall, MAX_WATCHERS};
