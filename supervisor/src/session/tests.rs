@@ -1,6 +1,7 @@
 //! The session's unit tests, against the fake workers of `crate::testing`.
 
 use super::*;
+use crate::ids;
 use crate::testing::{Fake, Note, Release, Step};
 
 #[test]
