@@ -57,10 +57,26 @@ clip <- function(x, n) {
   x
 }
 
+## deparse() is R code around R's internal deparser, and its own work
+## (.deparseOpts() matching the option names each time) costs more than
+## deparsing a short call: an error's call and traceback frames are
+## deparsed by the internal one directly, with deparse()'s default options
+## worked out at the first (NA: this R's deparse() is not the one that was
+## read, so it is called). Not when the driver loads: base's functions are
+## lazily loaded, and forcing deparse() and .deparseOpts() would add some
+## 400 cons cells to what a user's gc() counts.
 deparse_call <- function(cl) {
   if (is.null(cl)) return(NULL)
-  s <- deparse(cl, width.cutoff = 500L, nlines = 2L)
+  if (is.null(opts <- state$deparse_opts)) opts <- state$deparse_opts <- deparse_options()
+  s <- if (is.na(opts)) deparse(cl, width.cutoff = 500L, nlines = 2L)
+       else .Internal(deparse(cl, 500L, TRUE, opts, 2L))
   clip(if (length(s) > 1L) paste0(s[[1L]], " ...") else s, caps$call)
+}
+
+deparse_options <- function() {
+  read <- quote(.Internal(deparse(expr, width.cutoff, backtick, .deparseOpts(control), nlines)))
+  if (!identical(body(deparse), read)) return(NA_integer_)
+  .deparseOpts(eval(formals(deparse)$control))
 }
 
 ## --- conditions -----------------------------------------------------------
@@ -100,27 +116,40 @@ on_message <- function(m) {
   tryInvokeRestart("muffleMessage")
 }
 
+## What stop("...") signals: its message is the string R itself prints,
+## so it is read without dispatch (conditionMessage() is an S3 generic).
+simple_error_class <- c("simpleError", "error", "condition")
+
 on_error <- function(e) {
   # Runs at the point of the error, possibly thousands of frames deep (stack
   # overflow): do little, and never fail. A global handler: user code sits
-  # at frame 1 up, as at the R prompt.
-  msg <- tryCatch(clip(conditionMessage(e), caps$message), error = function(e2) "unknown error")
-  cl <- tryCatch(deparse_call(conditionCall(e)), error = function(e2) NULL)
-  tb <- tryCatch({
+  # at frame 1 up, as at the R prompt. Every step counts: an error's cost
+  # is mostly this handler's (rvisor bench, "stop(\"boom\") then the next
+  # call"), so the common case takes no dispatch and one tryCatch().
+  if (identical(class(e), simple_error_class) &&
+      is.character(m <- .subset2(e, "message")) && length(m) == 1L) {
+    msg <- clip(m, caps$message)
+    cl <- .subset2(e, "call")
+  } else {
+    msg <- tryCatch(clip(conditionMessage(e), caps$message), error = function(e2) "unknown error")
+    cl <- tryCatch(conditionCall(e), error = function(e2) NULL)
+  }
+  # The call and the traceback, innermost frame first, within the caps.
+  ctb <- tryCatch({
     calls <- sys.calls()
     n <- length(calls) - 1L  # drop this handler's own frame
     if (n >= 1L && identical(calls[[n]][[1L]], quote(.handleSimpleError))) n <- n - 1L
+    tb <- character()
     if (n >= 1L) {
-      idx <- rev(seq_len(n))
-      more <- length(idx) - caps$frames
-      if (more > 0L) idx <- idx[seq_len(caps$frames)]
-      out <- vapply(calls[idx], function(cl) first_line(deparse_call(cl)), "")
-      if (more > 0L) out <- c(out, sprintf("... and %d more frames", more))
-      out
-    } else character()
-  }, error = function(e2) character())
+      k <- min(n, caps$frames)
+      tb <- character(k)
+      for (j in seq_len(k)) tb[[j]] <- first_line(deparse_call(calls[[n + 1L - j]]))
+      if (n > k) tb <- c(tb, sprintf("... and %d more frames", n - k))
+    }
+    list(deparse_call(cl), tb)
+  }, error = function(e2) list(NULL, character()))
   # The worker keeps R's own printing of this error off the console.
-  .Call(emit, "error", msg, cl, tb)
+  .Call(emit, "error", msg, ctb[[1L]], ctb[[2L]])
 }
 
 on_interrupt <- function(i) {
