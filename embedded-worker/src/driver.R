@@ -920,8 +920,12 @@ install_program_guard <- function() {
 ## serving: a checkpoint (driver_state.R) saves only what the session
 ## changed. The environment is kept as R's "NAME=value" strings, not as
 ## Sys.getenv()'s named list (fewer objects for a user's gc() to count).
+## The options are read from .Options, where R keeps them: options() would
+## sort their names by the locale's collation (ICU here), a quarter of a
+## new worker's instructions to its first result, and the checkpoint
+## compares them by name.
 mark_start <- function() {
-  state$start_options <- options()
+  state$start_options <- as.list(.Options)
   state$start_env <- env_strings()
   invisible()
 }
