@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The regression guard on the hot paths (run by .ci/run): instructions per
 # call of `1+1`, an error, a printed data frame, an lm summary and a base
-# plot, counted by valgrind's callgrind inside the worker's call (stable to
+# plot, and of a new session's worker from its fork to its first result,
+# counted by valgrind's callgrind inside the worker's call (stable to
 # a few parts in ten thousand from run to run, unlike times on a shared
 # machine), against the committed baseline perf/instructions.json. Fails
 # when a path's count rose past the margin (3%).

@@ -14,6 +14,15 @@
 //! handlers on the first errors, or loading the PNG device), the
 //! difference over the extra calls its cost once warm.
 //!
+//! The new-session path ([`NEW_SESSION`]) is counted in the worker a
+//! session gets: forked by a warm zygote running under callgrind, from the
+//! fork to its first result (`1 + 1`) sent, the child's set-up (its
+//! environment, temporary directory, plot directory, the hello) and the
+//! call included. What the kernel does for it (the fork's page copies,
+//! the namespaces of a confined worker) is no instruction of the worker's
+//! and is timed by `rvisor bench` ("new session to first result"); the
+//! supervisor's side, on threads whose interleaving varies, is not counted.
+//!
 //! The guard compares the figures with a committed baseline
 //! (`perf/instructions.json`) and fails when one rose past the margin;
 //! updating the baseline is a commit of its own (`--update`).
@@ -47,6 +56,10 @@ pub const PATHS: &[(&str, &str, usize)] = &[
         6,
     ),
 ];
+
+/// The new-session path's name, and its sessions: the first is
+/// `first_calls`, the mean of the others `instructions_per_call`.
+pub const NEW_SESSION: (&str, usize) = ("new_session", 4);
 
 /// R's initial heap for the measurements (`R_NSIZE` cons cells,
 /// `R_VSIZE` bytes of vectors): no collection runs during the calls.
@@ -207,9 +220,113 @@ fn measure(vg: &Path, dir: &Path, name: &str, code: &str, calls: usize) -> Resul
     total_ir(&out)
 }
 
+/// The new-session path: sessions of a supervisor whose zygotes run under
+/// callgrind (no spares: each session's worker is forked when its first
+/// call comes), each one call, `1 + 1`. Callgrind follows the forks (one
+/// output per process) and counts each worker from its set-up after the
+/// fork (`become_worker`) to the end of its first call, where it writes
+/// that part (`--dump-after`). Returns each session's count.
+fn measure_new_session(vg: &Path, dir: &Path, sessions: usize) -> Result<Vec<u64>, String> {
+    let worker = rvisor::locate_worker().map_err(|e| e.to_string())?;
+    let prefix = dir.join("new_session");
+    let wrapper = dir.join("new_session.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nRVISOR_WORKER_WARM=1 exec {} --tool=callgrind --collect-atstart=no \
+             --toggle-collect='*zygote::become_worker*' --dump-after='*serve::answer_call*' \
+             --callgrind-out-file={}.%p -q {} \"$@\"\n",
+            vg.display(),
+            prefix.display(),
+            worker.display()
+        ),
+    )
+    .map_err(|e| format!("could not write {}: {e}", wrapper.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+    }
+    let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
+        worker: WorkerConfig {
+            worker_bin: Some(wrapper),
+            startup_timeout: Duration::from_secs(600),
+            env: GC_FREE_HEAP.iter().map(|(k, _)| k.to_string()).collect(),
+            ..WorkerConfig::default()
+        },
+        pool: rvisor::PoolConfig {
+            spares: 0,
+            // The warm zygote, without the preloaded one (made only when a
+            // call names ggplot2, which none does here).
+            preload_on_first_use: true,
+            ..rvisor::PoolConfig::default()
+        },
+        // The confinement's layers are system calls, and a confined
+        // worker is pid 1 of its namespace (one callgrind file name for
+        // all): its cost is timed by the bench's no-spare rows instead.
+        confinement: rvisor::Confinement::unconfined(),
+        ..rvisor::SupervisorConfig::default()
+    })
+    .map_err(|e| format!("the supervisor did not start under valgrind: {e}"))?;
+    if !sup.pool().wait_ready(Duration::from_secs(900)) {
+        return Err("the zygote did not come up under valgrind".into());
+    }
+    let mut out = Vec::new();
+    for i in 0..sessions {
+        let s = sup.session().map_err(|e| e.to_string())?;
+        let r = s.run("1 + 1").map_err(|e| e.to_string())?.wait();
+        if r.outcome != Outcome::Complete || r.console.trim() != "[1] 2" {
+            return Err(format!(
+                "new_session: session {i}'s first call ended {:?} under valgrind: {}",
+                r.outcome, r.console
+            ));
+        }
+        let pid = s
+            .status()
+            .pid
+            .ok_or_else(|| format!("new_session: session {i} has no worker pid"))?;
+        s.close();
+        // The part written when the first call ended: `<prefix>.<pid>.1`
+        // (callgrind numbers the dumps of a process from 1).
+        let part = PathBuf::from(format!("{}.{pid}.1", prefix.display()));
+        let end = std::time::Instant::now() + Duration::from_secs(120);
+        while !part.is_file() {
+            if std::time::Instant::now() >= end {
+                return Err(format!(
+                    "new_session: callgrind wrote no part for worker {pid} ({})",
+                    part.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        out.push(total_ir_when_written(&part)?);
+    }
+    sup.shutdown();
+    Ok(out)
+}
+
+/// [`total_ir`] of a file callgrind may still be writing: read again until
+/// it has its totals (within a minute).
+fn total_ir_when_written(out: &Path) -> Result<u64, String> {
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match total_ir(out) {
+            Ok(n) => return Ok(n),
+            Err(e) if std::time::Instant::now() >= end => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
 /// Measures every path (of `only`, when given).
 pub fn run(only: &[String], progress: &mut dyn FnMut(&str)) -> Result<Counts, String> {
     let vg = valgrind()?;
+    // RVISOR_INSTRUCTIONS_ONLY=a,b measures those paths alone (with
+    // RVISOR_INSTRUCTIONS_KEEP, to profile one path without the others).
+    let from_env: Vec<String> = std::env::var("RVISOR_INSTRUCTIONS_ONLY")
+        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect())
+        .unwrap_or_default();
+    let only = if only.is_empty() { &from_env[..] } else { only };
     for (k, v) in GC_FREE_HEAP {
         // Read by the workers started below (their environment lists
         // these names); nothing else in this process reads them.
@@ -251,6 +368,23 @@ pub fn run(only: &[String], progress: &mut dyn FnMut(&str)) -> Result<Counts, St
                 instructions_per_call: all.saturating_sub(first) / *calls as u64,
                 first_calls: first / WARM_UP as u64,
                 calls: *calls,
+            },
+        );
+    }
+    let (name, sessions) = NEW_SESSION;
+    if only.is_empty() || only.iter().any(|o| o == name) {
+        progress(&format!(
+            "instructions: {name} ({sessions} sessions, a worker forked by a zygote under callgrind \
+             for each, to its first result)"
+        ));
+        let each = measure_new_session(&vg, &dir, sessions)?;
+        let later = &each[1..];
+        counts.paths.insert(
+            name.to_string(),
+            Count {
+                instructions_per_call: later.iter().sum::<u64>() / later.len().max(1) as u64,
+                first_calls: each[0],
+                calls: later.len(),
             },
         );
     }
