@@ -6,9 +6,6 @@ use anyhow::{bail, Result};
 use rvisor::{RunResult, Segment};
 use std::io::Write;
 
-/// Prints a result's segments in order: stdout text to stdout, everything
-/// else (stderr, messages, warnings, errors) to stderr; `on_plot` gets each
-/// plot segment's plot, with stdout flushed first.
 /// Prints a call's events as they come (stdout to stdout, the rest to
 /// stderr) and returns its result and the console text printed.
 /// `first`, if given, is an event already read from `events`.
@@ -171,6 +168,9 @@ fn without_result_block(text: &str) -> String {
     out
 }
 
+/// Prints a result's segments in order: stdout text to stdout, everything
+/// else (stderr, messages, warnings, errors) to stderr; `on_plot` gets each
+/// plot segment's plot, with stdout flushed first.
 pub(crate) fn print_console(
     r: &RunResult,
     mut on_plot: impl FnMut(&rvisor::Plot, &mut dyn Write) -> Result<()>,

@@ -232,7 +232,6 @@ fn positive_secs(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A number of seconds, 0 or more (and below a century).
 /// A cap flag: 0 means no cap.
 fn uncapped(n: usize) -> usize {
     if n == 0 {
@@ -242,6 +241,7 @@ fn uncapped(n: usize) -> usize {
     }
 }
 
+/// A number of seconds, 0 or more (and below a century).
 pub(crate) fn non_negative_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.0..3.2e9).contains(&v) => Ok(v),

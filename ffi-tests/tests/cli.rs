@@ -511,3 +511,23 @@ fn run_shows_no_result_block_live_and_keeps_the_text_around_it() {
     let r: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert!(r["result"].is_null(), "the last block is unterminated: {r}");
 }
+
+#[test]
+fn a_reader_that_went_away_ends_a_report_quietly_not_with_a_panic() {
+    // `rvisor health | head -1`: the reader may close before the report is
+    // written. Here it has closed before the command starts, so every
+    // write meets a broken pipe.
+    for args in [&["health"][..], &["health", "--json"], &["packages"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = rvisor()
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+    }
+}
