@@ -107,32 +107,22 @@ pub(crate) fn ops_validate(file: &str, json: bool, style: &str) -> Result<ExitCo
             (Some(l), None) => format!("{file}:{l}: "),
             _ => format!("{file}: "),
         };
-        for p in &v.problems {
-            writeln!(
-                o,
-                "{}error [{}] {}",
-                at(p.line, p.column),
-                p.kind,
-                p.message
-            )?;
-        }
-        for p in &v.warnings {
-            writeln!(
-                o,
-                "{}warning [{}] {}",
-                at(p.line, p.column),
-                p.kind,
-                p.message
-            )?;
-        }
-        for s in &v.style {
-            writeln!(
-                o,
-                "{}style [{}] {}",
-                at(s.line, s.column),
-                s.rule,
-                s.message
-            )?;
+        let rows = (v
+            .problems
+            .iter()
+            .map(|p| ("error", p.line, p.column, &p.kind, &p.message)))
+        .chain(
+            v.warnings
+                .iter()
+                .map(|p| ("warning", p.line, p.column, &p.kind, &p.message)),
+        )
+        .chain(
+            v.style
+                .iter()
+                .map(|s| ("style", s.line, s.column, &s.rule, &s.message)),
+        );
+        for (what, line, column, kind, message) in rows {
+            writeln!(o, "{}{what} [{kind}] {message}", at(line, column))?;
         }
         writeln!(o, "{}", if v.valid { "valid" } else { "invalid" })?;
     }

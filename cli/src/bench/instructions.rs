@@ -146,31 +146,42 @@ fn total_ir(out: &Path) -> Result<u64, String> {
         .ok_or_else(|| format!("no totals in callgrind's output {}", out.display()))
 }
 
+/// Writes `path`, a script that runs the worker under callgrind with
+/// `args` (collection off until a toggle turns it on).
+/// RVISOR_WORKER_WARM: the worker compiles its driver and warms its
+/// condition handlers as the warm zygote does, so the calls counted are
+/// those of a session's worker.
+fn write_wrapper(path: &Path, vg: &Path, worker: &Path, args: &str) -> Result<(), String> {
+    std::fs::write(
+        path,
+        format!(
+            "#!/bin/sh\nRVISOR_WORKER_WARM=1 exec {} --tool=callgrind --collect-atstart=no \
+             {args} -q {} \"$@\"\n",
+            vg.display(),
+            worker.display()
+        ),
+    )
+    .map_err(|e| format!("could not write {}: {e}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())
+}
+
 /// Runs `code` `calls` times in a worker under callgrind and returns the
 /// instructions of those calls.
 fn measure(vg: &Path, dir: &Path, name: &str, code: &str, calls: usize) -> Result<u64, String> {
     let worker = rvisor::locate_worker().map_err(|e| e.to_string())?;
     let out = dir.join(format!("{name}.{calls}.callgrind"));
     let wrapper = dir.join(format!("{name}.sh"));
-    std::fs::write(
+    write_wrapper(
         &wrapper,
-        format!(
-            // RVISOR_WORKER_WARM: the worker compiles its driver and warms
-            // its condition handlers as the warm zygote does, so the calls
-            // counted are those of a session's worker.
-            "#!/bin/sh\nRVISOR_WORKER_WARM=1 exec {} --tool=callgrind --collect-atstart=no \
-             --toggle-collect='*serve::answer_call*' --callgrind-out-file={} -q {} \"$@\"\n",
-            vg.display(),
-            out.display(),
-            worker.display()
+        vg,
+        &worker,
+        &format!(
+            "--toggle-collect='*serve::answer_call*' --callgrind-out-file={}",
+            out.display()
         ),
-    )
-    .map_err(|e| format!("could not write {}: {e}", wrapper.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| e.to_string())?;
-    }
+    )?;
     let mut w = Worker::spawn(&WorkerConfig {
         worker_bin: Some(wrapper),
         // R starts some 30 to 50 times slower under valgrind.
@@ -230,23 +241,16 @@ fn measure_new_session(vg: &Path, dir: &Path, sessions: usize) -> Result<Vec<u64
     let worker = rvisor::locate_worker().map_err(|e| e.to_string())?;
     let prefix = dir.join("new_session");
     let wrapper = dir.join("new_session.sh");
-    std::fs::write(
+    write_wrapper(
         &wrapper,
-        format!(
-            "#!/bin/sh\nRVISOR_WORKER_WARM=1 exec {} --tool=callgrind --collect-atstart=no \
-             --toggle-collect='*zygote::become_worker*' --dump-after='*serve::answer_call*' \
-             --callgrind-out-file={}.%p -q {} \"$@\"\n",
-            vg.display(),
-            prefix.display(),
-            worker.display()
+        vg,
+        &worker,
+        &format!(
+            "--toggle-collect='*zygote::become_worker*' --dump-after='*serve::answer_call*' \
+             --callgrind-out-file={}.%p",
+            prefix.display()
         ),
-    )
-    .map_err(|e| format!("could not write {}: {e}", wrapper.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| e.to_string())?;
-    }
+    )?;
     let sup = rvisor::Supervisor::new(rvisor::SupervisorConfig {
         worker: WorkerConfig {
             worker_bin: Some(wrapper),
