@@ -65,7 +65,7 @@ suite=$work/target/debug/jupyter-kernel-test
 # The kernel from a private kernelspec.
 prefix=$work/prefix
 rm -rf "$prefix"
-"$rvisor" kernel install --prefix "$prefix" --name rvisor-testbed >/dev/null
+"$rvisor" kernel install --prefix "$prefix" --name rvisor-testbed -- --host-idle-secs 5 >/dev/null
 export JUPYTER_PATH=$prefix/share/jupyter
 
 status=0

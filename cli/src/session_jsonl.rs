@@ -60,6 +60,12 @@ impl SessionArgs {
         cfg
     }
 
+    /// The host variables R code may read: `--env` names, or all of them
+    /// with `--inherit-env` (`None`).
+    pub(crate) fn env_names(&self) -> Option<&[String]> {
+        (!self.inherit_env).then_some(self.env.as_slice())
+    }
+
     /// The checkpoint store of `--state-dir`.
     pub(crate) fn checkpoints(
         &self,

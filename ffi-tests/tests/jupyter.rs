@@ -28,7 +28,16 @@ fn scenario(scenario: &str) {
 fn scenario_with(scenario: &str, flags: &[&str]) {
     require_jupyter_client();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jupyter/check.py");
+    // A private directory for the kernel hosts of this test (its sockets
+    // are counted by the `host` scenario), short enough for a socket path.
+    let hosts = std::env::temp_dir().join(format!(
+        "rvisor-jupyter-test-{}-{}",
+        std::process::id(),
+        scenario
+    ));
+    let _ = std::fs::remove_dir_all(&hosts);
     let out = Command::new("python3")
+        .env("RVISOR_KERNEL_HOST_DIR", &hosts)
         .arg(script)
         .arg(rvisor_bin())
         .arg(scenario)
@@ -37,6 +46,7 @@ fn scenario_with(scenario: &str, flags: &[&str]) {
         .expect("python3 check.py starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&hosts);
     assert!(
         out.status.success() && stdout.contains(&format!("OK {scenario}")),
         "scenario {scenario} failed ({}):\n{stdout}\n{stderr}",
@@ -119,4 +129,19 @@ fn input_requests_answer_readline_menu_and_askyesno() {
 #[test]
 fn a_pending_input_still_times_out() {
     scenario_with("input_timeout", &["--timeout", "2"]);
+}
+
+/// Kernels of one kernelspec share a kernel host, each with a session of
+/// its own; a stub killed with SIGKILL ends its kernel alone; the host
+/// exits when it has had no kernel for its idle time.
+#[test]
+fn kernels_share_a_host_and_a_killed_stub_ends_only_its_kernel() {
+    scenario("host");
+}
+
+/// `--in-process`: the kernel with a supervisor of its own, as before the
+/// host; a restart still gives a fresh session.
+#[test]
+fn an_in_process_kernel_restarts_fresh() {
+    scenario_with("restart", &["--in-process"]);
 }

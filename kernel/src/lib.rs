@@ -12,16 +12,17 @@ pub mod displays;
 pub mod error;
 mod execute;
 pub mod history;
+pub mod host;
 mod introspect;
 pub mod kernelspec;
-mod signals;
+pub mod signals;
 pub mod sockets;
 pub mod stdin;
 pub mod wire;
 
 pub use connection::ConnectionInfo;
 pub use error::KernelError;
-pub use stdin::Input;
+pub use stdin::{Input, InputRouter};
 
 use rvisor::CancelToken;
 use rvisor_server::service::{Service, LOCAL_TENANT};
@@ -40,7 +41,7 @@ const SESSION_NAME: &str = "jupyter";
 struct Common {
     iopub: Iopub,
     signer: Signer,
-    stop: Arc<AtomicBool>,
+    control: Control,
     info: Value,
     cell: Arc<Mutex<Cell>>,
 }
@@ -57,16 +58,99 @@ pub(crate) struct Cell {
     pub(crate) interrupted: bool,
 }
 
+/// A lock, poisoned or not (what these guard holds no invariant a panic
+/// breaks).
+fn lock_any<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The cell state, poisoned or not (it holds no invariant a panic breaks).
 pub(crate) fn lock(cell: &Mutex<Cell>) -> std::sync::MutexGuard<'_, Cell> {
     cell.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Common {
+    /// Interrupts the cell being executed (see [`Control::interrupt`]).
+    fn interrupt(&self) {
+        CellRef(&self.cell).interrupt_cell();
+    }
+}
+
+/// A kernel's stop flag and its running cell, for what stops or
+/// interrupts it from outside its sockets: SIGINT and SIGTERM in a kernel
+/// of its own ([`run`]), the stub's connection in a kernel host
+/// ([`host`]).
+#[derive(Debug, Clone, Default)]
+pub struct Control {
+    stop: Arc<AtomicBool>,
+    cell: Arc<Mutex<Cell>>,
+    /// Readable once the kernel is stopped, so that its loops, which poll
+    /// it beside their sockets, end at once rather than at their next
+    /// [`POLL_MS`] (a restart waits for the ports to be free).
+    wake: Option<Arc<Wake>>,
+}
+
+/// A socket pair, written once, on stop, and never read.
+#[derive(Debug)]
+struct Wake {
+    reader: std::os::unix::net::UnixStream,
+    writer: Mutex<std::os::unix::net::UnixStream>,
+}
+
+impl Control {
+    /// A kernel not yet stopped, with no cell running.
+    pub fn new() -> Self {
+        let wake = match std::os::unix::net::UnixStream::pair() {
+            Ok((reader, writer)) => Some(Arc::new(Wake {
+                reader,
+                writer: Mutex::new(writer),
+            })),
+            // Without it, loops see the stop within POLL_MS.
+            Err(_) => None,
+        };
+        Self {
+            wake,
+            ..Self::default()
+        }
+    }
+
+    /// What the kernel's loops poll beside their socket.
+    pub(crate) fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.wake.as_ref().map(|w| w.reader.as_raw_fd())
+    }
+
+    /// Interrupts the running cell (its session and state stay).
+    pub fn interrupt(&self) {
+        CellRef(&self.cell).interrupt_cell();
+    }
+
+    /// Stops the kernel: its loops end within [`sockets::POLL_MS`] (a
+    /// running cell is interrupted first).
+    pub fn stop(&self) {
+        self.interrupt();
+        if !self.stop.swap(true, Ordering::SeqCst) {
+            if let Some(w) = &self.wake {
+                use std::io::Write;
+                let _ = lock_any(&w.writer).write_all(b"s");
+            }
+        }
+    }
+
+    /// Whether the kernel was told to stop.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// The running cell, as an interrupt reaches it.
+struct CellRef<'a>(&'a Mutex<Cell>);
+
+impl CellRef<'_> {
     /// Interrupts the cell being executed, wherever it is (queued, running,
     /// or not yet queued); the session and its state stay.
-    fn interrupt(&self) {
-        let mut c = lock(&self.cell);
+    fn interrupt_cell(&self) {
+        let mut c = lock(self.0);
         match &c.cancel {
             Some(t) => t.cancel(),
             None if c.active => c.interrupted = true,
@@ -153,27 +237,100 @@ pub fn configure(defaults: &mut rvisor::SessionOptions) -> Input {
     input
 }
 
+/// [`configure`] for a kernel host ([`host`]): its kernels' sessions
+/// share the defaults, so they share one input tool, which asks the front
+/// end of the kernel whose session calls it.
+pub fn configure_host(defaults: &mut rvisor::SessionOptions) -> InputRouter {
+    defaults.display.values = Some(true);
+    let router = InputRouter::default();
+    defaults.tools.push(router.tool());
+    router
+}
+
 /// Serves the kernel on the sockets of `conn` until a `shutdown_request`
-/// or SIGTERM; the session is closed on the way out. `input` is the one
-/// [`configure`] gave (a default one: R's input functions are refused).
+/// or SIGTERM, in a session of its own named [`SESSION_NAME`]; the session
+/// is closed on the way out. `input` is the one [`configure`] gave (a
+/// default one: R's input functions are refused). SIGINT interrupts the
+/// running cell. The whole process is this kernel's: see [`host`] for
+/// kernels that share one supervisor.
 pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), KernelError> {
-    let tenant = LOCAL_TENANT.to_string();
     let session_id = service
-        .named_session(&tenant, SESSION_NAME, true)
+        .named_session(LOCAL_TENANT, SESSION_NAME, true)
         .map_err(|e| KernelError::Session(e.message))?
         .ok_or_else(|| KernelError::Session("the session was not made".into()))?;
+    let control = Control::new();
+    {
+        let on_int = control.clone();
+        let on_term = control.clone();
+        if let Err(e) = signals::watch(move || on_int.interrupt(), move || on_term.stop()) {
+            eprintln!("rvisor kernel: SIGINT will not interrupt cells ({e}); interrupt_request on control still does");
+        }
+    }
+    let on_gone = control.clone();
+    watch_parent(move || on_gone.stop());
+    serve(service, conn, input, &session_id, &control, || {})
+}
+
+/// Serves one kernel on the sockets of `conn` in the service's session
+/// `session_id` (of [`LOCAL_TENANT`]) until a `shutdown_request` or
+/// `control` stops it; `ready` is called once the five sockets are bound.
+/// The session is closed, and every socket closed (its port free again),
+/// before this returns.
+pub fn serve(
+    service: Service,
+    conn: &ConnectionInfo,
+    input: Input,
+    session_id: &str,
+    control: &Control,
+    ready: impl FnOnce(),
+) -> Result<(), KernelError> {
     let signer = Signer::new(&conn.key);
     let ctx = zmq::Context::new();
-    let shell = sockets::bind(&ctx, zmq::ROUTER, "shell", conn, conn.shell_port)?;
-    let control = sockets::bind(&ctx, zmq::ROUTER, "control", conn, conn.control_port)?;
-    // R's readline() asks through it (stdin.rs).
-    input.attach(
-        sockets::bind(&ctx, zmq::ROUTER, "stdin", conn, conn.stdin_port)?,
-        signer.clone(),
-    );
-    let iopub = Iopub::new(sockets::bind_iopub(&ctx, conn)?, signer.clone());
-    let hb = sockets::bind(&ctx, zmq::REP, "hb", conn, conn.hb_port)?;
-    let stop = Arc::new(AtomicBool::new(false));
+    let served = (|| {
+        let shell = sockets::bind(&ctx, zmq::ROUTER, "shell", conn, conn.shell_port)?;
+        let control_sock = sockets::bind(&ctx, zmq::ROUTER, "control", conn, conn.control_port)?;
+        // R's readline() asks through it (stdin.rs).
+        input.attach(
+            sockets::bind(&ctx, zmq::ROUTER, "stdin", conn, conn.stdin_port)?,
+            signer.clone(),
+        );
+        let iopub = Iopub::new(sockets::bind_iopub(&ctx, conn)?, signer.clone());
+        let hb = sockets::bind(&ctx, zmq::REP, "hb", conn, conn.hb_port)?;
+        ready();
+        serve_bound(
+            &service,
+            session_id,
+            &input,
+            control,
+            signer,
+            shell,
+            control_sock,
+            iopub,
+            hb,
+        )
+    })();
+    input.detach();
+    let _ = service.close(LOCAL_TENANT, session_id);
+    // Every socket is dropped by now: terminating the context waits for
+    // libzmq to close them (at most their linger), so the ports are free
+    // for a restarted kernel when this returns.
+    drop(ctx);
+    served
+}
+
+/// [`serve`] once its sockets are bound.
+#[allow(clippy::too_many_arguments)]
+fn serve_bound(
+    service: &Service,
+    session_id: &str,
+    input: &Input,
+    control: &Control,
+    signer: Signer,
+    shell: zmq::Socket,
+    control_sock: zmq::Socket,
+    iopub: Iopub,
+    hb: zmq::Socket,
+) -> Result<(), KernelError> {
     let r_version = service
         .supervisor()
         .pool()
@@ -182,54 +339,49 @@ pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), 
     let common = Common {
         iopub: iopub.clone(),
         signer: signer.clone(),
-        stop: stop.clone(),
+        control: control.clone(),
         info: kernel_info(&r_version),
-        cell: Arc::new(Mutex::new(Cell::default())),
+        cell: control.cell.clone(),
+    };
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map_err(|e| KernelError::Session(e.to_string()))
     };
     let hb_thread = {
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("rvisor-kernel-hb".into())
-            .spawn(move || sockets::heartbeat(hb, stop))
-            .map_err(|e| KernelError::Session(e.to_string()))?
+        let control = control.clone();
+        spawn(
+            "rvisor-kernel-hb",
+            Box::new(move || sockets::heartbeat(hb, &control)),
+        )?
     };
     let welcome_thread = {
-        let stop = stop.clone();
+        let control = control.clone();
         let iopub = iopub.clone();
-        std::thread::Builder::new()
-            .name("rvisor-kernel-iopub".into())
-            .spawn(move || iopub.welcome_loop(stop))
-            .map_err(|e| KernelError::Session(e.to_string()))?
+        spawn(
+            "rvisor-kernel-iopub",
+            Box::new(move || iopub.welcome_loop(&control)),
+        )?
     };
     let control_thread = {
         let common = common.clone();
-        std::thread::Builder::new()
-            .name("rvisor-kernel-control".into())
-            .spawn(move || control_loop(control, common))
-            .map_err(|e| KernelError::Session(e.to_string()))?
+        spawn(
+            "rvisor-kernel-control",
+            Box::new(move || control_loop(control_sock, common)),
+        )?
     };
-    {
-        let on_int = common.clone();
-        let on_term = stop.clone();
-        if let Err(e) = signals::watch(
-            move || on_int.interrupt(),
-            move || on_term.store(true, Ordering::Relaxed),
-        ) {
-            eprintln!("rvisor kernel: SIGINT will not interrupt cells ({e}); interrupt_request on control still does");
-        }
-    }
-    watch_parent(stop.clone());
     let mut sh = Shell {
         service: service.clone(),
-        tenant,
-        session_id,
+        tenant: LOCAL_TENANT.to_string(),
+        session_id: session_id.to_string(),
         iopub,
         signer,
         sock: shell,
         cell: common.cell.clone(),
         execution_count: 0,
         history: history::History::default(),
-        input,
+        input: input.clone(),
     };
     // A front end may wait for a first status before it sends anything.
     sh.iopub.send(
@@ -245,18 +397,19 @@ pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), 
         json!({"execution_state": "starting"}),
     );
     let served = shell_loop(&mut sh, &common);
-    stop.store(true, Ordering::Relaxed);
+    control.stop();
     let _ = control_thread.join();
     let _ = hb_thread.join();
     let _ = welcome_thread.join();
-    let _ = service.close(&sh.tenant, &sh.session_id);
     served
 }
 
 /// A kernel started by a front end (jupyter_client sets `JPY_PARENT_PID`,
 /// as ipykernel reads it) stops when that front end is gone without
-/// shutting it down: its parent process changes.
-fn watch_parent(stop: Arc<AtomicBool>) {
+/// shutting it down: its parent process changes. Calls `on_gone` (from a
+/// thread of its own) when it does; does nothing when this process was
+/// not started so.
+pub fn watch_parent(on_gone: impl FnOnce() + Send + 'static) {
     let Some(parent) = std::env::var("JPY_PARENT_PID")
         .ok()
         .and_then(|p| p.parse::<i32>().ok())
@@ -270,23 +423,23 @@ fn watch_parent(stop: Arc<AtomicBool>) {
     }
     let _ = std::thread::Builder::new()
         .name("rvisor-kernel-parent".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_secs(1));
-                // SAFETY: getppid(2) has no preconditions.
-                if unsafe { libc::getppid() } != parent {
-                    eprintln!(
-                        "rvisor kernel: the front end that started this kernel is gone; stopping"
-                    );
-                    stop.store(true, Ordering::Relaxed);
-                }
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            // SAFETY: getppid(2) has no preconditions.
+            if unsafe { libc::getppid() } != parent {
+                eprintln!(
+                    "rvisor kernel: the front end that started this kernel is gone; stopping"
+                );
+                on_gone();
+                return;
             }
         });
 }
 
 fn shell_loop(sh: &mut Shell, common: &Common) -> Result<(), KernelError> {
-    while !common.stop.load(Ordering::Relaxed) {
-        let Some(frames) = sockets::recv(&sh.sock, "shell", POLL_MS)? else {
+    while !common.control.stopped() {
+        let Some(frames) = sockets::recv(&sh.sock, "shell", POLL_MS, common.control.wake_fd())?
+        else {
             continue;
         };
         let Some(msg) = decode(frames, &sh.signer, "shell") else {
@@ -303,7 +456,7 @@ fn shell_loop(sh: &mut Shell, common: &Common) -> Result<(), KernelError> {
 pub(crate) fn waiting(sh: &Shell) -> Vec<Message> {
     let mut out = Vec::new();
     while out.len() < MAX_ABORTED {
-        match sockets::recv(&sh.sock, "shell", 0) {
+        match sockets::recv(&sh.sock, "shell", 0, None) {
             Ok(Some(frames)) => out.extend(decode(frames, &sh.signer, "shell")),
             Ok(None) => break,
             Err(e) => {
@@ -385,8 +538,7 @@ fn comm(sh: &Shell, msg: &Message) {
 /// front end's: it starts a new kernel, whose session is a fresh worker
 /// from a new zygote).
 fn shutdown(common: &Common, msg: &Message) -> Value {
-    common.interrupt();
-    common.stop.store(true, Ordering::Relaxed);
+    common.control.stop();
     let restart = msg.content["restart"].as_bool().unwrap_or(false);
     let content = json!({"status": "ok", "restart": restart});
     common.iopub.send(msg, "shutdown_reply", content.clone());
@@ -394,8 +546,8 @@ fn shutdown(common: &Common, msg: &Message) -> Value {
 }
 
 fn control_loop(sock: zmq::Socket, common: Common) {
-    while !common.stop.load(Ordering::Relaxed) {
-        let frames = match sockets::recv(&sock, "control", POLL_MS) {
+    while !common.control.stopped() {
+        let frames = match sockets::recv(&sock, "control", POLL_MS, common.control.wake_fd()) {
             Ok(Some(f)) => f,
             Ok(None) => continue,
             Err(e) => {

@@ -4,8 +4,8 @@
 use crate::connection::ConnectionInfo;
 use crate::error::KernelError;
 use crate::wire::{Message, Signer};
+use crate::Control;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Largest message accepted on any socket: code is capped at 256 KiB
@@ -52,21 +52,26 @@ pub(crate) fn bind_iopub(
     Ok(s)
 }
 
-/// Receives one message from `s` if one comes within [`POLL_MS`]:
-/// `Ok(None)` on a quiet spell (the caller checks its stop flag).
+/// Receives one message from `s` if one comes within `timeout_ms`:
+/// `Ok(None)` on a quiet spell, or at once when `wake` (the kernel's stop,
+/// [`crate::Control`]) is readable: the caller checks its stop flag.
 pub(crate) fn recv(
     s: &zmq::Socket,
     name: &'static str,
     timeout_ms: i64,
+    wake: Option<std::os::fd::RawFd>,
 ) -> Result<Option<Vec<Vec<u8>>>, KernelError> {
     let io = |e: zmq::Error| KernelError::Io {
         what: "receive",
         socket: name,
         why: e.to_string(),
     };
-    let mut items = [s.as_poll_item(zmq::POLLIN)];
+    let mut items = vec![s.as_poll_item(zmq::POLLIN)];
+    if let Some(fd) = wake {
+        items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+    }
     let n = zmq::poll(&mut items, timeout_ms).map_err(io)?;
-    if n == 0 {
+    if n == 0 || !items[0].is_readable() {
         return Ok(None);
     }
     s.recv_multipart(0).map(Some).map_err(io)
@@ -143,22 +148,25 @@ impl Iopub {
     /// descriptor (libzmq's edge-triggered notice that its state changed),
     /// and at least every [`POLL_MS`] (a notice taken by a send of another
     /// thread, which welcomes under the same lock anyway).
-    pub(crate) fn welcome_loop(&self, stop: Arc<AtomicBool>) {
+    pub(crate) fn welcome_loop(&self, control: &Control) {
         let fd = {
             let s = self.sock.lock().unwrap_or_else(|p| p.into_inner());
             s.get_fd().ok()
         };
-        while !stop.load(Ordering::Relaxed) {
+        let wake = control.wake_fd().unwrap_or(-1);
+        while !control.stopped() {
             if let Some(fd) = fd {
-                let mut pfd = libc::pollfd {
+                // A negative descriptor is ignored by poll(2).
+                let mut pfd = [fd, wake].map(|fd| libc::pollfd {
                     fd,
                     events: libc::POLLIN,
                     revents: 0,
-                };
-                // SAFETY: poll on one pollfd we own; libzmq keeps the
+                });
+                // SAFETY: poll on two pollfds we own; libzmq keeps its
                 // descriptor open while the socket lives (it does until
-                // this loop has ended: the socket is dropped after).
-                unsafe { libc::poll(&mut pfd, 1, POLL_MS as i32) };
+                // this loop has ended: the socket is dropped after), and
+                // the wake pipe lives as long as `control`.
+                unsafe { libc::poll(pfd.as_mut_ptr(), 2, POLL_MS as i32) };
             } else {
                 std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
             }
@@ -180,10 +188,10 @@ impl Iopub {
     }
 }
 
-/// Echoes heartbeats on `sock` until `stop` is set.
-pub(crate) fn heartbeat(sock: zmq::Socket, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::Relaxed) {
-        match recv(&sock, "hb", POLL_MS) {
+/// Echoes heartbeats on `sock` until `control` is stopped.
+pub(crate) fn heartbeat(sock: zmq::Socket, control: &Control) {
+    while !control.stopped() {
+        match recv(&sock, "hb", POLL_MS, control.wake_fd()) {
             Ok(Some(frames)) => {
                 if let Err(e) = sock.send_multipart(frames, 0) {
                     eprintln!("rvisor kernel: failed to echo a heartbeat: {e}");

@@ -14,6 +14,7 @@
 use crate::sockets;
 use crate::wire::{Message, Signer};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -76,6 +77,12 @@ impl Input {
         *lock(&self.inner.socket) = Some((socket, signer));
     }
 
+    /// The kernel is closing: its stdin socket is dropped (so its port is
+    /// free once the kernel's other sockets are).
+    pub(crate) fn detach(&self) {
+        lock(&self.inner.socket).take();
+    }
+
     /// A cell starts: `parent` is its `execute_request`, `allow` its
     /// `allow_stdin`.
     pub(crate) fn begin_cell(&self, parent: &Message, allow: bool) {
@@ -111,7 +118,7 @@ impl Input {
             return Err("the kernel's stdin socket is not open".into());
         };
         // Answers to an earlier request that ended unanswered are stale.
-        while let Ok(Some(_)) = sockets::recv(sock, "stdin", 0) {}
+        while let Ok(Some(_)) = sockets::recv(sock, "stdin", 0, None) {}
         let request = parent.reply(
             "input_request",
             json!({"prompt": prompt, "password": password}),
@@ -121,7 +128,7 @@ impl Input {
             if self.inner.generation.load(Ordering::SeqCst) != generation {
                 return Err("the cell ended before the front end answered".into());
             }
-            let frames = match sockets::recv(sock, "stdin", WAIT_MS) {
+            let frames = match sockets::recv(sock, "stdin", WAIT_MS, None) {
                 Ok(Some(f)) => f,
                 Ok(None) => continue,
                 Err(e) => return Err(format!("the stdin socket failed: {e}")),
@@ -151,5 +158,51 @@ impl Input {
             }
             return Ok(Value::String(value.to_string()));
         }
+    }
+}
+
+/// The input tool of a kernel host, whose kernels share one supervisor and
+/// so one set of session defaults: one tool, which asks the front end of
+/// the kernel whose session called it (each kernel's [`Input`] registered
+/// by its session's id).
+#[derive(Clone, Default)]
+pub struct InputRouter {
+    kernels: Arc<Mutex<HashMap<String, Input>>>,
+}
+
+impl std::fmt::Debug for InputRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputRouter").finish_non_exhaustive()
+    }
+}
+
+impl InputRouter {
+    /// The host tool for every kernel session of the host.
+    pub fn tool(&self) -> rvisor::Tool {
+        let me = self.clone();
+        rvisor::Tool::new(
+            INPUT_TOOL,
+            "asks the Jupyter front end for a line of input (readline(), menu(), askYesNo())",
+            json!({"type": "object", "properties": {
+                "prompt": {"type": "string"}, "password": {"type": "boolean"}}}),
+            move |call| {
+                let input = lock(&me.kernels).get(&call.session_id).cloned();
+                match input {
+                    Some(i) => i.ask(&call.args),
+                    None => Err("this session has no Jupyter front end to ask".into()),
+                }
+            },
+        )
+        .expect("the input tool's name is valid")
+    }
+
+    /// Kernel `session_id`'s input, until [`InputRouter::remove`].
+    pub fn insert(&self, session_id: &str, input: Input) {
+        lock(&self.kernels).insert(session_id.to_string(), input);
+    }
+
+    /// The kernel of `session_id` has ended.
+    pub fn remove(&self, session_id: &str) {
+        lock(&self.kernels).remove(session_id);
     }
 }

@@ -18,7 +18,9 @@ module.exports = async () => {
   const prefix = path.join(tmp, "prefix");
   const root = path.join(tmp, "root");
   fs.mkdirSync(root);
-  execFileSync(rvisor, ["kernel", "install", "--prefix", prefix], { stdio: "inherit" });
+  // Its kernel host goes soon after the test (not after the default 10 min).
+  execFileSync(rvisor, ["kernel", "install", "--prefix", prefix, "--", "--host-idle-secs", "5"],
+    { stdio: "inherit" });
   const port = await freePort();
   const token = crypto.randomBytes(16).toString("hex");
   const env = {

@@ -153,9 +153,17 @@ def basics(km, kc):
     assert [t for t, _ in msgs] == ["status", "status"], msgs
     assert reply["execution_count"] == before, reply
 
-    # stop_on_error: a cell queued behind a failing one is aborted.
+    # stop_on_error: a cell queued behind a failing one is aborted. Both
+    # are sent while a cell that waits for input holds the shell loop, so
+    # both have arrived before the failing one runs (sent back to back
+    # after an idle kernel, the second may come after the first's reply,
+    # and is then rightly run).
+    gate = kc.execute("readline('go? ')", allow_stdin=True)
+    get_input_request(kc)
     first = kc.execute("stop('first')")
     second = kc.execute("z <- 1")
+    kc.input("go")
+    assert shell_reply(kc, gate)["content"]["status"] == "ok"
     assert shell_reply(kc, first)["content"]["status"] == "error"
     assert shell_reply(kc, second)["content"]["status"] == "aborted"
     reply, msgs = execute(kc, "exists('z')")
@@ -410,8 +418,61 @@ def kernelspec(km, kc):
     assert os.path.exists(os.path.join(specs["rvisor"]["resource_dir"], "logo-32x32.png"))
 
 
+def port_free(port):
+    import socket
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def wait_for(what, check):
+    """Waits (bounded) until check() holds: state a test observes."""
+    deadline = time.monotonic() + TIMEOUT
+    while not check():
+        assert time.monotonic() < deadline, f"not within {TIMEOUT}s: {what}"
+        time.sleep(0.05)
+
+
+def host_sockets():
+    d = os.environ["RVISOR_KERNEL_HOST_DIR"]
+    return sorted(f for f in os.listdir(d) if f.endswith(".sock"))
+
+
+def host(km, kc):
+    """Kernels of one spec share one kernel host, each in a session of its
+    own; a stub killed with SIGKILL ends its kernel (its ports are free
+    again) and the other kernel goes on; with no kernel left, the host
+    exits after its idle time (--host-idle-secs) and removes its socket."""
+    assert len(host_sockets()) == 1, host_sockets()
+    assert execute(kc, "x <- 41")[0]["status"] == "ok"
+    km2, kc2 = start()
+    assert len(host_sockets()) == 1, host_sockets()
+    reply, msgs = execute(kc2, "exists('x')")
+    assert result_of(msgs) == "[1] FALSE\n", msgs
+    assert execute(kc2, "x <- 'other'")[0]["status"] == "ok"
+    port = km2.shell_port
+    kc2.stop_channels()
+    stub = km2.provisioner.process
+    stub.kill()  # SIGKILL to the stub: the host must notice alone
+    stub.wait()
+    wait_for("the killed kernel's shell port is free", lambda: port_free(port))
+    reply, msgs = execute(kc, "x + 1")
+    assert result_of(msgs) == "[1] 42\n", msgs
+    kc.stop_channels()
+    km.shutdown_kernel(now=False)
+    wait_for("the idle host has removed its socket", lambda: host_sockets() == [])
+
+
 def main():
     rvisor, scenario, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if not any(f.startswith("--host-idle-secs") for f in flags):
+        # The tests' hosts do not outlive them for the default 10 minutes.
+        flags = flags + ["--host-idle-secs", "1"]
     prefix = install(rvisor, flags)
     km, kc = start()
     try:
