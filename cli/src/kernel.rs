@@ -219,13 +219,26 @@ fn via_host(file: &Path, args: &KernelArgs) -> Result<ExitCode> {
     rvisor_kernel::ConnectionInfo::read(file)?;
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("failed to read {}", file.display()))?;
-    let dir = host::host_dir().map_err(anyhow::Error::msg)?;
+    // Where no host can be had (no private directory, no process to
+    // start), the kernel runs in this process, as with --in-process.
+    let fallback = |why: String| {
+        eprintln!("rvisor kernel: {why}; running this kernel in its own process (--in-process)");
+        serve(file, &args.opts)
+    };
+    let dir = match host::host_dir() {
+        Ok(d) => d,
+        Err(why) => return fallback(why),
+    };
     let paths = host::Paths::new(&dir, &host_key(args)?);
     for _ in 0..HOST_TRIES {
         match host::attach(&paths.socket, &text) {
             host::Attach::Ready(a) => return stub(a, &paths),
             host::Attach::Refused(why) => bail!("{why}"),
-            host::Attach::NoHost => start_host(&paths)?,
+            host::Attach::NoHost => {
+                if let Err(e) = start_host(&paths) {
+                    return fallback(format!("{e:#}"));
+                }
+            }
         }
     }
     bail!(

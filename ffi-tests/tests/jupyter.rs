@@ -26,18 +26,25 @@ fn scenario(scenario: &str) {
 
 /// Runs `scenario` with a kernel started with `flags` (in its kernelspec).
 fn scenario_with(scenario: &str, flags: &[&str]) {
+    scenario_in(scenario, flags, None);
+}
+
+/// [`scenario_with`], the kernel hosts' directory `hosts` (default: one of
+/// the test's own).
+fn scenario_in(scenario: &str, flags: &[&str], hosts: Option<&Path>) {
     require_jupyter_client();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jupyter/check.py");
     // A private directory for the kernel hosts of this test (its sockets
     // are counted by the `host` scenario), short enough for a socket path.
-    let hosts = std::env::temp_dir().join(format!(
+    let own = std::env::temp_dir().join(format!(
         "rvisor-jupyter-test-{}-{}",
         std::process::id(),
         scenario
     ));
-    let _ = std::fs::remove_dir_all(&hosts);
+    let _ = std::fs::remove_dir_all(&own);
+    let hosts = hosts.unwrap_or(&own);
     let out = Command::new("python3")
-        .env("RVISOR_KERNEL_HOST_DIR", &hosts)
+        .env("RVISOR_KERNEL_HOST_DIR", hosts)
         .arg(script)
         .arg(rvisor_bin())
         .arg(scenario)
@@ -46,7 +53,7 @@ fn scenario_with(scenario: &str, flags: &[&str]) {
         .expect("python3 check.py starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let _ = std::fs::remove_dir_all(&hosts);
+    let _ = std::fs::remove_dir_all(&own);
     assert!(
         out.status.success() && stdout.contains(&format!("OK {scenario}")),
         "scenario {scenario} failed ({}):\n{stdout}\n{stderr}",
@@ -144,4 +151,14 @@ fn kernels_share_a_host_and_a_killed_stub_ends_only_its_kernel() {
 #[test]
 fn an_in_process_kernel_restarts_fresh() {
     scenario_with("restart", &["--in-process"]);
+}
+
+/// Where no kernel host can be had (its directory is not a directory),
+/// the kernel runs in its own process and works as ever.
+#[test]
+fn without_a_host_directory_the_kernel_runs_in_its_own_process() {
+    let file = std::env::temp_dir().join(format!("rvisor-no-host-dir-{}", std::process::id()));
+    std::fs::write(&file, "not a directory").unwrap();
+    scenario_in("restart", &[], Some(&file));
+    let _ = std::fs::remove_file(&file);
 }
