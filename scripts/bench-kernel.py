@@ -149,6 +149,7 @@ def restart_kernel_part(name, reps):
     km.context.setsockopt(zmq.RECONNECT_IVL, 1)
     km.start_kernel()
     kc = km.client()
+    kc.context.setsockopt(zmq.RECONNECT_IVL, 1)
     kc.start_channels()
     kc.wait_for_ready(timeout=TIMEOUT)
     out = []

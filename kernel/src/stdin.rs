@@ -57,19 +57,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The tool [`INPUT_TOOL`] with the handler `ask`.
+fn input_tool(
+    ask: impl Fn(&rvisor::ToolCall) -> Result<Value, String> + Send + Sync + 'static,
+) -> rvisor::Tool {
+    rvisor::Tool::new(
+        INPUT_TOOL,
+        "asks the Jupyter front end for a line of input (readline(), menu(), askYesNo())",
+        json!({"type": "object", "properties": {
+            "prompt": {"type": "string"}, "password": {"type": "boolean"}}}),
+        ask,
+    )
+    .expect("the input tool's name is valid")
+}
+
 impl Input {
     /// The host tool for the kernel's session (give it to the session's
     /// options before the service makes the session).
     pub fn tool(&self) -> rvisor::Tool {
         let me = self.clone();
-        rvisor::Tool::new(
-            INPUT_TOOL,
-            "asks the Jupyter front end for a line of input (readline(), menu(), askYesNo())",
-            json!({"type": "object", "properties": {
-                "prompt": {"type": "string"}, "password": {"type": "boolean"}}}),
-            move |call| me.ask(&call.args),
-        )
-        .expect("the input tool's name is valid")
+        input_tool(move |call| me.ask(&call.args))
     }
 
     /// The kernel has bound its stdin socket.
@@ -180,20 +187,13 @@ impl InputRouter {
     /// The host tool for every kernel session of the host.
     pub fn tool(&self) -> rvisor::Tool {
         let me = self.clone();
-        rvisor::Tool::new(
-            INPUT_TOOL,
-            "asks the Jupyter front end for a line of input (readline(), menu(), askYesNo())",
-            json!({"type": "object", "properties": {
-                "prompt": {"type": "string"}, "password": {"type": "boolean"}}}),
-            move |call| {
-                let input = lock(&me.kernels).get(&call.session_id).cloned();
-                match input {
-                    Some(i) => i.ask(&call.args),
-                    None => Err("this session has no Jupyter front end to ask".into()),
-                }
-            },
-        )
-        .expect("the input tool's name is valid")
+        input_tool(move |call| {
+            let input = lock(&me.kernels).get(&call.session_id).cloned();
+            match input {
+                Some(i) => i.ask(&call.args),
+                None => Err("this session has no Jupyter front end to ask".into()),
+            }
+        })
     }
 
     /// Kernel `session_id`'s input, until [`InputRouter::remove`].
