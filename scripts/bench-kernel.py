@@ -6,7 +6,9 @@ one run, both driven through jupyter_client, medians in milliseconds.
       [--json] [-- rvisor kernel flags...]
 
 Rows: `1+1` execute round trip (request sent to reply and idle), an error,
-a base plot, a ggplot (display_data), kernel start to the first result
+a base plot, a ggplot (display_data; also the CPU time per cell of the
+kernel's processes, which a loaded machine sways less: for rvisor its
+kernel host's, zygotes' and workers'), kernel start to the first result
 (the first start, and later ones: rvisor's first start also starts its
 kernel host), interrupt of `repeat {}` (interrupt sent to the cell's
 reply), restart to the first result through jupyter_client's
@@ -83,13 +85,72 @@ def start(name):
     return km, kc, took
 
 
-def timed(kc, code, reps, want="ok"):
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid):
+    """CPU time (user and system, in clock ticks) so far of `pid` and each
+    of its descendants (the kernel, and for rvisor its zygotes and
+    workers), by pid, from /proc."""
+    stats, children = {}, {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(p)] = int(fields[11]) + int(fields[12])
+        children.setdefault(int(fields[1]), []).append(int(p))
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        out[p] = stats.get(p, 0)
+        todo += children.get(p, [])
+    return out
+
+
+def cpu_since(pid, before):
+    """Seconds of CPU the processes of `pid` used since `before` (a process
+    that ended meanwhile is not counted; one that began is, whole)."""
+    now = cpu_ticks(pid)
+    return sum(max(0, t - before.get(p, 0)) for p, t in now.items()) / TICK
+
+
+def kernel_root(km):
+    """The process whose tree runs the kernel's R: for rvisor's kernel its
+    kernel host (the bench's own, in RVISOR_KERNEL_HOST_DIR; not a child of
+    the stub), else the process jupyter_client started."""
+    hosts = os.environ.get("RVISOR_KERNEL_HOST_DIR", "")
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--host-socket" in argv and any(a.startswith(hosts.encode()) for a in argv if a):
+            if km.kernel_name.startswith("rvisor"):
+                return int(p)
+    return km.provisioner.process.pid
+
+
+def timed(kc, code, reps, want="ok", km=None, cpu=None):
+    """Wall times of `reps` runs of `code`; with `km`, the CPU time of the
+    kernel's processes per run is appended to `cpu` (less sensitive to a
+    loaded machine than wall time; 10 ms ticks, so only plots are given)."""
     out = []
+    root = kernel_root(km) if km else None
+    before = cpu_ticks(root) if km else {}
     for _ in range(reps):
         t = time.perf_counter()
         r = run(kc, code)
         out.append(time.perf_counter() - t)
         assert r["status"] == want, (code, r)
+    if km:
+        cpu.append(cpu_since(root, before) / reps)
     return out
 
 
@@ -168,7 +229,7 @@ def restart_kernel_part(name, reps):
     return out
 
 
-def bench(name, reps):
+def bench(name, reps, cpus):
     rows = {}
     # The first start (rvisor's starts its kernel host: a new supervisor,
     # its zygotes warming up meanwhile); the later ones are timed after
@@ -180,8 +241,10 @@ def bench(name, reps):
         run(kc, "plot(1)")
         rows["1+1"] = timed(kc, "1+1", reps)
         rows["error"] = timed(kc, "stop('no')", reps, want="error")
-        rows["base plot"] = timed(kc, "plot(1:10)", max(3, reps // 3))
-        rows["ggplot"] = timed(kc, "print(ggplot(d, aes(a, b)) + geom_point())", max(3, reps // 3))
+        rows["base plot"] = timed(kc, "plot(1:10)", max(5, reps // 2), km=km,
+                                  cpu=cpus.setdefault("base plot", []))
+        rows["ggplot"] = timed(kc, "print(ggplot(d, aes(a, b)) + geom_point())",
+                               max(5, reps // 2), km=km, cpu=cpus.setdefault("ggplot", []))
         rows["interrupt repeat {}"] = interrupt(km, kc, max(3, reps // 10))
         rows["restart to first result"] = restart(km, kc, max(2, reps // 10))
     finally:
@@ -210,19 +273,26 @@ def main():
         flags = flags + ["--host-idle-secs", "10"]  # the bench's host goes soon after it
     prefix = specs(os.path.abspath(a.rvisor), flags)
     try:
-        result = {name: bench(name, a.reps) for name in ["rvisor", "ir"]}
+        cpu = {"rvisor": {}, "ir": {}}
+        result = {name: bench(name, a.reps, cpu[name]) for name in ["rvisor", "ir"]}
     finally:
         shutil.rmtree(prefix, ignore_errors=True)
     med = {k: {row: statistics.median(v) * 1000 for row, v in rows.items()}
            for k, rows in result.items()}
     if a.json:
         print(json.dumps({"median_ms": med, "samples": {k: {r: len(v) for r, v in rows.items()}
-                                                         for k, rows in result.items()}}))
+                                                         for k, rows in result.items()},
+                          "cpu_ms_per_cell": {k: {r: v[0] * 1000 for r, v in rows.items()}
+                                              for k, rows in cpu.items()}}))
         return
     print(f"{'row (median ms)':28} {'rvisor':>10} {'IRkernel':>10} {'ratio':>7}")
     for row in med["rvisor"]:
         r, i = med["rvisor"][row], med["ir"][row]
         print(f"{row:28} {r:10.1f} {i:10.1f} {r / i:7.2f}  (n={len(result['rvisor'][row])})")
+    print("CPU per cell (ms; the kernel's processes, all of them)")
+    for row in cpu["rvisor"]:
+        r, i = cpu["rvisor"][row][0] * 1000, cpu["ir"][row][0] * 1000
+        print(f"{row:28} {r:10.1f} {i:10.1f} {r / i:7.2f}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,21 @@ thread_local! {
     static VALUES: Cell<bool> = const { Cell::new(false) };
     /// The display of the last visible value shown, by index.
     static LAST_VALUE: Cell<Option<usize>> = const { Cell::new(None) };
+    /// The display id (and whether it is an update) `rvisor_display()`
+    /// was given, for the next display the driver reports.
+    static PENDING_ID: RefCell<Option<(String, bool)>> = const { RefCell::new(None) };
+}
+
+/// Longest display id accepted (the driver checks it too).
+pub const MAX_DISPLAY_ID_BYTES: usize = 256;
+
+/// `rvisor_display(x, display_id =, update =)`: the next display the
+/// driver reports carries `id` in its `transient` (and is an update of
+/// the display of that id when `update`); `None` forgets an id that no
+/// display took.
+pub fn set_pending_id(id: Option<String>, update: bool) {
+    let id = id.filter(|i| !i.is_empty() && i.len() <= MAX_DISPLAY_ID_BYTES);
+    PENDING_ID.with(|p| *p.borrow_mut() = id.map(|i| (i, update)));
 }
 
 /// Forgets the previous call's displays; `values`: this call shows
@@ -27,6 +42,7 @@ pub fn begin(values: bool) {
     DROPPED.with(|d| *d.borrow_mut() = 0);
     VALUES.with(|v| v.set(values));
     LAST_VALUE.with(|l| l.set(None));
+    PENDING_ID.with(|p| *p.borrow_mut() = None);
 }
 
 /// How many displays the call has made so far.
@@ -149,7 +165,16 @@ pub fn from_driver(mimes: Vec<String>, values: Vec<String>, meta: Option<String>
             _ => return,
         }
     }
-    push(Display { data, metadata });
+    let mut d = Display {
+        data,
+        metadata,
+        ..Display::default()
+    };
+    if let Some((id, update)) = PENDING_ID.with(|p| p.borrow_mut().take()) {
+        d.transient.insert("display_id".into(), Value::String(id));
+        d.update = update;
+    }
+    push(d);
 }
 
 fn push(d: Display) {
@@ -218,7 +243,11 @@ pub fn of_plot(page: usize, plot: &Plot, svg: Option<String>) -> Display {
         "rvisor".into(),
         serde_json::json!({"kind": "plot", "plot": page}),
     );
-    Display { data, metadata }
+    Display {
+        data,
+        metadata,
+        ..Display::default()
+    }
 }
 
 #[cfg(test)]

@@ -478,8 +478,26 @@ helpers$.rvisor_to_json <- to_json
 ## Shows a value now as a display (a table: its text, HTML, Markdown and
 ## JSON preview; an HTML-only value: its self-contained HTML), as the
 ## prompt shows a visible one; other values print. Returns `x` invisibly.
-helpers$rvisor_display <- function(x) {
-  display_now(x)
+## With `display_id` (one string) the display carries that id (Jupyter's
+## `transient.display_id`; any value is then a display, its text what
+## print() shows), and `update = TRUE` makes it replace the display shown
+## earlier with that id (Jupyter's update_display_data) rather than add one.
+helpers$rvisor_display <- function(x, display_id = NULL, update = FALSE) {
+  if (is.null(display_id)) {
+    if (!identical(update, FALSE))
+      stop("rvisor_display(): 'update' needs a 'display_id'", call. = FALSE)
+    display_now(x)
+    return(invisible(x))
+  }
+  if (!is.character(display_id) || length(display_id) != 1L || is.na(display_id) ||
+      !nzchar(display_id) || nchar(display_id, type = "bytes") > 256L)
+    stop("rvisor_display(): 'display_id' must be one non-empty string of at most 256 bytes",
+         call. = FALSE)
+  if (!is.logical(update) || length(update) != 1L || is.na(update))
+    stop("rvisor_display(): 'update' must be TRUE or FALSE", call. = FALSE)
+  .Call(emit, "display_id", display_id, if (update) "update" else "new", NULL)
+  on.exit(.Call(emit, "display_id", NULL, NULL, NULL))
+  display_now(x, always = TRUE)
   invisible(x)
 }
 

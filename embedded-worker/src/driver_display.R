@@ -448,8 +448,10 @@ print_in_global <- function(x) {
 }
 
 ## rvisor_display(x): shows `x` now, as a display when it is a table or
-## an HTML value (the text too, as print() would), else prints it.
-display_now <- function(x) {
+## an HTML value (the text too, as print() would), else prints it;
+## `always` (a display id was given): any other value is a display too, its
+## text/plain what print() shows (not also on the console).
+display_now <- function(x, always = FALSE) {
   if (!isTRUE(state$display$enabled)) return(print_in_global(x))
   if (inherits(x, c(html_classes, "knitr_kable"))) return(show_html(x))
   if (is.data.frame(x) || is.matrix(x)) {
@@ -457,5 +459,7 @@ display_now <- function(x) {
     cat(text)
     return(show_table(x, clip(text, 65536L)))
   }
-  print_in_global(x)
+  if (!always) return(print_in_global(x))
+  text <- paste0(paste(utils::capture.output(print_in_global(x)), collapse = "\n"), "\n")
+  emit_display(c("text/plain" = clip(text, 65536L)), meta_json("value", class(x)[[1L]]))
 }

@@ -169,6 +169,7 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
         "plots" => CALL.with(|s| s.borrow_mut().plot_files = a),
         "svgs" => CALL.with(|s| s.borrow_mut().svg_files = a),
         "display" => display::from_driver(a, b, first(&c)),
+        "display_id" => display::set_pending_id(first(&a), first(&b).as_deref() == Some("update")),
         "warning_pending" => CALL.with(|s| s.borrow_mut().warning_pending = true),
         "interrupted" => {
             // R prints nothing useful for an interrupt ("Error: " for a

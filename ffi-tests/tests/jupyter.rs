@@ -123,6 +123,14 @@ fn values_are_execute_results() {
     scenario("values");
 }
 
+/// `rvisor_display(x, display_id = "...")` is display_data with
+/// `transient.display_id`; with `update = TRUE` it is update_display_data of
+/// that id (in the same cell or a later one); bad arguments are errors.
+#[test]
+fn display_ids_are_sent_and_updated() {
+    scenario("display_ids");
+}
+
 /// readline(), menu() and askYesNo() ask through input_request and get the
 /// input_reply's value; with allow_stdin false they fail saying so; an
 /// interrupt ends a cell waiting for input, with state kept, and a late

@@ -13,6 +13,11 @@ pub struct Display {
     pub data: Map<String, Value>,
     /// MIME type to its metadata (an image's size).
     pub metadata: Map<String, Value>,
+    /// `display_id` when the code named one (`rvisor_display(x,
+    /// display_id = )`), else empty.
+    pub transient: Map<String, Value>,
+    /// It replaces the display of its id (`update_display_data`).
+    pub update: bool,
 }
 
 /// The displays of `r`, in the order R made them: its `displays` when it
@@ -27,6 +32,8 @@ pub fn displays_of(r: &RunResult) -> Vec<Display> {
             .map(|d| Display {
                 data: d.data.clone(),
                 metadata: d.metadata.clone(),
+                transient: d.transient.clone(),
+                update: d.update && d.display_id().is_some(),
             })
             .collect();
     }
@@ -58,15 +65,31 @@ pub fn displays_of(r: &RunResult) -> Vec<Display> {
                 p.mime.clone(),
                 json!({"width": p.width, "height": p.height}),
             );
-            Display { data, metadata }
+            Display {
+                data,
+                metadata,
+                transient: Map::new(),
+                update: false,
+            }
         })
         .collect()
 }
 
 impl Display {
-    /// The content of a `display_data` message.
+    /// The content of a `display_data` message (and of an
+    /// `update_display_data`, which has the same shape).
     pub fn content(&self) -> Value {
-        json!({"data": self.data, "metadata": self.metadata, "transient": {}})
+        json!({"data": self.data, "metadata": self.metadata, "transient": self.transient})
+    }
+
+    /// The message type it goes as: `update_display_data` for an update
+    /// of a display id, else `display_data`.
+    pub fn msg_type(&self) -> &'static str {
+        if self.update {
+            "update_display_data"
+        } else {
+            "display_data"
+        }
     }
 
     /// Whether this is the display of the call's last visible value
@@ -102,7 +125,7 @@ mod tests {
         data.insert("text/html".into(), json!("<table></table>"));
         r.displays.push(rvisor::Display {
             data,
-            metadata: Map::new(),
+            ..rvisor::Display::default()
         });
         let d = displays_of(&r);
         assert_eq!(d.len(), 1);
@@ -114,6 +137,8 @@ mod tests {
         let mut d = Display {
             data: Map::new(),
             metadata: Map::new(),
+            transient: Map::new(),
+            update: false,
         };
         assert!(!d.is_last_value());
         d.metadata
@@ -122,6 +147,30 @@ mod tests {
         let c = d.result_content(3);
         assert_eq!(c["execution_count"], 3);
         assert_eq!(c["metadata"]["rvisor"]["kind"], "value");
+    }
+
+    #[test]
+    fn a_display_id_goes_in_transient_and_an_update_as_update_display_data() {
+        let mut r = RunResult::empty("e".into(), "rvisor_display(1, display_id = 'p')".into());
+        for update in [false, true] {
+            let mut d = rvisor::Display::default();
+            d.data.insert("text/plain".into(), json!("[1] 1"));
+            d.transient.insert("display_id".into(), json!("p"));
+            d.update = update;
+            r.displays.push(d);
+        }
+        // An update without an id is an ordinary display.
+        r.displays.push(rvisor::Display {
+            update: true,
+            ..rvisor::Display::default()
+        });
+        let d = displays_of(&r);
+        assert_eq!(d[0].msg_type(), "display_data");
+        assert_eq!(d[0].content()["transient"]["display_id"], "p");
+        assert_eq!(d[1].msg_type(), "update_display_data");
+        assert_eq!(d[1].content()["transient"]["display_id"], "p");
+        assert_eq!(d[2].msg_type(), "display_data");
+        assert_eq!(d[2].content()["transient"], json!({}));
     }
 
     #[test]

@@ -194,7 +194,9 @@ fn run(
             if d.is_last_value() && result.is_none() {
                 result = Some(d);
             } else {
-                io.send(msg, "display_data", d.content());
+                // A display with an id given again with `update = TRUE`
+                // replaces it where it is shown.
+                io.send(msg, d.msg_type(), d.content());
             }
         }
         if let Some(d) = result {

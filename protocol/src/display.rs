@@ -25,6 +25,26 @@ pub struct Display {
     /// them.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// Jupyter's `transient`: `display_id` when the code named one
+    /// (`rvisor_display(x, display_id = "...")`), so that a later display
+    /// with the same id can replace this one where it is shown. Absent
+    /// when empty.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub transient: serde_json::Map<String, serde_json::Value>,
+    /// This display replaces the one shown earlier with the same
+    /// `transient.display_id` (`rvisor_display(x, display_id = "...",
+    /// update = TRUE)`; Jupyter's `update_display_data`) instead of being
+    /// shown as a new output. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub update: bool,
+}
+
+impl Display {
+    /// The display's `transient.display_id`, if it has one.
+    pub fn display_id(&self) -> Option<&str> {
+        self.transient.get("display_id").and_then(|v| v.as_str())
+    }
 }
 
 /// Default rows of a table shown as HTML, Markdown and the JSON preview: a

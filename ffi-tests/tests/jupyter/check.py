@@ -232,6 +232,42 @@ def values(km, kc):
     assert shown == ["display_data", "execute_result"], msgs  # the result last
 
 
+def display_ids(km, kc):
+    """rvisor_display(x, display_id =): display_data with transient.display_id;
+    update = TRUE: update_display_data of that id, in the same cell or a
+    later one; a table keeps its bundle; without an id nothing changes."""
+    reply, msgs = execute(kc, "rvisor_display('starting', display_id = 'status')\n"
+                              "rvisor_display('halfway', display_id = 'status', update = TRUE)")
+    assert reply["status"] == "ok", reply
+    shown = [(t, c) for t, c in msgs if t in ("display_data", "update_display_data",
+                                             "execute_result", "stream")]
+    assert [t for t, _ in shown] == ["display_data", "update_display_data"], msgs
+    first, update = shown[0][1], shown[1][1]
+    assert first["transient"] == {"display_id": "status"}, first
+    assert first["data"]["text/plain"] == '[1] "starting"\n', first
+    assert update["transient"] == {"display_id": "status"}, update
+    assert update["data"]["text/plain"] == '[1] "halfway"\n', update
+    # A later cell updates it too; a table keeps its HTML.
+    reply, msgs = execute(kc, "rvisor_display(data.frame(done = TRUE), display_id = 'status', "
+                              "update = TRUE)")
+    assert reply["status"] == "ok", reply
+    updates = [c for t, c in msgs if t == "update_display_data"]
+    assert len(updates) == 1 and updates[0]["transient"] == {"display_id": "status"}, msgs
+    assert "<table" in updates[0]["data"]["text/html"], updates
+    assert not [t for t, _ in msgs if t == "display_data"], msgs
+    # Two ids apart; without an id a value prints as before, with no transient id.
+    reply, msgs = execute(kc, "rvisor_display(1, display_id = 'a'); "
+                              "rvisor_display(2, display_id = 'b'); rvisor_display(3)")
+    ids = [c["transient"].get("display_id") for t, c in msgs if t == "display_data"]
+    assert ids == ["a", "b"], msgs
+    assert text_of(msgs, "stdout") == "[1] 3\n", msgs
+    # Bad arguments are the cell's error.
+    reply, msgs = execute(kc, "rvisor_display(1, update = TRUE)")
+    assert reply["status"] == "error" and "display_id" in reply["evalue"], reply
+    reply, msgs = execute(kc, "rvisor_display(1, display_id = c('a', 'b'))")
+    assert reply["status"] == "error" and "display_id" in reply["evalue"], reply
+
+
 def get_input_request(kc):
     m = kc.get_stdin_msg(timeout=TIMEOUT)
     assert m["msg_type"] == "input_request", m
