@@ -108,10 +108,10 @@ fn install(
     let program = std::env::current_exe()
         .context("failed to find this program's own path for the kernelspec")?;
     let dir = kernelspec::install(&target, name, display_name, &program, extra)?;
-    println!(
+    crate::out::line(format_args!(
         "rvisor: installed the kernelspec {name:?} in {}",
         dir.display()
-    );
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
