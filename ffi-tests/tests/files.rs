@@ -47,6 +47,17 @@ impl Server {
     /// A node whose tables and artifacts are in `store` (shared with
     /// other nodes) rather than its own directory.
     fn start_with(confined: bool, files: FileLimits, store: Option<&std::path::Path>) -> Self {
+        Self::start_ttl(confined, files, store, None)
+    }
+
+    /// As `start_with`, with the tables' and artifacts' TTL `ttl`.
+    fn start_ttl(
+        confined: bool,
+        files: FileLimits,
+        store: Option<&std::path::Path>,
+        ttl: Option<Duration>,
+    ) -> Self {
+        let defaults = rvisor_server::tables::TableConfig::default();
         let dir = rvisor_ffi_tests::TestDir::new("files-http");
         let sup = sup(confined);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -66,7 +77,8 @@ impl Server {
             tables: rvisor_server::tables::TableConfig {
                 dir: dir.path().join("tables"),
                 store: store.map(|p| rvisor_server::blob::StoreUrl::Local(p.to_path_buf())),
-                ..Default::default()
+                ttl: ttl.unwrap_or(defaults.ttl),
+                ..defaults
             },
             files,
             ..ServeConfig::default()
@@ -652,6 +664,140 @@ fn artifacts(confined: bool) {
         json!({"script": "1", "files": [{"name": "../x", "content_base64": ""}]}),
     );
     a.error(409, "file_refused");
+}
+
+/// The regular files below `dir`, recursively (none when it is missing).
+fn files_below(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let t = e.file_type().expect("a file type");
+            if t.is_dir() {
+                todo.push(e.path());
+            } else if t.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// A run's artifacts count against the tenant's quota of files until they
+/// expire; a run over the quota still answers, its artifacts not kept and
+/// its warnings saying which limit. Artifacts that expire unread are swept
+/// from the store and stop counting: `/v1/usage` goes back down and a
+/// session upload refused meanwhile (429) is accepted.
+#[test]
+fn expired_artifacts_unread_stop_counting_against_the_tenant() {
+    let shared = rvisor_ffi_tests::TestDir::new("files-store");
+    let srv = Server::start_ttl(
+        true,
+        FileLimits {
+            max_tenant_bytes: 1800,
+            ..FileLimits::default()
+        },
+        Some(shared.path()),
+        Some(Duration::from_secs(3)),
+    );
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let r = c
+        .post(
+            "/v1/run",
+            json!({"script": "writeBin(as.raw(rep(1L, 1500)), 'big.bin')"}),
+        )
+        .json();
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(r["artifacts"][0]["size"], 1500, "{r}");
+    let stored = shared.path().join("artifacts");
+    assert_eq!(files_below(&stored).len(), 2, "the object and its set");
+    // Over the quota: the run's own result comes back, its artifacts not.
+    let r2 = c
+        .post(
+            "/v1/run",
+            json!({"script": "writeBin(as.raw(rep(2L, 500)), 'more.bin'); cat('ran')"}),
+        )
+        .json();
+    assert_eq!(r2["outcome"], "complete", "{r2}");
+    assert_eq!(r2["console"], "ran", "{r2}");
+    assert!(r2["artifacts"].is_null(), "{r2}");
+    let w = r2["warnings"].to_string();
+    assert!(
+        w.contains("not kept") && w.contains("max_tenant_bytes") && w.contains("expire"),
+        "{w}"
+    );
+    assert_eq!(files_below(&stored).len(), 2, "nothing more stored");
+    assert_eq!(c.get("/v1/usage").json()["file_bytes"], 1500);
+    let id = c.session();
+    let up = format!("/v1/sessions/{id}/files/up.bin");
+    let m = c.put(&up, &[3u8; 500]).error(429, "quota");
+    assert!(m.contains("max_tenant_bytes"), "{m}");
+    // Nobody reads the artifact: once expired it is swept and released.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let u = c.get("/v1/usage").json();
+        let left = files_below(&stored);
+        if u["file_bytes"] == 0 && left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not swept 30 s on: {u}, {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(c.put(&up, &[3u8; 500]).status, 201);
+    assert_eq!(c.get("/v1/usage").json()["file_bytes"], 500);
+}
+
+/// Artifacts stored by a process gone since (a restart; a node of a shared
+/// store that died) are swept from the store too once expired, by the
+/// next node's listing of the store.
+#[test]
+fn expired_artifacts_of_a_gone_node_are_swept_from_the_store() {
+    let shared = rvisor_ffi_tests::TestDir::new("files-store");
+    let stored = shared.path().join("artifacts");
+    let ttl = Some(Duration::from_secs(2));
+    {
+        let one = Server::start_ttl(false, FileLimits::default(), Some(shared.path()), ttl);
+        let c = Client {
+            base: &one.base,
+            token: TOK_A,
+        };
+        let r = c
+            .post("/v1/run", json!({"script": "writeLines('x', 'out.txt')"}))
+            .json();
+        assert_eq!(r["artifacts"][0]["name"], "out.txt", "{r}");
+    }
+    let sets: Vec<_> = files_below(&stored)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    assert_eq!(sets.len(), 1, "{sets:?}");
+    let set: Value = serde_json::from_slice(&std::fs::read(&sets[0]).unwrap()).unwrap();
+    let expires = set["expires_unix"].as_u64().expect("expires_unix");
+    let now = || rvisor::clock::unix_now();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while now() <= expires {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock stands still"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A new node on the same store: nobody asks for the artifact.
+    let _two = Server::start_ttl(false, FileLimits::default(), Some(shared.path()), ttl);
+    while !files_below(&stored).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not swept: {:?}",
+            files_below(&stored)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

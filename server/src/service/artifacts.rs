@@ -3,7 +3,10 @@
 //! tenant (with the tables' TTL), so any node serves them
 //! (`/v1/artifacts/{execution_id}/{name}`). Which files are artifacts:
 //! every regular file new or changed in the run's working directory once
-//! the code ended, R's `tempdir()` left out (docs/files.md).
+//! the code ended, R's `tempdir()` left out (docs/files.md). A run's
+//! artifacts count against the tenant's quota of files until they expire;
+//! they are stored only within it. Expired sets are deleted by a sweep
+//! (`start_artifact_sweep`), read or not.
 
 use super::files::file_error;
 use super::{ErrorCode, Service, ServiceError};
@@ -13,6 +16,15 @@ use rvisor::files::{changed_files, RunFiles, Snapshot, WorkDir};
 use rvisor::{Artifact, Outcome, RunResult};
 use serde::{Deserialize, Serialize};
 use std::io::Read;
+use std::time::{Duration, Instant};
+
+/// How often the whole store is listed for expired artifact sets (those
+/// this node does not count: stored before a restart, or by another node).
+const LIST_EVERY: Duration = Duration::from_secs(600);
+
+/// The longest wait between two sweeps of the artifact sets this node
+/// stored (shorter with a shorter TTL).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// A file given to a one-shot run, inline.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -35,6 +47,11 @@ fn set_key(tenant: &str, execution_id: &str) -> String {
     format!("artifacts/{}/{execution_id}.json", tenant_key(tenant))
 }
 
+/// The key of a run's artifacts among the tenant's file bytes.
+fn bytes_key(execution_id: &str) -> String {
+    format!("artifacts:{execution_id}")
+}
+
 fn object_key(tenant: &str, execution_id: &str, name: &str) -> String {
     format!("artifacts/{}/{execution_id}/{name}", tenant_key(tenant))
 }
@@ -47,8 +64,9 @@ pub(super) struct OneShotFiles {
     pub tenant: String,
     pub ttl_secs: u64,
     pub before: Snapshot,
-    /// Set when artifacts were left out (a limit), for the result.
-    pub stored_bytes: u64,
+    /// The service, for the tenant's bytes (checked before storing, and
+    /// counted once stored).
+    pub svc: Service,
 }
 
 impl RunFiles for OneShotFiles {
@@ -92,6 +110,17 @@ impl RunFiles for OneShotFiles {
                 .push(format!("rvisor: the run's files were not kept: {e}"));
             return;
         }
+        // The tenant's quota, before anything is stored.
+        let used = self.svc.tenant_file_bytes(&self.tenant);
+        if let Err(e) = file_rules::check_tenant(&self.limits, used.saturating_add(total)) {
+            r.warnings.push(format!(
+                "rvisor: the run's artifacts were not kept: {e}; the run wrote {total} bytes and \
+                 the tenant's files already hold {used} (stored artifacts count until they \
+                 expire, {} s after their run)",
+                self.ttl_secs
+            ));
+            return;
+        }
         let mut out = Vec::with_capacity(changed.len());
         for f in changed {
             match self.store_one(dir, &r.execution_id, &f.name) {
@@ -104,8 +133,9 @@ impl RunFiles for OneShotFiles {
         if out.is_empty() {
             return;
         }
+        let expires_unix = rvisor::clock::unix_now() + self.ttl_secs;
         let set = ArtifactSet {
-            expires_unix: rvisor::clock::unix_now() + self.ttl_secs,
+            expires_unix,
             artifacts: out.clone(),
         };
         let key = set_key(&self.tenant, &r.execution_id);
@@ -122,7 +152,12 @@ impl RunFiles for OneShotFiles {
                 return;
             }
         }
-        self.stored_bytes = out.iter().map(|a| a.size).sum();
+        self.svc.note_file_bytes(
+            &self.tenant,
+            &bytes_key(&r.execution_id),
+            out.iter().map(|a| a.size).sum(),
+            Some(expires_unix),
+        );
         r.artifacts = out;
     }
 }
@@ -225,6 +260,7 @@ impl Service {
             .ok_or_else(missing)?;
         let set: ArtifactSet = serde_json::from_slice(&blob.bytes).map_err(|_| missing())?;
         if set.expires_unix <= rvisor::clock::unix_now() {
+            // Expired unread so far (the sweep deletes the rest).
             self.delete_artifacts(tenant, execution_id, &set);
             return Err(missing());
         }
@@ -248,12 +284,124 @@ impl Service {
         Ok((a, opened?))
     }
 
+    /// Deletes artifact set `execution_id` of `tenant` (its objects, then
+    /// its record: a set whose objects could not all be deleted stays for
+    /// the next listing sweep) and releases its bytes.
     fn delete_artifacts(&self, tenant: &str, execution_id: &str, set: &ArtifactSet) {
         let store = self.inner.tables.store();
+        let mut all = true;
         for a in &set.artifacts {
-            let _ = store.delete(&object_key(tenant, execution_id, &a.name));
+            all &= store
+                .delete(&object_key(tenant, execution_id, &a.name))
+                .is_ok();
         }
-        let _ = store.delete(&set_key(tenant, execution_id));
-        self.forget_file_bytes(&format!("artifacts:{execution_id}"));
+        if all {
+            let _ = store.delete(&set_key(tenant, execution_id));
+        }
+        self.forget_file_bytes(&bytes_key(execution_id));
+    }
+
+    /// Deletes the artifact sets this node counts that expired (read or
+    /// not), releasing their bytes. One read of each expired set's record.
+    pub(super) fn sweep_expired_artifacts(&self) {
+        let store = self.inner.tables.store();
+        for (key, tenant) in self.expired_file_keys(rvisor::clock::unix_now()) {
+            let Some(execution_id) = key.strip_prefix("artifacts:") else {
+                continue;
+            };
+            match store.get(&set_key(&tenant, execution_id)) {
+                Ok(Some(blob)) => match serde_json::from_slice::<ArtifactSet>(&blob.bytes) {
+                    Ok(set) => self.delete_artifacts(&tenant, execution_id, &set),
+                    Err(_) => self.forget_file_bytes(&key),
+                },
+                // Deleted already (read once expired, maybe on another node).
+                Ok(None) => self.forget_file_bytes(&key),
+                // Kept for the next round; its bytes no longer count.
+                Err(e) => tracing::warn!(target: "rvisor::files", execution_id,
+                    "could not read an expired artifact set to delete it: {e}"),
+            }
+        }
+    }
+
+    /// Deletes every expired artifact set in the shared store, this node's
+    /// or not, and the objects of a run whose record was never written
+    /// (its node died midway) once they are an hour old.
+    pub(super) fn sweep_stored_artifacts(&self) {
+        let store = self.inner.tables.store();
+        let all = match store.list("artifacts") {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(target: "rvisor::files", "the artifact sweep could not list the store: {e}");
+                return;
+            }
+        };
+        let now = rvisor::clock::unix_now();
+        // `artifacts/{tenant}/{execution_id}`: a set's record is that
+        // `.json`, its objects are below it.
+        let set_of = |key: &str| -> Option<String> {
+            let mut p = key.splitn(4, '/');
+            let (a, t, e, _) = (p.next()?, p.next()?, p.next()?, p.next()?);
+            Some(format!("{a}/{t}/{e}"))
+        };
+        let records: std::collections::HashSet<&str> = all
+            .iter()
+            .filter_map(|o| o.key.strip_suffix(".json"))
+            .filter(|stem| stem.split('/').count() == 3)
+            .collect();
+        // A record is read only once it may have expired (written a TTL
+        // ago): a listing costs one read per expired set, not per set.
+        let ttl = self.inner.tables.config().ttl.as_secs();
+        let due: std::collections::HashSet<&str> = all
+            .iter()
+            .filter(|o| o.modified_unix.is_none_or(|t| t + ttl <= now))
+            .filter_map(|o| o.key.strip_suffix(".json"))
+            .collect();
+        let mut expired = std::collections::HashSet::new();
+        for stem in records.intersection(&due) {
+            let Ok(Some(blob)) = store.get(&format!("{stem}.json")) else {
+                continue;
+            };
+            if let Ok(set) = serde_json::from_slice::<ArtifactSet>(&blob.bytes) {
+                if set.expires_unix <= now {
+                    expired.insert(stem.to_string());
+                }
+            }
+        }
+        let mut kept = std::collections::HashSet::new();
+        for o in &all {
+            let Some(stem) = set_of(&o.key) else { continue };
+            let orphan =
+                !records.contains(stem.as_str()) && o.modified_unix.is_some_and(|t| t + 3600 < now);
+            if (expired.contains(&stem) || orphan) && store.delete(&o.key).is_err() {
+                kept.insert(stem);
+            }
+        }
+        for stem in expired {
+            if !kept.contains(&stem) {
+                let _ = store.delete(&format!("{stem}.json"));
+            }
+            if let Some(execution_id) = stem.rsplit('/').next() {
+                self.forget_file_bytes(&bytes_key(execution_id));
+            }
+        }
+    }
+
+    /// The artifact sweep's thread: this node's expired sets every
+    /// `min(TTL, 60 s)` (at least 1 s), the whole store every 10 minutes.
+    pub(super) fn start_artifact_sweep(&self) {
+        let every = self
+            .inner
+            .tables
+            .config()
+            .ttl
+            .clamp(Duration::from_secs(1), SWEEP_EVERY);
+        let mut listed: Option<Instant> = None;
+        self.every("rvisor-artifacts", every, move |svc| {
+            svc.sweep_expired_artifacts();
+            if listed.is_none_or(|t| t.elapsed() >= LIST_EVERY) {
+                listed = Some(Instant::now());
+                svc.sweep_stored_artifacts();
+            }
+        });
     }
 }

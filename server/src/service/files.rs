@@ -14,6 +14,23 @@ use std::io::Read;
 /// limit (HTTP streams files of any size up to `max_file_bytes`).
 pub const INLINE_FILE_BYTES: u64 = 256 << 10;
 
+/// What the service last saw of one session's files, or of one run's
+/// stored artifacts.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub tenant: String,
+    pub bytes: u64,
+    /// An artifact set's expiry (Unix seconds): past it the bytes no longer
+    /// count, and the set is deleted by the next sweep (artifacts.rs).
+    pub expires_unix: Option<u64>,
+}
+
+impl Held {
+    fn counts(&self, tenant: &str, now: u64) -> bool {
+        self.tenant == tenant && self.expires_unix.is_none_or(|e| e > now)
+    }
+}
+
 /// A file error as the service answers it: a broken name or kind rule is
 /// `file_refused` (409), a size `too_large` (413), a session or tenant
 /// quota `quota` (429), a missing file `not_found` (404).
@@ -73,19 +90,45 @@ impl Service {
 
     /// The bytes of `tenant`'s files: its sessions' files as last seen
     /// (listed, uploaded, deleted or reported by a call) and its stored
-    /// artifacts.
+    /// artifacts not yet expired (an expired set stops counting at once,
+    /// before the sweep deletes it).
     pub fn tenant_file_bytes(&self, tenant: &str) -> u64 {
+        let now = rvisor::clock::unix_now();
         lock(&self.inner.file_bytes)
             .values()
-            .filter(|(t, _)| t == tenant)
-            .map(|(_, b)| *b)
+            .filter(|h| h.counts(tenant, now))
+            .map(|h| h.bytes)
             .sum()
     }
 
-    /// Records that session (or artifact set) `key` of `tenant` holds
-    /// `bytes` of files.
-    pub(super) fn note_file_bytes(&self, tenant: &str, key: &str, bytes: u64) {
-        lock(&self.inner.file_bytes).insert(key.to_string(), (tenant.to_string(), bytes));
+    /// Records that session (or, with `expires_unix`, artifact set) `key`
+    /// of `tenant` holds `bytes` of files.
+    pub(super) fn note_file_bytes(
+        &self,
+        tenant: &str,
+        key: &str,
+        bytes: u64,
+        expires_unix: Option<u64>,
+    ) {
+        lock(&self.inner.file_bytes).insert(
+            key.to_string(),
+            Held {
+                tenant: tenant.to_string(),
+                bytes,
+                expires_unix,
+            },
+        );
+    }
+
+    /// The keys (with their tenants) of the artifact sets
+    /// (`artifacts:{execution_id}`) whose
+    /// bytes this node counts and that expired by `now`.
+    pub(super) fn expired_file_keys(&self, now: u64) -> Vec<(String, String)> {
+        lock(&self.inner.file_bytes)
+            .iter()
+            .filter(|(_, h)| h.expires_unix.is_some_and(|e| e <= now))
+            .map(|(k, h)| (k.clone(), h.tenant.clone()))
+            .collect()
     }
 
     /// Forgets the files of session `key` (closed).
@@ -101,7 +144,7 @@ impl Service {
             .map_err(file_error)?;
         let mut v: Vec<FileInfo> = snap.into_values().map(|(_, i)| i).collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
-        self.note_file_bytes(tenant, id, v.iter().map(|f| f.size).sum());
+        self.note_file_bytes(tenant, id, v.iter().map(|f| f.size).sum(), None);
         Ok(v)
     }
 
@@ -114,8 +157,9 @@ impl Service {
     ) -> Result<SessionUpload, ServiceError> {
         let s = self.session(tenant, id)?;
         let limits = *self.file_limits();
-        let tenant_others = self.tenant_file_bytes(tenant)
-            - lock(&self.inner.file_bytes).get(id).map_or(0, |(_, b)| *b);
+        let tenant_others = self
+            .tenant_file_bytes(tenant)
+            .saturating_sub(lock(&self.inner.file_bytes).get(id).map_or(0, |h| h.bytes));
         file_rules::check_tenant(&limits, tenant_others).map_err(|r| file_error(r.into()))?;
         let upload = s.begin_upload(name, &limits).map_err(file_error)?;
         Ok(SessionUpload {

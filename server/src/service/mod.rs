@@ -161,13 +161,14 @@ struct ServiceState {
     /// drain's hand-off waits for its checkpoints.
     releasing: Mutex<()>,
     /// Tells the maintenance threads (leases; hand-offs and the TTL
-    /// sweep) to stop.
+    /// sweep; the artifact sweep) to stop.
     stop: Arc<(Mutex<bool>, Condvar)>,
     /// Tenant -> the budget its open streams share.
     streams: Mutex<HashMap<String, rvisor::StreamBudget>>,
-    /// Session id -> (tenant, bytes of its files when last seen), for the
-    /// tenant quota of files and `/v1/usage`.
-    file_bytes: Mutex<HashMap<String, (String, u64)>>,
+    /// Session id (or `artifacts:{execution_id}`) -> its tenant and the
+    /// bytes of its files when last seen (an artifact set's until it
+    /// expires), for the tenant quota of files and `/v1/usage`.
+    file_bytes: Mutex<HashMap<String, files::Held>>,
     /// The sessions' histories, for the store to write beside their
     /// checkpoints (history.rs).
     histories: history::Histories,
@@ -240,6 +241,8 @@ impl Service {
             })?;
             svc.start_maintenance(d);
         }
+        // Expired artifact sets go, read or not (artifacts.rs).
+        svc.start_artifact_sweep();
         let state = Arc::downgrade(&svc.inner);
         admission.spawn_monitor(
             move || state.upgrade().map(|st| live_view(&st)),

@@ -361,7 +361,12 @@ impl Service {
 
     /// Runs `round` on a thread named `name` every `every` until the
     /// service stops.
-    fn every(&self, name: &str, every: Duration, mut round: impl FnMut(&Service) + Send + 'static) {
+    pub(super) fn every(
+        &self,
+        name: &str,
+        every: Duration,
+        mut round: impl FnMut(&Service) + Send + 'static,
+    ) {
         let weak = Arc::downgrade(&self.inner);
         let stop = self.inner.stop.clone();
         let spawned = std::thread::Builder::new()

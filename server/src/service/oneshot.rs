@@ -147,7 +147,7 @@ impl Service {
             tenant: tenant.to_string(),
             ttl_secs: self.inner.tables.config().ttl.as_secs(),
             before: Default::default(),
-            stored_bytes: 0,
+            svc: self.clone(),
         };
         let sink = feed.map(|f| f.sink());
         let mut r = sup.run_once_with_files(
@@ -160,13 +160,6 @@ impl Service {
             sink.as_ref(),
             &mut files,
         );
-        if files.stored_bytes > 0 {
-            self.note_file_bytes(
-                tenant,
-                &format!("artifacts:{}", r.execution_id),
-                files.stored_bytes,
-            );
-        }
         r.published = take_published(&published, &r.execution_id.clone());
         self.name_package_sources(tenant, &mut r);
         self.inner.metrics.record(tenant, &r, started.elapsed());
