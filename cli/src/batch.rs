@@ -267,7 +267,7 @@ pub(crate) fn run(a: BatchArgs, sup: rvisor::Supervisor) -> Result<ExitCode> {
                 .open(p)
                 .with_context(|| format!("failed to open {}", p.display()))?,
         )),
-        None => Box::new(std::io::stdout().lock()),
+        None => Box::new(crate::out::stdout()),
     };
     let preamble = a.seed.map(|s| {
         format!("set.seed({s}); Sys.setenv(TZ = \"UTC\"); invisible(Sys.setlocale(\"LC_COLLATE\", \"C\"))")

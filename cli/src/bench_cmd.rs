@@ -125,7 +125,13 @@ pub(crate) fn instructions_guard(
         }
     };
     let rows = instructions::compare(&baseline, &now, margin);
-    println!("{}", instructions::table(&rows, margin));
+    if let Err(e) = crate::out::line(instructions::table(&rows, margin)) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("rvisor bench: {e}");
+        return ExitCode::from(2);
+    }
     if baseline.how != now.how {
         // Another valgrind or build counts otherwise: the figures are not
         // comparable, so they do not fail. (The processor is not part of

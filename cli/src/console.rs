@@ -18,13 +18,13 @@ pub(crate) fn follow_events(
     for e in first.into_iter().chain(events) {
         let seg = match e.kind {
             rvisor::EventKind::Result { result } => {
-                let mut out = std::io::stdout().lock();
+                let mut out = crate::out::stdout();
                 out.write_all(live.finish().as_bytes())?;
                 out.flush()?;
                 return Ok((*result, printed));
             }
             rvisor::EventKind::Stdout { text } => {
-                let mut out = std::io::stdout().lock();
+                let mut out = crate::out::stdout();
                 out.write_all(live.feed(&text).as_bytes())?;
                 out.flush()?;
                 printed.push_str(&text);
@@ -120,7 +120,7 @@ pub(crate) fn print_rest(
         .collect();
     let all: String = parts.iter().map(|(_, t)| t.as_str()).collect();
     let streamed = without_result_block(printed);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let mut err = std::io::stderr().lock();
     if let Some(at) = all.find(streamed.as_str()) {
         let shown = at..at + streamed.len();
@@ -175,7 +175,7 @@ pub(crate) fn print_console(
     r: &RunResult,
     mut on_plot: impl FnMut(&rvisor::Plot, &mut dyn Write) -> Result<()>,
 ) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let mut err = std::io::stderr().lock();
     for seg in &r.segments {
         match seg {

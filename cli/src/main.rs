@@ -9,6 +9,7 @@ mod files;
 #[cfg(feature = "kernel")]
 mod kernel;
 mod ops;
+mod out;
 mod packages;
 mod repl;
 mod run;
@@ -261,11 +262,10 @@ enum Cmd {
     },
 }
 
+/// A command's status, with its error on stderr (status 2), or a quiet
+/// success when its reader went away ([`out::exit`]).
 fn report(r: Result<ExitCode>) -> ExitCode {
-    r.unwrap_or_else(|e| {
-        eprintln!("rvisor: {e:#}");
-        ExitCode::from(2)
-    })
+    out::exit(r)
 }
 
 /// The names `--style` accepts ([`rvisor::StyleEngine::as_str`]).
@@ -351,26 +351,14 @@ fn command() -> ExitCode {
                 let session = sup.session_with(session_opts)?;
                 repl::run(session, plots_dir)
             };
-            match run() {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("rvisor: {e:#}");
-                    ExitCode::from(2)
-                }
-            }
+            report(run())
         }
         Cmd::Session { jsonl, opts } => {
             if !jsonl {
                 eprintln!("rvisor session: pass --jsonl (JSON lines on stdin/stdout); for an interactive session use `rvisor repl`");
                 return ExitCode::from(2);
             }
-            match session_jsonl(&opts) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("rvisor: {e:#}");
-                    ExitCode::from(2)
-                }
-            }
+            report(session_jsonl(&opts))
         }
         Cmd::Bench {
             quick,
@@ -402,13 +390,13 @@ fn command() -> ExitCode {
                 load,
             };
             match bench::run_sections(&opts, &mut progress) {
-                Ok(report) => {
+                Ok(r) => report((|| {
                     if !json {
-                        println!("{}", bench::table(&report));
+                        out::line(bench::table(&r))?;
                     }
-                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
-                    ExitCode::SUCCESS
-                }
+                    out::line(serde_json::to_string(&r).unwrap_or_default())?;
+                    Ok(ExitCode::SUCCESS)
+                })()),
                 Err(e) => {
                     eprintln!("rvisor bench: {e}");
                     ExitCode::from(1)
@@ -430,12 +418,6 @@ fn command() -> ExitCode {
             sup.shutdown();
             code
         })()),
-        Cmd::Run(args) => match run(&args) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("rvisor: {e:#}");
-                ExitCode::from(2)
-            }
-        },
+        Cmd::Run(args) => report(run(&args)),
     }
 }

@@ -1,23 +1,12 @@
 //! `rvisor health`, `rvisor packages` (the list) and `rvisor validate`:
 //! one-off commands on a quiet supervisor.
 
+use crate::out::emit;
 use crate::run::read_code;
 use crate::{supervisor_quiet, supervisor_quiet_with};
 use anyhow::Result;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::process::ExitCode;
-
-/// Writes a command's output. A reader that went away (`rvisor health |
-/// head`) ends it quietly, as with the system's own commands, not with a
-/// panic of `println!`.
-fn emit(text: &str) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => Ok(r?),
-    }
-}
 
 pub(crate) fn ops_health(json: bool) -> Result<ExitCode> {
     let mut o = String::new();

@@ -1,6 +1,7 @@
 //! The flags of packages on demand (`rvisor serve --package-repo ...`,
 //! docs/packages.md) and the installer they make.
 
+use crate::out;
 use anyhow::{Context, Result};
 use rvisor_packages::{Installer, Policy, RInfo, Repository};
 use std::path::{Path, PathBuf};
@@ -150,30 +151,27 @@ pub fn run(cmd: PackagesCmd) -> Result<std::process::ExitCode> {
     })?;
     let lib = inst.library(tenant);
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"installed": installed, "library": lib})
-            )?
-        );
+        out::line(serde_json::to_string_pretty(
+            &serde_json::json!({"installed": installed, "library": lib}),
+        )?)?;
     } else {
         if installed.is_empty() {
-            println!("nothing to do: already installed at the repositories' version");
+            out::line("nothing to do: already installed at the repositories' version")?;
         }
         for p in &installed {
-            println!(
+            out::line(format_args!(
                 "installed {} {} from {}{}",
                 p.name,
                 p.version,
                 p.repository,
                 if p.cached { " (from the cache)" } else { "" }
-            );
+            ))?;
         }
-        println!(
+        out::line(format_args!(
             "library: {} (rvisor run --library-after {})",
             lib.display(),
             lib.display()
-        );
+        ))?;
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

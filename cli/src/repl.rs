@@ -1,5 +1,6 @@
 //! `rvisor repl`: an interactive persistent session for a person.
 
+use crate::out;
 use anyhow::{Context, Result};
 use base64::Engine;
 use rustyline::error::ReadlineError;
@@ -143,7 +144,7 @@ pub fn run(session: Session, plots_dir: PathBuf) -> Result<ExitCode> {
                     continue;
                 }
                 ":status" => {
-                    println!("{}", serde_json::to_string_pretty(&session.status())?);
+                    out::line(serde_json::to_string_pretty(&session.status())?)?;
                     continue;
                 }
                 ":reset" => {

@@ -254,9 +254,9 @@ pub(crate) fn run(args: &RunArgs) -> Result<ExitCode> {
     }
 
     if json {
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer(&mut out, &result)?;
-        writeln!(out)?;
+        // Made first, then written: a broken pipe inside serde_json's
+        // error would not say it was the reader's going away.
+        crate::out::line(serde_json::to_string(&result)?)?;
     } else {
         match &streamed {
             Some(printed) => print_rest(&result, printed, |_, _| Ok(()))?,

@@ -469,7 +469,7 @@ pub(crate) fn mcp(
         packages: installer,
         ..Default::default()
     };
-    let served = rvisor_server::mcp::serve_with(&sup, cfg, stdin, std::io::stdout().lock());
+    let served = rvisor_server::mcp::serve_with(&sup, cfg, stdin, crate::out::stdout());
     if let Some(dir) = private {
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -104,7 +104,7 @@ pub(crate) fn session_jsonl(args: &SessionArgs) -> Result<ExitCode> {
     let sup = rvisor::Supervisor::new(cfg)?;
     sup.cleanup_on_signals()?;
     let stdin = std::io::stdin().lock();
-    rvisor_server::jsonl::serve(&sup, stdin, std::io::stdout())?;
+    rvisor_server::jsonl::serve(&sup, stdin, crate::out::shared_stdout())?;
     sup.shutdown();
     Ok(ExitCode::SUCCESS)
 }

@@ -514,10 +514,18 @@ fn run_shows_no_result_block_live_and_keeps_the_text_around_it() {
 
 #[test]
 fn a_reader_that_went_away_ends_a_report_quietly_not_with_a_panic() {
-    // `rvisor health | head -1`: the reader may close before the report is
-    // written. Here it has closed before the command starts, so every
-    // write meets a broken pipe.
-    for args in [&["health"][..], &["health", "--json"], &["packages"]] {
+    // `rvisor health | head -1`, `rvisor run x.R | head`: the reader may
+    // close before the output is written. Here it has closed before the
+    // command starts, so every write meets a broken pipe.
+    let f = script("for (i in 1:200) print(i)\n");
+    let f = f.to_str().unwrap();
+    for args in [
+        &["health"][..],
+        &["health", "--json"],
+        &["packages"],
+        &["run", f],
+        &["run", "--json", f],
+    ] {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
         let out = rvisor()
@@ -528,6 +536,7 @@ fn a_reader_that_went_away_ends_a_report_quietly_not_with_a_panic() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
         assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
     }
 }
