@@ -1056,3 +1056,73 @@ fn a_tenant_librarys_next_session_takes_a_spare_forked_with_that_library() {
     assert_eq!(r.console, "TRUE");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// A pool whose held refills wait `hold` at most, without the preloaded
+/// zygote (its spares are not what these tests count).
+fn holding_supervisor(hold: Duration) -> Supervisor {
+    ready(supervisor_with(PoolConfig {
+        preload_on_first_use: true,
+        refill_hold: hold,
+        ..PoolConfig::default()
+    }))
+}
+
+/// A session's first call starts in a spare taken while another was ready:
+/// the keeper holds the refill back until that call has ended (its fork
+/// would compete with the call), and refills an empty pool at once.
+#[test]
+fn a_spare_taken_while_another_is_ready_is_refilled_when_its_first_call_ends() {
+    // A deadline no test reaches: only the end of the call releases it.
+    let sup = holding_supervisor(Duration::from_secs(3600));
+    let st = sup.pool_status();
+    assert_eq!((st.spares, st.refills_held), (2, 0), "{st:?}");
+
+    let a = sup.session().expect("session");
+    let long = a.run("Sys.sleep(600)").expect("accepted");
+    wait_until("A's first call in a spare, its refill held", || {
+        let st = sup.pool_status();
+        a.status().running.is_some() && st.spares == 1 && st.refills_held == 1
+    });
+
+    // B takes the last spare: an empty pool is refilled at once, hold or
+    // not (B took no other spare's place, so it holds nothing).
+    let b = sup.session().expect("session");
+    call_ok(&b, "1+1");
+    wait_until("the empty pool refilled despite A's hold", || {
+        let st = sup.pool_status();
+        st.spares == 1 && st.refills_held == 1
+    });
+    assert!(long.try_result().is_none(), "A's first call still runs");
+
+    // A's first call ends: the held refill is made.
+    a.cancel();
+    let r = long
+        .wait_timeout(DEADLINE)
+        .expect("the cancel ends the call");
+    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
+    wait_until("both spares back once A's first call ended", || {
+        let st = sup.pool_status();
+        st.spares == 2 && st.refills_held == 0
+    });
+    call_ok(&a, "1+1");
+}
+
+/// A first call that does not end cannot keep the pool short: the refill
+/// comes at the hold's deadline, while the call still runs.
+#[test]
+fn a_held_refill_is_made_by_its_deadline_when_the_first_call_goes_on() {
+    let sup = holding_supervisor(Duration::from_millis(200));
+    let a = sup.session().expect("session");
+    let long = a.run("Sys.sleep(600)").expect("accepted");
+    wait_until("A's first call running", || a.status().running.is_some());
+    wait_until("both spares back while A's first call runs", || {
+        let st = sup.pool_status();
+        st.spares == 2 && st.refills_held == 0
+    });
+    assert!(long.try_result().is_none(), "A's first call still runs");
+    a.cancel();
+    let r = long
+        .wait_timeout(DEADLINE)
+        .expect("the cancel ends the call");
+    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
+}

@@ -57,6 +57,12 @@ pub struct PoolConfig {
     /// preloads then does not hold the preloaded zygote and its spares
     /// (~100 MB; docs/process-model.md, "Memory").
     pub preload_on_first_use: bool,
+    /// How long at most the keeper holds back refilling a spare that a
+    /// session took while another spare was still ready, waiting for the
+    /// session's first call in it to end (default 500 ms): on a machine
+    /// with few cores the refill's fork competes with that call. An empty
+    /// pool refills at once, and so does one whose holds all ended.
+    pub refill_hold: Duration,
 }
 
 impl Default for PoolConfig {
@@ -66,9 +72,13 @@ impl Default for PoolConfig {
             spares: 2,
             preload: None,
             preload_on_first_use: false,
+            refill_hold: DEFAULT_REFILL_HOLD,
         }
     }
 }
+
+/// [`PoolConfig::refill_hold`]'s default.
+pub const DEFAULT_REFILL_HOLD: Duration = Duration::from_millis(500);
 
 /// Which way new workers are made right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +124,11 @@ pub struct PoolStatus {
     /// preload yet ([`PoolConfig::preload_on_first_use`]).
     #[serde(default)]
     pub preload_awaits_first_use: bool,
+    /// Spares taken whose refill waits for the first call in them to end
+    /// (at most [`PoolConfig::refill_hold`]), while another spare is
+    /// ready.
+    #[serde(default)]
+    pub refills_held: usize,
     /// Whether workers come from the warm zygote (driver and plot warm-up
     /// done). False while only the base zygote serves, and for a pool
     /// without preloads.
@@ -199,7 +214,15 @@ struct Inner {
     /// [`RECENT_LIBRARIES`], each with a spare forked with them (by the
     /// zygote it names) once the keeper made it.
     library_spares: VecDeque<LibrarySpare>,
+    /// The refills held back (by [`RefillHold`]s): their ids and
+    /// deadlines.
+    holds: Vec<(u64, std::time::Instant)>,
+    next_hold: u64,
 }
+
+/// A worker, with the hold on its refill when it was a spare taken while
+/// another was ready.
+pub(crate) type Held = (Worker, Option<RefillHold>);
 
 /// Libraries-after that get a spare of their own (a tenant's sessions
 /// come one after another: the next one is a hand-over, not a fork).
@@ -211,9 +234,31 @@ struct LibrarySpare {
     spare: Option<(Arc<Zygote>, Worker)>,
 }
 
+/// A refill the keeper holds back: a spare was taken while another was
+/// ready, and its replacement waits until the first call in it has ended
+/// (this is dropped then, or with the worker) or the pool's
+/// [`PoolConfig::refill_hold`] has passed, so that the fork does not
+/// compete with that call for the CPU.
+#[derive(Debug)]
+pub(crate) struct RefillHold {
+    pool: std::sync::Weak<Pool>,
+    id: u64,
+}
+
+impl Drop for RefillHold {
+    fn drop(&mut self) {
+        if let Some(p) = self.pool.upgrade() {
+            lock(&p.inner).holds.retain(|(id, _)| *id != self.id);
+            p.cv.notify_all();
+        }
+    }
+}
+
 /// Makes workers.
 #[derive(Debug)]
 pub struct Pool {
+    /// Itself, for the [`RefillHold`]s it hands out.
+    me: std::sync::Weak<Pool>,
     base: WorkerConfig,
     cfg: PoolConfig,
     inner: Mutex<Inner>,
@@ -234,6 +279,13 @@ impl Inner {
             .or_else(|| self.base.clone().filter(|z| z.is_alive()))
     }
 
+    /// Whether a refill is held back now ([`RefillHold`]); forgets the
+    /// holds whose deadline passed.
+    fn holding(&mut self, now: std::time::Instant) -> bool {
+        self.holds.retain(|(_, end)| *end > now);
+        !self.holds.is_empty()
+    }
+
     fn stage(&mut self, which: Which) -> &mut Stage {
         match which {
             Which::Warm => &mut self.warm,
@@ -246,7 +298,8 @@ impl Pool {
     /// A pool making workers like `base`; starts the keeper thread when the
     /// zygote is enabled.
     pub fn new(base: WorkerConfig, cfg: PoolConfig) -> Result<Arc<Pool>, Error> {
-        let pool = Arc::new(Pool {
+        let pool = Arc::new_cyclic(|me| Pool {
+            me: me.clone(),
             base,
             cfg,
             inner: Mutex::new(Inner::default()),
@@ -315,7 +368,7 @@ impl Pool {
     /// The spare of `cfg`'s libraries-after, if the keeper has one ready
     /// (of the zygote that forks now); either way they become the most
     /// recent, so the keeper makes (or remakes) their spare.
-    fn take_library_spare(&self, cfg: &WorkerConfig) -> Option<Worker> {
+    fn take_library_spare(&self, cfg: &WorkerConfig) -> Option<Held> {
         if !self.cfg.zygote
             || cfg.libpath_after.is_empty()
             || cfg.libpath_after == self.base.libpath_after
@@ -354,27 +407,42 @@ impl Pool {
         drop(dropped);
         self.cv.notify_all();
         let mut w = taken?;
-        w.is_alive().then_some(w)
+        w.is_alive().then_some((w, None))
     }
 
     /// A live spare that fits `cfg`, if there is one (the keeper refills):
     /// with `preloads`, one of the preloaded zygote (none while it is not
-    /// up), else one without preloads.
-    fn take_spare(&self, cfg: &WorkerConfig, preloads: bool) -> Option<Worker> {
+    /// up), else one without preloads. When another spare of its kind is
+    /// still ready, the refill is held back until the hold is dropped (at
+    /// the end of the first call in the spare) or its deadline passes.
+    fn take_spare(&self, cfg: &WorkerConfig, preloads: bool) -> Option<Held> {
         if !self.spare_compatible(cfg) {
             return None;
         }
-        let spare = {
+        let (spare, hold) = {
             let mut i = lock(&self.inner);
-            if preloads {
-                i.preloaded.spares.pop_front()
+            let stage = if preloads {
+                &mut i.preloaded
             } else {
-                i.warm.spares.pop_front()
-            }
+                &mut i.warm
+            };
+            let spare = stage.spares.pop_front();
+            let others = !stage.spares.is_empty();
+            let hold = (spare.is_some() && others && !self.cfg.refill_hold.is_zero()).then(|| {
+                let id = i.next_hold;
+                i.next_hold += 1;
+                i.holds
+                    .push((id, std::time::Instant::now() + self.cfg.refill_hold));
+                RefillHold {
+                    pool: self.me.clone(),
+                    id,
+                }
+            });
+            (spare, hold)
         };
         self.cv.notify_all();
         let mut w = spare?;
-        w.is_alive().then_some(w)
+        w.is_alive().then_some((w, hold))
     }
 
     /// A ready worker for `cfg` without preloads: a spare if one fits,
@@ -387,6 +455,17 @@ impl Pool {
     /// zygote when it is up (a spare, else a fork); otherwise, or when it
     /// is not, as [`Pool::acquire`] makes them.
     pub fn acquire_with(&self, cfg: &WorkerConfig, preloads: bool) -> Result<Worker, Error> {
+        self.acquire_holding(cfg, preloads).map(|(w, _)| w)
+    }
+
+    /// As [`Pool::acquire_with`], with the hold on the spare's refill when
+    /// the worker is a spare taken while another was ready: the caller
+    /// drops it when the first call in the worker has ended.
+    pub(crate) fn acquire_holding(
+        &self,
+        cfg: &WorkerConfig,
+        preloads: bool,
+    ) -> Result<Held, Error> {
         if cfg.confine.is_some() {
             return self.acquire_confined(cfg, preloads);
         }
@@ -405,16 +484,16 @@ impl Pool {
             let zygote = lock(&self.inner).current();
             if let Some(z) = zygote {
                 if let Ok(w) = z.fork(cfg) {
-                    return Ok(w);
+                    return Ok((w, None));
                 }
             }
         }
-        Worker::spawn(cfg)
+        Worker::spawn(cfg).map(|w| (w, None))
     }
 
     /// A worker of the preloaded zygote (a spare, else a fork), if it is up.
     /// The first such ask is what starts it, with `preload_on_first_use`.
-    fn preloaded_worker(&self, cfg: &WorkerConfig) -> Option<Worker> {
+    fn preloaded_worker(&self, cfg: &WorkerConfig) -> Option<Held> {
         if self.cfg.preload_on_first_use {
             let mut i = lock(&self.inner);
             if !i.preload_wanted {
@@ -427,12 +506,12 @@ impl Pool {
             return Some(w);
         }
         let zygote = lock(&self.inner).preloaded.live()?;
-        zygote.fork(cfg).ok()
+        zygote.fork(cfg).ok().map(|w| (w, None))
     }
 
     /// A confined worker: only the zygote makes them, so this waits for it
     /// to be up (within the start-up timeout) and reports why it is not.
-    fn acquire_confined(&self, cfg: &WorkerConfig, preloads: bool) -> Result<Worker, Error> {
+    fn acquire_confined(&self, cfg: &WorkerConfig, preloads: bool) -> Result<Held, Error> {
         if !self.cfg.zygote || !self.zygote_compatible(cfg) {
             return Err(Error::Startup(
                 "confined workers are forked by the zygote, and this worker's settings \
@@ -486,7 +565,7 @@ impl Pool {
                     self.cv.notify_all();
                     continue;
                 }
-                other => return other,
+                other => return other.map(|w| (w, None)),
             }
         }
     }
@@ -533,6 +612,10 @@ impl Pool {
             preload_awaits_first_use: self.split()
                 && self.cfg.preload_on_first_use
                 && !i.preload_wanted,
+            refills_held: {
+                let now = std::time::Instant::now();
+                i.holds.iter().filter(|(_, end)| *end > now).count()
+            },
             warm: live.is_some_and(|z| z.is_warm()),
             zygote_starts: i.starts,
             startup_ms,
@@ -744,11 +827,17 @@ fn keeper(pool: std::sync::Weak<Pool>) {
         }
         // Top up the spares, one fork at a time, outside the lock: those
         // without preloads first (most sessions), then the preloaded ones.
+        // While a session's first call runs in a spare it took (a
+        // `RefillHold`), a kind that still has a spare ready waits: on a
+        // machine with few cores the fork would compete with that call.
         let zygote = {
-            let i = lock(&p.inner);
-            if i.warm.spares.len() < p.cfg.spares {
+            let mut i = lock(&p.inner);
+            let holding = i.holding(std::time::Instant::now());
+            let wants =
+                |s: &Stage| s.spares.len() < p.cfg.spares && (s.spares.is_empty() || !holding);
+            if wants(&i.warm) {
                 i.current().map(|z| (z, Which::Warm))
-            } else if i.preloaded.spares.len() < p.cfg.spares {
+            } else if wants(&i.preloaded) {
                 i.preloaded.live().map(|z| (z, Which::Preloaded))
             } else {
                 None
@@ -833,6 +922,7 @@ fn keeper(pool: std::sync::Weak<Pool>) {
         let wait = [i.warm.retry_at, i.preloaded.retry_at]
             .into_iter()
             .flatten()
+            .chain(i.holds.iter().map(|&(_, end)| end))
             .min()
             .map(|t| t.saturating_duration_since(std::time::Instant::now()))
             .unwrap_or(Duration::from_secs(5))

@@ -218,13 +218,21 @@ pub(crate) struct PoolSource {
     /// from the preloaded zygote from then on (the next one after a reset
     /// or hibernation too).
     pub(crate) preloads: bool,
+    /// The pool holds back the refill of the spare the current worker was
+    /// until its first call has ended (`call_ended` drops this).
+    pub(crate) refill_hold: Option<crate::pool::RefillHold>,
 }
 
 impl WorkerSource for PoolSource {
     fn start(&mut self) -> Result<Worker, Error> {
-        let w = self.pool.acquire_with(&self.cfg, self.preloads)?;
+        let (w, hold) = self.pool.acquire_holding(&self.cfg, self.preloads)?;
+        self.refill_hold = hold;
         self.registry.insert(&w);
         Ok(w)
+    }
+
+    fn call_ended(&mut self) {
+        self.refill_hold = None;
     }
 
     fn forget(&mut self, w: &Worker) {
@@ -1204,6 +1212,9 @@ impl Shared {
                 w.finish(&res);
             }
             call.slot.resolve(res);
+            // Its result is out: the pool may refill the spare this worker
+            // was, if it held that back for the first call.
+            source.call_ended();
 
             // After a reset, start the next worker at once so the next call
             // does not pay for it (if it fails, the next call tries again).

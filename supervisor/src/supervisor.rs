@@ -293,6 +293,7 @@ impl Supervisor {
             cfg: worker_cfg,
             registry: self.inner.registry.clone(),
             preloads: false,
+            refill_hold: None,
         };
         let session = start_runner(shared, source)?;
         let mut sessions = lock(&self.inner.sessions);
@@ -554,10 +555,12 @@ impl Supervisor {
         mark("run_once.acquire");
         let pool = &self.inner.pool;
         let preloads = pool.names_preload(code) || preamble.is_some_and(|p| pool.names_preload(p));
-        let acquired = pool.acquire_with(&cfg, preloads);
+        let acquired = pool.acquire_holding(&cfg, preloads);
         mark("run_once.acquired");
-        let mut worker = match acquired {
-            Ok(w) => w,
+        // The refill of a spare taken waits for the run to end (or the
+        // pool's deadline): `_refill_hold` lives to the end of this call.
+        let (mut worker, _refill_hold) = match acquired {
+            Ok(held) => held,
             Err(e) => {
                 let outcome = match e {
                     Error::StartupTimeout(_) => Outcome::StartupTimedOut,

@@ -103,6 +103,9 @@ pub(crate) trait WorkerSource: Send + 'static {
     /// worker is started for it: a call naming a preloaded package makes
     /// this and later workers of the session come with the preloads.
     fn will_run(&mut self, _code: &str) {}
+    /// A call in the worker has ended (after the first one the pool may
+    /// refill the spare it was: `pool::RefillHold`).
+    fn call_ended(&mut self) {}
 }
 
 /// A running worker.
