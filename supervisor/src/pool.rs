@@ -59,9 +59,11 @@ pub struct PoolConfig {
     pub preload_on_first_use: bool,
     /// How long at most the keeper holds back refilling a spare that a
     /// session took while another spare was still ready, waiting for the
-    /// session's first call in it to end (default 500 ms): on a machine
-    /// with few cores the refill's fork competes with that call. An empty
-    /// pool refills at once, and so does one whose holds all ended.
+    /// session's first call in it to end: on a machine with few cores the
+    /// refill's fork competes with that call. An empty pool refills at
+    /// once, and so does one whose holds all ended. Default zero: no hold,
+    /// every spare refilled at once, until the hold is measured on a quiet
+    /// machine (docs/process-model.md, "The refill after a hand-over").
     pub refill_hold: Duration,
 }
 
@@ -77,8 +79,8 @@ impl Default for PoolConfig {
     }
 }
 
-/// [`PoolConfig::refill_hold`]'s default.
-pub const DEFAULT_REFILL_HOLD: Duration = Duration::from_millis(500);
+/// [`PoolConfig::refill_hold`]'s default: none (see there).
+pub const DEFAULT_REFILL_HOLD: Duration = Duration::ZERO;
 
 /// Which way new workers are made right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
