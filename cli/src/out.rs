@@ -33,39 +33,28 @@ fn mark(e: io::Error) -> io::Error {
     }
 }
 
+/// A writer whose broken pipe is [`ReaderGone`].
+pub(crate) struct Marked<W>(W);
+
 /// Standard output, locked, whose broken pipe is [`ReaderGone`].
-pub(crate) struct Stdout(io::StdoutLock<'static>);
+pub(crate) type Stdout = Marked<io::StdoutLock<'static>>;
 
 /// Standard output for a command's writes.
 pub(crate) fn stdout() -> Stdout {
-    Stdout(io::stdout().lock())
-}
-
-impl Write for Stdout {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write(buf).map_err(mark)
-    }
-
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.0.write_all(buf).map_err(mark)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.0.flush().map_err(mark)
-    }
+    Marked(io::stdout().lock())
 }
 
 /// Standard output, unlocked between writes (for a writer moved to another
 /// thread, as `rvisor session --jsonl`'s), whose broken pipe is
 /// [`ReaderGone`].
-pub(crate) struct SharedStdout(io::Stdout);
+pub(crate) type SharedStdout = Marked<io::Stdout>;
 
 /// Standard output for a writer that crosses threads.
 pub(crate) fn shared_stdout() -> SharedStdout {
-    SharedStdout(io::stdout())
+    Marked(io::stdout())
 }
 
-impl Write for SharedStdout {
+impl<W: Write> Write for Marked<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.0.write(buf).map_err(mark)
     }

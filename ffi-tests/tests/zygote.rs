@@ -1095,16 +1095,26 @@ fn a_spare_taken_while_another_is_ready_is_refilled_when_its_first_call_ends() {
     assert!(long.try_result().is_none(), "A's first call still runs");
 
     // A's first call ends: the held refill is made.
-    a.cancel();
-    let r = long
-        .wait_timeout(DEADLINE)
-        .expect("the cancel ends the call");
-    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
-    wait_until("both spares back once A's first call ended", || {
+    cancel_and_wait(&a, long);
+    spares_back(&sup, "both spares back once A's first call ended");
+    call_ok(&a, "1+1");
+}
+
+/// Both spares are ready and no refill is held, within the deadline.
+fn spares_back(sup: &Supervisor, what: &str) {
+    wait_until(what, || {
         let st = sup.pool_status();
         st.spares == 2 && st.refills_held == 0
     });
-    call_ok(&a, "1+1");
+}
+
+/// Cancels `s`'s running call `call` and waits for it to end cancelled.
+fn cancel_and_wait(s: &rvisor::Session, call: rvisor::CallHandle) {
+    s.cancel();
+    let r = call
+        .wait_timeout(DEADLINE)
+        .expect("the cancel ends the call");
+    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
 }
 
 /// A first call that does not end cannot keep the pool short: the refill
@@ -1115,14 +1125,7 @@ fn a_held_refill_is_made_by_its_deadline_when_the_first_call_goes_on() {
     let a = sup.session().expect("session");
     let long = a.run("Sys.sleep(600)").expect("accepted");
     wait_until("A's first call running", || a.status().running.is_some());
-    wait_until("both spares back while A's first call runs", || {
-        let st = sup.pool_status();
-        st.spares == 2 && st.refills_held == 0
-    });
+    spares_back(&sup, "both spares back while A's first call runs");
     assert!(long.try_result().is_none(), "A's first call still runs");
-    a.cancel();
-    let r = long
-        .wait_timeout(DEADLINE)
-        .expect("the cancel ends the call");
-    assert_eq!(r.outcome, Outcome::Cancelled, "{r:?}");
+    cancel_and_wait(&a, long);
 }
