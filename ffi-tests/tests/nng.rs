@@ -580,6 +580,77 @@ fn state_persists_per_session_name_and_per_tenant() {
     assert_eq!(console(&p.run("x")), "[1] 41\n", "Alice's x is untouched");
 }
 
+/// A one-shot run over nng takes input files, as `POST /v1/run` does, and
+/// gives back what it wrote as artifacts.
+#[test]
+fn a_one_shot_run_takes_input_files_and_gives_back_artifacts() {
+    let s = Server::ipc();
+    let mut p = s.peer();
+    let input = base64::engine::general_purpose::STANDARD.encode("a,b\n1,2\n3,4\n");
+    let r = p.call(
+        TOK_A,
+        json!({"op": "run_script",
+               "script": "d <- read.csv('in.csv'); write.csv(d * 10, 'out.csv', row.names = FALSE); cat(sum(d))",
+               "files": [{"name": "in.csv", "content_base64": input}]}),
+    );
+    let r = result(&r);
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert_eq!(console(&r), "10", "{r}");
+    let artifacts = r["artifacts"].as_array().expect("artifacts");
+    let out = artifacts
+        .iter()
+        .find(|a| a["name"] == "out.csv")
+        .unwrap_or_else(|| panic!("out.csv among the artifacts: {r}"));
+    assert_eq!(out["size"], "\"a\",\"b\"\n10,20\n30,40\n".len(), "{out}");
+    // A bad file is refused before anything runs.
+    let bad = p.call(
+        TOK_A,
+        json!({"op": "run_script", "script": "1",
+               "files": [{"name": "../x", "content_base64": input}]}),
+    );
+    assert!(err(&bad, "file_refused").contains("../x"), "{bad}");
+}
+
+/// A session's files over nng: put, read by R, listed, fetched back byte
+/// for byte, deleted; a bad name is refused.
+#[test]
+fn session_files_go_in_and_out() {
+    let s = Server::ipc();
+    let mut p = s.peer();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let bytes: Vec<u8> = (0u8..=255).collect();
+    let put = p.call(
+        TOK_A,
+        json!({"op": "put_file", "path": "data/in.bin", "content_base64": b64.encode(&bytes)}),
+    );
+    let f = ok(&put, "file");
+    assert_eq!(f["size"], 256, "{f}");
+    let r = p.run("length(readBin('data/in.bin', 'raw', 1000))");
+    assert_eq!(console(&r), "[1] 256\n", "{r}");
+    p.run("writeBin(as.raw(1:3), 'out.bin')");
+    let list = p.call(TOK_A, json!({"op": "files"}));
+    let names = ok(&list, "files").to_string();
+    assert!(
+        names.contains("data/in.bin") && names.contains("out.bin"),
+        "{names}"
+    );
+    let got = p.call(TOK_A, json!({"op": "get_file", "path": "out.bin"}));
+    let got = ok(&got, "file");
+    let content = b64
+        .decode(got["content_base64"].as_str().expect("content_base64"))
+        .expect("base64");
+    assert_eq!(content, vec![1u8, 2, 3], "{got}");
+    let del = p.call(TOK_A, json!({"op": "delete_file", "path": "out.bin"}));
+    assert_eq!(ok(&del, "deleted"), "out.bin");
+    let r = p.run("file.exists('out.bin')");
+    assert_eq!(console(&r), "[1] FALSE\n", "{r}");
+    let bad = p.call(
+        TOK_A,
+        json!({"op": "put_file", "path": "/etc/x", "content_base64": ""}),
+    );
+    assert!(err(&bad, "file_refused").contains("/etc/x"), "{bad}");
+}
+
 #[test]
 fn a_plot_comes_back_as_png() {
     let s = Server::ipc();

@@ -198,6 +198,10 @@ struct NngRequest {
     variables: Option<Value>,
     #[serde(default)]
     dataframes: Option<Value>,
+    /// Input files of a one-shot run (`run_script`): `[{"name",
+    /// "content_base64"}]`, as `POST /v1/run` takes them.
+    #[serde(default)]
+    files: Option<Value>,
     #[serde(default)]
     data_pointer: Option<String>,
     #[serde(default)]
@@ -364,6 +368,7 @@ impl Adapter {
                     ("variables", req.variables.clone()),
                     ("dataframes", req.dataframes.clone()),
                     ("display", req.display.clone()),
+                    ("files", req.files.clone()),
                 ]) {
                     Ok(r) => r,
                     Err(e) => return reply::<Value>(id, "result", Err(e)),
