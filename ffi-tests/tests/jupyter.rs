@@ -102,10 +102,35 @@ fn a_bad_signature_is_refused() {
 }
 
 /// nbclient runs a small notebook: state, output, a plot, a data frame, a
-/// warning.
+/// warning, an error (allow_errors) and a cell after it with the state kept.
 #[test]
 fn nbclient_runs_a_notebook() {
     scenario("notebook");
+}
+
+/// nbclient runs a cell whose value is a DT widget: self-contained HTML.
+/// Debian's r-cran-jquerylib finds jQuery's version by running `dpkg -s |
+/// grep | sed | cut`, which a confined session runs only when allowed, so
+/// the kernel is started with docs/confinement.md's recipe for it.
+#[test]
+fn nbclient_shows_a_widget() {
+    scenario_with(
+        "notebook_widget",
+        &[
+            "--allow-program",
+            "dpkg",
+            "--allow-program",
+            "dpkg-query",
+            "--allow-program",
+            "grep",
+            "--allow-program",
+            "sed",
+            "--allow-program",
+            "cut",
+            "--read-only",
+            "/var/lib/dpkg",
+        ],
+    );
 }
 
 /// `jupyter kernelspec list` shows the kernel `rvisor kernel install` wrote.

@@ -429,8 +429,10 @@ def notebook(km, kc):
         "plot(1:10, main = 'ten')",
         "df <- data.frame(a = 1:3, b = letters[1:3]); df",
         "warning('careful')",
+        "stop('on purpose')",
+        "x + 1",
     ]]
-    client = NotebookClient(nb, kernel_name="rvisor", timeout=TIMEOUT)
+    client = NotebookClient(nb, kernel_name="rvisor", timeout=TIMEOUT, allow_errors=True)
     client.execute()
     outs = [c.outputs for c in nb.cells]
     assert "".join(o["text"] for o in outs[1]) == "42 \n", outs[1]
@@ -442,6 +444,28 @@ def notebook(km, kc):
     assert "<table" in frame["text/html"], outs[3]
     assert "a b" in frame["text/plain"] and "3 3 c" in frame["text/plain"], outs[3]
     assert "careful" in outs[4][0]["text"] and outs[4][0]["name"] == "stderr", outs[4]
+    # An error: the cell's error output; the notebook goes on, state kept.
+    assert outs[5][0]["output_type"] == "error" and outs[5][0]["evalue"] == "on purpose", outs[5]
+    assert outs[6][0]["data"]["text/plain"] == "[1] 3\n", outs[6]
+
+
+def notebook_widget(km, kc):
+    """nbclient runs a cell whose value is an htmlwidget (DT): it comes as
+    self-contained HTML (scripts inlined, nothing fetched)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    kc.stop_channels()
+    km.shutdown_kernel()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("DT::datatable(head(mtcars, 3))")]
+    NotebookClient(nb, kernel_name="rvisor", timeout=TIMEOUT).execute()
+    outs = nb.cells[0].outputs
+    widget = [o for o in outs if "text/html" in o.get("data", {})]
+    assert len(widget) == 1, outs
+    html = widget[0]["data"]["text/html"]
+    assert "htmlwidget" in html and "Mazda RX4" in html, html[:500]
+    assert "<script" in html and 'src="http' not in html, html[:500]
 
 
 def kernelspec(km, kc):
