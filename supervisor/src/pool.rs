@@ -61,9 +61,9 @@ pub struct PoolConfig {
     /// session took while another spare was still ready, waiting for the
     /// session's first call in it to end: on a machine with few cores the
     /// refill's fork competes with that call. An empty pool refills at
-    /// once, and so does one whose holds all ended. Default zero: no hold,
-    /// every spare refilled at once, until the hold is measured on a quiet
-    /// machine (docs/process-model.md, "The refill after a hand-over").
+    /// once, and so does one whose holds all ended. Default 500 ms
+    /// (docs/process-model.md, "The refill after a hand-over"); zero: no
+    /// hold, every spare refilled at once.
     pub refill_hold: Duration,
 }
 
@@ -79,8 +79,8 @@ impl Default for PoolConfig {
     }
 }
 
-/// [`PoolConfig::refill_hold`]'s default: none (see there).
-pub const DEFAULT_REFILL_HOLD: Duration = Duration::ZERO;
+/// [`PoolConfig::refill_hold`]'s default.
+pub const DEFAULT_REFILL_HOLD: Duration = Duration::from_millis(500);
 
 /// Which way new workers are made right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
