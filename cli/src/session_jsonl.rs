@@ -61,7 +61,8 @@ impl SessionArgs {
     }
 
     /// The host variables R code may read: `--env` names, or all of them
-    /// with `--inherit-env` (`None`).
+    /// with `--inherit-env` (`None`). For the kernel host's key.
+    #[cfg(feature = "kernel")]
     pub(crate) fn env_names(&self) -> Option<&[String]> {
         (!self.inherit_env).then_some(self.env.as_slice())
     }
