@@ -1311,3 +1311,107 @@ fn history_answers_pages_of_the_named_session_for_its_tenant_only() {
     // Bob has no session named main until he makes one.
     err(&p.call(TOK_B, json!({"op": "history"})), "unknown_session");
 }
+
+/// Rich results over nng: a table as HTML, Markdown, a typed JSON preview
+/// and its text, an HTML value, SVG plots, the display options of a
+/// session call and of a one-shot run, and a bad option refused.
+#[test]
+fn displays_come_back_with_the_display_options_of_the_request() {
+    let s = Server::ipc();
+    let mut p = s.peer();
+    let r = p.call(
+        TOK_A,
+        json!({"op": "run", "code": "head(mtcars, 5)", "display": {"max_rows": 2}}),
+    );
+    let r = result(&r);
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let d = &r["displays"][0];
+    assert!(
+        d["data"]["text/html"]
+            .as_str()
+            .unwrap()
+            .contains("<table class=\"dataframe\">"),
+        "{d}"
+    );
+    assert!(d["data"]["text/markdown"]
+        .as_str()
+        .unwrap()
+        .contains("A data.frame: 5 × 11"));
+    assert!(d["data"]["text/plain"]
+        .as_str()
+        .unwrap()
+        .contains("Hornet Sportabout"));
+    let preview = &d["data"]["application/json"];
+    assert_eq!(preview["nrow"], 5, "{preview}");
+    assert_eq!(preview["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(preview["columns"][0]["name"], "mpg");
+    assert_eq!(preview["columns"][0]["type"], "numeric");
+    assert_eq!(preview["truncated"], true);
+    assert_eq!(d["metadata"]["rvisor"]["kind"], "table");
+    assert!(r["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["kind"] == "display" && s["index"] == 0));
+
+    // An HTML value, and an SVG plot beside its PNG.
+    let r = p.call(
+        TOK_A,
+        json!({"op": "run", "code": "rvisor_display(htmltools::tags$b('bold')); plot(1:3)",
+               "display": {"plot_format": "both"}}),
+    );
+    let r = result(&r);
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let displays = r["displays"].as_array().unwrap();
+    let html = displays
+        .iter()
+        .find(|d| d["metadata"]["rvisor"]["kind"] == "html")
+        .unwrap_or_else(|| panic!("an html display: {r}"));
+    assert!(html["data"]["text/html"]
+        .as_str()
+        .unwrap()
+        .contains("<b>bold</b>"));
+    let plot = displays
+        .iter()
+        .find(|d| d["metadata"]["rvisor"]["kind"] == "plot")
+        .unwrap_or_else(|| panic!("a plot display: {r}"));
+    assert!(plot["data"]["image/svg+xml"]
+        .as_str()
+        .unwrap()
+        .contains("<svg"));
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(plot["data"]["image/png"].as_str().unwrap())
+        .unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert_eq!(r["plots"][0]["mime"], "image/png");
+
+    // Turned off, a table is text only.
+    let r = p.call(
+        TOK_A,
+        json!({"op": "run", "code": "head(mtcars, 2)", "display": {"enabled": false}}),
+    );
+    let r = result(&r);
+    assert!(r.get("displays").is_none(), "{r}");
+    assert!(console(&r).contains("Mazda RX4 Wag"));
+
+    // One-shot runs take the same options.
+    let r = p.call(
+        TOK_A,
+        json!({"op": "run_script", "script": "plot(1:2)", "display": {"plot_format": "svg"}}),
+    );
+    let r = result(&r);
+    assert_eq!(r["plots"][0]["mime"], "image/svg+xml", "{r}");
+    assert!(r["displays"][0]["data"]["image/svg+xml"]
+        .as_str()
+        .unwrap()
+        .contains("<svg"));
+
+    // A bad option is refused, saying what to change; the session goes on.
+    let bad = p.call(
+        TOK_A,
+        json!({"op": "run", "code": "1", "display": {"max_rows": 0}}),
+    );
+    let text = bad.to_string();
+    assert!(text.contains("max_rows"), "{bad}");
+    assert_eq!(p.run("1 + 1")["outcome"], "complete");
+}
