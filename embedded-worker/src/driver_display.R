@@ -58,33 +58,6 @@ markup_type <- function(v) {
   else NULL
 }
 
-## repr's html_escape(): &, <, > as entities, and (for HTML) a text with
-## two spaces in a row wrapped to keep them.
-markup_escape <- function(s, spaces = TRUE) {
-  s <- gsub("&", "&amp;", s, fixed = TRUE)
-  s <- gsub("<", "&lt;", s, fixed = TRUE)
-  s <- gsub(">", "&gt;", s, fixed = TRUE)
-  if (spaces) {
-    two <- grepl("  ", s, fixed = TRUE)
-    s[two] <- sprintf("<span style=white-space:pre-wrap>%s</span>", s[two])
-  }
-  s
-}
-
-markup_special <- function(s)
-  grepl("&", s, fixed = TRUE) | grepl("<", s, fixed = TRUE) | grepl(">", s, fixed = TRUE)
-
-## repr's HTML escape of one vector: all of it, only when one holds a
-## special character.
-markup_escape_html <- function(s) if (any(markup_special(s))) markup_escape(s) else s
-
-## repr's markdown_escape().
-markup_escape_md <- function(s) {
-  s <- markup_escape(s, spaces = FALSE)
-  s[grepl("^\\s*$", s)] <- "<!---->"
-  s
-}
-
 ## repr's partition(): the first and last parts shown of `n` items, or
 ## NULL when all are shown.
 markup_part <- function(n, limit) {
@@ -159,55 +132,15 @@ table_markup <- function(x, rows, cols) {
   caption <- sprintf("A %s: %s \u00d7 %s", caption_cls, nr, nc)
   if (!df) caption <- sprintf("%s of type %s", caption, types)
 
-  ## HTML: each row escaped as one vector (repr escapes row by row).
-  sp <- markup_special(m)
-  dim(sp) <- dim(m)
-  hit <- rowSums(sp) > 0
-  body_rows <- if (n_out) {
-    h <- m
-    if (any(hit)) h[hit, ] <- markup_escape(m[hit, , drop = FALSE])
-    h <- paste0("<td>", h, "</td>")
-    dim(h) <- dim(m)
-    cols_html <- lapply(seq_len(ncol(h)), function(j) h[, j])
-    rn_html <- if (has_rn) {
-      r <- rn
-      esc <- markup_special(r)
-      r[esc] <- markup_escape(r[esc])
-      paste0("<th scope=row>", r, "</th>")
-    }
-    do.call(paste0, c(list("\t<tr>"), if (has_rn) list(rn_html), cols_html, list("</tr>\n")))
-  }
-  corner <- if (has_rn) "<th></th>"
-  header <- if (has_cn) {
-    hd <- paste0("<th scope=col>", markup_escape_html(cn), "</th>", collapse = "")
-    line <- paste0("\t<tr>", corner, hd, "</tr>\n")
-    if (df) {
-      ty <- paste0("<th scope=col>", markup_escape_html(types), "</th>", collapse = "")
-      line <- paste0(line, "\t<tr>", corner, ty, "</tr>\n")
-    }
-    paste0("<thead>\n", line, "</thead>\n")
-  } else ""
-  html <- paste0("<table class=\"dataframe\">\n<caption>", caption, "</caption>\n",
-                 header, "<tbody>\n", paste(body_rows, collapse = ""), "</tbody>\n",
-                 "</table>\n")
-
-  ## Markdown.
-  md_rows <- if (n_out) {
-    md <- paste0(" ", markup_escape_md(m), " |")
-    dim(md) <- dim(m)
-    cols_md <- lapply(seq_len(ncol(md)), function(j) md[, j])
-    rn_md <- if (has_rn) paste0(" ", markup_escape_md(rn), " |")
-    do.call(paste0, c(list("|"), if (has_rn) list(rn_md), cols_md, list("\n")))
-  }
-  md_header <- if (has_cn) {
-    heads <- markup_escape_md(cn)
-    if (df) heads <- paste(heads, markup_escape_md(types))
-    n_under <- min(nc, cols + 1L) + as.integer(has_rn)
-    paste0("|", if (has_rn) " <!--/--> |", paste0(" ", heads, " |", collapse = ""), "\n|",
-           paste(rep("---", n_under), collapse = "|"), "|\n")
-  } else ""
-  markdown <- paste0("\n", caption, "\n\n", md_header, paste(md_rows, collapse = ""), "\n")
-  c(html = html, markdown = markdown)
+  ## The HTML and Markdown are written in Rust (markup.rs) from these
+  ## cells, byte for byte as repr writes them: escaping and joining a few
+  ## hundred strings was most of a table's display in R.
+  out <- .Call(markup_sym, "table",
+               list(as.character(m), n_out, if (has_rn) as.character(rn),
+                    if (has_cn) as.character(cn), if (df) as.character(types),
+                    caption, min(nc, cols + 1L) + as.integer(has_rn)))
+  if (length(out) != 2L) return(NULL)
+  c(html = out[[1L]], markdown = out[[2L]])
 }
 
 ## One cell of the JSON preview: numbers and logicals as themselves (NA,
@@ -236,24 +169,21 @@ preview_column <- function(v, i) {
 ## factor, Date, POSIXct, list...).
 column_type <- function(v) class(v)[[1L]]
 
-## One column of the preview as JSON texts, one per cell: numbers with
-## 15 significant digits (as R prints at most), logicals, strings; NA as
-## null.
-json_cells <- function(v) {
-  if (!length(v)) return(character())
-  out <- if (is.numeric(v)) as.character(v)
-         else if (is.logical(v)) ifelse(v, "true", "false")
-         else json_string(v)
-  out[is.na(v)] <- "null"
-  out
+## One column of the preview for markup.rs: "raw" cells (numbers as R
+## writes them with 15 significant digits, logicals as true and false)
+## or "text" cells (written as JSON strings); NA is null.
+preview_cells <- function(v) {
+  if (is.numeric(v)) list("raw", as.character(v))
+  else if (is.logical(v)) list("raw", ifelse(v, "true", "false"))
+  else list("text", as.character(v))
 }
-
-json_array <- function(parts) paste0("[", paste(parts, collapse = ","), "]")
 
 ## A typed preview of a table: its size, its columns' names and types
 ## (the first `cols`), the first `rows` rows, and whether it was cut.
-## Written column by column (vectorised) rather than by jsonlite, whose
-## per-value dispatch was two fifths of a table's display.
+## The cells are prepared column by column here (vectorised) and the
+## JSON written in Rust (markup.rs): jsonlite's per-value dispatch was
+## two fifths of a table's display, and R's own string pasting most of
+## the rest.
 preview_json <- function(x, rows, cols) {
   nr <- NROW(x)
   nc <- NCOL(x)
@@ -264,19 +194,15 @@ preview_json <- function(x, rows, cols) {
   if (is.null(nm)) nm <- paste0("V", seq_len(nc))
   nm <- nm[j]
   types <- vapply(j, function(k) column_type(df[[k]]), "")
-  columns <- if (length(j))
-    paste0("{\"name\":", json_string(nm), ",\"type\":", json_string(types), "}")
-  cells <- lapply(j, function(k) json_cells(preview_column(df[[k]], i)))
-  body <- if (!length(i)) character()
-          else if (length(cells)) paste0("[", do.call(paste, c(cells, sep = ",")), "]")
-          else rep("[]", length(i))
+  cells <- lapply(j, function(k) preview_cells(preview_column(df[[k]], i)))
   rn <- if (is.data.frame(x) && .row_names_info(x) < 0L) NULL else rownames(x)[i]
   count <- function(n) format(n, scientific = FALSE)
-  paste0("{\"nrow\":", count(nr), ",\"ncol\":", count(nc),
-         ",\"columns\":", json_array(columns),
-         ",\"rows\":", json_array(body),
-         ",\"row_names\":", if (is.null(rn)) "null" else json_array(json_cells(rn)),
-         ",\"truncated\":", if (nr > rows || nc > cols) "true" else "false", "}")
+  out <- .Call(markup_sym, "preview",
+               list(count(nr), count(nc), as.character(nm), as.character(types),
+                    vapply(cells, `[[`, "", 1L), lapply(cells, `[[`, 2L), length(i),
+                    if (!is.null(rn)) as.character(rn), nr > rows || nc > cols))
+  if (length(out) != 1L) stop("the preview could not be written")
+  out
 }
 
 ## Emits a display: `data` a named character vector (MIME type to text;

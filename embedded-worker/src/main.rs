@@ -13,6 +13,7 @@ mod ffi;
 mod hydrate;
 mod interrupt;
 mod link;
+mod markup;
 mod pause;
 mod r;
 mod result_block;

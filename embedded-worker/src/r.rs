@@ -413,6 +413,146 @@ unsafe extern "C" fn rvisor_emit(kind: SEXP, a: SEXP, b: SEXP, c: SEXP) -> SEXP 
     unsafe { R_NilValue }
 }
 
+/// Strings of a character vector, NA as `None` (anything else: empty).
+///
+/// # Safety
+/// On the R thread; `x` is a live R object.
+unsafe fn strings_na(x: SEXP) -> Vec<Option<String>> {
+    // SAFETY: per the function's contract.
+    unsafe {
+        if ffi::TYPEOF(x) != SEXPTYPE::STRSXP as c_int {
+            return Vec::new();
+        }
+        let n = Rf_xlength(x);
+        let mut out = Vec::with_capacity(n.max(0) as usize);
+        for i in 0..n {
+            let el = STRING_ELT(x, i);
+            out.push(if el == R_NaString {
+                None
+            } else {
+                Some(CStr::from_ptr(char_utf8(el)).to_string_lossy().into_owned())
+            });
+        }
+        out
+    }
+}
+
+/// A character vector of these strings (each passes [`string_problem`]).
+///
+/// # Safety
+/// On the R thread. The result is unprotected.
+unsafe fn mk_strings(v: &[String]) -> SEXP {
+    // SAFETY: per the function's contract; the vector is protected while
+    // its elements are made, and R copies each string's bytes.
+    unsafe {
+        let out = Rf_protect(Rf_allocVector(SEXPTYPE::STRSXP, v.len() as R_xlen_t));
+        for (i, s) in v.iter().enumerate() {
+            SET_STRING_ELT(
+                out,
+                i as R_xlen_t,
+                Rf_mkCharLenCE(
+                    s.as_ptr().cast::<c_char>(),
+                    s.len().min(i32::MAX as usize) as c_int,
+                    cetype_t::CE_UTF8,
+                ),
+            );
+        }
+        Rf_unprotect(1);
+        out
+    }
+}
+
+/// `.Call` entry of the driver's table displays (`driver_display.R`):
+/// `kind` "table" gives `c(html, markdown)` of the cells in `args`,
+/// "preview" the JSON preview's text (see [`crate::markup`]). NULL for
+/// arguments not as the driver passes them (the driver then lets repr
+/// or its own R code do it).
+unsafe extern "C" fn rvisor_markup(kind: SEXP, args: SEXP) -> SEXP {
+    // SAFETY: on the R thread, called by .Call with two live arguments;
+    // the list's elements live as long as the list.
+    unsafe {
+        let kind = strings(kind);
+        if ffi::TYPEOF(args) != SEXPTYPE::VECSXP as c_int {
+            return R_NilValue;
+        }
+        let n = Rf_xlength(args);
+        let el = |i: R_xlen_t| {
+            if i < n {
+                VECTOR_ELT(args, i)
+            } else {
+                R_NilValue
+            }
+        };
+        let opt = |x: SEXP| (x != R_NilValue).then(|| strings(x));
+        let out: Vec<String> = match kind.first().map(String::as_str) {
+            Some("table") if n == 7 => {
+                let cells = strings(el(0));
+                let nrow = Rf_asInteger(el(1));
+                if nrow < 0 || (nrow == 0 && !cells.is_empty()) {
+                    return R_NilValue;
+                }
+                let (rn, cn, types) = (opt(el(2)), opt(el(3)), opt(el(4)));
+                let caption = strings(el(5)).into_iter().next().unwrap_or_default();
+                let underline = Rf_asInteger(el(6)).max(0) as usize;
+                if nrow > 0 && cells.len() % nrow as usize != 0 {
+                    return R_NilValue;
+                }
+                let (html, md) = crate::markup::table(&crate::markup::Table {
+                    cells: &cells,
+                    nrow: nrow as usize,
+                    row_names: rn.as_deref(),
+                    col_names: cn.as_deref(),
+                    types: types.as_deref(),
+                    caption: &caption,
+                    underline,
+                });
+                vec![html, md]
+            }
+            Some("preview") if n == 9 => {
+                let first = |x: SEXP| strings(x).into_iter().next().unwrap_or_default();
+                let (nrow, ncol) = (first(el(0)), first(el(1)));
+                let (names, types, kinds) = (strings(el(2)), strings(el(3)), strings(el(4)));
+                let cells = el(5);
+                if ffi::TYPEOF(cells) != SEXPTYPE::VECSXP as c_int
+                    || Rf_xlength(cells) as usize != kinds.len()
+                {
+                    return R_NilValue;
+                }
+                let columns: Vec<crate::markup::Column> = kinds
+                    .iter()
+                    .enumerate()
+                    .map(|(k, kind)| {
+                        let v = strings_na(VECTOR_ELT(cells, k as R_xlen_t));
+                        if kind == "raw" {
+                            crate::markup::Column::Raw(v)
+                        } else {
+                            crate::markup::Column::Text(v)
+                        }
+                    })
+                    .collect();
+                let rows = Rf_asInteger(el(6)).max(0) as usize;
+                let rn = (el(7) != R_NilValue).then(|| strings_na(el(7)));
+                let truncated = Rf_asLogical(el(8)) == 1;
+                vec![crate::markup::preview(&crate::markup::Preview {
+                    nrow: &nrow,
+                    ncol: &ncol,
+                    names: &names,
+                    types: &types,
+                    columns: &columns,
+                    rows,
+                    row_names: rn.as_deref(),
+                    truncated,
+                })]
+            }
+            _ => return R_NilValue,
+        };
+        if out.iter().any(|s| string_problem(s).is_some()) {
+            return R_NilValue;
+        }
+        mk_strings(&out)
+    }
+}
+
 /// The bytes of a CHARSXP in UTF-8. A string marked "bytes" is taken as
 /// it is: translating it would raise an R error, which must not cross the
 /// Rust frames of a `.Call` entry.
@@ -750,7 +890,7 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
     // SAFETY: R is initialised; on the R thread. The method table is
     // 'static and terminated by a null entry, as R_registerRoutines requires.
     unsafe {
-        static mut CALL_METHODS: [R_CallMethodDef; 3] = [
+        static mut CALL_METHODS: [R_CallMethodDef; 4] = [
             R_CallMethodDef {
                 name: c"rvisor_emit".as_ptr(),
                 fun: None,
@@ -758,6 +898,11 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
             },
             R_CallMethodDef {
                 name: c"rvisor_tool".as_ptr(),
+                fun: None,
+                numArgs: 2,
+            },
+            R_CallMethodDef {
+                name: c"rvisor_markup".as_ptr(),
                 fun: None,
                 numArgs: 2,
             },
@@ -779,6 +924,11 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
             unsafe extern "C" fn(SEXP, SEXP) -> SEXP,
             unsafe extern "C" fn() -> *mut std::os::raw::c_void,
         >(tool));
+        let markup: unsafe extern "C" fn(SEXP, SEXP) -> SEXP = rvisor_markup;
+        CALL_METHODS[2].fun = Some(std::mem::transmute::<
+            unsafe extern "C" fn(SEXP, SEXP) -> SEXP,
+            unsafe extern "C" fn() -> *mut std::os::raw::c_void,
+        >(markup));
         let info = R_getEmbeddingDllInfo();
         R_registerRoutines(
             info,
@@ -798,6 +948,8 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         Rf_defineVar(Rf_install(c"emit".as_ptr()), sym, driver);
         let sym = eval_string("getNativeSymbolInfo('rvisor_tool')", R_BaseEnv)?;
         Rf_defineVar(Rf_install(c"tool_sym".as_ptr()), sym, driver);
+        let sym = eval_string("getNativeSymbolInfo('rvisor_markup')", R_BaseEnv)?;
+        Rf_defineVar(Rf_install(c"markup_sym".as_ptr()), sym, driver);
         eval_string(DRIVER_SOURCE, driver)
             .map_err(|e| format!("failed to load the driver: {e}"))?;
         // One call for all parts: R's JIT compiles a closure on its second
