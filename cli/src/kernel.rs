@@ -367,7 +367,24 @@ fn start_host(paths: &host::Paths) -> Result<()> {
         .context("failed to start the kernel host")?;
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
-        let _ = std::io::BufReader::new(out).read_line(&mut line);
+        if readable_within(&out, HOST_START_WAIT) {
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        } else {
+            // A host that neither starts nor fails: it is ended (its whole
+            // process group, R workers too), and the kernel runs in its own
+            // process instead.
+            // SAFETY: kill(2) on the process group of our own child (its
+            // pid is its group's id: `process_group(0)`), not waited for
+            // yet, so the id is not reused.
+            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+            let _ = child.wait();
+            bail!(
+                "the kernel host did not say it was listening within {} s; it was stopped. \
+                 Its log is {}",
+                HOST_START_WAIT.as_secs(),
+                paths.log.display()
+            );
+        }
     }
     if line.trim_end() != LISTENING {
         let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
@@ -383,6 +400,33 @@ fn start_host(paths: &host::Paths) -> Result<()> {
     // The host lives on; it is not this process's to wait for.
     drop(child);
     Ok(())
+}
+
+/// How long a stub waits for a host it started to say it is listening
+/// (R's start and the first worker take a second or two; Jupyter front
+/// ends wait 60 s for a kernel).
+const HOST_START_WAIT: std::time::Duration = std::time::Duration::from_secs(45);
+
+/// Whether `f` has something to read (or its writer closed it) within
+/// `wait`.
+fn readable_within(f: &impl AsRawFd, wait: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one pollfd that lives for the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return n < 0; // an error: let the read say what it is
+        }
+    }
 }
 
 /// A host's log is emptied when a stub finds it larger than this.
