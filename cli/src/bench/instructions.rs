@@ -34,10 +34,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Paths measured with displays off: `print_data_frame` is the printing
-/// path its baseline was made for. What a visible table's display adds
-/// (repr's HTML and Markdown, the JSON preview) is timed by `rvisor bench
-/// --only displays`; it loads packages, so its allocations would make R
-/// collect garbage inside the measured calls here.
+/// path its baseline was made for; `display_data_frame` is the same call
+/// with its display (the driver's HTML, Markdown and JSON preview of a
+/// plain table, which loads no package), so the two side by side are
+/// what a table's display costs. (A table repr has to write loads repr,
+/// whose allocations would make R collect garbage inside the measured
+/// calls: `rvisor bench --only displays` times those.)
 const TEXT_ONLY: &[&str] = &["print_data_frame"];
 
 /// The paths measured: name, code, calls.
@@ -45,6 +47,7 @@ pub const PATHS: &[(&str, &str, usize)] = &[
     ("one_plus_one", "1 + 1", 40),
     ("error_then_next", "stop('boom')", 20),
     ("print_data_frame", "head(mtcars, 20)", 20),
+    ("display_data_frame", "head(mtcars, 20)", 20),
     (
         "lm_summary",
         "summary(lm(mpg ~ wt + hp, data = mtcars))",
