@@ -178,11 +178,10 @@ pub fn from_driver(mimes: Vec<String>, values: Vec<String>, meta: Option<String>
 }
 
 fn push(d: Display) {
-    let index = DISPLAYS.with(|v| {
-        let mut v = v.borrow_mut();
-        v.push(d);
-        v.len() - 1
-    });
+    let index = count();
+    // Streamed with its bundle as it is made (when the call streams).
+    crate::stream::display(index, &d);
+    DISPLAYS.with(|v| v.borrow_mut().push(d));
     console::push(Segment::Display { index });
 }
 

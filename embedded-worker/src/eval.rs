@@ -855,7 +855,11 @@ fn finish(
             // The page as a display too (its image repeated, so a client
             // of displays alone has every output; counted once in the cap).
             let svg = svgs.get_mut(i).and_then(Option::take);
-            displays.push(display::of_plot(i, &plot, svg));
+            let d = display::of_plot(i, &plot, svg);
+            // Streamed now, at the end of the call, before the result: a
+            // page is read from its file only then.
+            stream::display(displays.len(), &d);
+            displays.push(d);
             res.segments.push(Segment::Display {
                 index: displays.len() - 1,
             });
