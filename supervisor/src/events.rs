@@ -263,7 +263,7 @@ fn weight(e: &CallEvent) -> usize {
     std::mem::size_of::<(CallEvent, usize)>() + e.execution_id.len() + fields
 }
 
-/// Roughly what a result holds on the heap: its texts and plots (not
+/// Roughly what a result holds on the heap: its texts, plots and displays (not
 /// counted against any bound, only for [`Events::peak_bytes`]).
 fn result_bytes(r: &RunResult) -> usize {
     let segments: usize = r
@@ -273,7 +273,8 @@ fn result_bytes(r: &RunResult) -> usize {
         .map(|t| t.len())
         .sum();
     let plots: usize = r.plots.iter().map(|p| p.data_base64.len()).sum();
-    std::mem::size_of::<RunResult>() + r.code.len() + r.console.len() + segments + plots
+    let displays: usize = r.displays.iter().map(|d| d.size_bytes()).sum();
+    std::mem::size_of::<RunResult>() + r.code.len() + r.console.len() + segments + plots + displays
 }
 
 /// The console text an event holds, in bytes (what [`EventKind::Lagged`]
