@@ -68,10 +68,11 @@ pub fn displays_of(r: &RunResult) -> Vec<Display> {
 
 /// A cell's displays as its events bring them (each `display` event
 /// carries its bundle: docs/streaming.md), sent in order with its stream
-/// text, each once. The display of a value is held back until the next
-/// output (or the end): only the result says whether it was the cell's
-/// last visible value, which goes as `execute_result`, after the displays
-/// made at the end (plot pages).
+/// text, each once. The display of a visible value
+/// (`metadata.rvisor.value`) is held back until the next output (or the
+/// end): only the result says whether it was the cell's last visible
+/// value, which goes as `execute_result`, after the displays made at the
+/// end (plot pages). Any other display (`rvisor_display()`) goes at once.
 #[derive(Debug, Default)]
 pub struct Outputs {
     /// Indices into the result's displays already sent (or held).
@@ -101,10 +102,10 @@ impl Outputs {
             return vec![d];
         }
         let mut now: Vec<Display> = self.release().into_iter().collect();
-        if d.update {
-            now.push(d);
-        } else {
+        if d.is_value() && !d.update {
             self.held = Some((index, d));
+        } else {
+            now.push(d);
         }
         now
     }
@@ -155,6 +156,16 @@ impl Display {
     /// Its `metadata.rvisor.kind` (`table`, `html`, `value`, `plot`).
     fn kind(&self) -> Option<&str> {
         self.metadata.get("rvisor")?.get("kind")?.as_str()
+    }
+
+    /// Whether it shows a visible value (`metadata.rvisor.value`), which
+    /// may be the cell's result.
+    fn is_value(&self) -> bool {
+        self.metadata
+            .get("rvisor")
+            .and_then(|r| r.get("value"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
     }
 
     /// The content of a `display_data` message (and of an
@@ -254,10 +265,19 @@ mod tests {
         assert_eq!(d[2].content()["transient"], json!({}));
     }
 
+    /// A display of `kind`; `value` kinds are a visible value's.
     fn shown(kind: &str, text: &str) -> rvisor::Display {
         let mut d = rvisor::Display::default();
         d.data.insert("text/plain".into(), json!(text));
-        d.metadata.insert("rvisor".into(), json!({"kind": kind}));
+        let (kind, value) = match kind.strip_suffix(" value") {
+            Some(k) => (k, true),
+            None => (kind, kind == "value"),
+        };
+        let mut rv = json!({"kind": kind});
+        if value {
+            rv["value"] = json!(true);
+        }
+        d.metadata.insert("rvisor".into(), rv);
         d
     }
 
@@ -269,23 +289,30 @@ mod tests {
 
     #[test]
     fn streamed_displays_go_in_order_and_the_last_value_is_the_result() {
-        // cat("a"); print(df); cat("b"); 1 + 1; plot(1)
+        // cat("a"); df; cat("b"); rvisor_display(x); 1 + 1; plot(1)
         let mut r = RunResult::empty("e".into(), "".into());
         r.displays = vec![
-            shown("table", "df"),
+            shown("table value", "df"),
+            shown("text", "x"),
             shown("value", "[1] 2"),
             shown("plot", "p"),
         ];
-        r.displays[1]
-            .metadata
-            .insert("rvisor".into(), json!({"kind": "value", "last": true}));
+        r.displays[2].metadata.insert(
+            "rvisor".into(),
+            json!({"kind": "value", "value": true, "last": true}),
+        );
         let mut o = Outputs::default();
         assert!(o.release().is_none());
-        assert!(o.display(0, Some(&shown("table", "df"))).is_empty(), "held");
+        assert!(
+            o.display(0, Some(&shown("table value", "df"))).is_empty(),
+            "held"
+        );
         assert_eq!(texts(&o.release().into_iter().collect::<Vec<_>>()), ["df"]);
-        assert!(o.display(1, Some(&shown("value", "[1] 2"))).is_empty());
+        // Not a value's: at once.
+        assert_eq!(texts(&o.display(1, Some(&shown("text", "x")))), ["x"]);
+        assert!(o.display(2, Some(&shown("value", "[1] 2"))).is_empty());
         // A plot page's display goes at once; the value stays held.
-        assert_eq!(texts(&o.display(2, Some(&shown("plot", "p")))), ["p"]);
+        assert_eq!(texts(&o.display(3, Some(&shown("plot", "p")))), ["p"]);
         let (now, result) = o.finish(&r);
         assert!(now.is_empty(), "nothing is sent twice: {now:?}");
         let result = result.unwrap();
@@ -296,18 +323,18 @@ mod tests {
     #[test]
     fn a_held_display_that_is_not_the_last_value_and_unstreamed_ones_come_at_the_end() {
         let mut r = RunResult::empty("e".into(), "".into());
-        r.displays = vec![shown("table", "df"), shown("html", "big")];
+        r.displays = vec![shown("table value", "df"), shown("html", "big")];
         let mut o = Outputs::default();
-        assert!(o.display(0, Some(&shown("table", "df"))).is_empty());
+        assert!(o.display(0, Some(&shown("table value", "df"))).is_empty());
         // Too large to stream: the held one goes, this one comes from the
         // result.
         assert_eq!(texts(&o.display(1, None)), ["df"]);
         let (now, result) = o.finish(&r);
         assert_eq!(texts(&now), ["big"]);
         assert!(result.is_none());
-        // Held to the end, not a value: display_data.
+        // Held to the end, not the last value: display_data.
         let mut o = Outputs::default();
-        assert!(o.display(0, Some(&shown("table", "df"))).is_empty());
+        assert!(o.display(0, Some(&shown("table value", "df"))).is_empty());
         let (now, result) = o.finish(&r);
         assert_eq!(texts(&now), ["df", "big"]);
         assert!(result.is_none());

@@ -258,6 +258,7 @@ def ordered(km, kc):
     assert "<table" in table["data"]["text/html"], table
     assert "Mazda RX4" in table["data"]["text/plain"], table
     assert "last" not in table["metadata"]["rvisor"], table
+    assert table["metadata"]["rvisor"]["value"] is True, table
     assert shown[2][1] == {"name": "stdout", "text": "after\n"}, shown[2]
     assert result_of(msgs) == "[1] 2\n", msgs
     # print() is output: its text in order with the rest.
@@ -274,6 +275,21 @@ def ordered(km, kc):
     assert shown == ["stream", "display_data", "execute_result"], msgs
     assert text_of(msgs, "stdout") == "a\nb\n", msgs
     assert result_of(msgs) == "[1] 3\n", msgs
+    # rvisor_display() is sent at once, while the cell runs: this one
+    # never ends by itself, so its display must come before the interrupt.
+    msg_id = kc.execute("rvisor_display(head(mtcars, 3)); repeat {}")
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        m = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "display_data":
+            break
+    assert "Valiant" not in m["content"]["data"]["text/html"], m  # 3 rows
+    assert "Datsun 710" in m["content"]["data"]["text/html"], m
+    km.interrupt_kernel()
+    reply = shell_reply(kc, msg_id)["content"]
+    assert reply["status"] == "error" and reply["ename"] == "Interrupted", reply
+    rest = [m["msg_type"] for m in iopub_until_idle(kc, msg_id)]
+    assert "display_data" not in rest, rest  # not again from the result
     # A silent cell sends nothing.
     reply, msgs = execute(kc, 'cat("x\\n"); head(mtcars); 1', silent=True)
     assert reply["status"] == "ok", reply
