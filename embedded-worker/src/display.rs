@@ -18,6 +18,9 @@ thread_local! {
     static VALUES: Cell<bool> = const { Cell::new(false) };
     /// The display of the last visible value shown, by index.
     static LAST_VALUE: Cell<Option<usize>> = const { Cell::new(None) };
+    /// A top-level visible value is being shown: a display made now is
+    /// its display.
+    static SHOWING_VALUE: Cell<bool> = const { Cell::new(false) };
     /// The display id (and whether it is an update) `rvisor_display()`
     /// was given, for the next display the driver reports.
     static PENDING_ID: RefCell<Option<(String, bool)>> = const { RefCell::new(None) };
@@ -42,7 +45,18 @@ pub fn begin(values: bool) {
     DROPPED.with(|d| *d.borrow_mut() = 0);
     VALUES.with(|v| v.set(values));
     LAST_VALUE.with(|l| l.set(None));
+    SHOWING_VALUE.with(|s| s.set(false));
     PENDING_ID.with(|p| *p.borrow_mut() = None);
+}
+
+/// A top-level visible value is being shown (`true`), or no longer. With
+/// option `values`, the displays made meanwhile are marked
+/// `metadata.rvisor.value`: one of them may turn out to be the call's
+/// last visible value, which only the end of the call tells (a Jupyter
+/// kernel holds such a display back until then, and sends any other at
+/// once).
+pub fn showing_value(on: bool) {
+    SHOWING_VALUE.with(|s| s.set(on));
 }
 
 /// How many displays the call has made so far.
@@ -177,12 +191,20 @@ pub fn from_driver(mimes: Vec<String>, values: Vec<String>, meta: Option<String>
     push(d);
 }
 
-fn push(d: Display) {
-    let index = DISPLAYS.with(|v| {
-        let mut v = v.borrow_mut();
-        v.push(d);
-        v.len() - 1
-    });
+fn push(mut d: Display) {
+    if VALUES.with(Cell::get) && SHOWING_VALUE.with(Cell::get) {
+        let rv = d
+            .metadata
+            .entry("rvisor")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(rv) = rv {
+            rv.insert("value".into(), Value::Bool(true));
+        }
+    }
+    let index = count();
+    // Streamed with its bundle as it is made (when the call streams).
+    crate::stream::display(index, &d);
+    DISPLAYS.with(|v| v.borrow_mut().push(d));
     console::push(Segment::Display { index });
 }
 

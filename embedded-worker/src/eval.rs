@@ -601,7 +601,9 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                         // Its HTML as a display (or, when none can be
                         // made, `unsupported` with the reason).
                         let call = Rf_protect(Rf_lang2(Rf_install(c"show_html".as_ptr()), v));
+                        display::showing_value(true);
                         Rf_eval(call, driver);
+                        display::showing_value(false);
                     } else if html {
                         (*out).html = true;
                         let call = Rf_protect(Rf_lang2(
@@ -642,6 +644,8 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
             }
         });
         keep_source = step.keep_source;
+        // Also when showing the value jumped.
+        display::showing_value(false);
         r::quiet_stderr(false);
         if let Some((text, _)) = console::abandon_divert() {
             // The print jumped (an error in a print method): what it wrote
@@ -651,14 +655,19 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
         let held = console::take_held();
         if let Some((v, before)) = step.table {
             if ended == r::Ended::Returned {
+                display::showing_value(true);
                 show_table(tok, driver, v, before, held.as_ref().map(|h| h.0.as_str()));
+                display::showing_value(false);
             }
             // SAFETY: on the R thread; `v` was preserved in the expression.
             unsafe { R_ReleaseObject(v) };
         } else if let Some(v) = step.value {
             if ended == r::Ended::Returned {
                 let (text, more) = held.unwrap_or_default();
-                display::of_value(text, more, &first_class(tok, v));
+                let class = first_class(tok, v);
+                display::showing_value(true);
+                display::of_value(text, more, &class);
+                display::showing_value(false);
             }
             // SAFETY: on the R thread; `v` was preserved in the expression.
             unsafe { R_ReleaseObject(v) };
@@ -855,7 +864,11 @@ fn finish(
             // The page as a display too (its image repeated, so a client
             // of displays alone has every output; counted once in the cap).
             let svg = svgs.get_mut(i).and_then(Option::take);
-            displays.push(display::of_plot(i, &plot, svg));
+            let d = display::of_plot(i, &plot, svg);
+            // Streamed now, at the end of the call, before the result: a
+            // page is read from its file only then.
+            stream::display(displays.len(), &d);
+            displays.push(d);
             res.segments.push(Segment::Display {
                 index: displays.len() - 1,
             });

@@ -13,8 +13,8 @@
 
 use crate::link;
 use rvisor_protocol::{
-    EventKind, FromWorker, Segment, StreamMode, FLUSH_BYTES, FLUSH_INTERVAL_MS, TAIL_BYTES,
-    TAIL_INTERVAL_MS,
+    Display, EventKind, FromWorker, Segment, StreamMode, FLUSH_BYTES, FLUSH_INTERVAL_MS,
+    STREAM_DISPLAY_BYTES, TAIL_BYTES, TAIL_INTERVAL_MS,
 };
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -126,12 +126,74 @@ pub fn segment(seg: &Segment) {
             }
             return;
         }
+        if matches!(seg, Segment::Display { .. }) {
+            // Sent with its bundle by `display`, as it is made.
+            return;
+        }
         if let Some(e) = EventKind::from_segment(seg) {
             s.bytes += e.console_text().map_or(0, str::len);
             s.pending.push(e);
             maybe_flush(&mut s);
         }
     });
+}
+
+/// A display as it is made (a value's, `rvisor_display()`'s; a plot
+/// page's at the end of the call, before the result), by its index in the
+/// final result's displays: sent with its bundle.
+pub fn display(index: usize, d: &Display) {
+    let full = STATE.with(|s| {
+        let s = s.borrow();
+        s.mode == StreamMode::Full && !s.broken
+    });
+    if !full {
+        return; // no copy of the bundle for a call nobody streams
+    }
+    full_event(EventKind::Display {
+        index,
+        display: streamed(d.clone()),
+    });
+}
+
+/// The bundle a display event carries: the display, unless its JSON is
+/// over [`STREAM_DISPLAY_BYTES`] (then the result alone has it).
+fn streamed(d: Display) -> Option<Box<Display>> {
+    /// Counts the bytes written to it.
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            if self.0 > STREAM_DISPLAY_BYTES {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    if d.size_bytes() > STREAM_DISPLAY_BYTES {
+        return None;
+    }
+    // JSON escaping can make text up to six times longer: measured only
+    // when that could pass the bound.
+    if d.size_bytes().saturating_mul(6) > STREAM_DISPLAY_BYTES
+        && serde_json::to_writer(&mut Count(0), &d).is_err()
+    {
+        return None;
+    }
+    Some(Box::new(d))
+}
+
+/// The bytes of an event that count toward a batch: its console text, a
+/// display's bundle.
+fn event_bytes(e: &EventKind) -> usize {
+    match e {
+        EventKind::Display {
+            display: Some(d), ..
+        } => d.size_bytes(),
+        e => e.console_text().map_or(0, str::len),
+    }
 }
 
 /// A finished plot page, by its index in the final result's plots.
@@ -201,6 +263,7 @@ fn full_event(e: EventKind) {
         {
             s.pending.pop();
         }
+        s.bytes += event_bytes(&e);
         s.pending.push(e);
         maybe_flush(&mut s);
     });
@@ -268,12 +331,13 @@ fn flush(s: &mut State) {
     s.bytes = 0;
     s.last_flush = Some(Instant::now());
     // A frame of at most ~FLUSH_BYTES of text (a single large write is cut
-    // into pieces), far below the supervisor's frame limit even when JSON
-    // escaping multiplies it.
+    // into pieces) and at most one display over FLUSH_BYTES (at most
+    // STREAM_DISPLAY_BYTES of JSON), below the supervisor's frame limit
+    // even when JSON escaping multiplies the text.
     let mut batch = Vec::new();
     let mut bytes = 0;
     for e in events {
-        bytes += e.console_text().map_or(0, str::len);
+        bytes += event_bytes(&e);
         batch.push(e);
         if bytes >= FLUSH_BYTES {
             send(s, std::mem::take(&mut batch));
@@ -387,6 +451,20 @@ mod tests {
         assert!(out
             .iter()
             .all(|e| e.console_text().unwrap().len() <= FLUSH_BYTES));
+    }
+
+    #[test]
+    fn a_display_too_large_for_an_event_frame_goes_without_its_bundle() {
+        let of = |text: String| {
+            let mut d = Display::default();
+            d.data.insert("text/html".into(), text.into());
+            d
+        };
+        assert!(streamed(of("<table></table>".into())).is_some());
+        assert!(streamed(of("x".repeat(STREAM_DISPLAY_BYTES + 1))).is_none());
+        // Small in memory, over the bound once JSON escapes it.
+        let control = "\u{1}".repeat(STREAM_DISPLAY_BYTES / 4);
+        assert!(streamed(of(control)).is_none());
     }
 
     #[test]

@@ -865,6 +865,20 @@ fn values_are_displays_with_the_text_r_prints_and_the_last_is_marked() {
         .map(|d| d.metadata["rvisor"]["last"] == Value::Bool(true))
         .collect();
     assert_eq!(last, [false, false, true]);
+    // Each is a visible value's (a kernel holds those back until it knows
+    // which was the last); rvisor_display()'s is not.
+    assert!(on
+        .displays
+        .iter()
+        .all(|d| d.metadata["rvisor"]["value"] == Value::Bool(true)));
+    let explicit = w.run(
+        "rvisor_display(data.frame(a = 1)); invisible(1)",
+        &values_on(),
+    );
+    assert_eq!(explicit.displays.len(), 1, "{:?}", explicit.displays);
+    assert!(explicit.displays[0].metadata["rvisor"]
+        .get("value")
+        .is_none());
     assert!(text(&on, 2, "text/html").contains("<table"));
     // Displays sit where the values were, between the console's segments.
     let order: Vec<&str> = on

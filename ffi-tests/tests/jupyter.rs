@@ -148,6 +148,16 @@ fn values_are_execute_results() {
     scenario("values");
 }
 
+/// Displays are sent as they are made, in order with the stream text
+/// (`cat("before"); head(mtcars); cat("after"); 1+1`: stream,
+/// display_data, stream, execute_result; `print()` stays stream text, in
+/// its place), plot pages at the end with the value last; a silent cell
+/// sends nothing.
+#[test]
+fn displays_come_in_order_with_the_stream_text() {
+    scenario("ordered");
+}
+
 /// `rvisor_display(x, display_id = "...")` is display_data with
 /// `transient.display_id`; with `update = TRUE` it is update_display_data of
 /// that id (in the same cell or a later one); bad arguments are errors.

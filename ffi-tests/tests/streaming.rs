@@ -940,3 +940,164 @@ fn clients_that_do_not_read_hold_only_their_bound_and_their_memory_goes_back_whe
         serve.peak_rss() / MIB
     );
 }
+
+// ---------------------------------------------------------------------------
+// Displays: each comes with its bundle when it is made
+
+/// The kinds of `events` (JSON), consecutive stdout joined, with the
+/// stdout text of each run.
+fn display_runs(events: &[Value]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for e in events {
+        let kind = e["kind"].as_str().unwrap().to_string();
+        match (kind.as_str(), out.last_mut()) {
+            ("stdout", Some((k, text))) if k == "stdout" => {
+                text.push_str(e["text"].as_str().unwrap())
+            }
+            ("progress", _) => {}
+            _ => {
+                let text = e["text"].as_str().unwrap_or("").to_string();
+                out.push((kind, text));
+            }
+        }
+    }
+    out
+}
+
+/// `cat("a"); rvisor_display(head(mtcars)); cat("b")` as JSON events:
+/// stdout a (then the table's text, which the console keeps), the display
+/// with its bundle (the result's `displays[0]`, HTML and all), stdout b,
+/// the result.
+fn check_display_events(events: &[Value]) {
+    let runs = display_runs(events);
+    let kinds: Vec<&str> = runs.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["stdout", "display", "stdout", "result"],
+        "{events:?}"
+    );
+    assert!(runs[0].1.starts_with("a\n"), "{runs:?}");
+    assert_eq!(runs[2].1, "b\n");
+    let d = events.iter().find(|e| e["kind"] == "display").unwrap();
+    assert_eq!(d["index"], 0);
+    assert!(
+        d["display"]["data"]["text/html"]
+            .as_str()
+            .is_some_and(|h| h.contains("<table") && h.contains("Mazda RX4")),
+        "{d}"
+    );
+    let result = &events.last().unwrap()["result"];
+    assert_eq!(result["outcome"], "complete", "{result}");
+    assert_eq!(d["display"], result["displays"][0], "the result's display");
+    assert_eq!(
+        result["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["kind"] == "display")
+            .unwrap(),
+        &json!({"kind": "display", "index": 0}),
+        "the segment stays {{kind, index}}"
+    );
+}
+
+const DISPLAY_CODE: &str = "cat('a\\n'); rvisor_display(head(mtcars)); cat('b\\n')";
+
+#[test]
+fn a_display_arrives_with_its_bundle_while_the_call_runs() {
+    let sup = supervisor();
+    let (s, acked) = session(&sup);
+    let code = format!(
+        "cat('a\\n'); rvisor_display(head(mtcars)); {}; cat('b\\n'); plot(1:3)",
+        wait_seen(1)
+    );
+    let h = s.run_streaming(&code).unwrap();
+    let mut ev = h.events();
+    let mut events = Vec::new();
+    let display = loop {
+        let e = next_of(&mut ev, &["stdout", "display"]);
+        match &e.kind {
+            EventKind::Display {
+                index,
+                display: Some(d),
+            } => break (*index, (**d).clone()),
+            EventKind::Stdout { .. } => events.push(e),
+            _ => panic!("the display comes with its bundle, before the result: {e:?}"),
+        }
+    };
+    // The call waits for this acknowledgement: the display was sent when
+    // it was made, not with the result.
+    assert!(h.try_result().is_none(), "the call still runs");
+    acked.store(1, Ordering::SeqCst);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e.kind.console_text())
+        .collect();
+    assert!(text.starts_with("a\n"), "{text:?}");
+    assert_eq!(display.0, 0);
+    assert!(display.1.data["text/html"]
+        .as_str()
+        .unwrap()
+        .contains("<table"));
+    let e = next_of(&mut ev, &["stdout", "display"]);
+    assert_eq!(e.kind.console_text(), Some("b\n"), "{e:?}");
+    // A plot page: its plot event, then its display (made at the end of
+    // the call), then the result.
+    let e = next_of(&mut ev, &["plot", "display"]);
+    assert_eq!(e.kind, EventKind::Plot { index: 0 });
+    let e = next_of(&mut ev, &["display"]);
+    let EventKind::Display {
+        index: 1,
+        display: Some(plot),
+    } = e.kind
+    else {
+        panic!("the plot's display with its image: {e:?}");
+    };
+    assert!(plot.data.contains_key("image/png"), "{:?}", plot.metadata);
+    let r = result_of(&mut ev);
+    assert_eq!(r.outcome, Outcome::Complete);
+    assert_eq!(r.displays.len(), 2);
+    assert_eq!(
+        r.displays[0], display.1,
+        "the streamed display is the result's"
+    );
+    assert_eq!(r.displays[1], *plot);
+}
+
+#[test]
+fn json_surfaces_stream_displays_with_their_bundles() {
+    // HTTP, one JSON line per event.
+    let http = Http::start();
+    let mut st = http.open_stream(
+        "/v1/run",
+        "application/x-ndjson",
+        json!({ "script": DISPLAY_CODE }),
+    );
+    assert_eq!(st.status, 200);
+    let mut events = Vec::new();
+    loop {
+        let line = st.next_piece("\n").expect("a line before the end");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let done = v["kind"] == "result";
+        events.push(v);
+        if done {
+            break;
+        }
+    }
+    check_display_events(&events);
+
+    // session --jsonl: the events in {"id", "event"} lines.
+    let mut cli = Jsonl::start();
+    cli.send(json!({"id": 1, "op": "run", "stream": true, "code": DISPLAY_CODE}));
+    let mut events = Vec::new();
+    loop {
+        let l = cli.line();
+        assert_eq!(l["id"], 1, "{l}");
+        if let Some(r) = l.get("result") {
+            events.push(json!({"kind": "result", "result": r}));
+            break;
+        }
+        events.push(l["event"].clone());
+    }
+    check_display_events(&events);
+}

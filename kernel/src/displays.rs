@@ -26,16 +26,7 @@ pub struct Display {
 /// not happen, comes after them).
 pub fn displays_of(r: &RunResult) -> Vec<Display> {
     if !r.displays.is_empty() {
-        return r
-            .displays
-            .iter()
-            .map(|d| Display {
-                data: d.data.clone(),
-                metadata: d.metadata.clone(),
-                transient: d.transient.clone(),
-                update: d.update && d.display_id().is_some(),
-            })
-            .collect();
+        return r.displays.iter().map(Display::of).collect();
     }
     let mut order: Vec<usize> = r
         .segments
@@ -75,7 +66,108 @@ pub fn displays_of(r: &RunResult) -> Vec<Display> {
         .collect()
 }
 
+/// A cell's displays as its events bring them (each `display` event
+/// carries its bundle: docs/streaming.md), sent in order with its stream
+/// text, each once. The display of a visible value
+/// (`metadata.rvisor.value`) is held back until the next output (or the
+/// end): only the result says whether it was the cell's last visible
+/// value, which goes as `execute_result`, after the displays made at the
+/// end (plot pages). Any other display (`rvisor_display()`) goes at once.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    /// Indices into the result's displays already sent (or held).
+    sent: std::collections::HashSet<usize>,
+    /// A display that may be the cell's result, by index.
+    held: Option<(usize, Display)>,
+}
+
+impl Outputs {
+    /// Output other than a display comes (stream text, a warning): the
+    /// display held, if any, goes before it, as `display_data`.
+    pub fn release(&mut self) -> Option<Display> {
+        self.held.take().map(|(_, d)| d)
+    }
+
+    /// Display event `index`, with its bundle when it was streamed with
+    /// it: what to send now, in order. A plot page's display (made at the
+    /// end of the call) goes at once and keeps a held value held (the
+    /// value comes last, as in every kernel); one without its bundle (too
+    /// large to stream) is sent from the result at the end.
+    pub fn display(&mut self, index: usize, d: Option<&rvisor::Display>) -> Vec<Display> {
+        let Some(d) = d.map(Display::of) else {
+            return self.release().into_iter().collect();
+        };
+        self.sent.insert(index);
+        if d.kind() == Some("plot") {
+            return vec![d];
+        }
+        let mut now: Vec<Display> = self.release().into_iter().collect();
+        if d.is_value() && !d.update {
+            self.held = Some((index, d));
+        } else {
+            now.push(d);
+        }
+        now
+    }
+
+    /// The call ended with `r`: the displays still to send as
+    /// `display_data` (or `update_display_data`), in order, and the
+    /// cell's `execute_result`, if it has one (its last visible value).
+    pub fn finish(mut self, r: &RunResult) -> (Vec<Display>, Option<Display>) {
+        let all = displays_of(r);
+        // Without displays (the session has them off) the result's plot
+        // pages stand in for them, none streamed.
+        let streamed = !r.displays.is_empty();
+        let mut now = Vec::new();
+        let mut result = None;
+        if let Some((i, d)) = self.held.take() {
+            match all.get(i) {
+                Some(last) if streamed && last.is_last_value() => result = Some(last.clone()),
+                _ => now.push(d),
+            }
+        }
+        for (i, d) in all.into_iter().enumerate() {
+            if streamed && self.sent.contains(&i) {
+                continue;
+            }
+            if d.is_last_value() && result.is_none() {
+                result = Some(d);
+            } else {
+                now.push(d);
+            }
+        }
+        (now, result)
+    }
+}
+
 impl Display {
+    /// The kernel's display of a result's (or an event's) display.
+    pub fn of(d: &rvisor::Display) -> Self {
+        Display {
+            data: d.data.clone(),
+            metadata: d.metadata.clone(),
+            transient: d.transient.clone(),
+            // A display with an id given again with `update = TRUE`
+            // replaces it where it is shown.
+            update: d.update && d.display_id().is_some(),
+        }
+    }
+
+    /// Its `metadata.rvisor.kind` (`table`, `html`, `value`, `plot`).
+    fn kind(&self) -> Option<&str> {
+        self.metadata.get("rvisor")?.get("kind")?.as_str()
+    }
+
+    /// Whether it shows a visible value (`metadata.rvisor.value`), which
+    /// may be the cell's result.
+    fn is_value(&self) -> bool {
+        self.metadata
+            .get("rvisor")
+            .and_then(|r| r.get("value"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+
     /// The content of a `display_data` message (and of an
     /// `update_display_data`, which has the same shape).
     pub fn content(&self) -> Value {
@@ -171,6 +263,81 @@ mod tests {
         assert_eq!(d[1].content()["transient"]["display_id"], "p");
         assert_eq!(d[2].msg_type(), "display_data");
         assert_eq!(d[2].content()["transient"], json!({}));
+    }
+
+    /// A display of `kind`; `value` kinds are a visible value's.
+    fn shown(kind: &str, text: &str) -> rvisor::Display {
+        let mut d = rvisor::Display::default();
+        d.data.insert("text/plain".into(), json!(text));
+        let (kind, value) = match kind.strip_suffix(" value") {
+            Some(k) => (k, true),
+            None => (kind, kind == "value"),
+        };
+        let mut rv = json!({"kind": kind});
+        if value {
+            rv["value"] = json!(true);
+        }
+        d.metadata.insert("rvisor".into(), rv);
+        d
+    }
+
+    fn texts(d: &[Display]) -> Vec<&str> {
+        d.iter()
+            .map(|d| d.data["text/plain"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn streamed_displays_go_in_order_and_the_last_value_is_the_result() {
+        // cat("a"); df; cat("b"); rvisor_display(x); 1 + 1; plot(1)
+        let mut r = RunResult::empty("e".into(), "".into());
+        r.displays = vec![
+            shown("table value", "df"),
+            shown("text", "x"),
+            shown("value", "[1] 2"),
+            shown("plot", "p"),
+        ];
+        r.displays[2].metadata.insert(
+            "rvisor".into(),
+            json!({"kind": "value", "value": true, "last": true}),
+        );
+        let mut o = Outputs::default();
+        assert!(o.release().is_none());
+        assert!(
+            o.display(0, Some(&shown("table value", "df"))).is_empty(),
+            "held"
+        );
+        assert_eq!(texts(&o.release().into_iter().collect::<Vec<_>>()), ["df"]);
+        // Not a value's: at once.
+        assert_eq!(texts(&o.display(1, Some(&shown("text", "x")))), ["x"]);
+        assert!(o.display(2, Some(&shown("value", "[1] 2"))).is_empty());
+        // A plot page's display goes at once; the value stays held.
+        assert_eq!(texts(&o.display(3, Some(&shown("plot", "p")))), ["p"]);
+        let (now, result) = o.finish(&r);
+        assert!(now.is_empty(), "nothing is sent twice: {now:?}");
+        let result = result.unwrap();
+        assert_eq!(result.data["text/plain"], "[1] 2");
+        assert!(result.is_last_value());
+    }
+
+    #[test]
+    fn a_held_display_that_is_not_the_last_value_and_unstreamed_ones_come_at_the_end() {
+        let mut r = RunResult::empty("e".into(), "".into());
+        r.displays = vec![shown("table value", "df"), shown("html", "big")];
+        let mut o = Outputs::default();
+        assert!(o.display(0, Some(&shown("table value", "df"))).is_empty());
+        // Too large to stream: the held one goes, this one comes from the
+        // result.
+        assert_eq!(texts(&o.display(1, None)), ["df"]);
+        let (now, result) = o.finish(&r);
+        assert_eq!(texts(&now), ["big"]);
+        assert!(result.is_none());
+        // Held to the end, not the last value: display_data.
+        let mut o = Outputs::default();
+        assert!(o.display(0, Some(&shown("table value", "df"))).is_empty());
+        let (now, result) = o.finish(&r);
+        assert_eq!(texts(&now), ["df", "big"]);
+        assert!(result.is_none());
     }
 
     #[test]

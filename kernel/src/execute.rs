@@ -2,7 +2,7 @@
 //! events sent on iopub as they arrive (busy, execute_input, stream,
 //! display_data, error, idle), then `execute_reply`.
 
-use crate::displays::displays_of;
+use crate::displays::{Display, Outputs};
 use crate::wire::Message;
 use crate::Shell;
 use rvisor::{EventKind, Outcome, RunResult, Segment};
@@ -147,29 +147,39 @@ fn run(
     }
     let mut events = pending.events();
     let mut result = None;
+    let mut outputs = Outputs::default();
+    let send = |d: Display| io.send(msg, d.msg_type(), d.content());
     while let Some(e) = events.next_blocking() {
         if req.silent && !matches!(e.kind, EventKind::Result { .. }) {
             continue;
         }
-        match e.kind {
-            EventKind::Stdout { text } => io.stream(msg, "stdout", &text),
-            EventKind::Stderr { text } | EventKind::Message { text } => {
-                io.stream(msg, "stderr", &text)
-            }
+        let text = match e.kind {
+            EventKind::Stdout { text } => Some(("stdout", text)),
+            EventKind::Stderr { text } | EventKind::Message { text } => Some(("stderr", text)),
             EventKind::Warning { message, call } => {
                 let seg = Segment::Warning { message, call };
-                io.stream(msg, "stderr", &seg.console_text().unwrap_or_default());
+                Some(("stderr", seg.console_text().unwrap_or_default()))
             }
-            EventKind::Lagged { message, .. } => {
-                io.stream(msg, "stderr", &format!("rvisor: {message}\n"))
+            EventKind::Lagged { message, .. } => Some(("stderr", format!("rvisor: {message}\n"))),
+            // Each display as it is made, in order with the text.
+            EventKind::Display { index, display } => {
+                outputs
+                    .display(index, display.as_deref())
+                    .into_iter()
+                    .for_each(send);
+                None
             }
             EventKind::Result { result: r } => {
                 result = Some(*r);
                 break;
             }
             // The error comes with the result (as `error`); a plot's PNG
-            // is in the result too.
-            _ => {}
+            // is in the result too (and its display comes as a display).
+            _ => None,
+        };
+        if let Some((name, text)) = text {
+            outputs.release().into_iter().for_each(send);
+            io.stream(msg, name, &text);
         }
     }
     let Some(r) = result else {
@@ -186,19 +196,12 @@ fn run(
         }
         // The last visible value is the cell's result (the session shows
         // values as displays: display option `values`); every other
-        // display, plots and earlier values, is display_data.
-        // It comes last, as in every kernel (a plot made before the value
-        // is shown above it).
-        let mut result = None;
-        for d in displays_of(&r) {
-            if d.is_last_value() && result.is_none() {
-                result = Some(d);
-            } else {
-                // A display with an id given again with `update = TRUE`
-                // replaces it where it is shown.
-                io.send(msg, d.msg_type(), d.content());
-            }
-        }
+        // display, plots and earlier values, is display_data, sent as it
+        // came unless it could not be streamed. The result comes last, as
+        // in every kernel (a plot made before the value is shown above
+        // it).
+        let (now, result) = outputs.finish(&r);
+        now.into_iter().for_each(send);
         if let Some(d) = result {
             io.send(msg, "execute_result", d.result_content(count));
         }

@@ -45,6 +45,22 @@ impl Display {
     pub fn display_id(&self) -> Option<&str> {
         self.transient.get("display_id").and_then(|v| v.as_str())
     }
+
+    /// Roughly the bytes it holds: its values (strings as they are, JSON
+    /// values as text) and its metadata and transient as JSON text. What a
+    /// streamed display event is counted for against a stream's bound.
+    pub fn size_bytes(&self) -> usize {
+        fn value(v: &serde_json::Value) -> usize {
+            match v {
+                serde_json::Value::String(s) => s.len(),
+                other => other.to_string().len(),
+            }
+        }
+        let map = |m: &serde_json::Map<String, serde_json::Value>| -> usize {
+            m.iter().map(|(k, v)| k.len() + value(v)).sum()
+        };
+        map(&self.data) + map(&self.metadata) + map(&self.transient)
+    }
 }
 
 /// Default rows of a table shown as HTML, Markdown and the JSON preview: a

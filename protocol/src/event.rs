@@ -33,6 +33,11 @@ pub enum StreamMode {
 pub const FLUSH_INTERVAL_MS: u64 = 10;
 /// A batch is sent at once when its text reaches this many bytes.
 pub const FLUSH_BYTES: usize = 32 * 1024;
+/// The largest display (its JSON) a display event carries; a larger one
+/// is streamed as `{kind, index}` only, its bundle in the final result.
+/// Half the smallest event frame the supervisor accepts, so that a frame
+/// with a display and a batch of text always fits.
+pub const STREAM_DISPLAY_BYTES: usize = 16 << 20;
 /// In tail mode: nothing is sent before the call has run this long, then
 /// at most this often.
 pub const TAIL_INTERVAL_MS: u64 = 250;
@@ -43,8 +48,9 @@ crate::result::output_enum! {
     /// What happened: a piece of the output as the result's segments have
     /// it (a warning comes when R reports it, at the end of its top-level
     /// expression; a plot when its page is finished, at the next page or
-    /// the end, its image in the final result's `plots[index]`), progress,
-    /// or the final result.
+    /// the end, its image in the final result's `plots[index]`; a display
+    /// when it is made, with its bundle: `{"kind": "display", "index": N,
+    /// "display": {data, metadata, ...}}`), progress, or the final result.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(tag = "kind", rename_all = "snake_case")]
     #[non_exhaustive]
@@ -129,6 +135,59 @@ pub struct CallEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_display_event_carries_its_bundle_and_its_segment_does_not() {
+        let mut d = crate::Display::default();
+        d.data
+            .insert("text/html".into(), serde_json::json!("<table></table>"));
+        let e = CallEvent {
+            execution_id: "x".into(),
+            seq: 2,
+            kind: EventKind::Display {
+                index: 0,
+                display: Some(Box::new(d.clone())),
+            },
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"execution_id": "x", "seq": 2, "kind": "display", "index": 0,
+                               "display": {"data": {"text/html": "<table></table>"},
+                                           "metadata": {}}})
+        );
+        let back: CallEvent = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+        // The segment, and an event made from it, stay {kind, index}; an
+        // old event without the field still reads.
+        let seg = Segment::Display { index: 0 };
+        assert_eq!(
+            serde_json::to_value(&seg).unwrap(),
+            serde_json::json!({"kind": "display", "index": 0})
+        );
+        let from = EventKind::from_segment(&seg).unwrap();
+        assert_eq!(
+            from,
+            EventKind::Display {
+                index: 0,
+                display: None
+            }
+        );
+        assert_eq!(
+            serde_json::to_value(&from).unwrap(),
+            serde_json::json!({"kind": "display", "index": 0})
+        );
+        let old: EventKind =
+            serde_json::from_value(serde_json::json!({"kind": "display", "index": 4})).unwrap();
+        assert_eq!(
+            old,
+            EventKind::Display {
+                index: 4,
+                display: None
+            }
+        );
+        assert!(d.size_bytes() >= "text/html<table></table>".len());
+    }
 
     #[test]
     fn wire_shape() {

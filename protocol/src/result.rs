@@ -76,6 +76,10 @@ impl std::fmt::Display for Outcome {
 /// `from Segment`, also its `from_segment`. [`Segment`] and
 /// [`crate::EventKind`] are both made by it, so the variants they share
 /// cannot drift apart: same names, same fields, hence the same JSON.
+/// A variant may have fields only the event has, in brackets after its
+/// shared ones (the display event's bundle): they must have a `Default`
+/// (`from_segment` fills them with it) and should be skipped when empty,
+/// so that an event without them is the segment's JSON exactly.
 macro_rules! output_enum {
     // The shared variants, handed to the rule in brackets.
     (@pieces [$($rule:tt)*]) => {
@@ -121,33 +125,61 @@ macro_rules! output_enum {
             Display {
                 /// Index into `displays`.
                 index: usize,
-            },
+            } [
+                /// The event only: the display itself (as the final
+                /// result's `displays[index]` has it, but without
+                /// `metadata.rvisor.last`, known only at the end), when it
+                /// was sent with the event; absent when it was too large
+                /// to stream (then only the result has it).
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                display: Option<Box<$crate::Display>>,
+            ],
         }
     };
-    (@enum [$($m:tt)*] $name:ident [$($extra:tt)*]
-        $($(#[$vm:meta])* $v:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* },)*) => {
+    // A segment enum: the shared fields only.
+    (@enum [$($m:tt)*] $name:ident [$($extra:tt)*] segments
+        $($(#[$vm:meta])* $v:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* }
+          $([ $($(#[$em:meta])* $e:ident: $et:ty,)* ])?,)*) => {
         $($m)*
         pub enum $name {
             $($(#[$vm])* $v { $($(#[$fm])* $f: $t,)* },)*
             $($extra)*
         }
     };
+    // An event enum: with the fields only events have.
+    (@enum [$($m:tt)*] $name:ident [$($extra:tt)*] events
+        $($(#[$vm:meta])* $v:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* }
+          $([ $($(#[$em:meta])* $e:ident: $et:ty,)* ])?,)*) => {
+        $($m)*
+        pub enum $name {
+            $($(#[$vm])* $v {
+                $($(#[$fm])* $f: $t,)*
+                $($($(#[$em])* $e: $et,)*)?
+            },)*
+            $($extra)*
+        }
+    };
     (@from $name:ident $seg:ident
-        $($(#[$vm:meta])* $v:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* },)*) => {
+        $($(#[$vm:meta])* $v:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* }
+          $([ $($(#[$em:meta])* $e:ident: $et:ty,)* ])?,)*) => {
         impl $name {
-            /// The event for a segment of the capture.
+            /// The event for a segment of the capture (its event-only
+            /// fields empty).
             pub fn from_segment(seg: &$seg) -> Option<Self> {
                 Some(match seg {
-                    $($seg::$v { $($f,)* } => Self::$v { $($f: $f.clone(),)* },)*
+                    $($seg::$v { $($f,)* } => Self::$v {
+                        $($f: $f.clone(),)*
+                        $($($e: Default::default(),)*)?
+                    },)*
                 })
             }
         }
     };
     ($(#[$m:meta])* pub enum $name:ident { $($extra:tt)* }) => {
-        $crate::result::output_enum! { @pieces [@enum [$(#[$m])*] $name [$($extra)*]] }
+        $crate::result::output_enum! { @pieces [@enum [$(#[$m])*] $name [$($extra)*] segments] }
     };
     ($(#[$m:meta])* pub enum $name:ident from $seg:ident { $($extra:tt)* }) => {
-        $crate::result::output_enum! { @pieces [@enum [$(#[$m])*] $name [$($extra)*]] }
+        $crate::result::output_enum! { @pieces [@enum [$(#[$m])*] $name [$($extra)*] events] }
         $crate::result::output_enum! { @pieces [@from $name $seg] }
     };
 }

@@ -255,12 +255,15 @@ fn weight(e: &CallEvent) -> usize {
         }
         EventKind::Progress { message, .. } => message.as_ref().map_or(0, String::len),
         EventKind::Lagged { message, .. } => message.len(),
+        EventKind::Display {
+            display: Some(d), ..
+        } => d.size_bytes(),
         _ => 0,
     };
     std::mem::size_of::<(CallEvent, usize)>() + e.execution_id.len() + fields
 }
 
-/// Roughly what a result holds on the heap: its texts and plots (not
+/// Roughly what a result holds on the heap: its texts, plots and displays (not
 /// counted against any bound, only for [`Events::peak_bytes`]).
 fn result_bytes(r: &RunResult) -> usize {
     let segments: usize = r
@@ -270,7 +273,8 @@ fn result_bytes(r: &RunResult) -> usize {
         .map(|t| t.len())
         .sum();
     let plots: usize = r.plots.iter().map(|p| p.data_base64.len()).sum();
-    std::mem::size_of::<RunResult>() + r.code.len() + r.console.len() + segments + plots
+    let displays: usize = r.displays.iter().map(|d| d.size_bytes()).sum();
+    std::mem::size_of::<RunResult>() + r.code.len() + r.console.len() + segments + plots + displays
 }
 
 /// The console text an event holds, in bytes (what [`EventKind::Lagged`]
@@ -321,8 +325,17 @@ impl Feed {
     }
 
     /// Queues `e` unless the reader lags past a bound; then it joins the
-    /// gap the next queued event (or the result) reports.
-    fn offer(&self, s: &mut FeedState, e: CallEvent) {
+    /// gap the next queued event (or the result) reports. A display event
+    /// whose bundle does not fit is queued without it (`{kind, index}`,
+    /// the bundle in the result's `displays[index]`) rather than dropped:
+    /// one large display does not make a reader that keeps up lag.
+    fn offer(&self, s: &mut FeedState, mut e: CallEvent) {
+        let w = weight(&e);
+        if let EventKind::Display { display, .. } = &mut e.kind {
+            if display.is_some() && !self.fits(s, w) {
+                *display = None;
+            }
+        }
         let max = self.limits.max_bytes;
         let w = weight(&e);
         // A stream that lagged resumes once its reader has taken half of
@@ -360,6 +373,29 @@ impl Feed {
         s.held += w;
         s.peak = s.peak.max(s.held);
         s.queue.push_back((e, w));
+    }
+
+    /// Whether an event weighing `w` would be queued now, its lag notice
+    /// (if one waits) counted in: the checks of [`Self::offer`], taking
+    /// nothing.
+    fn fits(&self, s: &FeedState, w: usize) -> bool {
+        let max = self.limits.max_bytes;
+        let notice = match &s.gap {
+            None => 0,
+            Some(_) if s.held > max / 2 => return false,
+            Some(gap) => weight(&self.notice(gap)),
+        };
+        let total = w + notice;
+        if s.held.saturating_add(total) > max {
+            return false;
+        }
+        match &self.limits.shared {
+            Some(b) if s.held + total > STREAM_OWN_BYTES => b
+                .held_bytes()
+                .checked_add(total)
+                .is_some_and(|t| t <= b.limit()),
+            _ => true,
+        }
     }
 
     /// `e` is not queued: it joins the gap (`cause` is the bound that was
@@ -872,6 +908,66 @@ mod tests {
             .filter(|e| e.kind.name() == "stdout")
             .count();
         assert!(after > 0, "{read:?}");
+    }
+
+    fn display(bytes: usize) -> EventKind {
+        let mut d = rvisor_protocol::Display::default();
+        d.data
+            .insert("text/html".into(), serde_json::json!("x".repeat(bytes)));
+        EventKind::Display {
+            index: 0,
+            display: Some(Box::new(d)),
+        }
+    }
+
+    #[test]
+    fn a_display_counts_its_bytes_and_one_too_large_comes_without_its_bundle() {
+        let limits = StreamLimits {
+            max_bytes: 64 * 1024,
+            shared: None,
+        };
+        let (feed, mut events) = EventFeed::with_limits("e9", limits);
+        feed.push(display(1000));
+        feed.push(display(1 << 20));
+        feed.push(text(10));
+        feed.finish(&RunResult::empty("e9".into(), "x".into()));
+        let read: Vec<CallEvent> = events.by_ref().collect();
+        assert!(check_accounted(&read, 10).is_empty(), "no event dropped");
+        assert!(weight(&read[0]) > 1000);
+        match (&read[0].kind, &read[1].kind) {
+            (
+                EventKind::Display {
+                    display: Some(small),
+                    ..
+                },
+                EventKind::Display { display: None, .. },
+            ) => assert_eq!(small.data["text/html"].as_str().unwrap().len(), 1000),
+            other => panic!("{other:?}"),
+        }
+        // A reader that does not read: displays fill the bound like text.
+        let limits = StreamLimits {
+            max_bytes: 64 * 1024,
+            shared: None,
+        };
+        let (feed, mut events) = EventFeed::with_limits("e10", limits);
+        for _ in 0..200 {
+            feed.push(display(1000));
+        }
+        feed.finish(&RunResult::empty("e10".into(), "x".into()));
+        let read: Vec<CallEvent> = events.by_ref().collect();
+        let with_bundle = read
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.kind,
+                    EventKind::Display {
+                        display: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert!(with_bundle < 64, "{with_bundle}");
     }
 
     #[test]

@@ -194,7 +194,7 @@ def values(km, kc):
     reply, msgs = execute(kc, "1\ncat('mid\\n')\n2\ninvisible(3)")
     assert reply["status"] == "ok", reply
     kinds = [t for t, _ in msgs if t not in ("status", "execute_input")]
-    assert kinds == ["stream", "display_data", "execute_result"], msgs
+    assert kinds == ["display_data", "stream", "execute_result"], msgs  # in order
     assert text_of(msgs, "stdout") == "mid\n", msgs
     first = [c for t, c in msgs if t == "display_data"][0]
     assert first["data"]["text/plain"] == "[1] 1\n", first
@@ -230,6 +230,70 @@ def values(km, kc):
     assert any("image/png" in c["data"] for t, c in msgs if t == "display_data"), msgs
     shown = [t for t, _ in msgs if t in ("display_data", "execute_result")]
     assert shown == ["display_data", "execute_result"], msgs  # the result last
+
+
+def runs(msgs):
+    """The cell's outputs, consecutive stream messages of one name joined
+    (R may write a line in pieces): [(msg_type, content)]."""
+    out = []
+    for t, c in msgs:
+        if t in ("status", "execute_input"):
+            continue
+        if t == "stream" and out and out[-1][0] == "stream" and out[-1][1]["name"] == c["name"]:
+            out[-1] = ("stream", {"name": c["name"], "text": out[-1][1]["text"] + c["text"]})
+        else:
+            out.append((t, c))
+    return out
+
+
+def ordered(km, kc):
+    """Displays come where they were made, between the stream text (each
+    sent as its event arrives), and the last visible value is the result."""
+    reply, msgs = execute(kc, 'cat("before\\n"); head(mtcars); cat("after\\n"); 1+1')
+    assert reply["status"] == "ok", reply
+    shown = runs(msgs)
+    assert [t for t, _ in shown] == ["stream", "display_data", "stream", "execute_result"], msgs
+    assert shown[0][1] == {"name": "stdout", "text": "before\n"}, shown[0]
+    table = shown[1][1]
+    assert "<table" in table["data"]["text/html"], table
+    assert "Mazda RX4" in table["data"]["text/plain"], table
+    assert "last" not in table["metadata"]["rvisor"], table
+    assert table["metadata"]["rvisor"]["value"] is True, table
+    assert shown[2][1] == {"name": "stdout", "text": "after\n"}, shown[2]
+    assert result_of(msgs) == "[1] 2\n", msgs
+    # print() is output: its text in order with the rest.
+    reply, msgs = execute(kc, 'cat("a\\n"); print(head(mtcars, 1)); rvisor_display(head(mtcars, 2)); '
+                              'cat("b\\n")')
+    shown = runs(msgs)
+    assert [t for t, _ in shown] == ["stream", "display_data", "stream"], msgs
+    assert shown[0][1]["text"].startswith("a\n") and "Mazda RX4" in shown[0][1]["text"], shown
+    assert "Mazda RX4 Wag" in shown[1][1]["data"]["text/html"], shown[1]
+    assert shown[2][1]["text"] == "b\n", shown
+    # A plot page's display comes at the end of the call, the value last.
+    reply, msgs = execute(kc, 'cat("a\\n"); plot(1); cat("b\\n"); 3')
+    shown = [t for t, _ in runs(msgs)]
+    assert shown == ["stream", "display_data", "execute_result"], msgs
+    assert text_of(msgs, "stdout") == "a\nb\n", msgs
+    assert result_of(msgs) == "[1] 3\n", msgs
+    # rvisor_display() is sent at once, while the cell runs: this one
+    # never ends by itself, so its display must come before the interrupt.
+    msg_id = kc.execute("rvisor_display(head(mtcars, 3)); repeat {}")
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        m = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "display_data":
+            break
+    assert "Valiant" not in m["content"]["data"]["text/html"], m  # 3 rows
+    assert "Datsun 710" in m["content"]["data"]["text/html"], m
+    km.interrupt_kernel()
+    reply = shell_reply(kc, msg_id)["content"]
+    assert reply["status"] == "error" and reply["ename"] == "Interrupted", reply
+    rest = [m["msg_type"] for m in iopub_until_idle(kc, msg_id)]
+    assert "display_data" not in rest, rest  # not again from the result
+    # A silent cell sends nothing.
+    reply, msgs = execute(kc, 'cat("x\\n"); head(mtcars); 1', silent=True)
+    assert reply["status"] == "ok", reply
+    assert [t for t, _ in msgs if t != "status"] == [], msgs
 
 
 def display_ids(km, kc):
