@@ -216,7 +216,7 @@ fn value_bytes(v: &Value) -> u64 {
 }
 
 /// Records in `metadata.rvisor.truncated` that `mime` was cut or left out.
-fn note(metadata: &mut Map<String, Value>, mime: &str, why: &str) {
+pub fn note(metadata: &mut Map<String, Value>, mime: &str, why: &str) {
     let rv = metadata
         .entry("rvisor")
         .or_insert_with(|| Value::Object(Map::new()));

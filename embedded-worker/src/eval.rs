@@ -863,8 +863,19 @@ fn finish(
         if rich {
             // The page as a display too (its image repeated, so a client
             // of displays alone has every output; counted once in the cap).
+            // With `both`, a page has an SVG slot: empty when its SVG
+            // did not fit under the output cap.
+            let wanted = i < svgs.len();
             let svg = svgs.get_mut(i).and_then(Option::take);
-            let d = display::of_plot(i, &plot, svg);
+            let left_out = wanted && svg.is_none();
+            let mut d = display::of_plot(i, &plot, svg);
+            if left_out {
+                display::note(
+                    &mut d.metadata,
+                    "image/svg+xml",
+                    "left out: over the call's output cap (max_output_bytes)",
+                );
+            }
             // Streamed now, at the end of the call, before the result: a
             // page is read from its file only then.
             stream::display(displays.len(), &d);

@@ -90,6 +90,12 @@ fn with_both_formats_an_svg_that_does_not_fit_leaves_its_page_as_png() {
         !r.displays[1].data.contains_key("image/svg+xml"),
         "the big SVG was over the cap"
     );
+    // Its metadata says why.
+    let why = r.displays[1].metadata["rvisor"]["truncated"]["image/svg+xml"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a note: {:?}", r.displays[1].metadata));
+    assert!(why.contains("max_output_bytes"), "{why}");
+    assert!(r.displays[0].metadata["rvisor"].get("truncated").is_none());
     assert!(r.truncated, "{:?}", r.truncated_fields);
 }
 
