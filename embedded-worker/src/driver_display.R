@@ -44,6 +44,19 @@ fix_caption <- function(text, small, big) {
 ## vctrs, htmltools) not loaded. Anything else is NULL, and repr makes it
 ## as before.
 
+## format(v) for a plain vector (no class, no attributes) without its
+## dispatch and argument matching: what format.default() calls for these
+## types with its defaults (prettyNum() then changes nothing), at half
+## the cost; anything else goes through format() itself.
+format_cells <- function(v) {
+  if (is.object(v) || !is.null(attributes(v))) return(format(v))
+  switch(typeof(v),
+         character = .Internal(format(v, FALSE, NULL, 0L, NULL, 0L, TRUE, NA, NA_character_)),
+         double = , integer = , logical =
+           .Internal(format(v, FALSE, NULL, 0L, NULL, 3L, TRUE, NA, getOption("OutDec"))),
+         format(v))
+}
+
 ## pillar's type_sum() of a column this covers, or NULL.
 markup_type <- function(v) {
   if (!is.null(attr(v, "pillar", exact = TRUE)) || !is.null(dim(v))) return(NULL)
@@ -109,7 +122,7 @@ table_markup <- function(x, rows, cols) {
   cells <- lapply(ci, function(j) {
     v <- if (df) x[[j]] else x[, j]
     out <- lapply(ri, function(i) {
-      s <- format(v[i])
+      s <- format_cells(v[i])
       if (length(s) != length(i)) stop("format() changed the length")
       as.character(s)
     })
