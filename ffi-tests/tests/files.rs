@@ -1025,3 +1025,116 @@ fn mcp_files_are_resources_and_results_link_them() {
     t.join().unwrap();
     sup.shutdown();
 }
+
+/// The tenant's quota of files counts what the store holds, not what one
+/// process saw: a run's artifacts and a session's file, stored by a node
+/// that is then restarted, count on the same node started again over the
+/// store and on a second node of it (`/v1/usage` shows the same bytes on
+/// both), and an upload that would pass the quota is refused (429
+/// `quota`) on either.
+#[test]
+fn a_tenants_file_bytes_survive_a_restart_and_count_on_every_node() {
+    use rvisor_ffi_tests::cluster::{call, post_json, Node, NodeOptions, Store};
+    let store = rvisor_ffi_tests::TestDir::new("files-quota-store");
+    let opts = NodeOptions {
+        store: Store::Dir(store.path()),
+        extra: &["--file-quota-mb", "1"],
+        ..NodeOptions::default()
+    };
+    let usage = |n: &Node| {
+        let u = call("GET", &n.url("/v1/usage"), "t", None);
+        assert_eq!(u.status, 200, "{u:?}");
+        u.body["file_bytes"].clone()
+    };
+    let new_session = |n: &Node| {
+        let a = post_json(&n.url("/v1/sessions"), "t", json!({}));
+        assert_eq!(a.status, 201, "{a:?}");
+        a.body["id"].as_str().unwrap().to_string()
+    };
+    let upload = |n: &Node, id: &str, name: &str, len: usize| {
+        call(
+            "PUT",
+            &n.url(&format!("/v1/sessions/{id}/files/{name}")),
+            "t",
+            Some(("application/octet-stream", vec![7u8; len])),
+        )
+    };
+    let one = Node::start("n1", &opts);
+    let r = post_json(
+        &one.url("/v1/run"),
+        "t",
+        json!({"script": "writeBin(as.raw(rep(1:255, length.out = 400000)), 'a.bin')"}),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["artifacts"][0]["size"], 400000, "{r:?}");
+    let id = new_session(&one);
+    let r = post_json(
+        &one.url(&format!("/v1/sessions/{id}/run")),
+        "t",
+        json!({"code": "x <- 1"}),
+    );
+    assert_eq!(r.body["outcome"], "complete", "{r:?}");
+    // Checkpointed before the upload: the upload makes the checkpoint
+    // behind, so the release writes a new one with the file.
+    let ck = post_json(
+        &one.url(&format!("/v1/sessions/{id}/checkpoint")),
+        "t",
+        json!({}),
+    );
+    assert_eq!(ck.body["written"], true, "{ck:?}");
+    let up = upload(&one, &id, "up.bin", 300000);
+    assert_eq!(up.status, 201, "{up:?}");
+    assert_eq!(usage(&one), 700000);
+    // Restarted (SIGTERM: its sessions are checkpointed and released, so
+    // the session's file is still there after it).
+    let (port, mut one) = (one.port, one);
+    one.signal(libc::SIGTERM);
+    rvisor_ffi_tests::wait_for("node n1 to exit", Duration::from_secs(60), || {
+        one.serve.child.try_wait().ok().flatten()
+    });
+    drop(one);
+    let one = Node::start_on("n1", port, &opts);
+    assert_eq!(usage(&one), 700000, "after the restart");
+    let two = Node::start("n2", &opts);
+    assert_eq!(usage(&two), 700000, "on another node of the store");
+    // 1 MiB is 1,048,576 bytes: 400,000 more would pass it, on either node.
+    let other = new_session(&two);
+    let m = upload(&two, &other, "more.bin", 400000);
+    assert_eq!(m.status, 429, "{m:?}");
+    assert_eq!(m.body["error"]["code"], "quota", "{m:?}");
+    let msg = m.body["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("max_tenant_bytes"), "{msg}");
+    // The session's file is there (it was uploaded after the session's
+    // last call: the release checkpointed it).
+    let l = call(
+        "GET",
+        &one.url(&format!("/v1/sessions/{id}/files")),
+        "t",
+        None,
+    );
+    assert_eq!(l.body["files"][0]["size"], 300000, "{l:?}");
+    let m = upload(&one, &id, "more.bin", 400000);
+    assert_eq!(m.status, 429, "{m:?}");
+    // What fits is taken, and counts on the other node once its count of
+    // the store is read again (within STORED_FILE_BYTES_TTL).
+    let ok = upload(&two, &other, "fits.bin", 300000);
+    assert_eq!(ok.status, 201, "{ok:?}");
+    assert_eq!(usage(&two), 1000000);
+    rvisor_ffi_tests::wait_for(
+        "node n1 to count n2's upload",
+        Duration::from_secs(30),
+        || (usage(&one) == 1000000).then_some(()),
+    );
+    // Closing a session releases its bytes on every node.
+    let c = call(
+        "DELETE",
+        &two.url(&format!("/v1/sessions/{other}")),
+        "t",
+        None,
+    );
+    assert_eq!(c.status, 204, "{c:?}");
+    assert_eq!(usage(&two), 700000);
+    rvisor_ffi_tests::wait_for("node n1 to see the close", Duration::from_secs(30), || {
+        (usage(&one) == 700000).then_some(())
+    });
+}

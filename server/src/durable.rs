@@ -8,6 +8,7 @@
 //! sessions/{tenant hex}/{session id}/record.json   what the service needs to resume it
 //! sessions/{tenant hex}/{session id}/checkpoint    its state (written by the worker)
 //! sessions/{tenant hex}/{session id}/history.json  what happened in it (service/history.rs)
+//! sessions/{tenant hex}/{session id}/files.json    bytes of its files as last seen (service/files.rs)
 //! leases/sessions/{session id}                     the owning node and until when
 //! ```
 //!
@@ -150,6 +151,17 @@ fn record_key(tenant: &str, id: &str) -> String {
 
 fn history_key(tenant: &str, id: &str) -> String {
     format!("sessions/{}/{id}/history.json", tenant_key(tenant))
+}
+
+fn files_key(tenant: &str, id: &str) -> String {
+    format!("sessions/{}/{id}/files.json", tenant_key(tenant))
+}
+
+/// What `files.json` holds: the bytes of a session's files as the service
+/// last saw them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct FileBytes {
+    bytes: u64,
 }
 
 fn lease_key(id: &str) -> String {
@@ -309,6 +321,46 @@ impl SessionStore {
         Ok(self.blob.get(&history_key(tenant, id))?.map(|b| b.bytes))
     }
 
+    /// Records that `tenant`'s session `id` holds `bytes` of files (as the
+    /// service last saw them), so that the tenant's quota of files counts
+    /// them after a restart and on every node of the store; only while
+    /// this node may write the session (its lease).
+    pub fn put_file_bytes(&self, tenant: &str, id: &str, bytes: u64) -> Result<(), BlobError> {
+        if !rvisor::ids::is_session_id(id) || !self.may_write(id) {
+            return Ok(());
+        }
+        let body = serde_json::to_vec(&FileBytes { bytes }).unwrap_or_default();
+        self.blob.put(&files_key(tenant, id), body).map(|_| ())
+    }
+
+    /// The bytes of the files of `tenant`'s sessions as last recorded
+    /// ([`SessionStore::put_file_bytes`]), by session id: one listing of
+    /// the tenant's sessions, and one read per session `known` does not
+    /// already answer for.
+    pub fn file_bytes(
+        &self,
+        tenant: &str,
+        known: impl Fn(&str) -> bool,
+    ) -> Result<HashMap<String, u64>, BlobError> {
+        let mut out = HashMap::new();
+        for m in self
+            .blob
+            .list(&format!("sessions/{}", tenant_key(tenant)))?
+        {
+            let parts: Vec<&str> = m.key.split('/').collect();
+            if parts.len() != 4 || parts[3] != "files.json" || known(parts[2]) {
+                continue;
+            }
+            let Some(b) = self.blob.get(&m.key)? else {
+                continue;
+            };
+            if let Ok(f) = serde_json::from_slice::<FileBytes>(&b.bytes) {
+                out.insert(parts[2].to_string(), f.bytes);
+            }
+        }
+        Ok(out)
+    }
+
     /// Deletes everything kept of a closed session: record, checkpoint and
     /// lease.
     pub fn delete_session(&self, tenant: &str, id: &str) {
@@ -324,6 +376,7 @@ impl SessionStore {
             format!("sessions/{tenant_hex}/{id}/unsaved.json"),
             format!("sessions/{tenant_hex}/{id}/record.json"),
             format!("sessions/{tenant_hex}/{id}/history.json"),
+            format!("sessions/{tenant_hex}/{id}/files.json"),
             lease_key(id),
         ] {
             if let Err(e) = self.blob.delete(&k) {
