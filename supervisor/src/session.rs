@@ -891,7 +891,8 @@ impl Shared {
                     manifest.files_beside = stored;
                 }
                 Err(e) => warnings.push(format!(
-                    "rvisor: the session's files over the checkpoint's cap were not kept                      beside it ({e}); a restore will lack them"
+                    "rvisor: the session's files over the checkpoint's cap were not kept \
+                     beside it ({e}); a restore will lack them"
                 )),
             }
             lock(&self.inner).file_warnings.extend(warnings);
