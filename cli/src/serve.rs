@@ -97,6 +97,12 @@ pub(crate) struct ServeArgs {
     /// would pass it is refused (429 `quota` when asked for).
     #[arg(long, default_value_t = 4096, value_name = "MIB")]
     checkpoint_quota_mb: u64,
+    /// The most one tenant's files may take together, MiB (0: no quota):
+    /// its sessions' files and its run artifacts not yet expired, counted
+    /// from the store by every node. An upload that would pass it is
+    /// refused (429 `quota`); a run's artifacts are not kept.
+    #[arg(long, default_value_t = rvisor::file_rules::FileLimits::default().max_tenant_bytes >> 20, value_name = "MIB")]
+    file_quota_mb: u64,
     /// With --state-dir: seconds a session may be idle before it hibernates
     /// (0: never).
     #[arg(long, default_value_t = 600.0, value_name = "SECS", value_parser = non_negative_secs)]
@@ -387,6 +393,13 @@ pub(crate) fn serve(a: ServeArgs) -> Result<ExitCode> {
             shutdown_grace: Duration::from_secs_f64(a.shutdown_grace_secs),
         },
         drain_grace: a.drain_grace_secs.map(Duration::from_secs_f64),
+        files: rvisor::file_rules::FileLimits {
+            max_tenant_bytes: match a.file_quota_mb {
+                0 => u64::MAX,
+                m => m.saturating_mul(1 << 20),
+            },
+            ..Default::default()
+        },
         durable,
         session_ttl: (a.session_ttl_days > 0.0)
             .then(|| Duration::from_secs_f64(a.session_ttl_days * 86400.0)),

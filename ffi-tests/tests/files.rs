@@ -1025,3 +1025,308 @@ fn mcp_files_are_resources_and_results_link_them() {
     t.join().unwrap();
     sup.shutdown();
 }
+
+/// The tenant's quota of files counts what the store holds, not what one
+/// process saw: a run's artifacts and a session's file, stored by a node
+/// that is then restarted, count on the same node started again over the
+/// store and on a second node of it (`/v1/usage` shows the same bytes on
+/// both), and an upload that would pass the quota is refused (429
+/// `quota`) on either.
+#[test]
+fn a_tenants_file_bytes_survive_a_restart_and_count_on_every_node() {
+    use rvisor_ffi_tests::cluster::{call, post_json, Node, NodeOptions, Store};
+    let store = rvisor_ffi_tests::TestDir::new("files-quota-store");
+    let opts = NodeOptions {
+        store: Store::Dir(store.path()),
+        extra: &["--file-quota-mb", "1"],
+        ..NodeOptions::default()
+    };
+    let usage = |n: &Node| {
+        let u = call("GET", &n.url("/v1/usage"), "t", None);
+        assert_eq!(u.status, 200, "{u:?}");
+        u.body["file_bytes"].clone()
+    };
+    let new_session = |n: &Node| {
+        let a = post_json(&n.url("/v1/sessions"), "t", json!({}));
+        assert_eq!(a.status, 201, "{a:?}");
+        a.body["id"].as_str().unwrap().to_string()
+    };
+    let upload = |n: &Node, id: &str, name: &str, len: usize| {
+        call(
+            "PUT",
+            &n.url(&format!("/v1/sessions/{id}/files/{name}")),
+            "t",
+            Some(("application/octet-stream", vec![7u8; len])),
+        )
+    };
+    let one = Node::start("n1", &opts);
+    let r = post_json(
+        &one.url("/v1/run"),
+        "t",
+        json!({"script": "writeBin(as.raw(rep(1:255, length.out = 400000)), 'a.bin')"}),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["artifacts"][0]["size"], 400000, "{r:?}");
+    let id = new_session(&one);
+    let r = post_json(
+        &one.url(&format!("/v1/sessions/{id}/run")),
+        "t",
+        json!({"code": "x <- 1"}),
+    );
+    assert_eq!(r.body["outcome"], "complete", "{r:?}");
+    // Checkpointed before the upload: the upload makes the checkpoint
+    // behind, so the release writes a new one with the file.
+    let ck = post_json(
+        &one.url(&format!("/v1/sessions/{id}/checkpoint")),
+        "t",
+        json!({}),
+    );
+    assert_eq!(ck.body["written"], true, "{ck:?}");
+    let up = upload(&one, &id, "up.bin", 300000);
+    assert_eq!(up.status, 201, "{up:?}");
+    assert_eq!(usage(&one), 700000);
+    // Restarted (SIGTERM: its sessions are checkpointed and released, so
+    // the session's file is still there after it).
+    let (port, mut one) = (one.port, one);
+    one.signal(libc::SIGTERM);
+    rvisor_ffi_tests::wait_for("node n1 to exit", Duration::from_secs(60), || {
+        one.serve.child.try_wait().ok().flatten()
+    });
+    drop(one);
+    let one = Node::start_on("n1", port, &opts);
+    assert_eq!(usage(&one), 700000, "after the restart");
+    let two = Node::start("n2", &opts);
+    assert_eq!(usage(&two), 700000, "on another node of the store");
+    // 1 MiB is 1,048,576 bytes: 400,000 more would pass it, on either node.
+    let other = new_session(&two);
+    let m = upload(&two, &other, "more.bin", 400000);
+    assert_eq!(m.status, 429, "{m:?}");
+    assert_eq!(m.body["error"]["code"], "quota", "{m:?}");
+    let msg = m.body["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("max_tenant_bytes"), "{msg}");
+    // The session's file is there (it was uploaded after the session's
+    // last call: the release checkpointed it).
+    let l = call(
+        "GET",
+        &one.url(&format!("/v1/sessions/{id}/files")),
+        "t",
+        None,
+    );
+    assert_eq!(l.body["files"][0]["size"], 300000, "{l:?}");
+    let m = upload(&one, &id, "more.bin", 400000);
+    assert_eq!(m.status, 429, "{m:?}");
+    // What fits is taken, and counts on the other node once its count of
+    // the store is read again (within STORED_FILE_BYTES_TTL).
+    let ok = upload(&two, &other, "fits.bin", 300000);
+    assert_eq!(ok.status, 201, "{ok:?}");
+    assert_eq!(usage(&two), 1000000);
+    rvisor_ffi_tests::wait_for(
+        "node n1 to count n2's upload",
+        Duration::from_secs(30),
+        || (usage(&one) == 1000000).then_some(()),
+    );
+    // Closing a session releases its bytes on every node.
+    let c = call(
+        "DELETE",
+        &two.url(&format!("/v1/sessions/{other}")),
+        "t",
+        None,
+    );
+    assert_eq!(c.status, 204, "{c:?}");
+    assert_eq!(usage(&two), 700000);
+    rvisor_ffi_tests::wait_for("node n1 to see the close", Duration::from_secs(30), || {
+        (usage(&one) == 700000).then_some(())
+    });
+}
+
+/// The `.objects` folders of a directory store: the files kept beside
+/// checkpoints, by sha256, and their lists.
+fn objects_in(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".objects") {
+            for o in std::fs::read_dir(e.path()).unwrap().flatten() {
+                out.push(o.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A file past the checkpoint's cap on files (64 MiB) is stored beside
+/// the checkpoint and restored with it: R writes 70 MB, and after a
+/// hibernation and after a restart its size and md5 are the same. An
+/// object missing from the store gives a session restored without that
+/// file and a warning naming it; closing the session deletes the objects.
+fn big_files_beside_the_checkpoint(confined: bool) {
+    use rvisor::checkpoint::DirStore;
+    use rvisor_ffi_tests::durable::{manual, ok};
+    use std::sync::Arc;
+    let dir = rvisor_ffi_tests::TestDir::new("files-beside");
+    let make = || {
+        let mut cfg = SupervisorConfig {
+            checkpoints: Some(Arc::new(DirStore::new(dir.path()).unwrap())),
+            ..SupervisorConfig::default()
+        };
+        if !confined {
+            cfg.confinement = Confinement::unconfined();
+        }
+        Supervisor::new(cfg).expect("the supervisor starts")
+    };
+    let check = "cat(format(file.size('big.bin'), scientific = FALSE), tools::md5sum('big.bin'))";
+    let sup1 = make();
+    let s = sup1.session_with(manual()).unwrap();
+    ok(
+        &s,
+        "writeBin(as.raw(rep(1:255, length.out = 70e6)), 'big.bin'); writeLines('small', 'small.txt')",
+    );
+    let want = ok(&s, check).console;
+    assert!(want.starts_with("70000000 "), "{want}");
+    let info = s.checkpoint().unwrap();
+    assert_eq!(info.manifest.files_beside, vec!["big.bin".to_string()]);
+    assert!(
+        info.manifest.files_skipped.is_empty(),
+        "{:?}",
+        info.manifest
+    );
+    assert_eq!(info.manifest.files, vec!["small.txt".to_string()]);
+    // The file's object and the list of them.
+    let objects = objects_in(dir.path());
+    assert_eq!(objects.len(), 2, "{objects:?}");
+    // Hibernated: the worker (and, confined, its tmpfs) is gone.
+    s.hibernate_and_wait(Duration::from_secs(120)).unwrap();
+    assert_eq!(s.status().pid, None);
+    let r = ok(&s, check);
+    assert!(r.console.ends_with(&format!("\n{want}")), "{}", r.console);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    // A restart: released here, resumed by another supervisor; a second
+    // checkpoint of the same file shares its object.
+    let id = s.id().to_string();
+    ok(&s, "y <- 2");
+    s.release(Duration::from_secs(120)).unwrap();
+    sup1.shutdown();
+    assert_eq!(objects_in(dir.path()), objects);
+    let sup2 = make();
+    let s2 = sup2.resume_session(&id, manual(), "restart").unwrap();
+    let r = ok(&s2, check);
+    assert!(r.console.ends_with(&format!("\n{want}")), "{}", r.console);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_eq!(ok(&s2, "cat(readLines('small.txt'), y)").console, "small 2");
+    // The object goes missing from the store: the session comes back
+    // without the file, and says which.
+    s2.release(Duration::from_secs(120)).unwrap();
+    sup2.shutdown();
+    let object = objects.iter().find(|p| !p.ends_with("files.json")).unwrap();
+    std::fs::remove_file(object).unwrap();
+    let sup3 = make();
+    let s3 = sup3.resume_session(&id, manual(), "restart").unwrap();
+    let r = ok(&s3, "cat(file.exists('big.bin'), y)");
+    assert!(r.console.ends_with("\nFALSE 2"), "{}", r.console);
+    let w = r.warnings.join("\n");
+    assert!(
+        w.contains("\"big.bin\"") && w.contains("missing") && w.contains("without it"),
+        "{w}"
+    );
+    // Closing deletes what is kept beside the checkpoint (the session's
+    // runner does, once it has ended).
+    s3.close();
+    rvisor_ffi_tests::wait_for(
+        "the closed session's objects to go",
+        Duration::from_secs(60),
+        || objects_in(dir.path()).is_empty().then_some(()),
+    );
+    sup3.shutdown();
+}
+
+#[test]
+fn confined_big_files_are_kept_beside_the_checkpoint() {
+    big_files_beside_the_checkpoint(true);
+}
+
+#[test]
+fn unconfined_big_files_are_kept_beside_the_checkpoint() {
+    big_files_beside_the_checkpoint(false);
+}
+
+/// Every file below `dir` whose path has an `objects` part.
+fn stored_objects(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    files_below(dir)
+        .into_iter()
+        .filter(|p| p.components().any(|c| c.as_os_str() == "objects"))
+        .collect()
+}
+
+/// Through `rvisor serve` over a shared store: a 70 MB file R wrote is
+/// kept beside the session's checkpoint in the store, comes back after a
+/// hibernation and after a restart of the node (same size, same md5), and
+/// closing the session deletes its objects from the store.
+#[test]
+fn a_node_keeps_big_files_beside_checkpoints_in_the_store() {
+    use rvisor_ffi_tests::cluster::{call, post_json, Node, NodeOptions, Store};
+    let store = rvisor_ffi_tests::TestDir::new("files-beside-store");
+    let opts = NodeOptions {
+        store: Store::Dir(store.path()),
+        ..NodeOptions::default()
+    };
+    let run = |n: &Node, id: &str, code: &str| {
+        let r = post_json(
+            &n.url(&format!("/v1/sessions/{id}/run")),
+            "t",
+            json!({ "code": code }),
+        );
+        assert_eq!(r.body["outcome"], "complete", "{code}: {r:?}");
+        r.body
+    };
+    let check = "cat(format(file.size('big.bin'), scientific = FALSE), tools::md5sum('big.bin'))";
+    let one = Node::start("n1", &opts);
+    let a = post_json(&one.url("/v1/sessions"), "t", json!({}));
+    assert_eq!(a.status, 201, "{a:?}");
+    let id = a.body["id"].as_str().unwrap().to_string();
+    run(
+        &one,
+        &id,
+        "writeBin(as.raw(rep(1:255, length.out = 70e6)), 'big.bin')",
+    );
+    let want = run(&one, &id, check)["console"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(want.starts_with("70000000 "), "{want}");
+    let h = post_json(
+        &one.url(&format!("/v1/sessions/{id}/hibernate")),
+        "t",
+        json!({}),
+    );
+    assert_eq!(h.status, 200, "{h:?}");
+    rvisor_ffi_tests::wait_for("the session to hibernate", Duration::from_secs(120), || {
+        let s = call("GET", &one.url(&format!("/v1/sessions/{id}")), "t", None);
+        (s.body["state"] == "hibernated").then_some(())
+    });
+    assert_eq!(
+        stored_objects(store.path()).len(),
+        2,
+        "the file and its list"
+    );
+    let r = run(&one, &id, check);
+    assert!(r["console"].as_str().unwrap().ends_with(&want), "{r}");
+    assert_eq!(r["warnings"], json!([]), "{r}");
+    // A restart of the node (SIGTERM: the session is released to the store).
+    let (port, mut one) = (one.port, one);
+    one.signal(libc::SIGTERM);
+    rvisor_ffi_tests::wait_for("node n1 to exit", Duration::from_secs(60), || {
+        one.serve.child.try_wait().ok().flatten()
+    });
+    drop(one);
+    let one = Node::start_on("n1", port, &opts);
+    let r = run(&one, &id, check);
+    assert!(r["console"].as_str().unwrap().ends_with(&want), "{r}");
+    assert_eq!(r["warnings"], json!([]), "{r}");
+    let c = call("DELETE", &one.url(&format!("/v1/sessions/{id}")), "t", None);
+    assert_eq!(c.status, 204, "{c:?}");
+    rvisor_ffi_tests::wait_for(
+        "the session's objects to go",
+        Duration::from_secs(60),
+        || stored_objects(store.path()).is_empty().then_some(()),
+    );
+}

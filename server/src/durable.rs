@@ -8,6 +8,8 @@
 //! sessions/{tenant hex}/{session id}/record.json   what the service needs to resume it
 //! sessions/{tenant hex}/{session id}/checkpoint    its state (written by the worker)
 //! sessions/{tenant hex}/{session id}/history.json  what happened in it (service/history.rs)
+//! sessions/{tenant hex}/{session id}/files.json    bytes of its files as last seen (service/files.rs)
+//! sessions/{tenant hex}/{session id}/objects/...   its files over the checkpoint's cap, by sha256, and their list
 //! leases/sessions/{session id}                     the owning node and until when
 //! ```
 //!
@@ -150,6 +152,17 @@ fn record_key(tenant: &str, id: &str) -> String {
 
 fn history_key(tenant: &str, id: &str) -> String {
     format!("sessions/{}/{id}/history.json", tenant_key(tenant))
+}
+
+fn files_key(tenant: &str, id: &str) -> String {
+    format!("sessions/{}/{id}/files.json", tenant_key(tenant))
+}
+
+/// What `files.json` holds: the bytes of a session's files as the service
+/// last saw them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct FileBytes {
+    bytes: u64,
 }
 
 fn lease_key(id: &str) -> String {
@@ -309,6 +322,46 @@ impl SessionStore {
         Ok(self.blob.get(&history_key(tenant, id))?.map(|b| b.bytes))
     }
 
+    /// Records that `tenant`'s session `id` holds `bytes` of files (as the
+    /// service last saw them), so that the tenant's quota of files counts
+    /// them after a restart and on every node of the store; only while
+    /// this node may write the session (its lease).
+    pub fn put_file_bytes(&self, tenant: &str, id: &str, bytes: u64) -> Result<(), BlobError> {
+        if !rvisor::ids::is_session_id(id) || !self.may_write(id) {
+            return Ok(());
+        }
+        let body = serde_json::to_vec(&FileBytes { bytes }).unwrap_or_default();
+        self.blob.put(&files_key(tenant, id), body).map(|_| ())
+    }
+
+    /// The bytes of the files of `tenant`'s sessions as last recorded
+    /// ([`SessionStore::put_file_bytes`]), by session id: one listing of
+    /// the tenant's sessions, and one read per session `known` does not
+    /// already answer for.
+    pub fn file_bytes(
+        &self,
+        tenant: &str,
+        known: impl Fn(&str) -> bool,
+    ) -> Result<HashMap<String, u64>, BlobError> {
+        let mut out = HashMap::new();
+        for m in self
+            .blob
+            .list(&format!("sessions/{}", tenant_key(tenant)))?
+        {
+            let parts: Vec<&str> = m.key.split('/').collect();
+            if parts.len() != 4 || parts[3] != "files.json" || known(parts[2]) {
+                continue;
+            }
+            let Some(b) = self.blob.get(&m.key)? else {
+                continue;
+            };
+            if let Ok(f) = serde_json::from_slice::<FileBytes>(&b.bytes) {
+                out.insert(parts[2].to_string(), f.bytes);
+            }
+        }
+        Ok(out)
+    }
+
     /// Deletes everything kept of a closed session: record, checkpoint and
     /// lease.
     pub fn delete_session(&self, tenant: &str, id: &str) {
@@ -324,10 +377,25 @@ impl SessionStore {
             format!("sessions/{tenant_hex}/{id}/unsaved.json"),
             format!("sessions/{tenant_hex}/{id}/record.json"),
             format!("sessions/{tenant_hex}/{id}/history.json"),
+            format!("sessions/{tenant_hex}/{id}/files.json"),
             lease_key(id),
         ] {
             if let Err(e) = self.blob.delete(&k) {
                 tracing::warn!(target: "rvisor::sessions", key = %k, "could not delete: {e}");
+            }
+        }
+        // The files kept beside its checkpoints.
+        let objects = format!("sessions/{tenant_hex}/{id}/objects");
+        match self.blob.list(&objects) {
+            Ok(all) => {
+                for m in all {
+                    if let Err(e) = self.blob.delete(&m.key) {
+                        tracing::warn!(target: "rvisor::sessions", key = %m.key, "could not delete: {e}");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(target: "rvisor::sessions", key = %objects, "could not list: {e}")
             }
         }
     }
@@ -612,6 +680,28 @@ impl<'a> Key<'a> {
     fn note(&self) -> String {
         format!("sessions/{}/{}/unsaved.json", self.tenant, self.id)
     }
+
+    /// The folder of the objects beside the checkpoint (files over its
+    /// cap, by sha256, and their list).
+    fn objects(&self) -> String {
+        format!("sessions/{}/{}/objects", self.tenant, self.id)
+    }
+
+    fn object(&self, name: &str) -> std::io::Result<String> {
+        let ok = !name.is_empty()
+            && name.len() <= 200
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !ok {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("object name {name:?}: use letters, digits, '-', '_' and '.'"),
+            ));
+        }
+        Ok(format!("{}/{name}", self.objects()))
+    }
 }
 
 impl Checkpoints {
@@ -775,7 +865,71 @@ impl CheckpointStore for Checkpoints {
         self.store.blob.delete(&k.note()).map_err(io_err)?;
         self.store.blob.delete(&k.blob).map_err(io_err)?;
         self.noted(k.tenant, k.id, None);
+        for m in self.store.blob.list(&k.objects()).map_err(io_err)? {
+            self.store.blob.delete(&m.key).map_err(io_err)?;
+        }
         Ok(())
+    }
+
+    fn keeps_objects(&self) -> bool {
+        true
+    }
+
+    fn put_object(
+        &self,
+        key: &str,
+        name: &str,
+        src: &std::fs::File,
+        len: u64,
+    ) -> std::io::Result<()> {
+        let k = Self::split(key)?;
+        let obj = k.object(name)?;
+        let (store, id) = (self.store.clone(), k.id.to_string());
+        let committed = self
+            .store
+            .blob
+            .put_from(&obj, src, len, move || store.may_write(&id))
+            .map_err(io_err)?;
+        if !committed {
+            return Err(std::io::Error::other(Self::fenced().to_string()));
+        }
+        Ok(())
+    }
+
+    fn get_object(
+        &self,
+        key: &str,
+        name: &str,
+        dst: &std::fs::File,
+    ) -> std::io::Result<Option<u64>> {
+        let k = Self::split(key)?;
+        self.store
+            .blob
+            .get_into(&k.object(name)?, dst)
+            .map_err(io_err)
+    }
+
+    fn list_objects(&self, key: &str) -> std::io::Result<Vec<String>> {
+        let k = Self::split(key)?;
+        let prefix = format!("{}/", k.objects());
+        let mut out: Vec<String> = self
+            .store
+            .blob
+            .list(&k.objects())
+            .map_err(io_err)?
+            .into_iter()
+            .filter_map(|m| m.key.strip_prefix(&prefix).map(str::to_string))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    fn delete_object(&self, key: &str, name: &str) -> std::io::Result<()> {
+        let k = Self::split(key)?;
+        if !self.store.may_write(k.id) {
+            return Ok(());
+        }
+        self.store.blob.delete(&k.object(name)?).map_err(io_err)
     }
 
     fn list(&self) -> std::io::Result<Vec<String>> {

@@ -140,6 +140,43 @@ pub trait CheckpointStore: std::fmt::Debug + Send + Sync {
         Ok(())
     }
 
+    /// Whether it keeps objects beside checkpoints ([`CheckpointStore::put_object`]):
+    /// a session's files too large for its checkpoint are then stored as
+    /// objects and restored with it. By default it does not (they are left
+    /// out, named in the manifest's `files_skipped`).
+    fn keeps_objects(&self) -> bool {
+        false
+    }
+
+    /// Stores the `len` bytes of `src` (read from where it stands) as object
+    /// `name` beside `key`'s checkpoint, replacing any (`name`: letters,
+    /// digits, `-`, `_`, `.`; a sha256 for files).
+    fn put_object(&self, key: &str, name: &str, src: &File, len: u64) -> io::Result<()> {
+        let _ = (key, name, src, len);
+        Err(io::Error::other(
+            "this store keeps no objects beside checkpoints",
+        ))
+    }
+
+    /// Copies object `name` of `key` into `dst` (which it truncates
+    /// first); its length, or `None` if there is none.
+    fn get_object(&self, key: &str, name: &str, dst: &File) -> io::Result<Option<u64>> {
+        let _ = (key, name, dst);
+        Ok(None)
+    }
+
+    /// The names of `key`'s objects.
+    fn list_objects(&self, key: &str) -> io::Result<Vec<String>> {
+        let _ = key;
+        Ok(Vec::new())
+    }
+
+    /// Removes object `name` of `key` (no error if absent).
+    fn delete_object(&self, key: &str, name: &str) -> io::Result<()> {
+        let _ = (key, name);
+        Ok(())
+    }
+
     /// Checkpoints and bytes under keys that start with `prefix`.
     fn usage(&self, prefix: &str) -> io::Result<StoreUsage>;
 
@@ -251,6 +288,16 @@ impl DirStore {
         Ok(self.dir.join(format!("{key}.ckpt")))
     }
 
+    fn objects_dir(&self, key: &str) -> io::Result<PathBuf> {
+        check_key(key)?;
+        Ok(self.dir.join(format!("{key}.objects")))
+    }
+
+    fn object_path(&self, key: &str, name: &str) -> io::Result<PathBuf> {
+        check_key(name)?;
+        Ok(self.objects_dir(key)?.join(name))
+    }
+
     fn note_path(&self, key: &str) -> io::Result<PathBuf> {
         check_key(key)?;
         Ok(self.dir.join(format!("{key}.unsaved.json")))
@@ -334,7 +381,66 @@ impl CheckpointStore for DirStore {
 
     fn delete(&self, key: &str) -> io::Result<()> {
         remove(&self.path_of(key)?)?;
-        remove(&self.note_path(key)?)
+        remove(&self.note_path(key)?)?;
+        match std::fs::remove_dir_all(self.objects_dir(key)?) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    fn keeps_objects(&self) -> bool {
+        true
+    }
+
+    fn put_object(&self, key: &str, name: &str, src: &File, len: u64) -> io::Result<()> {
+        use std::io::Read;
+        use std::os::unix::fs::DirBuilderExt;
+        let path = self.object_path(key, name)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(self.objects_dir(key)?)?;
+        self.replace(key, &path, |mut f| {
+            let n = io::copy(&mut src.take(len), &mut f)?;
+            if n != len {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the object has {n} of its {len} bytes"),
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    fn get_object(&self, key: &str, name: &str, dst: &File) -> io::Result<Option<u64>> {
+        let f = match File::open(self.object_path(key, name)?) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let len = f.metadata()?.len();
+        copy_file(&f, dst, len).map(Some)
+    }
+
+    fn list_objects(&self, key: &str) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        let dir = match std::fs::read_dir(self.objects_dir(key)?) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for e in dir {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            if check_key(&name).is_ok() {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn delete_object(&self, key: &str, name: &str) -> io::Result<()> {
+        remove(&self.object_path(key, name)?)
     }
 
     fn list(&self) -> io::Result<Vec<String>> {
@@ -448,8 +554,13 @@ pub struct Manifest {
     pub packages: std::collections::BTreeMap<String, String>,
     /// Working-directory files saved (relative paths).
     pub files: Vec<String>,
-    /// Working-directory files left out (over the cap or unreadable).
+    /// Working-directory files left out (over the cap or unreadable), and
+    /// not stored beside it either.
     pub files_skipped: Vec<String>,
+    /// Working-directory files over the cap stored as objects beside the
+    /// checkpoint (a store that keeps objects), restored with it: their
+    /// relative paths. Not in the checkpoint file: its [`FileRefs`].
+    pub files_beside: Vec<String>,
     /// Options the session changed.
     pub options_changed: Vec<String>,
     /// Environment variables the session changed or removed.
@@ -485,6 +596,30 @@ impl Manifest {
     pub fn taken_at(&self) -> String {
         crate::clock::rfc3339(self.created_at.max(0.0) as u64)
     }
+}
+
+/// Name of the object that lists a checkpoint's files stored beside it.
+pub const FILE_REFS_OBJECT: &str = "files.json";
+
+/// One file stored beside a checkpoint, as an object named by its sha256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Its path in the working directory.
+    pub name: String,
+    /// Its bytes.
+    pub size: u64,
+    /// sha256 of its bytes (hex): the object's name.
+    pub sha256: String,
+}
+
+/// The files stored beside a checkpoint (object [`FILE_REFS_OBJECT`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FileRefs {
+    /// `created_at` of the checkpoint they go with.
+    pub checkpoint_created_at: f64,
+    /// The files.
+    pub files: Vec<FileRef>,
 }
 
 /// A checkpoint just taken: where it went and what it holds.
@@ -640,6 +775,37 @@ mod tests {
         assert!(s.put(".hidden", &file_with(&s, b"no"), 2).is_err());
         // No temporary or scratch file is left behind.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_dir_store_keeps_objects_beside_a_checkpoint_until_it_is_deleted() {
+        use std::io::Seek;
+        let dir = std::env::temp_dir().join(format!("rvisor-store-{}", crate::ids::execution_id()));
+        let s = DirStore::new(&dir).unwrap();
+        assert!(s.keeps_objects());
+        assert!(s.list_objects("k").unwrap().is_empty());
+        s.put("k", &file_with(&s, b"ck"), 2).unwrap();
+        let mut src = file_with(&s, b"object bytes");
+        src.rewind().unwrap();
+        s.put_object("k", "abc123", &src, 12).unwrap();
+        assert!(s.put_object("k", "../x", &src, 0).is_err());
+        assert_eq!(s.list_objects("k").unwrap(), vec!["abc123".to_string()]);
+        let dst = s.scratch().unwrap();
+        assert_eq!(s.get_object("k", "abc123", &dst).unwrap(), Some(12));
+        let mut out = Vec::new();
+        (&dst).read_to_end(&mut out).unwrap();
+        assert_eq!(out, b"object bytes");
+        assert_eq!(s.get_object("k", "gone", &dst).unwrap(), None);
+        s.delete_object("k", "abc123").unwrap();
+        s.delete_object("k", "abc123").unwrap();
+        assert!(s.list_objects("k").unwrap().is_empty());
+        s.put_object("k", "def", &file_with(&s, b""), 0).unwrap();
+        // The checkpoint's key is still the only one listed.
+        assert_eq!(s.list().unwrap(), vec!["k".to_string()]);
+        s.delete("k").unwrap();
+        assert!(s.list_objects("k").unwrap().is_empty());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

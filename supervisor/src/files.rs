@@ -401,6 +401,12 @@ impl Upload {
         &self.name
     }
 
+    /// The bytes of the session's other files (the one it replaces left
+    /// out), as they were when it began.
+    pub fn others_bytes(&self) -> u64 {
+        self.others.0
+    }
+
     /// Counts `n` bytes written through a clone of [`Upload::file`],
     /// refusing once the file is over its limit.
     pub fn add(&mut self, n: u64) -> Result<(), FileRefusal> {

@@ -32,6 +32,7 @@ mod batch;
 mod call;
 mod cancel;
 pub mod checkpoint;
+mod checkpoint_files;
 pub mod clock;
 pub mod confine;
 mod error;

@@ -14,7 +14,8 @@
 use crate::call::CallOptions;
 use crate::cancel::CancelToken;
 use crate::checkpoint::{
-    CheckpointInfo, CheckpointState, CheckpointStatus, CheckpointStore, Manifest, UnsavedCalls,
+    CheckpointInfo, CheckpointState, CheckpointStatus, CheckpointStore, FileRefs, Manifest,
+    UnsavedCalls,
 };
 use crate::error::CheckpointError;
 use crate::error::Error;
@@ -146,6 +147,11 @@ pub(crate) struct Inner {
     unreported_restore: Option<rvisor_protocol::Restored>,
     /// Why the last restore failed, for the next result's notice.
     restore_failure: Option<String>,
+    /// What the last checkpoint or restore could not do with the files
+    /// kept beside checkpoints, for the next result's warnings.
+    file_warnings: Vec<String>,
+    /// The sha256 of the files kept beside checkpoints as they were.
+    beside_hashed: crate::checkpoint_files::Hashed,
     /// Callers of [`Session::checkpoint`] waiting for the runner.
     checkpoint_waiters: Vec<std::sync::mpsc::Sender<Result<CheckpointInfo, CheckpointError>>>,
     /// Set by [`Session::hibernate`].
@@ -424,6 +430,7 @@ impl Inner {
                 ));
             }
         }
+        res.warnings.append(&mut self.file_warnings);
         if let Some(why) = self.restore_failure.take() {
             res.prepend_notice(&format!(
                 "rvisor: the session's checkpoint could not be restored: {why}."
@@ -476,6 +483,26 @@ fn died_idle(w: &mut Worker) -> Option<ExitInfo> {
 }
 
 impl Shared {
+    /// Whether the session's files are its own to checkpoint: a directory
+    /// given by the caller outlives the session's workers.
+    fn owns_files(&self) -> bool {
+        self.working_dir.is_none() || self.owns_working_dir
+    }
+
+    /// Where the files of `w`, the session's worker, are: the host
+    /// directory calls run in, else `w`'s directory inside its root.
+    fn work_dir_of(&self, w: &Worker) -> crate::files::WorkDir {
+        let place = match &self.working_dir {
+            Some(d) => crate::files::Place::Host(d.clone()),
+            None => crate::files::Place::Worker {
+                pid: w.pid(),
+                dir: w.temp_dir().to_path_buf(),
+                generation: lock(&self.inner).generation,
+            },
+        };
+        crate::files::WorkDir::new(place)
+    }
+
     /// A new session's state; its tools come from `opts`.
     pub(crate) fn new(
         id: String,
@@ -523,6 +550,8 @@ impl Shared {
                 restore_next: None,
                 unreported_restore: None,
                 restore_failure: None,
+                file_warnings: Vec::new(),
+                beside_hashed: Default::default(),
                 checkpoint_waiters: Vec::new(),
                 hibernate_requested: false,
                 hibernate_waiters: Vec::new(),
@@ -806,10 +835,10 @@ impl Shared {
         }
         let scratch = store.scratch().map_err(staging)?;
         // A directory given by the caller outlives the session's workers.
-        let file_bytes = if self.working_dir.is_some() && !self.owns_working_dir {
-            0
-        } else {
+        let file_bytes = if self.owns_files() {
             self.opts.checkpoint_file_bytes
+        } else {
+            0
         };
         let len = w
             .checkpoint(
@@ -826,9 +855,48 @@ impl Shared {
                 }
                 e => e,
             })?;
-        let manifest = Manifest::read_from(&mut &scratch)
+        let mut manifest = Manifest::read_from(&mut &scratch)
             .map_err(|why| CheckpointError::Worker(format!("the checkpoint failed: {why}")))?;
+        // Files past the checkpoint's cap, beside it (a store that keeps
+        // objects; a directory the session owns).
+        let beside = (file_bytes > 0 && store.keeps_objects()).then(|| {
+            let dir = self.work_dir_of(w);
+            let mut hashed = std::mem::take(&mut lock(&self.inner).beside_hashed);
+            let out = crate::checkpoint_files::store_beside(
+                store,
+                key,
+                &dir,
+                &manifest.files_skipped,
+                &mut hashed,
+            );
+            lock(&self.inner).beside_hashed = hashed;
+            out
+        });
         store.put(key, &scratch, len)?;
+        if let Some((refs, failed)) = beside {
+            let stored: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
+            let list = FileRefs {
+                checkpoint_created_at: manifest.created_at,
+                files: refs,
+            };
+            let mut warnings: Vec<String> = failed
+                .iter()
+                .map(|(name, why)| {
+                    format!("rvisor: the file {name:?} is not in the session's checkpoint: {why}")
+                })
+                .collect();
+            match crate::checkpoint_files::commit_refs(store, key, &list) {
+                Ok(()) => {
+                    manifest.files_skipped.retain(|f| !stored.contains(f));
+                    manifest.files_beside = stored;
+                }
+                Err(e) => warnings.push(format!(
+                    "rvisor: the session's files over the checkpoint's cap were not kept \
+                     beside it ({e}); a restore will lack them"
+                )),
+            }
+            lock(&self.inner).file_warnings.extend(warnings);
+        }
         Ok((manifest, len))
     }
 
@@ -879,7 +947,18 @@ impl Shared {
             return Ok(w);
         };
         match self.load_checkpoint(&mut w) {
-            Ok((m, len, note)) => {
+            Ok((mut m, len, note)) => {
+                // The files kept beside the checkpoint, before any call.
+                if let (Some(store), true) = (&self.store, self.owns_files()) {
+                    let dir = self.work_dir_of(&w);
+                    let (restored, warnings) = crate::checkpoint_files::restore_beside(
+                        store.as_ref(),
+                        &self.checkpoint_key(),
+                        &dir,
+                    );
+                    m.files_beside = restored;
+                    lock(&self.inner).file_warnings.extend(warnings);
+                }
                 let mut i = lock(&self.inner);
                 // The calls the restored state lacks: known here since the
                 // checkpoint, else from the note a failed checkpoint left
@@ -1255,6 +1334,11 @@ impl Shared {
         if let Some(w) = worker.take() {
             retire(&mut source, w);
         }
+        // Gone before a release is answered: the session may be resumed in
+        // this process at once, into a directory of the same name.
+        if let (true, Some(d)) = (self.owns_working_dir, &self.working_dir) {
+            let _ = std::fs::remove_dir_all(d);
+        }
         let mut i = lock(&self.inner);
         i.state = SessionState::Closed;
         i.pid = None;
@@ -1273,9 +1357,6 @@ impl Shared {
             "the session was closed before this call ran",
         );
         drop(i);
-        if let (true, Some(d)) = (self.owns_working_dir, &self.working_dir) {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 }
 

@@ -93,7 +93,9 @@ impl Session {
     ) -> Result<FileInfo, FileError> {
         let mut up = self.begin_upload(name, limits)?;
         copy_into(content, &mut up)?;
-        up.commit()
+        let info = up.commit()?;
+        self.files_changed();
+        Ok(info)
     }
 
     /// Opens `name` for reading: its information and the open file
@@ -124,6 +126,7 @@ impl Session {
         if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
             return Err(FileError::io("delete the file")(last_error()));
         }
+        self.files_changed();
         Ok(())
     }
 }

@@ -8,7 +8,7 @@
 //! they are stored only within it. Expired sets are deleted by a sweep
 //! (`start_artifact_sweep`), read or not.
 
-use super::files::file_error;
+use super::files::{file_error, Held};
 use super::{ErrorCode, Service, ServiceError};
 use crate::blob::{tenant_key, BlobStore};
 use rvisor::file_rules::{self, FileLimits};
@@ -384,6 +384,63 @@ impl Service {
                 self.forget_file_bytes(&bytes_key(execution_id));
             }
         }
+    }
+
+    /// The store's count of `tenant`'s artifact sets not yet expired, by
+    /// `artifacts:{execution_id}`: one listing of the tenant's artifacts
+    /// (a set counts the bytes of its objects once its record is written;
+    /// it expires a TTL after that record, and a record that may have
+    /// expired is read for its exact expiry).
+    pub(super) fn stored_artifact_bytes(
+        &self,
+        tenant: &str,
+    ) -> Result<std::collections::HashMap<String, Held>, String> {
+        let store = self.inner.tables.store();
+        let prefix = format!("artifacts/{}", tenant_key(tenant));
+        let listed = store.list(&prefix).map_err(|e| e.to_string())?;
+        let ttl = self.inner.tables.config().ttl.as_secs();
+        let now = rvisor::clock::unix_now();
+        let mut records = std::collections::HashMap::new();
+        let mut sizes = std::collections::HashMap::<&str, u64>::new();
+        for o in &listed {
+            let Some(rest) = o
+                .key
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_prefix('/'))
+            else {
+                continue;
+            };
+            match rest.split_once('/') {
+                Some((eid, _)) => *sizes.entry(eid).or_default() += o.size,
+                None => {
+                    if let Some(eid) = rest.strip_suffix(".json") {
+                        records.insert(eid, o.modified_unix);
+                    }
+                }
+            }
+        }
+        let mut out = std::collections::HashMap::new();
+        for (eid, modified) in records {
+            let expires = match modified {
+                Some(t) if t + ttl > now => t + ttl,
+                _ => match store.get(&set_key(tenant, eid)) {
+                    Ok(Some(b)) => match serde_json::from_slice::<ArtifactSet>(&b.bytes) {
+                        Ok(set) => set.expires_unix,
+                        Err(_) => continue,
+                    },
+                    _ => continue,
+                },
+            };
+            if expires > now {
+                let h = Held {
+                    tenant: tenant.to_string(),
+                    bytes: sizes.get(eid).copied().unwrap_or(0),
+                    expires_unix: Some(expires),
+                };
+                out.insert(bytes_key(eid), h);
+            }
+        }
+        Ok(out)
     }
 
     /// The artifact sweep's thread: this node's expired sets every

@@ -6,8 +6,15 @@
 use super::{lock, ErrorCode, Service, ServiceError};
 use rvisor::file_rules::{self, FileLimits, FileRefusal};
 use rvisor::files::{FileError, FileInfo, Upload};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
+use std::time::{Duration, Instant};
+
+/// How old the store's count of a tenant's files may be before it is read
+/// again: what other nodes (or this one before a restart) stored counts
+/// within this long; what this node does counts at once.
+pub const STORED_FILE_BYTES_TTL: Duration = Duration::from_secs(5);
 
 /// Largest file the JSON surfaces (`session --jsonl`, nng, MCP) carry
 /// inline as base64, either way; a larger one is refused naming this
@@ -24,6 +31,10 @@ pub(super) struct Held {
     /// count, and the set is deleted by the next sweep (artifacts.rs).
     pub expires_unix: Option<u64>,
 }
+
+/// The store's count of one tenant's files ([`Held`] by key) and when it
+/// was read.
+pub(super) type StoredCount = (Instant, HashMap<String, Held>);
 
 impl Held {
     fn counts(&self, tenant: &str, now: u64) -> bool {
@@ -57,7 +68,8 @@ pub struct SessionUpload {
     upload: Upload,
     tenant: String,
     id: String,
-    /// The tenant's file bytes outside this session.
+    /// The tenant's file bytes but this upload's (the file it replaces
+    /// left out).
     tenant_others: u64,
     written: u64,
     limits: FileLimits,
@@ -91,18 +103,78 @@ impl Service {
     /// The bytes of `tenant`'s files: its sessions' files as last seen
     /// (listed, uploaded, deleted or reported by a call) and its stored
     /// artifacts not yet expired (an expired set stops counting at once,
-    /// before the sweep deletes it).
+    /// before the sweep deletes it). What this node saw counts as it is;
+    /// the rest (sessions and artifacts of other nodes, or of this node
+    /// before a restart) comes from the store's count
+    /// ([`Service::stored_file_bytes`]), at most
+    /// [`STORED_FILE_BYTES_TTL`] old.
     pub fn tenant_file_bytes(&self, tenant: &str) -> u64 {
+        let stored = self.stored_file_bytes(tenant);
         let now = rvisor::clock::unix_now();
-        lock(&self.inner.file_bytes)
+        let local = lock(&self.inner.file_bytes);
+        let mine: u64 = local
             .values()
             .filter(|h| h.counts(tenant, now))
             .map(|h| h.bytes)
-            .sum()
+            .sum();
+        let others: u64 = stored
+            .iter()
+            .filter(|(k, h)| !local.contains_key(k.as_str()) && h.counts(tenant, now))
+            .map(|(_, h)| h.bytes)
+            .sum();
+        mine + others
+    }
+
+    /// The store's count of `tenant`'s files, by key (session id, or
+    /// `artifacts:{execution_id}`): the artifact sets not yet expired (one
+    /// listing of the tenant's artifacts) and, with durable sessions, the
+    /// bytes each session's `files.json` records (one listing, and a read
+    /// per session this node has not seen). Kept for
+    /// [`STORED_FILE_BYTES_TTL`]; a store that does not answer leaves the
+    /// last count (or none), with a warning.
+    pub(super) fn stored_file_bytes(&self, tenant: &str) -> HashMap<String, Held> {
+        if let Some((at, held)) = lock(&self.inner.stored_file_bytes).get(tenant) {
+            if at.elapsed() < STORED_FILE_BYTES_TTL {
+                return held.clone();
+            }
+        }
+        let counted = self.stored_artifact_bytes(tenant).and_then(|mut held| {
+            if let Some(d) = &self.inner.cfg.durable {
+                let sessions = d
+                    .file_bytes(tenant, |id| lock(&self.inner.file_bytes).contains_key(id))
+                    .map_err(|e| e.to_string())?;
+                for (id, bytes) in sessions {
+                    let h = Held {
+                        tenant: tenant.to_string(),
+                        bytes,
+                        expires_unix: None,
+                    };
+                    held.insert(id, h);
+                }
+            }
+            Ok(held)
+        });
+        let mut cache = lock(&self.inner.stored_file_bytes);
+        match counted {
+            Ok(held) => {
+                cache.insert(tenant.to_string(), (Instant::now(), held.clone()));
+                held
+            }
+            Err(e) => {
+                tracing::warn!(target: "rvisor::files", tenant,
+                    "the tenant's files could not be counted from the store: {e}");
+                cache
+                    .get(tenant)
+                    .map(|(_, h)| h.clone())
+                    .unwrap_or_default()
+            }
+        }
     }
 
     /// Records that session (or, with `expires_unix`, artifact set) `key`
-    /// of `tenant` holds `bytes` of files.
+    /// of `tenant` holds `bytes` of files. A durable session's bytes are
+    /// written to the store too when they changed, so that they count
+    /// after a restart and on other nodes.
     pub(super) fn note_file_bytes(
         &self,
         tenant: &str,
@@ -110,7 +182,7 @@ impl Service {
         bytes: u64,
         expires_unix: Option<u64>,
     ) {
-        lock(&self.inner.file_bytes).insert(
+        let before = lock(&self.inner.file_bytes).insert(
             key.to_string(),
             Held {
                 tenant: tenant.to_string(),
@@ -118,6 +190,18 @@ impl Service {
                 expires_unix,
             },
         );
+        let stored_before = || {
+            lock(&self.inner.stored_file_bytes)
+                .get(tenant)
+                .and_then(|(_, m)| m.get(key).map(|h| h.bytes))
+        };
+        let changed = before.map(|h| h.bytes).or_else(stored_before) != Some(bytes);
+        if let (Some(d), None, true) = (&self.inner.cfg.durable, expires_unix, changed) {
+            if let Err(e) = d.put_file_bytes(tenant, key, bytes) {
+                tracing::warn!(target: "rvisor::files", session = key,
+                    "the bytes of the session's files could not be recorded in the store: {e}");
+            }
+        }
     }
 
     /// The keys (with their tenants) of the artifact sets
@@ -131,9 +215,25 @@ impl Service {
             .collect()
     }
 
-    /// Forgets the files of session `key` (closed).
+    /// Forgets the files of session (or artifact set) `key`: closed, or
+    /// deleted; the store's count forgets them too.
     pub(super) fn forget_file_bytes(&self, key: &str) {
         lock(&self.inner.file_bytes).remove(key);
+        for (_, held) in lock(&self.inner.stored_file_bytes).values_mut() {
+            held.remove(key);
+        }
+    }
+
+    /// Session `id` left this node (released to the store, handed off):
+    /// its bytes as last seen here stay in the store's count until it is
+    /// next read (they are in its `files.json`).
+    pub(super) fn release_file_bytes(&self, id: &str) {
+        let Some(h) = lock(&self.inner.file_bytes).remove(id) else {
+            return;
+        };
+        if let Some((_, held)) = lock(&self.inner.stored_file_bytes).get_mut(&h.tenant) {
+            held.insert(id.to_string(), h);
+        }
     }
 
     /// The files of session `id` of `tenant`, sorted by name.
@@ -157,11 +257,19 @@ impl Service {
     ) -> Result<SessionUpload, ServiceError> {
         let s = self.session(tenant, id)?;
         let limits = *self.file_limits();
+        let this = lock(&self.inner.file_bytes)
+            .get(id)
+            .map(|h| h.bytes)
+            .or_else(|| self.stored_file_bytes(tenant).get(id).map(|h| h.bytes))
+            .unwrap_or(0);
+        let upload = s.begin_upload(name, &limits).map_err(file_error)?;
+        // The tenant's other sessions and artifacts, and this session's
+        // other files as they are now (the file replaced left out).
         let tenant_others = self
             .tenant_file_bytes(tenant)
-            .saturating_sub(lock(&self.inner.file_bytes).get(id).map_or(0, |h| h.bytes));
+            .saturating_sub(this)
+            .saturating_add(upload.others_bytes());
         file_rules::check_tenant(&limits, tenant_others).map_err(|r| file_error(r.into()))?;
-        let upload = s.begin_upload(name, &limits).map_err(file_error)?;
         Ok(SessionUpload {
             upload,
             tenant: tenant.to_string(),
@@ -178,6 +286,9 @@ impl Service {
             upload, tenant, id, ..
         } = up;
         let info = upload.commit().map_err(file_error)?;
+        if let Ok(s) = self.session(&tenant, &id) {
+            s.files_changed();
+        }
         // The tenant's count, from what is there now.
         let _ = self.session_files(&tenant, &id);
         Ok(info)

@@ -169,6 +169,10 @@ struct ServiceState {
     /// bytes of its files when last seen (an artifact set's until it
     /// expires), for the tenant quota of files and `/v1/usage`.
     file_bytes: Mutex<HashMap<String, files::Held>>,
+    /// Tenant -> the store's count of its files (`files::Held` by key, as
+    /// `file_bytes`) and when it was read: what other nodes, or this one
+    /// before a restart, stored.
+    stored_file_bytes: Mutex<HashMap<String, files::StoredCount>>,
     /// The sessions' histories, for the store to write beside their
     /// checkpoints (history.rs).
     histories: history::Histories,
@@ -223,6 +227,7 @@ impl Service {
                 stop: Arc::new((Mutex::new(false), Condvar::new())),
                 streams: Mutex::new(HashMap::new()),
                 file_bytes: Mutex::new(HashMap::new()),
+                stored_file_bytes: Mutex::new(HashMap::new()),
                 histories: Arc::default(),
             }),
         };

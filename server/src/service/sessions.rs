@@ -455,6 +455,7 @@ impl Service {
     pub(super) fn forget(&self, id: &str) -> Option<Entry> {
         let e = lock(&self.inner.sessions).remove(id);
         lock(&self.inner.names).retain(|_, v| v != id);
+        self.release_file_bytes(id);
         e
     }
 

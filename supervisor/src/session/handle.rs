@@ -448,6 +448,16 @@ impl Session {
         s.cv.notify_all();
     }
 
+    /// Notes that the session's files changed outside a call (an upload
+    /// committed, a file deleted): the checkpoint in the store no longer
+    /// holds them as they are, so the next background checkpoint,
+    /// hibernation or release writes a new one.
+    pub fn files_changed(&self) {
+        let s = self.shared();
+        lock(&s.inner).dirty = true;
+        s.cv.notify_all();
+    }
+
     /// Checkpoints the session's state now (after the running call, before
     /// the queued ones) into the supervisor's checkpoint store and returns
     /// what it holds. Costs nothing when no call ran since the last
