@@ -1025,3 +1025,187 @@ fn mcp_files_are_resources_and_results_link_them() {
     t.join().unwrap();
     sup.shutdown();
 }
+
+/// SHA-256 of `b`, lowercase hex.
+fn sha256(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(b))
+}
+
+/// The artifacts of a session call's result, by name.
+fn artifacts_of(v: &Value) -> Vec<(String, Value)> {
+    v["artifacts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| (x["name"].as_str().unwrap_or("").to_string(), x.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A session call over HTTP reports the files it changed as artifacts
+/// (docs/files.md): a file written comes back with its size, media type,
+/// sha256 of the bytes the download gives and the download's path; a call
+/// that writes nothing reports nothing; a rewrite reports the file again;
+/// a streamed call and a failed one report theirs too.
+fn session_call_artifacts(confined: bool) {
+    let srv = Server::start(confined, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let run = |code: &str| -> Value {
+        c.post(&format!("/v1/sessions/{id}/run"), json!({ "code": code }))
+            .json()
+    };
+    let r = run("write.csv(mtcars, 'out.csv')");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    let (name, a) = &arts[0];
+    assert_eq!(name, "out.csv");
+    assert_eq!(a["media_type"], "text/csv");
+    assert_eq!(a["uri"], format!("/v1/sessions/{id}/files/out.csv"));
+    let got = c.get(a["uri"].as_str().unwrap());
+    assert_eq!(got.status, 200);
+    assert_eq!(a["size"], got.bytes.len(), "{r}");
+    assert_eq!(a["sha256"], sha256(&got.bytes), "{r}");
+    let r_size = c.run(&id, "cat(file.size('out.csv'))");
+    assert_eq!(r_size, got.bytes.len().to_string());
+    // Nothing written: no artifacts (the field is absent).
+    let r = run("x <- 1 + 1");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert!(r.get("artifacts").is_none(), "{r}");
+    // Rewritten (other content): reported again, with the new bytes' hash.
+    let r = run("write.csv(head(mtcars), 'out.csv')");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    let got = c.get(&format!("/v1/sessions/{id}/files/out.csv"));
+    assert_eq!(arts[0].1["sha256"], sha256(&got.bytes), "{r}");
+    assert_eq!(arts[0].1["size"], got.bytes.len(), "{r}");
+    // Streamed (NDJSON): the result event carries them too.
+    let agent = ureq::AgentBuilder::new()
+        .max_idle_connections(0)
+        .timeout(Duration::from_secs(180))
+        .build();
+    let res = agent
+        .post(&format!("{}/v1/sessions/{id}/run", srv.base))
+        .set("Authorization", &format!("Bearer {TOK_A}"))
+        .set("Accept", "application/x-ndjson")
+        .send_json(json!({"code": "dir.create('d'); saveRDS(1:3, 'd/x.rds')"}))
+        .expect("a streamed call");
+    let body = res.into_string().unwrap();
+    let result = body
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["kind"] == "result")
+        .unwrap_or_else(|| panic!("no result event: {body}"));
+    let arts = artifacts_of(&result["result"]);
+    assert_eq!(arts.len(), 1, "{result}");
+    assert_eq!(arts[0].0, "d/x.rds");
+    let got = c.get(&format!("/v1/sessions/{id}/files/d/x.rds"));
+    assert_eq!(arts[0].1["sha256"], sha256(&got.bytes), "{result}");
+    // A call that fails after writing still reports what it wrote.
+    let r = run("writeLines('partial', 'p.txt'); stop('boom')");
+    assert_eq!(r["outcome"], "error", "{r}");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0].0, "p.txt");
+    assert_eq!(arts[0].1["sha256"], sha256(b"partial\n"), "{r}");
+    // The history (newest first) lists the call's files as before.
+    let h = c.get(&format!("/v1/sessions/{id}/history")).json();
+    let last_call = h["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "call")
+        .cloned()
+        .unwrap();
+    assert_eq!(last_call["files"][0]["name"], "p.txt", "{last_call}");
+}
+
+#[test]
+fn confined_session_calls_report_the_files_they_changed() {
+    session_call_artifacts(true);
+}
+
+#[test]
+fn unconfined_session_calls_report_the_files_they_changed() {
+    session_call_artifacts(false);
+}
+
+/// A call that times out after writing a file still reports it: an
+/// unconfined session's directory outlives the worker the timeout killed.
+#[test]
+fn a_timed_out_session_call_reports_what_it_wrote() {
+    let srv = Server::start(false, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let r = c
+        .post(
+            &format!("/v1/sessions/{id}/run"),
+            json!({"code": "writeLines('before the timeout', 'late.txt'); Sys.sleep(60)", "timeout_seconds": 1}),
+        )
+        .json();
+    assert_eq!(r["outcome"], "timed_out", "{r}");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0].0, "late.txt");
+    assert_eq!(arts[0].1["sha256"], sha256(b"before the timeout\n"), "{r}");
+}
+
+/// `session --jsonl`: a call's result lists the files it changed, with a
+/// sha256 of the bytes `get_file` gives; a call writing nothing lists none;
+/// a rewrite lists the file again.
+#[test]
+fn jsonl_session_calls_report_the_files_they_changed() {
+    use base64::Engine as _;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let sup = sup(true);
+    let (mut to_server, server_in) = UnixStream::pair().unwrap();
+    let (server_out, from_server) = UnixStream::pair().unwrap();
+    let s2 = sup.clone();
+    let t = std::thread::spawn(move || {
+        rvisor_server::jsonl::serve(&s2, BufReader::new(server_in), server_out).unwrap()
+    });
+    let mut lines = BufReader::new(from_server).lines();
+    let mut ask = |v: Value| -> Value {
+        writeln!(to_server, "{v}").unwrap();
+        let line = lines.next().expect("an answer").unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let download = |ask: &mut dyn FnMut(Value) -> Value| -> Vec<u8> {
+        let f = ask(json!({"id": 9, "op": "get_file", "path": "out.csv"}));
+        base64::engine::general_purpose::STANDARD
+            .decode(f["file"]["content_base64"].as_str().unwrap())
+            .unwrap()
+    };
+    let a = ask(json!({"id": 1, "op": "run", "code": "write.csv(mtcars, 'out.csv')"}));
+    let arts = artifacts_of(&a["result"]);
+    assert_eq!(arts.len(), 1, "{a}");
+    assert_eq!(arts[0].0, "out.csv");
+    let bytes = download(&mut ask);
+    assert_eq!(arts[0].1["size"], bytes.len(), "{a}");
+    assert_eq!(arts[0].1["sha256"], sha256(&bytes), "{a}");
+    assert!(arts[0].1["uri"]
+        .as_str()
+        .unwrap()
+        .ends_with("/files/out.csv"));
+    let a = ask(json!({"id": 2, "op": "run", "code": "1 + 1"}));
+    assert_eq!(a["result"]["console"], "[1] 2\n", "{a}");
+    assert!(a["result"].get("artifacts").is_none(), "{a}");
+    let a = ask(json!({"id": 3, "op": "run", "code": "write.csv(cars, 'out.csv')"}));
+    let arts = artifacts_of(&a["result"]);
+    assert_eq!(arts.len(), 1, "{a}");
+    let bytes = download(&mut ask);
+    assert_eq!(arts[0].1["sha256"], sha256(&bytes), "{a}");
+    drop(to_server);
+    t.join().unwrap();
+    sup.shutdown();
+}

@@ -72,6 +72,18 @@ impl Session {
         list(self.files_root()?, max_files)
     }
 
+    /// [`Session::snapshot`] without starting a worker: `Ok(None)` when
+    /// the files cannot be reached without one (a confined session with
+    /// no live worker, a hibernated one or one to be restored). Compare
+    /// two with [`changed_files`] for the files a call changed.
+    pub fn snapshot_if_live(&self, max_files: usize) -> Result<Option<Snapshot>, FileError> {
+        let place = self.files_place();
+        if place == Place::NoWorker {
+            return Ok(None);
+        }
+        list(open_root(&place)?, max_files).map(Some)
+    }
+
     /// Starts an upload of `name` (checked and normalised), within
     /// `limits`: write it, then [`Upload::commit`].
     pub fn begin_upload(&self, name: &str, limits: &FileLimits) -> Result<Upload, FileError> {
