@@ -1209,3 +1209,122 @@ fn jsonl_session_calls_report_the_files_they_changed() {
     t.join().unwrap();
     sup.shutdown();
 }
+
+/// GET with `headers`: status, the headers named in `want`, the body.
+fn get_with(
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    want: &[&str],
+) -> (u16, Vec<Option<String>>, Vec<u8>) {
+    let agent = ureq::AgentBuilder::new()
+        .max_idle_connections(0)
+        .timeout(Duration::from_secs(60))
+        .build();
+    let mut req = agent
+        .get(&format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {TOK_A}"));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let res = match req.call() {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("GET {path}: {e}"),
+    };
+    let status = res.status();
+    let got = want
+        .iter()
+        .map(|h| res.header(h).map(String::from))
+        .collect();
+    let mut bytes = Vec::new();
+    res.into_reader().read_to_end(&mut bytes).unwrap();
+    (status, got, bytes)
+}
+
+/// HTTP ranges on a session file R wrote and on a one-shot run's artifact:
+/// one range gives exactly its bytes (206, `Content-Range`), an open and a
+/// suffix range too, one past the end 416 with `bytes */size`, several
+/// ranges the whole file (200), and every answer says `Accept-Ranges`.
+#[test]
+fn downloads_serve_one_byte_range() {
+    let srv = Server::start(false, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    // 300,000 bytes that differ at every offset of a small range.
+    c.run(&id, "writeBin(as.raw(rep_len(0:250, 300000)), 'blob.bin')");
+    let path = format!("/v1/sessions/{id}/files/blob.bin");
+    let whole = c.get(&path).bytes;
+    assert_eq!(whole.len(), 300_000);
+    let expected: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(whole, expected, "the file as R wrote it");
+    let heads = ["content-range", "accept-ranges", "content-length"];
+    let size = whole.len();
+    let check = |path: &str, whole: &[u8]| {
+        let size = whole.len();
+        for (range, start, end) in [
+            ("bytes=0-0", 0, 0),
+            ("bytes=1000-266143", 1000, 266_143),
+            ("bytes=299990-", 299_990, size - 1),
+            ("bytes=-7", size - 7, size - 1),
+            ("bytes=299999-5000000", 299_999, size - 1),
+        ] {
+            let (status, h, body) = get_with(&srv.base, path, &[("Range", range)], &heads);
+            assert_eq!(status, 206, "{range}");
+            assert_eq!(
+                h[0].as_deref(),
+                Some(format!("bytes {start}-{end}/{size}").as_str()),
+                "{range}"
+            );
+            assert_eq!(h[1].as_deref(), Some("bytes"), "{range}");
+            assert_eq!(
+                h[2].as_deref(),
+                Some((end - start + 1).to_string().as_str())
+            );
+            assert_eq!(body, &whole[start..=end], "{range}: the bytes");
+        }
+        let (status, h, body) = get_with(&srv.base, path, &[("Range", "bytes=300000-")], &heads);
+        assert_eq!(status, 416, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(h[0].as_deref(), Some(format!("bytes */{size}").as_str()));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "range_not_satisfiable", "{v}");
+        let (status, h, body) = get_with(&srv.base, path, &[("Range", "bytes=0-1,5-9")], &heads);
+        assert_eq!(status, 200, "several ranges: the whole file");
+        assert_eq!(h[0], None);
+        assert_eq!(h[1].as_deref(), Some("bytes"));
+        assert_eq!(body, whole);
+    };
+    check(&path, &whole);
+    // A one-shot run's stored artifact: the same, and If-Range with its
+    // ETag keeps the range while another ETag gives the whole.
+    let r = c
+        .post(
+            "/v1/run",
+            json!({"script": "writeBin(as.raw(rep_len(0:250, 300000)), 'out.bin')"}),
+        )
+        .json();
+    let uri = r["artifacts"][0]["uri"]
+        .as_str()
+        .expect("an artifact")
+        .to_string();
+    let art = c.get(&uri).bytes;
+    assert_eq!(art, expected);
+    check(&uri, &art);
+    let etag = format!("\"{}\"", r["artifacts"][0]["sha256"].as_str().unwrap());
+    let (status, _, body) = get_with(
+        &srv.base,
+        &uri,
+        &[("Range", "bytes=10-19"), ("If-Range", &etag)],
+        &heads,
+    );
+    assert_eq!((status, body.as_slice()), (206, &art[10..20]));
+    let (status, _, body) = get_with(
+        &srv.base,
+        &uri,
+        &[("Range", "bytes=10-19"), ("If-Range", "\"another\"")],
+        &heads,
+    );
+    assert_eq!((status, body.len()), (200, size));
+}
