@@ -1159,6 +1159,41 @@ fn a_timed_out_session_call_reports_what_it_wrote() {
     assert_eq!(arts[0].1["sha256"], sha256(b"before the timeout\n"), "{r}");
 }
 
+/// A confined session's files live in its worker's tmpfs. A call that
+/// times out is interrupted, its worker kept: it reports what it wrote. A
+/// call whose worker ends (`quit()` here) reports nothing, and indeed its
+/// file is gone with the worker. The first call on the new worker is
+/// queued while no worker lives, so it has no listing to compare with
+/// (docs/files.md, Not yet); the one after reports what it wrote.
+#[test]
+fn a_confined_call_reports_its_files_while_its_worker_lives() {
+    let srv = Server::start(true, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let run = |code: &str, timeout: Option<u64>| -> Value {
+        let mut body = json!({ "code": code });
+        if let Some(t) = timeout {
+            body["timeout_seconds"] = t.into();
+        }
+        c.post(&format!("/v1/sessions/{id}/run"), body).json()
+    };
+    let r = run("writeLines('x', 'late.txt'); Sys.sleep(60)", Some(1));
+    assert_eq!(r["outcome"], "timed_out", "{r}");
+    let names: Vec<String> = artifacts_of(&r).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["late.txt"], "{r}");
+    let r = run("writeLines('z', 'lost.txt'); quit()", None);
+    assert_eq!(r["outcome"], "worker_exited", "{r}");
+    assert!(r.get("artifacts").is_none(), "{r}");
+    let r = run("cat(file.exists('lost.txt'))", None);
+    assert!(r["console"].as_str().unwrap().ends_with("FALSE"), "{r}");
+    let r = run("writeLines('y', 'next.txt')", None);
+    let names: Vec<String> = artifacts_of(&r).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["next.txt"], "{r}");
+}
+
 /// `session --jsonl`: a call's result lists the files it changed, with a
 /// sha256 of the bytes `get_file` gives; a call writing nothing lists none;
 /// a rewrite lists the file again.

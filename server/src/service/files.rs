@@ -313,9 +313,11 @@ impl Service {
 impl Service {
     /// A listing of session `id`'s files to compare with a later one
     /// (`rvisor::files::changed_files`), taken only when no worker has to
-    /// start for it: empty for a session that never ran, `None` for one
-    /// without a live worker (hibernated, reset: a worker started here
+    /// start for it: empty for a session that never ran, `None` when its
+    /// files cannot be reached without a worker (a confined session
+    /// without a live one, a hibernated session: a worker started here
     /// would take the `restored` or `reset_reason` of the next result).
+    /// An unconfined session's directory is listed with or without one.
     pub fn session_snapshot(
         &self,
         tenant: &str,
@@ -326,11 +328,7 @@ impl Service {
         if st.state == rvisor::SessionState::New {
             return Ok(Some(rvisor::files::Snapshot::new()));
         }
-        if st.pid.is_none() {
-            return Ok(None);
-        }
-        s.snapshot(self.file_limits().max_files)
-            .map(Some)
+        s.snapshot_if_live(self.file_limits().max_files, None)
             .map_err(file_error)
     }
 
@@ -388,7 +386,10 @@ impl Service {
             (e.session.clone(), e.tenant.clone())
         };
         let limits = self.file_limits();
-        let after = match s.snapshot_if_live(limits.max_files) {
+        // A confined session's files only while the worker that ran the
+        // call lives (a timeout's kill takes them with it).
+        let ran_on = Some(r.session.generation).filter(|g| *g > 0);
+        let after = match s.snapshot_if_live(limits.max_files, ran_on) {
             Ok(a) => a?,
             Err(e) => {
                 r.warnings.push(format!(
