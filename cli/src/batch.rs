@@ -17,7 +17,9 @@ pub(crate) struct BatchArgs {
     /// Scripts, or directories whose `*.R` files are run (sorted).
     inputs: Vec<PathBuf>,
     /// A JSONL manifest instead of (or besides) inputs: one
-    /// `{"id", "file" | "code", "timeout_seconds"?, "variables"?}` per line.
+    /// `{"id", "file" | "code", "timeout_seconds"?, "variables"?,
+    /// "inputs"?}` per line (`inputs`: files put in that job's working
+    /// directory, paths relative to the manifest).
     #[arg(long)]
     manifest: Option<PathBuf>,
     /// Scripts run at once (default: the number of cores).
@@ -29,6 +31,16 @@ pub(crate) struct BatchArgs {
     /// Write each script's plots as OUT/<id>/plot-NNN.png.
     #[arg(long)]
     plots_dir: Option<PathBuf>,
+    /// Put FILE in every job's working directory, under its file name,
+    /// before it runs (repeatable; a manifest line adds its own
+    /// `inputs`).
+    #[arg(long = "input", value_name = "FILE")]
+    input_files: Vec<PathBuf>,
+    /// Copy the files each job wrote (new or changed in its working
+    /// directory; tempdir() left out) into DIR/<id>/, and list them in its
+    /// result line's `artifacts` (docs/files.md).
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
     /// Results in input order (default: as they finish).
     #[arg(long)]
     ordered: bool,
@@ -65,6 +77,17 @@ struct Item {
     id: String,
     file: Option<String>,
     job: BatchJob,
+    /// Its own input files (a manifest line's `inputs`).
+    inputs: Vec<PathBuf>,
+}
+
+/// `path` if it is a readable file, else an error naming `what`.
+fn input_file(path: PathBuf, what: &str) -> Result<PathBuf> {
+    if std::fs::File::open(&path).is_ok() && path.is_file() {
+        Ok(path)
+    } else {
+        bail!("{what} {}: not a readable file", path.display())
+    }
 }
 
 fn job(id: String, code: String, timeout: f64, variables: Vec<(String, Value)>) -> BatchJob {
@@ -113,6 +136,7 @@ fn items(a: &BatchArgs) -> Result<Vec<Item>> {
                 file: Some(id.clone()),
                 job: job(id.clone(), code, a.timeout, Vec::new()),
                 id,
+                inputs: Vec::new(),
             });
         }
     }
@@ -157,10 +181,24 @@ fn items(a: &BatchArgs) -> Result<Vec<Item>> {
             }
             rvisor::ops::check_variables(&variables, &rvisor::SafetyRules::default())
                 .map_err(|e| anyhow::anyhow!("{where_}: {e}"))?;
+            let mut inputs = Vec::new();
+            match &v["inputs"] {
+                Value::Null => {}
+                Value::Array(list) => {
+                    for x in list {
+                        let Some(p) = x.as_str() else {
+                            bail!("{where_}: \"inputs\" is a list of file paths");
+                        };
+                        inputs.push(input_file(base.join(p), &format!("{where_}: the input"))?);
+                    }
+                }
+                _ => bail!("{where_}: \"inputs\" is a list of file paths"),
+            }
             out.push(Item {
                 file,
                 job: job(id.clone(), code, timeout, variables),
                 id,
+                inputs,
             });
         }
     }
@@ -171,6 +209,20 @@ fn items(a: &BatchArgs) -> Result<Vec<Item>> {
                 "the id {:?} is given twice; ids name results and plot directories",
                 i.id
             );
+        }
+    }
+    // Each job's artifacts go in a directory of its own.
+    if a.output_dir.is_some() {
+        let mut dirs = HashSet::new();
+        for i in &out {
+            if !dirs.insert(dir_name(&i.id)) {
+                bail!(
+                    "the ids {:?} and another map to the same directory {:?} of --output-dir; \
+                     give them ids that differ in letters, digits, '-', '_' or '.'",
+                    i.id,
+                    dir_name(&i.id)
+                );
+            }
         }
     }
     if out.is_empty() {
@@ -231,6 +283,36 @@ fn write_plots(dir: &Path, id: &str, r: &RunResult) -> Result<()> {
     Ok(())
 }
 
+/// The files around each job of `all`: `--input` and its own inputs in,
+/// what it wrote out to `--output-dir`/<id>/. `None` without either.
+fn job_files(a: &BatchArgs, all: &mut [Item]) -> Result<Option<rvisor::BatchFiles>> {
+    let common = a
+        .input_files
+        .iter()
+        .map(|p| input_file(p.clone(), "--input"))
+        .collect::<Result<Vec<_>>>()?;
+    if common.is_empty() && a.output_dir.is_none() && all.iter().all(|i| i.inputs.is_empty()) {
+        return Ok(None);
+    }
+    let per_job: Vec<Vec<PathBuf>> = all
+        .iter_mut()
+        .map(|i| {
+            let mut v = common.clone();
+            v.append(&mut i.inputs);
+            v
+        })
+        .collect();
+    let out = a.output_dir.clone();
+    Ok(Some(rvisor::BatchFiles(std::sync::Arc::new(
+        move |index: usize, id: &str| -> Box<dyn rvisor::files::RunFiles> {
+            Box::new(crate::files::CliFiles::new(
+                per_job.get(index).cloned().unwrap_or_default(),
+                out.as_ref().map(|d| d.join(dir_name(id))),
+            ))
+        },
+    ))))
+}
+
 /// The packages the zygote preloads for `a` (None: the pool's default).
 pub(crate) fn preload(a: &BatchArgs) -> Option<Vec<String>> {
     a.no_preload.then(Vec::new)
@@ -256,6 +338,7 @@ pub(crate) fn run(a: BatchArgs, sup: rvisor::Supervisor) -> Result<ExitCode> {
     }
     let files: Vec<(String, Option<String>)> =
         all.iter().map(|i| (i.id.clone(), i.file.clone())).collect();
+    let run_files = job_files(&a, &mut all)?;
     let jobs: Vec<BatchJob> = all.into_iter().map(|i| i.job).collect();
     let mut out: Box<dyn Write> = match &a.out {
         Some(p) => Box::new(std::io::BufWriter::new(
@@ -278,6 +361,7 @@ pub(crate) fn run(a: BatchArgs, sup: rvisor::Supervisor) -> Result<ExitCode> {
         BatchOptions {
             parallel: parallel(&a),
             preamble,
+            files: run_files,
         },
     );
     let progress = std::io::stderr().is_terminal();

@@ -54,6 +54,15 @@ impl RunFiles for CliFiles {
         let Some(out) = &self.output_dir else {
             return;
         };
+        // Nothing ran: nothing it wrote (the inputs are not its files).
+        if matches!(
+            r.outcome,
+            rvisor::Outcome::Rejected
+                | rvisor::Outcome::StartupFailed
+                | rvisor::Outcome::StartupTimedOut
+        ) {
+            return;
+        }
         let after = match dir.snapshot(self.limits.max_files) {
             Ok(a) => a,
             Err(e) => {

@@ -134,6 +134,7 @@ fn run_worker(stream: UnixStream) -> Result<(), String> {
     if !serve::check_hello()? {
         return Ok(());
     }
+    r::use_rtmp_temp_dir();
     let r = serve::start_r().map_err(|e| format!("failed to start R: {e}"))?;
     interrupt::install();
     serve::warm_up(&r);

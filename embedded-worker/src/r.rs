@@ -831,6 +831,28 @@ pub fn startup_env() -> &'static [(std::ffi::OsString, std::ffi::OsString)] {
     STARTUP_ENV.get().map(Vec::as_slice).unwrap_or(&[])
 }
 
+/// A worker started directly (not forked from the zygote) gets the same
+/// `tempdir()` as a forked one (zygote.rs): `Rtmp` in its own directory
+/// (`TMPDIR`), so that listings of its files leave it out
+/// (`rvisor::files::R_TEMP_DIR`). R would make a `RtmpXXXXXX` of its own;
+/// it keeps one set before [`start`]. The zygote keeps R's. Call before
+/// [`start`], on the main thread.
+pub fn use_rtmp_temp_dir() {
+    let Some(tmp) = std::env::var_os("TMPDIR") else {
+        return;
+    };
+    let rtmp = std::path::Path::new(&tmp).join("Rtmp");
+    if std::fs::create_dir_all(&rtmp).is_err() {
+        return;
+    }
+    if let Ok(c) = CString::new(rtmp.as_os_str().as_encoded_bytes()) {
+        // SAFETY: on the main thread before R starts (its start-up keeps
+        // a temporary directory already set); R keeps the pointer for the
+        // process, so the CString is leaked.
+        unsafe { ffi::R_TempDir = c.into_raw() };
+    }
+}
+
 /// Starts R with `hooks` receiving what it reports. Must be called once, on
 /// the main thread, before anything else touches R.
 pub fn start(hooks: Hooks) -> Result<R, String> {

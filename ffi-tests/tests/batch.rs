@@ -176,3 +176,111 @@ fn bad_input_says_what_to_fix() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--input` and a manifest line's `inputs` in, `--output-dir` out: every
+/// job reads the common input, a job reads its own (and no other job sees
+/// it), what each wrote is copied to DIR/<id>/ and listed in its result
+/// line with the sha256 of the bytes saved; an input it did not change, a
+/// job that wrote nothing and tempdir() give no artifacts; a failed job
+/// still gives back what it wrote.
+fn inputs_and_artifacts(confined: bool) {
+    use sha2::Digest;
+    let d = TestDir::new("rvisor-batch-files");
+    write(d.path(), "data.csv", "x\n1\n2\n3\n");
+    std::fs::create_dir(d.path().join("own")).unwrap();
+    write(d.path(), "own/extra.txt", "seven\n");
+    write(
+        d.path(),
+        "m.jsonl",
+        concat!(
+            r#"{"id": "sum", "code": "d <- read.csv('data.csv'); e <- readLines('extra.txt'); dir.create('out'); write.csv(data.frame(s = sum(d$x), e = e), 'out/sum.csv', row.names = FALSE); writeLines('t', file.path(tempdir(), 'scratch'))", "inputs": ["own/extra.txt"]}"#,
+            "\n",
+            r#"{"id": "nothing", "code": "cat(nrow(read.csv('data.csv')), file.exists('extra.txt'))"}"#,
+            "\n",
+            r#"{"id": "fails", "code": "writeLines('partial', 'p.txt'); stop('boom')"}"#,
+            "\n",
+        ),
+    );
+    let mut cmd = Command::new(rvisor_bin());
+    if !confined {
+        cmd.arg("--unconfined");
+    }
+    let out = cmd
+        .args([
+            "batch",
+            "--manifest",
+            "m.jsonl",
+            "--input",
+            "data.csv",
+            "--output-dir",
+            "outs",
+            "--ordered",
+            "-j",
+            "2",
+        ])
+        .current_dir(d.path())
+        .output()
+        .expect("rvisor batch runs");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "one job failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let l = lines(&out.stdout);
+    assert_eq!(l.len(), 3, "{l:?}");
+    let sha = |b: &[u8]| -> String {
+        sha2::Sha256::digest(b)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect()
+    };
+    // sum: its own input and the common one read; one artifact.
+    let r = &l[0]["result"];
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let arts = r["artifacts"].as_array().expect("artifacts");
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0]["name"], "out/sum.csv");
+    let saved = std::fs::read(d.path().join("outs/sum/out/sum.csv")).unwrap();
+    assert_eq!(saved, b"\"s\",\"e\"\n6,\"seven\"\n");
+    assert_eq!(arts[0]["size"], saved.len());
+    assert_eq!(arts[0]["sha256"], sha(&saved));
+    assert!(arts[0]["uri"]
+        .as_str()
+        .unwrap()
+        .ends_with("/outs/sum/out/sum.csv"));
+    // nothing: the common input only; nothing written, nothing saved.
+    let r = &l[1]["result"];
+    assert_eq!(r["console"], "3 FALSE", "{r}");
+    assert!(r.get("artifacts").is_none(), "{r}");
+    assert!(!d.path().join("outs/nothing").exists());
+    // fails: an error, and what it wrote before it.
+    let r = &l[2]["result"];
+    assert_eq!(r["outcome"], "error", "{r}");
+    assert_eq!(r["artifacts"][0]["name"], "p.txt", "{r}");
+    assert_eq!(
+        std::fs::read(d.path().join("outs/fails/p.txt")).unwrap(),
+        b"partial\n"
+    );
+    // A missing input is refused before anything runs, naming it.
+    let out = batch(
+        &["--manifest", "m.jsonl", "--input", "missing.csv"],
+        d.path(),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("missing.csv") && err.contains("not a readable file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unconfined_batch_takes_inputs_and_saves_each_jobs_artifacts() {
+    inputs_and_artifacts(false);
+}
+
+#[test]
+fn confined_batch_takes_inputs_and_saves_each_jobs_artifacts() {
+    inputs_and_artifacts(true);
+}

@@ -1330,3 +1330,341 @@ fn a_node_keeps_big_files_beside_checkpoints_in_the_store() {
         || stored_objects(store.path()).is_empty().then_some(()),
     );
 }
+
+/// SHA-256 of `b`, lowercase hex.
+fn sha256(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(b))
+}
+
+/// The artifacts of a session call's result, by name.
+fn artifacts_of(v: &Value) -> Vec<(String, Value)> {
+    v["artifacts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| (x["name"].as_str().unwrap_or("").to_string(), x.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A session call over HTTP reports the files it changed as artifacts
+/// (docs/files.md): a file written comes back with its size, media type,
+/// sha256 of the bytes the download gives and the download's path; a call
+/// that writes nothing reports nothing; a rewrite reports the file again;
+/// a streamed call and a failed one report theirs too.
+fn session_call_artifacts(confined: bool) {
+    let srv = Server::start(confined, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let run = |code: &str| -> Value {
+        c.post(&format!("/v1/sessions/{id}/run"), json!({ "code": code }))
+            .json()
+    };
+    let r = run("write.csv(mtcars, 'out.csv')");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    let (name, a) = &arts[0];
+    assert_eq!(name, "out.csv");
+    assert_eq!(a["media_type"], "text/csv");
+    assert_eq!(a["uri"], format!("/v1/sessions/{id}/files/out.csv"));
+    let got = c.get(a["uri"].as_str().unwrap());
+    assert_eq!(got.status, 200);
+    assert_eq!(a["size"], got.bytes.len(), "{r}");
+    assert_eq!(a["sha256"], sha256(&got.bytes), "{r}");
+    let r_size = c.run(&id, "cat(file.size('out.csv'))");
+    assert_eq!(r_size, got.bytes.len().to_string());
+    // Nothing written: no artifacts (the field is absent).
+    let r = run("x <- 1 + 1");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    assert!(r.get("artifacts").is_none(), "{r}");
+    // Rewritten (other content): reported again, with the new bytes' hash.
+    let r = run("write.csv(head(mtcars), 'out.csv')");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    let got = c.get(&format!("/v1/sessions/{id}/files/out.csv"));
+    assert_eq!(arts[0].1["sha256"], sha256(&got.bytes), "{r}");
+    assert_eq!(arts[0].1["size"], got.bytes.len(), "{r}");
+    // Streamed (NDJSON): the result event carries them too.
+    let agent = ureq::AgentBuilder::new()
+        .max_idle_connections(0)
+        .timeout(Duration::from_secs(180))
+        .build();
+    let res = agent
+        .post(&format!("{}/v1/sessions/{id}/run", srv.base))
+        .set("Authorization", &format!("Bearer {TOK_A}"))
+        .set("Accept", "application/x-ndjson")
+        .send_json(json!({"code": "dir.create('d'); saveRDS(1:3, 'd/x.rds')"}))
+        .expect("a streamed call");
+    let body = res.into_string().unwrap();
+    let result = body
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["kind"] == "result")
+        .unwrap_or_else(|| panic!("no result event: {body}"));
+    let arts = artifacts_of(&result["result"]);
+    assert_eq!(arts.len(), 1, "{result}");
+    assert_eq!(arts[0].0, "d/x.rds");
+    let got = c.get(&format!("/v1/sessions/{id}/files/d/x.rds"));
+    assert_eq!(arts[0].1["sha256"], sha256(&got.bytes), "{result}");
+    // A call that fails after writing still reports what it wrote.
+    let r = run("writeLines('partial', 'p.txt'); stop('boom')");
+    assert_eq!(r["outcome"], "error", "{r}");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0].0, "p.txt");
+    assert_eq!(arts[0].1["sha256"], sha256(b"partial\n"), "{r}");
+    // The history (newest first) lists the call's files as before.
+    let h = c.get(&format!("/v1/sessions/{id}/history")).json();
+    let last_call = h["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "call")
+        .cloned()
+        .unwrap();
+    assert_eq!(last_call["files"][0]["name"], "p.txt", "{last_call}");
+}
+
+#[test]
+fn confined_session_calls_report_the_files_they_changed() {
+    session_call_artifacts(true);
+}
+
+#[test]
+fn unconfined_session_calls_report_the_files_they_changed() {
+    session_call_artifacts(false);
+}
+
+/// A call that times out after writing a file still reports it: an
+/// unconfined session's directory outlives the worker the timeout killed.
+#[test]
+fn a_timed_out_session_call_reports_what_it_wrote() {
+    let srv = Server::start(false, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let r = c
+        .post(
+            &format!("/v1/sessions/{id}/run"),
+            json!({"code": "writeLines('before the timeout', 'late.txt'); Sys.sleep(60)", "timeout_seconds": 1}),
+        )
+        .json();
+    assert_eq!(r["outcome"], "timed_out", "{r}");
+    let arts = artifacts_of(&r);
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0].0, "late.txt");
+    assert_eq!(arts[0].1["sha256"], sha256(b"before the timeout\n"), "{r}");
+}
+
+/// A confined session's files live in its worker's tmpfs. A call that
+/// times out is interrupted, its worker kept: it reports what it wrote. A
+/// call whose worker ends (`quit()` here) reports nothing, and indeed its
+/// file is gone with the worker. The first call on the new worker is
+/// queued while no worker lives, so it has no listing to compare with
+/// (docs/files.md, Not yet); the one after reports what it wrote.
+#[test]
+fn a_confined_call_reports_its_files_while_its_worker_lives() {
+    let srv = Server::start(true, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let run = |code: &str, timeout: Option<u64>| -> Value {
+        let mut body = json!({ "code": code });
+        if let Some(t) = timeout {
+            body["timeout_seconds"] = t.into();
+        }
+        c.post(&format!("/v1/sessions/{id}/run"), body).json()
+    };
+    let r = run("writeLines('x', 'late.txt'); Sys.sleep(60)", Some(1));
+    assert_eq!(r["outcome"], "timed_out", "{r}");
+    let names: Vec<String> = artifacts_of(&r).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["late.txt"], "{r}");
+    let r = run("writeLines('z', 'lost.txt'); quit()", None);
+    assert_eq!(r["outcome"], "worker_exited", "{r}");
+    assert!(r.get("artifacts").is_none(), "{r}");
+    let r = run("cat(file.exists('lost.txt'))", None);
+    assert!(r["console"].as_str().unwrap().ends_with("FALSE"), "{r}");
+    let r = run("writeLines('y', 'next.txt')", None);
+    let names: Vec<String> = artifacts_of(&r).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["next.txt"], "{r}");
+}
+
+/// `session --jsonl`: a call's result lists the files it changed, with a
+/// sha256 of the bytes `get_file` gives; a call writing nothing lists none;
+/// a rewrite lists the file again.
+#[test]
+fn jsonl_session_calls_report_the_files_they_changed() {
+    use base64::Engine as _;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let sup = sup(true);
+    let (mut to_server, server_in) = UnixStream::pair().unwrap();
+    let (server_out, from_server) = UnixStream::pair().unwrap();
+    let s2 = sup.clone();
+    let t = std::thread::spawn(move || {
+        rvisor_server::jsonl::serve(&s2, BufReader::new(server_in), server_out).unwrap()
+    });
+    let mut lines = BufReader::new(from_server).lines();
+    let mut ask = |v: Value| -> Value {
+        writeln!(to_server, "{v}").unwrap();
+        let line = lines.next().expect("an answer").unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let download = |ask: &mut dyn FnMut(Value) -> Value| -> Vec<u8> {
+        let f = ask(json!({"id": 9, "op": "get_file", "path": "out.csv"}));
+        base64::engine::general_purpose::STANDARD
+            .decode(f["file"]["content_base64"].as_str().unwrap())
+            .unwrap()
+    };
+    let a = ask(json!({"id": 1, "op": "run", "code": "write.csv(mtcars, 'out.csv')"}));
+    let arts = artifacts_of(&a["result"]);
+    assert_eq!(arts.len(), 1, "{a}");
+    assert_eq!(arts[0].0, "out.csv");
+    let bytes = download(&mut ask);
+    assert_eq!(arts[0].1["size"], bytes.len(), "{a}");
+    assert_eq!(arts[0].1["sha256"], sha256(&bytes), "{a}");
+    assert!(arts[0].1["uri"]
+        .as_str()
+        .unwrap()
+        .ends_with("/files/out.csv"));
+    let a = ask(json!({"id": 2, "op": "run", "code": "1 + 1"}));
+    assert_eq!(a["result"]["console"], "[1] 2\n", "{a}");
+    assert!(a["result"].get("artifacts").is_none(), "{a}");
+    let a = ask(json!({"id": 3, "op": "run", "code": "write.csv(cars, 'out.csv')"}));
+    let arts = artifacts_of(&a["result"]);
+    assert_eq!(arts.len(), 1, "{a}");
+    let bytes = download(&mut ask);
+    assert_eq!(arts[0].1["sha256"], sha256(&bytes), "{a}");
+    drop(to_server);
+    t.join().unwrap();
+    sup.shutdown();
+}
+
+/// GET with `headers`: status, the headers named in `want`, the body.
+fn get_with(
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    want: &[&str],
+) -> (u16, Vec<Option<String>>, Vec<u8>) {
+    let agent = ureq::AgentBuilder::new()
+        .max_idle_connections(0)
+        .timeout(Duration::from_secs(60))
+        .build();
+    let mut req = agent
+        .get(&format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {TOK_A}"));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let res = match req.call() {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("GET {path}: {e}"),
+    };
+    let status = res.status();
+    let got = want
+        .iter()
+        .map(|h| res.header(h).map(String::from))
+        .collect();
+    let mut bytes = Vec::new();
+    res.into_reader().read_to_end(&mut bytes).unwrap();
+    (status, got, bytes)
+}
+
+/// HTTP ranges on a session file R wrote and on a one-shot run's artifact:
+/// one range gives exactly its bytes (206, `Content-Range`), an open and a
+/// suffix range too, one past the end 416 with `bytes */size`, several
+/// ranges the whole file (200), and every answer says `Accept-Ranges`.
+#[test]
+fn downloads_serve_one_byte_range() {
+    let srv = Server::start(false, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    // 300,000 bytes that differ at every offset of a small range.
+    c.run(&id, "writeBin(as.raw(rep_len(0:250, 300000)), 'blob.bin')");
+    let path = format!("/v1/sessions/{id}/files/blob.bin");
+    let whole = c.get(&path).bytes;
+    assert_eq!(whole.len(), 300_000);
+    let expected: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(whole, expected, "the file as R wrote it");
+    let heads = ["content-range", "accept-ranges", "content-length"];
+    let size = whole.len();
+    let check = |path: &str, whole: &[u8]| {
+        let size = whole.len();
+        for (range, start, end) in [
+            ("bytes=0-0", 0, 0),
+            ("bytes=1000-266143", 1000, 266_143),
+            ("bytes=299990-", 299_990, size - 1),
+            ("bytes=-7", size - 7, size - 1),
+            ("bytes=299999-5000000", 299_999, size - 1),
+        ] {
+            let (status, h, body) = get_with(&srv.base, path, &[("Range", range)], &heads);
+            assert_eq!(status, 206, "{range}");
+            assert_eq!(
+                h[0].as_deref(),
+                Some(format!("bytes {start}-{end}/{size}").as_str()),
+                "{range}"
+            );
+            assert_eq!(h[1].as_deref(), Some("bytes"), "{range}");
+            assert_eq!(
+                h[2].as_deref(),
+                Some((end - start + 1).to_string().as_str())
+            );
+            assert_eq!(body, &whole[start..=end], "{range}: the bytes");
+        }
+        let (status, h, body) = get_with(&srv.base, path, &[("Range", "bytes=300000-")], &heads);
+        assert_eq!(status, 416, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(h[0].as_deref(), Some(format!("bytes */{size}").as_str()));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "range_not_satisfiable", "{v}");
+        let (status, h, body) = get_with(&srv.base, path, &[("Range", "bytes=0-1,5-9")], &heads);
+        assert_eq!(status, 200, "several ranges: the whole file");
+        assert_eq!(h[0], None);
+        assert_eq!(h[1].as_deref(), Some("bytes"));
+        assert_eq!(body, whole);
+    };
+    check(&path, &whole);
+    // A one-shot run's stored artifact: the same, and If-Range with its
+    // ETag keeps the range while another ETag gives the whole.
+    let r = c
+        .post(
+            "/v1/run",
+            json!({"script": "writeBin(as.raw(rep_len(0:250, 300000)), 'out.bin')"}),
+        )
+        .json();
+    let uri = r["artifacts"][0]["uri"]
+        .as_str()
+        .expect("an artifact")
+        .to_string();
+    let art = c.get(&uri).bytes;
+    assert_eq!(art, expected);
+    check(&uri, &art);
+    let etag = format!("\"{}\"", r["artifacts"][0]["sha256"].as_str().unwrap());
+    let (status, _, body) = get_with(
+        &srv.base,
+        &uri,
+        &[("Range", "bytes=10-19"), ("If-Range", &etag)],
+        &heads,
+    );
+    assert_eq!((status, body.as_slice()), (206, &art[10..20]));
+    let (status, _, body) = get_with(
+        &srv.base,
+        &uri,
+        &[("Range", "bytes=10-19"), ("If-Range", "\"another\"")],
+        &heads,
+    );
+    assert_eq!((status, body.len()), (200, size));
+}

@@ -611,8 +611,9 @@ fn a_one_shot_run_takes_input_files_and_gives_back_artifacts() {
     assert!(err(&bad, "file_refused").contains("../x"), "{bad}");
 }
 
-/// A session's files over nng: put, read by R, listed, fetched back byte
-/// for byte, deleted; a bad name is refused.
+/// A session's files over nng: put, read by R, written (the call's result
+/// lists it), listed, fetched back byte for byte, deleted; a bad name is
+/// refused.
 #[test]
 fn session_files_go_in_and_out() {
     let s = Server::ipc();
@@ -627,7 +628,22 @@ fn session_files_go_in_and_out() {
     assert_eq!(f["size"], 256, "{f}");
     let r = p.run("length(readBin('data/in.bin', 'raw', 1000))");
     assert_eq!(console(&r), "[1] 256\n", "{r}");
-    p.run("writeBin(as.raw(1:3), 'out.bin')");
+    // The call's result lists the file it wrote (docs/files.md).
+    let r = p.run("writeBin(as.raw(1:3), 'out.bin')");
+    let arts = r["artifacts"].as_array().expect("artifacts");
+    assert_eq!(arts.len(), 1, "{r}");
+    assert_eq!(arts[0]["name"], "out.bin", "{r}");
+    assert_eq!(arts[0]["size"], 3, "{r}");
+    {
+        use sha2::Digest;
+        let sha: String = sha2::Sha256::digest([1u8, 2, 3])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(arts[0]["sha256"], sha, "{r}");
+    }
+    let r = p.run("1 + 1");
+    assert!(r.get("artifacts").is_none(), "nothing written: {r}");
     let list = p.call(TOK_A, json!({"op": "files"}));
     let names = ok(&list, "files").to_string();
     assert!(

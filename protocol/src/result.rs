@@ -379,7 +379,12 @@ pub struct RunResult {
     /// segment marks where each happened. Empty (and absent) when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub displays: Vec<crate::Display>,
-    /// Files the call wrote (docs/files.md); absent when none.
+    /// Files the call wrote (docs/files.md); absent when none. A one-shot
+    /// run's are stored (`uri` `/v1/artifacts/{execution_id}/{name}`); a
+    /// session call's are the session's files it made or changed between
+    /// being queued and its end, a failed or timed-out call's included,
+    /// (`uri` `/v1/sessions/{id}/files/{name}`), at most `max_files` and
+    /// `max_call_bytes` of them (a warning says when some were left out).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<crate::artifact::Artifact>,
     /// Packages from libraries after R's own (a tenant's installed

@@ -245,52 +245,6 @@ fn result_content(r: &RunResult) -> Value {
     })
 }
 
-/// Adds to `r` the files of the session that changed since `before`, as
-/// artifacts whose `uri` is the session file's.
-fn changed_into(
-    svc: &Service,
-    before: Option<&(String, rvisor::files::Snapshot)>,
-    r: &mut RunResult,
-) {
-    let Some((id, before)) = before else {
-        return;
-    };
-    let Ok(Some(after)) = svc.session_snapshot(TENANT, id) else {
-        return;
-    };
-    for f in rvisor::files::changed_files(before, &after) {
-        let sha256 = svc
-            .get_session_file(TENANT, id, &f.name)
-            .ok()
-            .and_then(|(info, file)| sha256_of(file, info.size))
-            .unwrap_or_default();
-        r.artifacts.push(rvisor::Artifact {
-            uri: format!("/v1/sessions/{id}/files/{}", f.name),
-            name: f.name,
-            size: f.size,
-            media_type: f.media_type,
-            sha256,
-        });
-    }
-}
-
-/// SHA-256 of the first `size` bytes of `f`, lowercase hex.
-fn sha256_of(f: std::fs::File, size: u64) -> Option<String> {
-    use sha2::Digest;
-    use std::io::Read;
-    let mut h = sha2::Sha256::new();
-    let mut r = f.take(size);
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = r.read(&mut buf).ok()?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// The resource URI of an artifact: a one-shot run's stored artifact, or
 /// a file of the conversation's session.
 fn resource_uri(a: &rvisor::Artifact) -> String {
@@ -557,16 +511,10 @@ impl State {
             }
             "run_r_code" => {
                 let req: SessionRun = decode(args, &["code", "timeout_seconds", "display"])?;
-                // The files before the call: those it changed come back
-                // as resource links (docs/files.md).
-                let mut before = None;
+                // The files the call changed come back in its artifacts
+                // (the service's), as resource links (docs/files.md).
                 let call = svc.named_session(TENANT, "main", true).and_then(|id| {
                     let id = id.unwrap_or_default();
-                    before = svc
-                        .session_snapshot(TENANT, &id)
-                        .ok()
-                        .flatten()
-                        .map(|b| (id.clone(), b));
                     if follow.wanted() {
                         svc.session_run_streaming(TENANT, &id, &req)
                     } else {
@@ -580,9 +528,7 @@ impl State {
                         let mut events = call.events();
                         while let Some(e) = events.next_blocking() {
                             if let EventKind::Result { result } = &e.kind {
-                                let mut r = (**result).clone();
-                                changed_into(svc, before.as_ref(), &mut r);
-                                return Ok(result_content(&r));
+                                return Ok(result_content(result));
                             }
                             if let Some(n) = follow.notification(&e) {
                                 notify(&n);
@@ -593,9 +539,7 @@ impl State {
                     Ok(call) => {
                         let token = call.cancel_token();
                         cancel.on_cancel(move || token.cancel());
-                        let mut r = call.wait();
-                        changed_into(svc, before.as_ref(), &mut r);
-                        Ok(result_content(&r))
+                        Ok(result_content(&call.wait()))
                     }
                     Err(e) => Ok(error_result(&e)),
                 }

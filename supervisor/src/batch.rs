@@ -3,6 +3,7 @@
 //! discarded after), so no script sees another's state.
 
 use crate::call::CallOptions;
+use crate::files::RunFiles;
 use crate::supervisor::Supervisor;
 use crate::tools::CallContext;
 use rvisor_protocol::RunResult;
@@ -31,6 +32,25 @@ pub struct BatchOptions {
     /// R code each worker runs before its job (e.g. `set.seed(1)`); its
     /// result is not reported unless it fails.
     pub preamble: Option<String>,
+    /// Files around each job: given a job's index and id, the
+    /// [`RunFiles`] that places its inputs before it runs and collects
+    /// what it wrote after (as `rvisor run --input/--output-dir`). `None`:
+    /// no files.
+    pub files: Option<BatchFiles>,
+}
+
+/// Makes each job's [`RunFiles`] ([`BatchOptions::files`]), from its
+/// index and id; called on the thread that runs the job.
+#[derive(Clone)]
+pub struct BatchFiles(pub Arc<FilesFn>);
+
+/// The function inside [`BatchFiles`].
+pub type FilesFn = dyn Fn(usize, &str) -> Box<dyn RunFiles> + Send + Sync;
+
+impl std::fmt::Debug for BatchFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BatchFiles(..)")
+    }
 }
 
 impl Default for BatchOptions {
@@ -38,6 +58,7 @@ impl Default for BatchOptions {
         Self {
             parallel: std::thread::available_parallelism().map_or(2, |n| n.get()),
             preamble: None,
+            files: None,
         }
     }
 }
@@ -98,8 +119,10 @@ impl Supervisor {
         let threads = (0..opts.parallel.max(1))
             .map(|_| {
                 let (sup, jobs, tx, stop) = (self.clone(), jobs.clone(), tx.clone(), stop.clone());
-                let preamble = opts.preamble.clone();
-                std::thread::spawn(move || runner(&sup, &jobs, &tx, &stop, preamble.as_deref()))
+                let (preamble, files) = (opts.preamble.clone(), opts.files.clone());
+                std::thread::spawn(move || {
+                    runner(&sup, &jobs, &tx, &stop, preamble.as_deref(), files.as_ref())
+                })
             })
             .collect();
         Batch { rx, stop, threads }
@@ -112,19 +135,32 @@ fn runner(
     tx: &Sender<BatchDone>,
     stop: &AtomicBool,
     preamble: Option<&str>,
+    files: Option<&BatchFiles>,
 ) {
     while !stop.load(Ordering::SeqCst) {
         let next = jobs.lock().unwrap_or_else(|e| e.into_inner()).next();
         let Some((index, job)) = next else { return };
-        let result = sup.run_once_after(
-            crate::ids::execution_id(),
-            &job.code,
-            &job.opts,
-            &job.ctx,
-            None,
-            None,
-            preamble,
-        );
+        let result = match files {
+            None => sup.run_once_after(
+                crate::ids::execution_id(),
+                &job.code,
+                &job.opts,
+                &job.ctx,
+                None,
+                None,
+                preamble,
+            ),
+            Some(f) => {
+                let mut run_files = (f.0)(index, &job.id);
+                sup.run_once_after_with_files(
+                    crate::ids::execution_id(),
+                    &job.code,
+                    (&job.opts, &job.ctx),
+                    preamble,
+                    run_files.as_mut(),
+                )
+            }
+        };
         let done = BatchDone {
             index,
             id: job.id,

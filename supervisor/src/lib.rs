@@ -56,7 +56,7 @@ pub mod tools;
 pub mod worker;
 pub mod zygote;
 
-pub use batch::{Batch, BatchDone, BatchJob, BatchOptions};
+pub use batch::{Batch, BatchDone, BatchFiles, BatchJob, BatchOptions};
 pub use call::CallOptions;
 pub use call::{unix_newlines, validate_call, MAX_CODE_BYTES};
 pub use cancel::{CancelOnDrop, CancelToken};

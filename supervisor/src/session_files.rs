@@ -72,6 +72,29 @@ impl Session {
         list(self.files_root()?, max_files)
     }
 
+    /// [`Session::snapshot`] without starting a worker: `Ok(None)` when
+    /// the files cannot be reached without one (a confined session with
+    /// no live worker, a hibernated one or one to be restored), or, with
+    /// `generation`, when a confined session's worker is not that one
+    /// any more (its files went with it; the new worker's are not the
+    /// ones a call of the old one changed). Compare two with
+    /// [`changed_files`] for the files a call changed.
+    pub fn snapshot_if_live(
+        &self,
+        max_files: usize,
+        generation: Option<u64>,
+    ) -> Result<Option<Snapshot>, FileError> {
+        let place = self.files_place();
+        match &place {
+            Place::NoWorker => return Ok(None),
+            Place::Worker { generation: g, .. } if generation.is_some_and(|want| want != *g) => {
+                return Ok(None)
+            }
+            _ => {}
+        }
+        list(open_root(&place)?, max_files).map(Some)
+    }
+
     /// Starts an upload of `name` (checked and normalised), within
     /// `limits`: write it, then [`Upload::commit`].
     pub fn begin_upload(&self, name: &str, limits: &FileLimits) -> Result<Upload, FileError> {

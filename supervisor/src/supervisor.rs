@@ -519,6 +519,29 @@ impl Supervisor {
         )
     }
 
+    /// [`Supervisor::run_once_after`] with `files` around the call (a
+    /// batch job's inputs and artifacts).
+    pub(crate) fn run_once_after_with_files(
+        &self,
+        execution_id: String,
+        code: &str,
+        (opts, ctx): (&CallOptions, &CallContext),
+        preamble: Option<&str>,
+        files: &mut dyn crate::files::RunFiles,
+    ) -> RunResult {
+        self.run_once_inner(
+            execution_id,
+            code,
+            opts,
+            ctx,
+            None,
+            None,
+            preamble,
+            None,
+            Some(files),
+        )
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn run_once_inner(
         &self,

@@ -207,11 +207,17 @@ pub const OPERATION_ERRORS: &[(&str, &str, &[ErrorCode])] = {
                 E::Internal,
             ],
         ),
-        ("get", "/v1/sessions/{id}/files/{path}", FILE_READ),
+        ("get", "/v1/sessions/{id}/files/{path}", FILE_DOWNLOAD),
         (
             "get",
             "/v1/artifacts/{execution_id}/{name}",
-            &[E::BadRequest, E::NotFound, E::Storage, E::Internal],
+            &[
+                E::BadRequest,
+                E::NotFound,
+                E::RangeNotSatisfiable,
+                E::Storage,
+                E::Internal,
+            ],
         ),
         ("delete", "/v1/sessions/{id}/files/{path}", FILE_READ),
         ("get", "/v1/tables/{pointer}", &[E::BadRequest, E::NotFound]),
@@ -264,6 +270,26 @@ pub const FILE_READ: &[ErrorCode] = {
         E::NotFound,
         E::FileRefused,
         E::TooLarge,
+        E::Quota,
+        E::Invalid,
+        E::Busy,
+        E::NoWorker,
+        E::Draining,
+        E::Storage,
+        E::Internal,
+    ]
+};
+
+/// The codes of downloading a session's file: those of reading it, and
+/// `range_not_satisfiable` (a `Range` outside the file).
+pub const FILE_DOWNLOAD: &[ErrorCode] = {
+    use ErrorCode as E;
+    &[
+        E::BadRequest,
+        E::NotFound,
+        E::FileRefused,
+        E::TooLarge,
+        E::RangeNotSatisfiable,
         E::Quota,
         E::Invalid,
         E::Busy,

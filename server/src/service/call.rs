@@ -47,7 +47,12 @@ impl PendingCall {
         r.published = take_published(published, &r.execution_id.clone());
         service.name_package_sources(tenant, &mut r);
         service.inner.metrics.record(tenant, &r, started.elapsed());
-        service.record_call(session_id, &r, started.elapsed(), files_before);
+        // The files the call changed, as its artifacts (docs/files.md).
+        let changed = match (files_before, &r.outcome) {
+            (_, rvisor::Outcome::Rejected) | (None, _) => None,
+            (Some(before), _) => service.call_changes(session_id, before, &mut r),
+        };
+        service.record_call(session_id, &r, started.elapsed(), changed.as_deref());
         r
     }
 

@@ -58,13 +58,16 @@ pub enum ErrorCode {
     /// package, a checksum, a failed build...): `details.reason` says which
     /// step, the message what to do (422; docs/packages.md).
     Package,
+    /// A download's `Range` lies outside the file (416, with
+    /// `Content-Range: bytes */size`; docs/files.md).
+    RangeNotSatisfiable,
     /// A bug or an unexpected failure of the server.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -84,6 +87,7 @@ impl ErrorCode {
         ErrorCode::Draining,
         ErrorCode::FileRefused,
         ErrorCode::Package,
+        ErrorCode::RangeNotSatisfiable,
         ErrorCode::Internal,
     ];
 
@@ -109,6 +113,7 @@ impl ErrorCode {
             ErrorCode::Draining => "draining",
             ErrorCode::FileRefused => "file_refused",
             ErrorCode::Package => "package",
+            ErrorCode::RangeNotSatisfiable => "range_not_satisfiable",
             ErrorCode::Internal => "internal",
         }
     }
@@ -133,6 +138,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict | ErrorCode::FileRefused => 409,
             ErrorCode::TooLarge => 413,
+            ErrorCode::RangeNotSatisfiable => 416,
             ErrorCode::Invalid | ErrorCode::Package => 422,
             ErrorCode::QueueFull | ErrorCode::Quota => 429,
             ErrorCode::Internal | ErrorCode::Storage => 500,

@@ -424,9 +424,11 @@ impl Service {
 impl Service {
     /// A listing of session `id`'s files to compare with a later one
     /// (`rvisor::files::changed_files`), taken only when no worker has to
-    /// start for it: empty for a session that never ran, `None` for one
-    /// without a live worker (hibernated, reset: a worker started here
+    /// start for it: empty for a session that never ran, `None` when its
+    /// files cannot be reached without a worker (a confined session
+    /// without a live one, a hibernated session: a worker started here
     /// would take the `restored` or `reset_reason` of the next result).
+    /// An unconfined session's directory is listed with or without one.
     pub fn session_snapshot(
         &self,
         tenant: &str,
@@ -437,11 +439,7 @@ impl Service {
         if st.state == rvisor::SessionState::New {
             return Ok(Some(rvisor::files::Snapshot::new()));
         }
-        if st.pid.is_none() {
-            return Ok(None);
-        }
-        s.snapshot(self.file_limits().max_files)
-            .map(Some)
+        s.snapshot_if_live(self.file_limits().max_files, None)
             .map_err(file_error)
     }
 
@@ -473,4 +471,96 @@ impl Service {
         })?;
         Ok((a, bytes))
     }
+}
+
+impl Service {
+    /// What a session call changed: the files of session `id` new or
+    /// changed since `before` (taken when the call was queued), added to
+    /// `r.artifacts` with their sha256 and the session file's path as
+    /// `uri` (docs/files.md), and returned for the session's history.
+    /// The listing is taken only here and only while the files can be
+    /// reached without starting a worker, so a call that failed or timed
+    /// out reports what it wrote as long as its directory is still there
+    /// (unconfined: always; confined: while its worker lives). Bounded:
+    /// at most `max_files` files, and their bytes hashed up to
+    /// `max_call_bytes`; past that the rest are left out and a warning
+    /// says so.
+    pub(super) fn call_changes(
+        &self,
+        id: &str,
+        before: &rvisor::files::Snapshot,
+        r: &mut rvisor::RunResult,
+    ) -> Option<Vec<FileInfo>> {
+        let (s, tenant) = {
+            let sessions = lock(&self.inner.sessions);
+            let e = sessions.get(id)?;
+            (e.session.clone(), e.tenant.clone())
+        };
+        let limits = self.file_limits();
+        // A confined session's files only while the worker that ran the
+        // call lives (a timeout's kill takes them with it).
+        let ran_on = Some(r.session.generation).filter(|g| *g > 0);
+        let after = match s.snapshot_if_live(limits.max_files, ran_on) {
+            Ok(a) => a?,
+            Err(e) => {
+                r.warnings.push(format!(
+                    "rvisor: the files the call changed are not listed: {e}; list the \
+                     session's files (GET /v1/sessions/{id}/files)"
+                ));
+                return None;
+            }
+        };
+        // The tenant's bytes as a call reports them.
+        self.note_file_bytes(&tenant, id, after.values().map(|(_, f)| f.size).sum(), None);
+        let changed = rvisor::files::changed_files(before, &after);
+        let mut hashed = 0u64;
+        let mut left_out = 0usize;
+        for f in &changed {
+            if hashed.saturating_add(f.size) > limits.max_call_bytes {
+                left_out += 1;
+                continue;
+            }
+            // A file gone or replaced since the listing is not reported.
+            let Ok((info, file)) = s.get_file(&f.name) else {
+                continue;
+            };
+            let Some(sha256) = sha256_hex(file, info.size) else {
+                continue;
+            };
+            hashed += info.size;
+            r.artifacts.push(rvisor::Artifact {
+                uri: format!("/v1/sessions/{id}/files/{}", info.name),
+                name: info.name,
+                size: info.size,
+                media_type: info.media_type,
+                sha256,
+            });
+        }
+        if left_out > 0 {
+            r.warnings.push(format!(
+                "rvisor: {left_out} more files the call changed are not in its artifacts (their \
+                 bytes together pass max_call_bytes of {}); list the session's files \
+                 (GET /v1/sessions/{id}/files)",
+                limits.max_call_bytes
+            ));
+        }
+        Some(changed)
+    }
+}
+
+/// SHA-256 of the first `size` bytes of `f`, lowercase hex; `None` when
+/// it cannot be read.
+pub(crate) fn sha256_hex(f: File, size: u64) -> Option<String> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let mut r = f.take(size);
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = r.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -527,7 +527,7 @@ impl Service {
         session_id: &str,
         r: &RunResult,
         took: Duration,
-        files_before: Option<&rvisor::files::Snapshot>,
+        changed: Option<&[rvisor::files::FileInfo]>,
     ) {
         // A call refused before it ran (never queued) is not history.
         if matches!(r.outcome, rvisor::Outcome::Rejected) {
@@ -540,31 +540,22 @@ impl Service {
             h.push(e);
         }
         let mut e = call_entry(r, took);
-        if let (Some(before), true) = (files_before, e.files.is_empty()) {
-            if let Some(after) = self.snapshot_here(session_id) {
-                e.files = rvisor::files::changed_files(before, &after)
-                    .into_iter()
-                    .map(|f| {
-                        serde_json::json!({
-                            "uri": format!("/v1/sessions/{session_id}/files/{}", f.name),
-                            "name": f.name,
-                            "size": f.size,
-                            "media_type": f.media_type,
-                            "modified": f.modified,
-                        })
+        // A session call's files: those it changed, as the session's.
+        if let Some(changed) = changed {
+            e.files = changed
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "uri": format!("/v1/sessions/{session_id}/files/{}", f.name),
+                        "name": f.name,
+                        "size": f.size,
+                        "media_type": f.media_type,
+                        "modified": f.modified,
                     })
-                    .collect();
-            }
+                })
+                .collect();
         }
         h.push(e);
-    }
-
-    /// The files of session `id` if this node holds it with a live worker
-    /// (never adopted from the store for this: the session may have moved).
-    fn snapshot_here(&self, id: &str) -> Option<rvisor::files::Snapshot> {
-        let s = lock(&self.inner.sessions).get(id)?.session.clone();
-        s.status().pid?;
-        s.snapshot(self.file_limits().max_files).ok()
     }
 
     /// Enters a reset or restore of session `id`, asked for by a client.
