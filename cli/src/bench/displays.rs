@@ -1,7 +1,9 @@
 //! The displays rows of `rvisor bench` (`--only displays`): the same calls
 //! with displays on and off in one session, interleaved round by round, so
-//! the difference is what displays cost: `1+1`, a visible 2,000-row data
-//! frame, and a 1e6-row one (its added time, and the bytes of its display).
+//! the difference is what displays cost: `1+1`, an explicit `print()` of a
+//! 2,000-row data frame (text either way), the same frame visible (its
+//! display made), and a 1e6-row one (its added time, and the bytes of its
+//! display).
 
 use super::{ms, summarise, Stats};
 use rvisor::{DisplayOptions, Outcome, RunOptions, Supervisor, SupervisorConfig};
@@ -30,8 +32,11 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Vec<Stats>, St
         },
         ..RunOptions::default()
     };
-    let workloads: [(&str, &str, usize); 3] = [
+    let workloads: [(&str, &str, usize); 4] = [
         ("display_one_plus_one", "1+1", 100),
+        // An explicit print() is text with displays on too (docs/output-
+        // and-plots.md): the same call with and without them.
+        ("display_print_2000", "print(dat)", 10),
         ("display_df_2000", "dat", 10),
         ("display_df_1e6", "big", 5),
     ];
