@@ -207,9 +207,12 @@ fn a_cancel_of_code_that_ignores_interrupts_kills_the_worker_and_the_session_goe
             ..SessionOptions::default()
         },
     );
+    // Interrupts are suspended before the line is printed: a cancel that
+    // reaches the worker as soon as the line does (while flush.console()
+    // still runs) must find them suspended already.
     let h = run_until(
         &s,
-        "cat('evaluating\\n'); flush.console(); suspendInterrupts(repeat {})",
+        "suspendInterrupts({cat('evaluating\\n'); flush.console(); repeat {}})",
         "evaluating",
     );
     s.cancel();
