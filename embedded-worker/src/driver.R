@@ -767,8 +767,13 @@ set_programs <- function(files, listed) {
   programs$files <- files
   programs$listed <- listed
   programs$confined <- TRUE
+  if (isNamespaceLoaded("jquerylib")) patch_jquerylib()
   invisible()
 }
+
+## A package loaded in a confined worker that would run a program for what
+## R can read itself (driver_compat.R) is mended as it loads.
+jquerylib_loaded <- function(...) if (programs$confined) patch_jquerylib()
 
 install_program_guard <- function() {
   if (programs$installed) return(invisible())
@@ -930,6 +935,7 @@ install_program_guard <- function() {
       lockBinding(name, e)
     }
   }
+  setHook(packageEvent("jquerylib", "onLoad"), jquerylib_loaded)
   programs$installed <- TRUE
   invisible()
 }

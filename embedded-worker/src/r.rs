@@ -270,14 +270,15 @@ const DRIVER_SOURCE: &str = include_str!("driver.R");
 /// first use"): validation, checkpoints, displays, input from a front end
 /// and the other host-side replacements, which a worker that only runs
 /// code (and shows no table or HTML
-/// value) never needs, so their code is not among the objects a user's
-/// `gc()` counts.
-const DRIVER_PARTS: [&str; 5] = [
+/// value, loads no distribution-patched package) never needs, so their
+/// code is not among the objects a user's `gc()` counts.
+const DRIVER_PARTS: [&str; 6] = [
     include_str!("driver_validate.R"),
     include_str!("driver_state.R"),
     include_str!("driver_display.R"),
     include_str!("driver_input.R"),
     include_str!("driver_hosts.R"),
+    include_str!("driver_compat.R"),
 ];
 
 /// A part's text without its comment lines (a line that is only a

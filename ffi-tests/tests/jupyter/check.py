@@ -530,6 +530,9 @@ def notebook_widget(km, kc):
     html = widget[0]["data"]["text/html"]
     assert "htmlwidget" in html and "Mazda RX4" in html, html[:500]
     assert "<script" in html and 'src="http' not in html, html[:500]
+    # No program was refused on the way (jQuery's version without dpkg).
+    text = "".join(o.get("text", "") for o in outs if o["output_type"] == "stream")
+    assert "not run" not in text, text
 
 
 def kernelspec(km, kc):
