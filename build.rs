@@ -7,31 +7,11 @@
 //! share, include and doc directories the `R` front-end script would export
 //! are baked in the same way (`RVISOR_BUILD_R_DOC_DIR`, ...).
 
-use std::path::PathBuf;
-use std::process::Command;
+include!("build_r_home.rs");
 
 fn main() {
     println!("cargo:rerun-if-env-changed=R_HOME");
-    let r_home = match std::env::var("R_HOME") {
-        Ok(home) if !home.is_empty() => PathBuf::from(home),
-        _ => {
-            let out = Command::new("R")
-                .args(["RHOME"])
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "failed to run `R RHOME` ({e}): install R (Debian: apt-get install \
-                         r-base-core r-base-dev) or set R_HOME"
-                    )
-                });
-            assert!(
-                out.status.success(),
-                "`R RHOME` failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let r_home = r_home();
     let lib = r_home.join("lib");
     assert!(
         lib.join("libR.so").exists(),

@@ -220,6 +220,28 @@ fn assert_one_png(r: &RunResult) {
 // ---------------------------------------------------------------------------
 // 1. Ready zygote
 
+/// The R version read from the installation without starting R (what a
+/// Jupyter kernel answers kernel_info with while R starts) is the one the
+/// zygote's R reports, and `r_version_now` gives it before the zygote is
+/// up as after.
+#[test]
+fn the_installed_r_version_is_the_one_the_zygote_runs() {
+    let installed = rvisor::pool::installed_r_version().expect("read from R_HOME");
+    let sup = supervisor_with(PoolConfig::default());
+    assert_eq!(
+        sup.pool().r_version_now().as_deref(),
+        Some(installed.as_str())
+    );
+    let started = sup
+        .pool()
+        .r_version(DEADLINE)
+        .expect("the zygote says its version");
+    assert_eq!(started, installed);
+    let session = sup.session().unwrap();
+    let r = call_ok(&session, "cat(format(getRversion()))");
+    assert_eq!(r.console, installed);
+}
+
 #[test]
 fn ready_zygote_preloads_ggplot2_keeps_spares_and_forks_session_workers() {
     let sup = ready_supervisor();

@@ -691,6 +691,14 @@ impl Pool {
         lock(&self.inner).current().map(|z| z.pid())
     }
 
+    /// The R version workers run, without waiting: the zygote's when it
+    /// is up, else the installation's ([`installed_r_version`]), so a
+    /// front end that asks while R starts (a Jupyter kernel's
+    /// `kernel_info`) need not wait for it; None when neither is known.
+    pub fn r_version_now(&self) -> Option<String> {
+        self.r_version(Duration::ZERO).or_else(installed_r_version)
+    }
+
     /// The R version the zygote runs: at once when it is up, after at
     /// most `timeout` while it starts; None without one.
     pub fn r_version(&self, timeout: Duration) -> Option<String> {
@@ -931,6 +939,21 @@ fn keeper(pool: std::sync::Weak<Pool>) {
             .clamp(Duration::from_millis(10), Duration::from_secs(5));
         let _ = p.cv.wait_timeout(i, wait);
     }
+}
+
+/// The version of the R installation workers start R from, read from its
+/// base package's `DESCRIPTION` without starting R: `R_HOME` as a worker
+/// resolves it (this process's `R_HOME`, which workers inherit, else the
+/// build's R). None when the file cannot be read or has no version.
+pub fn installed_r_version() -> Option<String> {
+    let home = std::env::var_os("R_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("RVISOR_BUILD_R_HOME")));
+    let text = std::fs::read_to_string(home.join("library/base/DESCRIPTION")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Version:"))
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 /// Starts making the `which` zygote from `parent` on a thread of its own,
