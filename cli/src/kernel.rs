@@ -85,7 +85,7 @@ pub(crate) fn main(args: KernelArgs) -> Result<ExitCode> {
                 );
             };
             if args.in_process {
-                serve(file, &args.opts)
+                serve(file, &args.opts, None)
             } else {
                 via_host(file, &args)
             }
@@ -151,11 +151,20 @@ fn kernel_service<T>(
 }
 
 /// `--in-process`: this process is the kernel, with a supervisor of its
-/// own.
-fn serve(file: &Path, opts: &SessionArgs) -> Result<ExitCode> {
+/// own, on `listeners` when the stub bound them (else bound here first,
+/// before the supervisor starts).
+fn serve(
+    file: &Path,
+    opts: &SessionArgs,
+    listeners: Option<rvisor_kernel::Listeners>,
+) -> Result<ExitCode> {
     let conn = rvisor_kernel::ConnectionInfo::read(file)?;
+    let listeners = match listeners {
+        Some(l) => l,
+        None => rvisor_kernel::Listeners::bind(&conn)?,
+    };
     let (service, sup, dir, input) = kernel_service(opts, rvisor_kernel::configure)?;
-    let served = rvisor_kernel::run(service.clone(), &conn, input);
+    let served = rvisor_kernel::run(service.clone(), &conn, input, listeners);
     service.close_all();
     sup.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
@@ -216,27 +225,36 @@ const HOST_TRIES: usize = 3;
 /// host of its flags, started if none is running.
 fn via_host(file: &Path, args: &KernelArgs) -> Result<ExitCode> {
     // Read (and checked) here, so a bad file is this process's error.
-    rvisor_kernel::ConnectionInfo::read(file)?;
+    let conn = rvisor_kernel::ConnectionInfo::read(file)?;
+    // The ports listen from now on: a front end that connects before the
+    // kernel host has bound them waits in their backlog rather than
+    // retrying after libzmq's reconnect interval (docs/jupyter.md, "The
+    // kernel host").
+    let listeners = rvisor_kernel::Listeners::bind(&conn)?;
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("failed to read {}", file.display()))?;
     // Where no host can be had (no private directory, no process to
     // start), the kernel runs in this process, as with --in-process.
-    let fallback = |why: String| {
+    let fallback = |why: String, listeners| {
         eprintln!("rvisor kernel: {why}; running this kernel in its own process (--in-process)");
-        serve(file, &args.opts)
+        serve(file, &args.opts, Some(listeners))
     };
     let dir = match host::host_dir() {
         Ok(d) => d,
-        Err(why) => return fallback(why),
+        Err(why) => return fallback(why, listeners),
     };
     let paths = host::Paths::new(&dir, &host_key(args)?);
     for _ in 0..HOST_TRIES {
-        match host::attach(&paths.socket, &text) {
-            host::Attach::Ready(a) => return stub(a, &paths),
+        match host::attach(&paths.socket, &text, &listeners) {
+            host::Attach::Ready(a) => {
+                // The host has its own copies of the ports now.
+                drop(listeners);
+                return stub(a, &paths);
+            }
             host::Attach::Refused(why) => bail!("{why}"),
             host::Attach::NoHost => {
                 if let Err(e) = start_host(&paths) {
-                    return fallback(format!("{e:#}"));
+                    return fallback(format!("{e:#}"), listeners);
                 }
             }
         }

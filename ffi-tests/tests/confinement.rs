@@ -1667,7 +1667,12 @@ fn programs_rmarkdown_default_html_document() {
     // The version read from the package's files is dpkg's.
     let version = "cat(jquerylib::jquery_core(3)$version, jquerylib:::expand_version(2) == '')";
     let confined = once(&sup, version);
-    assert_eq!(confined.outcome, Outcome::Complete, "{}", everything(&confined));
+    assert_eq!(
+        confined.outcome,
+        Outcome::Complete,
+        "{}",
+        everything(&confined)
+    );
     let free = supervisor_with(Confinement::unconfined());
     let dpkg = once(&free, version);
     assert_eq!(dpkg.outcome, Outcome::Complete, "{}", everything(&dpkg));

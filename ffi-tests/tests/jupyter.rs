@@ -118,6 +118,13 @@ fn nbclient_shows_a_widget() {
     scenario("notebook_widget");
 }
 
+/// The stub listens on the kernel's ports before its host is up, and the
+/// host serves a client that connected meanwhile and never reconnects.
+#[test]
+fn a_client_connecting_before_the_host_is_up_is_served() {
+    scenario("early_ports");
+}
+
 /// `jupyter kernelspec list` shows the kernel `rvisor kernel install` wrote.
 #[test]
 fn kernelspec_list_shows_the_kernel() {

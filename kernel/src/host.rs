@@ -19,7 +19,7 @@
 //! "error": ...}`) when the kernel has ended and its sockets are closed.
 //! docs/jupyter.md, "The kernel host".
 
-use crate::{serve, ConnectionInfo, Control, Input, InputRouter};
+use crate::{serve, ConnectionInfo, Control, Input, InputRouter, Listeners};
 use rvisor_server::service::{Service, LOCAL_TENANT};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -137,8 +137,10 @@ pub struct Attached {
     writer: UnixStream,
 }
 
-/// Hands the connection file `connection` to the host on `socket`.
-pub fn attach(socket: &Path, connection: &str) -> Attach {
+/// Hands the connection file `connection` to the host on `socket`, with
+/// the ports already listening (the host's libzmq takes them over; the
+/// caller may close its own copies once this returns).
+pub fn attach(socket: &Path, connection: &str, listeners: &Listeners) -> Attach {
     let Ok(stream) = UnixStream::connect(socket) else {
         return Attach::NoHost;
     };
@@ -149,7 +151,14 @@ pub fn attach(socket: &Path, connection: &str) -> Attach {
         reader: BufReader::new(stream),
         writer,
     };
-    if send_line(&mut a.writer, &json!({"connection": connection})).is_err() {
+    let (places, fds): (Vec<usize>, Vec<_>) = listeners.raw().into_iter().unzip();
+    if crate::listeners::send_fds(&a.writer, &fds).is_err()
+        || send_line(
+            &mut a.writer,
+            &json!({"connection": connection, "listeners": places}),
+        )
+        .is_err()
+    {
         return Attach::NoHost;
     }
     match read_line(&mut a.reader) {
@@ -356,9 +365,34 @@ fn one_kernel(stream: UnixStream, service: &Service, inputs: &InputRouter, n: u6
     let say = |v: Value| {
         let _ = send_line(&mut lock(&writer), &v);
     };
+    // The ports the stub bound come first, then its connection file.
+    let fds = match crate::listeners::recv_fds(&stream) {
+        Ok(Some(fds)) => fds,
+        Ok(None) => return, // a stub looking whether a host listens
+        Err(e) => {
+            say(json!({"exit": 1, "error": format!("failed to receive the kernel's ports: {e}")}));
+            return;
+        }
+    };
     let mut reader = BufReader::new(stream);
     let Some(first) = read_line(&mut reader) else {
-        return; // a stub looking whether a host listens
+        return;
+    };
+    // Each descriptor with its socket's place; a count that does not
+    // match gives none (they close, and libzmq binds the ports itself).
+    let places: Vec<usize> = first["listeners"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as usize)
+                .collect()
+        })
+        .unwrap_or_default();
+    let listeners = if places.len() == fds.len() {
+        Listeners::from_parts(places.into_iter().zip(fds).collect())
+    } else {
+        Listeners::default()
     };
     let conn = match first["connection"]
         .as_str()
@@ -403,9 +437,15 @@ fn one_kernel(stream: UnixStream, service: &Service, inputs: &InputRouter, n: u6
                 }
             });
     }
-    let served = serve(service.clone(), &conn, input, &session_id, &control, || {
-        say(json!({"ready": true}))
-    });
+    let served = serve(
+        service.clone(),
+        &conn,
+        input,
+        listeners,
+        &session_id,
+        &control,
+        || say(json!({"ready": true})),
+    );
     inputs.remove(&session_id);
     match served {
         Ok(()) => say(json!({"exit": 0})),

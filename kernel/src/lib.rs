@@ -15,6 +15,7 @@ pub mod history;
 pub mod host;
 mod introspect;
 pub mod kernelspec;
+pub mod listeners;
 pub mod signals;
 pub mod sockets;
 pub mod stdin;
@@ -22,6 +23,7 @@ pub mod wire;
 
 pub use connection::ConnectionInfo;
 pub use error::KernelError;
+pub use listeners::Listeners;
 pub use stdin::{Input, InputRouter};
 
 use rvisor::CancelToken;
@@ -252,8 +254,14 @@ pub fn configure_host(defaults: &mut rvisor::SessionOptions) -> InputRouter {
 /// is closed on the way out. `input` is the one [`configure`] gave (a
 /// default one: R's input functions are refused). SIGINT interrupts the
 /// running cell. The whole process is this kernel's: see [`host`] for
-/// kernels that share one supervisor.
-pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), KernelError> {
+/// kernels that share one supervisor. `listeners` are the ports bound
+/// when the process started ([`Listeners::bind`]; libzmq binds the rest).
+pub fn run(
+    service: Service,
+    conn: &ConnectionInfo,
+    input: Input,
+    listeners: Listeners,
+) -> Result<(), KernelError> {
     let session_id = service
         .named_session(LOCAL_TENANT, SESSION_NAME, true)
         .map_err(|e| KernelError::Session(e.message))?
@@ -268,18 +276,27 @@ pub fn run(service: Service, conn: &ConnectionInfo, input: Input) -> Result<(), 
     }
     let on_gone = control.clone();
     watch_parent(move || on_gone.stop());
-    serve(service, conn, input, &session_id, &control, || {})
+    serve(
+        service,
+        conn,
+        input,
+        listeners,
+        &session_id,
+        &control,
+        || {},
+    )
 }
 
 /// Serves one kernel on the sockets of `conn` in the service's session
 /// `session_id` (of [`LOCAL_TENANT`]) until a `shutdown_request` or
-/// `control` stops it; `ready` is called once the five sockets are bound.
-/// The session is closed, and every socket closed (its port free again),
-/// before this returns.
+/// `control` stops it; `ready` is called once the five sockets are bound
+/// (on `listeners` where there are some). The session is closed, and
+/// every socket closed (its port free again), before this returns.
 pub fn serve(
     service: Service,
     conn: &ConnectionInfo,
     input: Input,
+    mut listeners: Listeners,
     session_id: &str,
     control: &Control,
     ready: impl FnOnce(),
@@ -287,15 +304,18 @@ pub fn serve(
     let signer = Signer::new(&conn.key);
     let ctx = zmq::Context::new();
     let served = (|| {
-        let shell = sockets::bind(&ctx, zmq::ROUTER, "shell", conn, conn.shell_port)?;
-        let control_sock = sockets::bind(&ctx, zmq::ROUTER, "control", conn, conn.control_port)?;
+        let mut bind = |kind, name: &'static str, port| {
+            sockets::bind(&ctx, kind, name, conn, port, listeners.take(name))
+        };
+        let shell = bind(zmq::ROUTER, "shell", conn.shell_port)?;
+        let control_sock = bind(zmq::ROUTER, "control", conn.control_port)?;
         // R's readline() asks through it (stdin.rs).
-        input.attach(
-            sockets::bind(&ctx, zmq::ROUTER, "stdin", conn, conn.stdin_port)?,
+        input.attach(bind(zmq::ROUTER, "stdin", conn.stdin_port)?, signer.clone());
+        let hb = bind(zmq::REP, "hb", conn.hb_port)?;
+        let iopub = Iopub::new(
+            sockets::bind_iopub(&ctx, conn, listeners.take("iopub"))?,
             signer.clone(),
         );
-        let iopub = Iopub::new(sockets::bind_iopub(&ctx, conn)?, signer.clone());
-        let hb = sockets::bind(&ctx, zmq::REP, "hb", conn, conn.hb_port)?;
         ready();
         serve_bound(
             &service,
@@ -331,10 +351,14 @@ fn serve_bound(
     iopub: Iopub,
     hb: zmq::Socket,
 ) -> Result<(), KernelError> {
-    let r_version = service
-        .supervisor()
-        .pool()
-        .r_version(Duration::from_secs(30))
+    // Known without waiting for R to start (read from its installation
+    // when the zygote is not up yet), so that a first kernel_info_reply,
+    // which front ends wait for, and their quiet time after it (200 ms in
+    // jupyter_client's wait_for_ready) overlap R's start-up.
+    let pool = service.supervisor().pool();
+    let r_version = pool
+        .r_version_now()
+        .or_else(|| pool.r_version(Duration::from_secs(30)))
         .unwrap_or_default();
     let common = Common {
         iopub: iopub.clone(),

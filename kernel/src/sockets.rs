@@ -15,13 +15,15 @@ const MAX_MESSAGE_BYTES: i64 = 16 << 20;
 /// How often a waiting thread looks at the stop flag, ms.
 pub(crate) const POLL_MS: i64 = 100;
 
-/// Makes a socket of `kind` bound to `port`.
+/// Makes a socket of `kind` bound to `port`: on `listener` when one was
+/// bound for it before (crate::listeners), else on a port libzmq binds.
 pub(crate) fn bind(
     ctx: &zmq::Context,
     kind: zmq::SocketType,
     name: &'static str,
     conn: &ConnectionInfo,
     port: u16,
+    listener: Option<std::os::fd::OwnedFd>,
 ) -> Result<zmq::Socket, KernelError> {
     let endpoint = conn.endpoint(port);
     let fail = |e: zmq::Error| KernelError::Socket {
@@ -29,9 +31,12 @@ pub(crate) fn bind(
         endpoint: endpoint.clone(),
         why: e.to_string(),
     };
-    let s = ctx.socket(kind).map_err(fail)?;
+    let mut s = ctx.socket(kind).map_err(fail)?;
     s.set_maxmsgsize(MAX_MESSAGE_BYTES).map_err(fail)?;
     s.set_linger(1000).map_err(fail)?;
+    if let Some(fd) = listener {
+        crate::listeners::adopt(&mut s, fd).map_err(fail)?;
+    }
     s.bind(&endpoint).map_err(fail)?;
     Ok(s)
 }
@@ -42,8 +47,9 @@ pub(crate) fn bind(
 pub(crate) fn bind_iopub(
     ctx: &zmq::Context,
     conn: &ConnectionInfo,
+    listener: Option<std::os::fd::OwnedFd>,
 ) -> Result<zmq::Socket, KernelError> {
-    let s = bind(ctx, zmq::XPUB, "iopub", conn, conn.iopub_port)?;
+    let s = bind(ctx, zmq::XPUB, "iopub", conn, conn.iopub_port, listener)?;
     s.set_xpub_verbose(true).map_err(|e| KernelError::Socket {
         socket: "iopub",
         endpoint: conn.endpoint(conn.iopub_port),

@@ -186,6 +186,10 @@ def basics(km, kc):
     assert h["history"][0][1] < h["history"][1][1], h
     ci = shell_reply(kc, kc.comm_info())["content"]
     assert ci == {"status": "ok", "comms": {}}, ci
+    # kernel_info answers before R is up (the version read from R's
+    # installation): the same version the session's R has.
+    reply, msgs = execute(kc, "cat(format(getRversion()))", store_history=False)
+    assert text_of(msgs, "stdout") == info["language_info"]["version"], (info, msgs)
 
 
 def values(km, kc):
@@ -593,6 +597,60 @@ def host(km, kc):
     kc.stop_channels()
     km.shutdown_kernel(now=False)
     wait_for("the idle host has removed its socket", lambda: host_sockets() == [])
+
+
+def established(port):
+    """Whether a TCP connection to this machine's `port` is established
+    (accepted by the kernel, or waiting in its listener's backlog)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state == "01":
+                return True
+    return False
+
+
+def early_ports(km, kc):
+    """The stub listens on the kernel's ports before its kernel host is up
+    (and hands them to the host), so a front end that connects at once is
+    served without waiting for its reconnect interval: here one that never
+    reconnects (RECONNECT_IVL -1) connects while the host cannot start (the
+    test holds the lock a stub takes to start it), and gets its answers."""
+    import fcntl
+    import zmq
+    (sock,) = host_sockets()
+    lock_path = os.path.join(os.environ["RVISOR_KERNEL_HOST_DIR"], sock[:-len(".sock")] + ".lock")
+    kc.stop_channels()
+    km.shutdown_kernel(now=False)
+    wait_for("the idle host has removed its socket", lambda: host_sockets() == [])
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        km2 = KernelManager(kernel_name="rvisor")
+        km2.start_kernel()
+        try:
+            port = km2.shell_port
+            wait_for("the stub listens on the shell port", lambda: not port_free(port))
+            assert host_sockets() == [], "no host can start while the test holds the lock"
+            kc2 = km2.client()
+            kc2.context.setsockopt(zmq.RECONNECT_IVL, -1)
+            kc2.start_channels()
+            msg_id = kc2.kernel_info()
+            wait_for("the client's connection is established", lambda: established(port))
+            assert host_sockets() == [], host_sockets()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            info = shell_reply(kc2, msg_id)["content"]
+            assert info["status"] == "ok" and info["language_info"]["name"] == "R", info
+            reply, msgs = execute(kc2, "6 * 7")
+            assert result_of(msgs) == "[1] 42\n", msgs
+            assert len(host_sockets()) == 1, host_sockets()
+            kc2.stop_channels()
+        finally:
+            km2.shutdown_kernel(now=False)
 
 
 def main():
