@@ -124,6 +124,8 @@ pub fn take() -> Capture {
 /// Appends console text. Text past the cap is dropped (cut at a character
 /// boundary) and the capture marked truncated.
 pub fn write_text(stream: Stream, bytes: &[u8]) {
+    // A plot page finished before this text comes before it.
+    crate::pages::settle();
     if stream == Stream::Stdout && divert(bytes) {
         return;
     }
@@ -197,6 +199,13 @@ pub fn push(seg: Segment) {
         crate::stream::segment(&seg);
         c.segments.push(seg);
     });
+}
+
+/// Appends a segment with no console text whose event was sent apart (a
+/// plot page read as it finished: its `plot` event went when the driver
+/// reported the page).
+pub fn push_unstreamed(seg: Segment) {
+    CAPTURE.with(|c| c.borrow_mut().segments.push(seg));
 }
 
 /// Records that `field` was cut at a cap of its own (or, for `console`

@@ -191,6 +191,16 @@ pub fn from_driver(mimes: Vec<String>, values: Vec<String>, meta: Option<String>
     push(d);
 }
 
+/// A plot page's display, made while the call runs (pages.rs): streamed
+/// and placed as any display, never marked as a value's (a page can
+/// finish while a value prints).
+pub fn push_page(d: Display) {
+    let index = count();
+    crate::stream::display(index, &d);
+    DISPLAYS.with(|v| v.borrow_mut().push(d));
+    console::push(Segment::Display { index });
+}
+
 fn push(mut d: Display) {
     if VALUES.with(Cell::get) && SHOWING_VALUE.with(Cell::get) {
         let rv = d

@@ -269,10 +269,14 @@ on_new_page <- function(...) {
         length(state$recs) <= caps$plots)
       state$recs[[length(state$recs) + 1L]] <- grDevices::recordPlot()
     # The page before this one is finished: its index among the pages the
-    # call reports (a replayed page that got nothing new is not reported).
+    # call reports (a replayed page that got nothing new is not reported),
+    # and its file, which the device writes as this hook returns (the
+    # worker reads it then: pages.rs).
     done <- state$page_n - as.integer(state$drop_first)
     if (done > 0L && done <= caps$plots)
-      .Call(emit, "plot_page", as.character(done - 1L), NULL, NULL)
+      .Call(emit, "plot_page", as.character(done - 1L),
+            sprintf(if (state$display$png) "%s/rvisor-plot-%04d.png" else "%s/rvisor-plot-%04d.svg",
+                    state$plot_dir, state$page_n), NULL)
     state$page_n <- state$page_n + 1L
   }
   invisible()

@@ -7,7 +7,6 @@ use crate::r::{self, RThread, R};
 use crate::{
     display, ffi, hydrate, interrupt, link, pause, result_block, srcref, stream, tools, values,
 };
-use base64::Engine;
 use rvisor_protocol::bounds::{self, cut};
 use rvisor_protocol::{ErrorInfo, Outcome, Plot, RunRequest, RunResult, Segment, Usage};
 use std::cell::RefCell;
@@ -81,6 +80,8 @@ fn capped_traceback(mut frames: Vec<String>) -> Vec<String> {
 /// caps (at a character boundary) and the cuts recorded.
 pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
     let first = |v: &Vec<String>| v.first().cloned();
+    // A plot page finished before this report comes before it.
+    crate::pages::settle();
     match kind {
         "warning" => console::push(Segment::Warning {
             message: capped(
@@ -182,6 +183,7 @@ pub fn on_emit(kind: &str, a: Vec<String>, b: Vec<String>, c: Vec<String>) {
             if let Some(i) = first(&a).and_then(|s| s.parse().ok()) {
                 stream::plot(i);
             }
+            crate::pages::finished(first(&b));
         }
         "progress" => {
             if let Some(value) = first(&a).and_then(|s| s.parse().ok()) {
@@ -282,6 +284,17 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     unsafe { r::set_max_out(r.driver, req.max_output_bytes) };
     CALL.with(|s| *s.borrow_mut() = CallState::default());
     display::begin(req.display.values());
+    {
+        // Pages are read as they finish, but for PNG and SVG both (a
+        // page's SVG is drawn from its record when the call ends).
+        let f = req.display.plot_format();
+        crate::pages::begin(
+            !(f.png() && f.svg()),
+            req.display.enabled(),
+            req.plot_width,
+            req.plot_height,
+        );
+    }
     pause::at("sent", &req.execution_id, &req.code);
     interrupt::begin_call(req.seq);
 
@@ -831,8 +844,14 @@ fn finish(
     escaped: bool,
     quit_status: Option<c_int>,
 ) -> RunResult {
-    let plots = collect_plots(&call.plot_files, req.plot_width, req.plot_height);
-    stream::plots_kept(plots.len());
+    // The pages read as they finished (pages.rs: their segments and
+    // displays are in place already), then those the call's end found,
+    // up to the cap of pages.
+    let early = crate::pages::take();
+    let room = bounds::MAX_PLOTS.saturating_sub(early.len());
+    let (plots, over) = collect_plots(&call.plot_files, req.plot_width, req.plot_height, room);
+    call.plots_dropped += over;
+    stream::plots_kept(early.len() + plots.len());
     // SVG pages made beside PNG ones: read only for pages kept, within the cap.
     let mut svgs = read_svgs(&call.svg_files, plots.len());
     let (mut displays, displays_dropped) = display::take();
@@ -858,15 +877,18 @@ fn finish(
         });
     }
     res.result = block.value;
-    for (i, plot) in plots.into_iter().enumerate() {
+    let first_late = early.len();
+    res.plots = early;
+    for (k, plot) in plots.into_iter().enumerate() {
+        let i = first_late + k;
         res.segments.push(Segment::Plot { index: i });
         if rich {
             // The page as a display too (its image repeated, so a client
             // of displays alone has every output; counted once in the cap).
             // With `both`, a page has an SVG slot: empty when its SVG
             // did not fit under the output cap.
-            let wanted = i < svgs.len();
-            let svg = svgs.get_mut(i).and_then(Option::take);
+            let wanted = k < svgs.len();
+            let svg = svgs.get_mut(k).and_then(Option::take);
             let left_out = wanted && svg.is_none();
             let mut d = display::of_plot(i, &plot, svg);
             if left_out {
@@ -1110,32 +1132,26 @@ fn read_svgs(files: &[String], kept: usize) -> Vec<Option<String>> {
 
 /// Reads the plot files (PNG, or SVG when only SVG was asked for) the
 /// driver reported, deletes them, and keeps those that fit under the
-/// output cap.
-fn collect_plots(files: &[String], width: u32, height: u32) -> Vec<Plot> {
+/// output cap, at most `room` pages; with how many more there were
+/// (deleted unread). Files read already as their pages finished
+/// (pages.rs) are gone and skipped.
+fn collect_plots(files: &[String], width: u32, height: u32, room: usize) -> (Vec<Plot>, u64) {
     let mut out = Vec::new();
+    let mut over = 0;
     for f in files {
+        if out.len() >= room {
+            if std::fs::remove_file(f).is_ok() {
+                over += 1;
+            }
+            continue;
+        }
         // The size decides before the file is read: a page that does not
         // fit under the cap is never loaded.
-        let size = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
-        if size == 0 || !console::admit_bytes(size) {
-            let _ = std::fs::remove_file(f);
-            continue;
+        if let Some(p) = crate::pages::read_page(f, width, height) {
+            out.push(p);
         }
-        let data = std::fs::read(f);
-        let _ = std::fs::remove_file(f);
-        let Ok(data) = data else { continue };
-        if data.is_empty() {
-            continue;
-        }
-        let svg = f.ends_with(".svg");
-        out.push(Plot {
-            mime: if svg { "image/svg+xml" } else { "image/png" }.into(),
-            width,
-            height,
-            data_base64: base64::engine::general_purpose::STANDARD.encode(&data),
-        });
     }
-    out
+    (out, over)
 }
 
 /// Runs the driver's `validate()` on `script` (which is passed as data and

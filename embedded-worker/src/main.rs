@@ -14,6 +14,7 @@ mod hydrate;
 mod interrupt;
 mod link;
 mod markup;
+mod pages;
 mod pause;
 mod r;
 mod result_block;

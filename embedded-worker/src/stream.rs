@@ -226,6 +226,8 @@ pub fn progress(value: f64, total: Option<f64>, message: Option<String>) {
 /// R checks for events (the event hook): sends a batch that has waited
 /// long enough.
 pub fn poll() {
+    // A page finished in a loop is read here, before the loop ends.
+    crate::pages::settle();
     STATE.with(|s| {
         let Ok(mut s) = s.try_borrow_mut() else {
             return;

@@ -1101,3 +1101,67 @@ fn json_surfaces_stream_displays_with_their_bundles() {
     }
     check_display_events(&events);
 }
+
+/// A plot page is read as soon as it is finished (the next page began),
+/// not when the call ends: its display, with its image, reaches the
+/// stream while the call still waits for the test, and the result keeps
+/// every page with its display in the order they were drawn.
+#[test]
+fn a_finished_plot_page_arrives_while_the_call_runs() {
+    let sup = supervisor();
+    let (s, acked) = session(&sup);
+    let code = format!(
+        "for (i in 1:3) {{ plot(i); cat('drew', i, '\\n'); {} }}",
+        wait_seen(0).replace("(0)", "(i - 1)")
+    );
+    let h = s.run_streaming(&code).unwrap();
+    let mut ev = h.events();
+    let mut streamed = Vec::new();
+    for page in 0..2usize {
+        let e = next_of(&mut ev, &["display"]);
+        let EventKind::Display {
+            index,
+            display: Some(d),
+        } = e.kind
+        else {
+            panic!("page {page}'s display with its image, before the result: {e:?}");
+        };
+        assert_eq!(index, page);
+        assert!(d.data.contains_key("image/png"), "{:?}", d.metadata);
+        // Page `page` is finished once page `page + 1` began, and the call
+        // waits for this acknowledgement before it draws the next one.
+        assert!(h.try_result().is_none(), "the call still runs");
+        streamed.push(*d);
+        acked.store(page as u64 + 1, Ordering::SeqCst);
+    }
+    let r = result_of(&mut ev);
+    assert_eq!(r.outcome, Outcome::Complete, "{:?}", r.error);
+    assert_eq!(r.plots.len(), 3);
+    assert_eq!(r.displays.len(), 3);
+    assert_eq!(r.displays[..2], streamed[..]);
+    let order: Vec<String> = r
+        .segments
+        .iter()
+        .map(|s| match s {
+            rvisor::Segment::Stdout { text } => text.trim().to_string(),
+            rvisor::Segment::Plot { index } => format!("plot {index}"),
+            rvisor::Segment::Display { index } => format!("display {index}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "drew 1",
+            "plot 0",
+            "display 0",
+            "drew 2",
+            "plot 1",
+            "display 1",
+            "drew 3",
+            "plot 2",
+            "display 2"
+        ],
+        "each page where it was finished"
+    );
+}

@@ -279,6 +279,15 @@ def ordered(km, kc):
     assert shown == ["stream", "display_data", "execute_result"], msgs
     assert text_of(msgs, "stdout") == "a\nb\n", msgs
     assert result_of(msgs) == "[1] 3\n", msgs
+    # A page finished while the cell runs (the next one began) comes then,
+    # between the text before and after it; the last page at the end.
+    reply, msgs = execute(kc, 'cat("a\\n"); plot(1); cat("b\\n"); plot(2); cat("c\\n"); 4')
+    shown = runs(msgs)
+    assert [t for t, _ in shown] == ["stream", "display_data", "stream", "display_data",
+                                     "execute_result"], msgs
+    assert shown[0][1]["text"] == "a\nb\n" and shown[2][1]["text"] == "c\n", shown
+    assert all("image/png" in shown[i][1]["data"] for i in (1, 3)), shown
+    assert result_of(msgs) == "[1] 4\n", msgs
     # rvisor_display() is sent at once, while the cell runs: this one
     # never ends by itself, so its display must come before the interrupt.
     msg_id = kc.execute("rvisor_display(head(mtcars, 3)); repeat {}")
