@@ -125,6 +125,13 @@ fn a_client_connecting_before_the_host_is_up_is_served() {
     scenario("early_ports");
 }
 
+/// A kernel's own messages reach the stderr of the stub its front end
+/// started, not the kernel host's shared log.
+#[test]
+fn a_kernels_messages_go_to_its_stub_not_the_host_log() {
+    scenario("kernel_messages");
+}
+
 /// `jupyter kernelspec list` shows the kernel `rvisor kernel install` wrote.
 #[test]
 fn kernelspec_list_shows_the_kernel() {

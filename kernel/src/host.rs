@@ -161,7 +161,16 @@ pub fn attach(socket: &Path, connection: &str, listeners: &Listeners) -> Attach 
     {
         return Attach::NoHost;
     }
-    match read_line(&mut a.reader) {
+    let first = loop {
+        match read_line(&mut a.reader) {
+            // The kernel's messages before it is ready, on this stub's stderr.
+            Some(v) if v["stderr"].is_string() => {
+                eprintln!("{}", v["stderr"].as_str().unwrap_or_default());
+            }
+            other => break other,
+        }
+    };
+    match first {
         Some(v) if v["ready"] == true => Attach::Ready(a),
         Some(v) => Attach::Refused(
             v["error"]
@@ -189,6 +198,9 @@ impl Attached {
     pub fn wait(mut self) -> Result<i32, String> {
         loop {
             match read_line(&mut self.reader) {
+                Some(v) if v["stderr"].is_string() => {
+                    eprintln!("{}", v["stderr"].as_str().unwrap_or_default());
+                }
                 Some(v) if v["exit"].is_i64() => {
                     if let Some(e) = v["error"].as_str() {
                         eprintln!("rvisor kernel: {e}");
@@ -416,6 +428,15 @@ fn one_kernel(stream: UnixStream, service: &Service, inputs: &InputRouter, n: u6
             return;
         }
     };
+    // The kernel's own messages go to its stub's standard error (the
+    // front end's), not to the host's log.
+    {
+        let writer = writer.clone();
+        crate::log::Log::to(move |line| {
+            let _ = send_line(&mut lock(&writer), &json!({"stderr": line}));
+        })
+        .enter();
+    }
     let input = Input::default();
     inputs.insert(&session_id, input.clone());
     let control = Control::new();

@@ -16,6 +16,7 @@ pub mod host;
 mod introspect;
 pub mod kernelspec;
 pub mod listeners;
+pub mod log;
 pub mod signals;
 pub mod sockets;
 pub mod stdin;
@@ -217,11 +218,13 @@ pub(crate) fn decode(frames: Vec<Vec<u8>>, signer: &Signer, socket: &str) -> Opt
     match Message::decode(frames, signer) {
         Ok(m) => Some(m),
         Err(WireError::BadSignature) => {
-            eprintln!("rvisor kernel: refused a message on {socket} whose signature does not match the connection key");
+            log::say(&format!("rvisor kernel: refused a message on {socket} whose signature does not match the connection key"));
             None
         }
         Err(e) => {
-            eprintln!("rvisor kernel: dropped a message on {socket}: {e}");
+            log::say(&format!(
+                "rvisor kernel: dropped a message on {socket}: {e}"
+            ));
             None
         }
     }
@@ -367,10 +370,17 @@ fn serve_bound(
         info: kernel_info(&r_version),
         cell: control.cell.clone(),
     };
+    // The kernel's threads write its messages where this thread does
+    // (log.rs: to the stub, in a kernel host).
+    let log = log::Log::current();
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        let log = log.clone();
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(f)
+            .spawn(move || {
+                log.enter();
+                f()
+            })
             .map_err(|e| KernelError::Session(e.to_string()))
     };
     let hb_thread = {
@@ -484,7 +494,7 @@ pub(crate) fn waiting(sh: &Shell) -> Vec<Message> {
             Ok(Some(frames)) => out.extend(decode(frames, &sh.signer, "shell")),
             Ok(None) => break,
             Err(e) => {
-                eprintln!("rvisor kernel: {e}");
+                log::say(&format!("rvisor kernel: {e}"));
                 break;
             }
         }
@@ -540,7 +550,7 @@ fn execute_or_answer(sh: &mut Shell, common: &Common, msg: &Message) -> execute:
     };
     match content {
         Some(c) => sh.reply(msg, &reply_type, c),
-        None => eprintln!("rvisor kernel: ignored a {t} (not supported)"),
+        None => log::say(&format!("rvisor kernel: ignored a {t} (not supported)")),
     }
     sh.iopub.status(msg, "idle");
     execute::Ended::Ok
@@ -575,7 +585,7 @@ fn control_loop(sock: zmq::Socket, common: Common) {
             Ok(Some(f)) => f,
             Ok(None) => continue,
             Err(e) => {
-                eprintln!("rvisor kernel: {e}");
+                log::say(&format!("rvisor kernel: {e}"));
                 return;
             }
         };
@@ -595,7 +605,9 @@ fn control_loop(sock: zmq::Socket, common: Common) {
         };
         match reply {
             Some((rt, c)) => sockets::send(&sock, "control", &msg.reply(rt, c), &common.signer),
-            None => eprintln!("rvisor kernel: ignored a {t} on control (not supported)"),
+            None => log::say(&format!(
+                "rvisor kernel: ignored a {t} on control (not supported)"
+            )),
         }
         common.iopub.status(&msg, "idle");
     }

@@ -87,10 +87,10 @@ pub(crate) fn recv(
 /// end that went away must not stop the kernel).
 pub(crate) fn send(s: &zmq::Socket, name: &str, m: &Message, signer: &Signer) {
     if let Err(e) = s.send_multipart(m.encode(signer), 0) {
-        eprintln!(
+        crate::log::say(&format!(
             "rvisor kernel: failed to send {} on {name}: {e}",
             m.msg_type()
-        );
+        ));
     }
 }
 
@@ -200,12 +200,12 @@ pub(crate) fn heartbeat(sock: zmq::Socket, control: &Control) {
         match recv(&sock, "hb", POLL_MS, control.wake_fd()) {
             Ok(Some(frames)) => {
                 if let Err(e) = sock.send_multipart(frames, 0) {
-                    eprintln!("rvisor kernel: failed to echo a heartbeat: {e}");
+                    crate::log::say(&format!("rvisor kernel: failed to echo a heartbeat: {e}"));
                 }
             }
             Ok(None) => {}
             Err(e) => {
-                eprintln!("rvisor kernel: {e}");
+                crate::log::say(&format!("rvisor kernel: {e}"));
                 return;
             }
         }

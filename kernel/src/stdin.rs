@@ -45,6 +45,8 @@ struct Inner {
     cell: Mutex<Option<(Message, bool)>>,
     /// Counts cells begun: a handler whose cell has ended stops waiting.
     generation: AtomicU64,
+    /// Where the kernel's messages go (its thread's, when it attached).
+    log: Mutex<crate::log::Log>,
 }
 
 impl std::fmt::Debug for Input {
@@ -82,6 +84,7 @@ impl Input {
     /// The kernel has bound its stdin socket.
     pub(crate) fn attach(&self, socket: zmq::Socket, signer: Signer) {
         *lock(&self.inner.socket) = Some((socket, signer));
+        *lock(&self.inner.log) = crate::log::Log::current();
     }
 
     /// The kernel is closing: its stdin socket is dropped (so its port is
@@ -106,6 +109,8 @@ impl Input {
     /// The tool's handler: `input_request` with the prompt, the answer's
     /// `value` as R's string.
     fn ask(&self, args: &Value) -> Result<Value, String> {
+        // On the session's thread: the kernel's messages still go to it.
+        lock(&self.inner.log).clone().enter();
         let prompt = args["prompt"].as_str().unwrap_or("");
         let password = args["password"].as_bool().unwrap_or(false);
         let generation = self.inner.generation.load(Ordering::SeqCst);
@@ -149,10 +154,10 @@ impl Input {
                 continue; // the answer to an earlier request
             }
             if reply.msg_type() != "input_reply" {
-                eprintln!(
+                crate::log::say(&format!(
                     "rvisor kernel: ignored a {} on stdin (waiting for input_reply)",
                     reply.msg_type()
-                );
+                ));
                 continue;
             }
             let value = reply.content["value"].as_str().unwrap_or("");

@@ -608,6 +608,39 @@ def host(km, kc):
     wait_for("the idle host has removed its socket", lambda: host_sockets() == [])
 
 
+def kernel_messages(km, kc):
+    """A kernel's own messages (here: a forged message refused) go to the
+    standard error of the process the front end started (its stub), not
+    into the kernel host's log, which kernels share."""
+    import zmq
+    from jupyter_client.session import Session
+
+    err_path = os.path.join(os.environ["RVISOR_KERNEL_HOST_DIR"] + "-stderr")
+    with open(err_path, "w") as err:
+        km2 = KernelManager(kernel_name="rvisor")
+        km2.start_kernel(stderr=err)
+    try:
+        kc2 = km2.client()
+        kc2.start_channels()
+        kc2.wait_for_ready(timeout=TIMEOUT)
+        (sock,) = host_sockets()  # the same host as the first kernel's
+        info = km2.get_connection_info()
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.connect(f"tcp://{info['ip']}:{info['shell_port']}")
+        Session(key=b"not-the-key", username="x").send(s, "kernel_info_request", {})
+        line = "refused a message on shell whose signature does not match"
+        wait_for("the stub's stderr has the kernel's message",
+                 lambda: line in open(err_path).read())
+        log = os.path.join(os.environ["RVISOR_KERNEL_HOST_DIR"], sock[:-len(".sock")] + ".log")
+        assert line not in open(log).read(), open(log).read()
+        s.close()
+        assert execute(kc2, "1")[0]["status"] == "ok"
+        kc2.stop_channels()
+    finally:
+        km2.shutdown_kernel(now=False)
+        os.remove(err_path)
+
+
 def established(port):
     """Whether a TCP connection to this machine's `port` is established
     (accepted by the kernel, or waiting in its listener's backlog)."""
