@@ -9,7 +9,9 @@
 //! read at the next point where R is not inside that call: the next
 //! console text, the next report of the driver, R's event poll (loops,
 //! `Sys.sleep()`), or the call's end. Reading it there is safe: the device
-//! writes on the R thread, which is the one reading. The page then gets
+//! writes on the R thread, which is the one reading, and it writes a
+//! page's file whole when the page ends (the file it makes when a page
+//! begins is empty until then, and is left alone). The page then gets
 //! its place in the console's segments, and its display (when the call
 //! has displays) is streamed with its bundle. Pages the call's end finds
 //! are read as before (the last page, and every page when a call asks for
@@ -85,8 +87,14 @@ pub fn settle() {
                 PENDING.with(|f| f.set(false));
                 return None;
             };
-            if !std::path::Path::new(file).exists() {
-                return None; // still inside the call that finishes it
+            // The device makes a page's file, empty, when the page begins
+            // and writes it whole when the page ends: only a file with
+            // bytes is a finished page. An empty one is still being drawn
+            // on (a page of several panels, `par(mfrow)`, runs the page
+            // hook for each panel), a missing one is not begun: both wait
+            // (at worst until the call's end reads what is left).
+            if std::fs::metadata(file).map_or(true, |m| m.len() == 0) {
+                return None;
             }
             let file = p.pending.remove(0);
             Some((file, p.width, p.height, p.rich))

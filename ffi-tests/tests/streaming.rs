@@ -1165,3 +1165,57 @@ fn a_finished_plot_page_arrives_while_the_call_runs() {
         "each page where it was finished"
     );
 }
+
+/// A page of several panels (`par(mfrow)`) runs the page hook for each
+/// panel, and its file exists, empty, while it is drawn on: it is read
+/// once the device has written it (the next page began), whole, and no
+/// page is lost or read twice.
+#[test]
+fn a_page_of_several_panels_is_read_once_it_is_written() {
+    let sup = supervisor();
+    let (s, _) = session(&sup);
+    let h = s
+        .run_streaming(
+            "par(mfrow = c(2, 2)); for (i in 1:4) plot(i); cat('four\\n'); \
+             par(mfrow = c(1, 1)); plot(5); cat('five\\n'); plot(6)",
+        )
+        .unwrap();
+    let mut ev = h.events();
+    let r = result_of(&mut ev);
+    assert_eq!(r.outcome, Outcome::Complete, "{:?}", r.error);
+    assert_eq!(r.plots.len(), 3, "the 4-panel page, plot 5 and plot 6");
+    use base64::Engine;
+    for p in &r.plots {
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(&p.data_base64)
+            .unwrap();
+        assert!(
+            png.starts_with(b"\x89PNG") && png.len() > 1000,
+            "{} bytes",
+            png.len()
+        );
+    }
+    let kinds: Vec<String> = r
+        .segments
+        .iter()
+        .map(|s| match s {
+            rvisor::Segment::Stdout { text } => text.trim().to_string(),
+            rvisor::Segment::Plot { index } => format!("plot {index}"),
+            rvisor::Segment::Display { index } => format!("display {index}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "four",
+            "plot 0",
+            "display 0",
+            "five",
+            "plot 1",
+            "display 1",
+            "plot 2",
+            "display 2"
+        ]
+    );
+}
