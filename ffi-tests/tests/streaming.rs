@@ -1102,6 +1102,20 @@ fn json_surfaces_stream_displays_with_their_bundles() {
     check_display_events(&events);
 }
 
+/// A result's segments in short: stdout's text trimmed, `plot N`,
+/// `display N`.
+fn segment_words(r: &rvisor::RunResult) -> Vec<String> {
+    r.segments
+        .iter()
+        .map(|s| match s {
+            rvisor::Segment::Stdout { text } => text.trim().to_string(),
+            rvisor::Segment::Plot { index } => format!("plot {index}"),
+            rvisor::Segment::Display { index } => format!("display {index}"),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
 /// A plot page is read as soon as it is finished (the next page began),
 /// not when the call ends: its display, with its image, reaches the
 /// stream while the call still waits for the test, and the result keeps
@@ -1139,18 +1153,8 @@ fn a_finished_plot_page_arrives_while_the_call_runs() {
     assert_eq!(r.plots.len(), 3);
     assert_eq!(r.displays.len(), 3);
     assert_eq!(r.displays[..2], streamed[..]);
-    let order: Vec<String> = r
-        .segments
-        .iter()
-        .map(|s| match s {
-            rvisor::Segment::Stdout { text } => text.trim().to_string(),
-            rvisor::Segment::Plot { index } => format!("plot {index}"),
-            rvisor::Segment::Display { index } => format!("display {index}"),
-            other => format!("{other:?}"),
-        })
-        .collect();
     assert_eq!(
-        order,
+        segment_words(&r),
         [
             "drew 1",
             "plot 0",
@@ -1195,18 +1199,8 @@ fn a_page_of_several_panels_is_read_once_it_is_written() {
             png.len()
         );
     }
-    let kinds: Vec<String> = r
-        .segments
-        .iter()
-        .map(|s| match s {
-            rvisor::Segment::Stdout { text } => text.trim().to_string(),
-            rvisor::Segment::Plot { index } => format!("plot {index}"),
-            rvisor::Segment::Display { index } => format!("display {index}"),
-            other => format!("{other:?}"),
-        })
-        .collect();
     assert_eq!(
-        kinds,
+        segment_words(&r),
         [
             "four",
             "plot 0",
