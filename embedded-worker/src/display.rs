@@ -191,16 +191,18 @@ pub fn from_driver(mimes: Vec<String>, values: Vec<String>, meta: Option<String>
     push(d);
 }
 
-/// A plot page's display, made while the call runs (pages.rs): streamed
-/// and placed as any display, never marked as a value's (a page can
-/// finish while a value prints).
+/// A display streamed and placed where it is made, never marked as a
+/// value's: a plot page's made while the call runs (pages.rs; a page can
+/// finish while a value prints), and through [`push`] the driver's.
 pub fn push_page(d: Display) {
     let index = count();
+    // Streamed with its bundle as it is made (when the call streams).
     crate::stream::display(index, &d);
     DISPLAYS.with(|v| v.borrow_mut().push(d));
     console::push(Segment::Display { index });
 }
 
+/// A display the driver reported: marked as a value's while one is shown.
 fn push(mut d: Display) {
     if VALUES.with(Cell::get) && SHOWING_VALUE.with(Cell::get) {
         let rv = d
@@ -211,11 +213,7 @@ fn push(mut d: Display) {
             rv.insert("value".into(), Value::Bool(true));
         }
     }
-    let index = count();
-    // Streamed with its bundle as it is made (when the call streams).
-    crate::stream::display(index, &d);
-    DISPLAYS.with(|v| v.borrow_mut().push(d));
-    console::push(Segment::Display { index });
+    push_page(d);
 }
 
 fn value_bytes(v: &Value) -> u64 {
