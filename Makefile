@@ -77,6 +77,8 @@ kernel-testbed: setup
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 scripts/check-cycles.py --self-test
+	python3 scripts/check-cycles.py
 
 # The benchmark: rvisor vs Rscript, callr and Rserve, interleaved, one run.
 # Installs the peers (r-cran-callr, r-cran-rserve, r-cran-rsclient) if missing.

@@ -125,7 +125,7 @@ pub fn take() -> Capture {
 /// boundary) and the capture marked truncated.
 pub fn write_text(stream: Stream, bytes: &[u8]) {
     // A plot page finished before this text comes before it.
-    crate::pages::settle();
+    crate::due::run();
     if stream == Stream::Stdout && divert(bytes) {
         return;
     }

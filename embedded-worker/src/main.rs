@@ -8,6 +8,7 @@
 mod confine;
 mod console;
 mod display;
+mod due;
 mod eval;
 mod ffi;
 mod hydrate;

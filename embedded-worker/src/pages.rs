@@ -20,7 +20,7 @@
 use crate::{console, display};
 use base64::Engine;
 use rvisor_protocol::{Plot, Segment};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 #[derive(Debug, Default)]
 struct Pages {
@@ -38,14 +38,12 @@ struct Pages {
 
 thread_local! {
     static PAGES: RefCell<Pages> = RefCell::new(Pages::default());
-    /// Some page is pending: [`settle`]'s test, on every console write.
-    static PENDING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A new call: pages are read as they finish when `on` (PNG alone or SVG
 /// alone), with a display each when `rich`.
 pub fn begin(on: bool, rich: bool, width: u32, height: u32) {
-    PENDING.with(|f| f.set(false));
+    crate::due::clear();
     PAGES.with(|p| {
         *p.borrow_mut() = Pages {
             on,
@@ -65,7 +63,7 @@ pub fn finished(file: Option<String>) {
         if let Ok(mut p) = p.try_borrow_mut() {
             if p.on {
                 p.pending.push(file);
-                PENDING.with(|f| f.set(true));
+                crate::due::arm(settle);
             }
         }
     });
@@ -73,18 +71,16 @@ pub fn finished(file: Option<String>) {
 
 /// Reads the finished pages whose files are written, in order: each takes
 /// its place among the console's segments, and its display is made and
-/// streamed. Cheap when none is pending (every console write calls it).
+/// streamed. While a page is pending, the console's writes and R's event
+/// poll run it (through [`crate::due`]).
 pub fn settle() {
-    if !PENDING.with(Cell::get) {
-        return;
-    }
     loop {
         // One page at a time, the borrow released before the console and
         // the displays are touched.
         let next = PAGES.with(|p| {
             let mut p = p.try_borrow_mut().ok()?;
             let Some(file) = p.pending.first() else {
-                PENDING.with(|f| f.set(false));
+                crate::due::clear();
                 return None;
             };
             // The device makes a page's file, empty, when the page begins
@@ -124,7 +120,7 @@ pub fn take() -> Vec<Plot> {
     PAGES.with(|p| {
         let mut p = p.borrow_mut();
         p.pending.clear();
-        PENDING.with(|f| f.set(false));
+        crate::due::clear();
         std::mem::take(&mut p.read)
     })
 }

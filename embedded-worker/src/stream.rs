@@ -227,7 +227,7 @@ pub fn progress(value: f64, total: Option<f64>, message: Option<String>) {
 /// long enough.
 pub fn poll() {
     // A page finished in a loop is read here, before the loop ends.
-    crate::pages::settle();
+    crate::due::run();
     STATE.with(|s| {
         let Ok(mut s) = s.try_borrow_mut() else {
             return;
