@@ -253,32 +253,55 @@ open_device <- function() {
   invisible()
 }
 
+## Whether the replayed page got something drawn on it, rather than only
+## settings: `par(mfrow = c(2, 2))` (or layout(), palette()) at the start
+## of a call opens the device, which replays the last page, and R records
+## the setting in the page's display list; that page is not reported
+## again.
 check_replay <- function() {
   state$replayed <- FALSE
-  if (dl_len() <= state$replay_len) state$drop_first <- TRUE
+  dl <- grDevices::recordPlot()[[1L]]
+  settings <- c("C_par", "C_layout", "palette", "palette2")
+  for (e in dl[-seq_len(min(state$replay_len, length(dl)))]) {
+    nm <- tryCatch(e[[2L]][[1L]]$name, error = function(err) NULL)
+    if (!is.character(nm) || !nm %in% settings) return(invisible())
+  }
+  state$drop_first <- TRUE
 }
 
-on_new_page <- function(...) {
+## The page hooks. grid.newpage() always begins a page; plot.new() begins
+## one only when par("page") says so: with par(mfrow) or layout() it moves
+## to the next panel of the same page, and the device's page (its file)
+## stays the same. Counting every plot.new() as a page named a later page's
+## file and gave multi-panel pages wrong indices.
+on_base_page <- function(...) on_new_page(FALSE)
+on_grid_page <- function(...) on_new_page(TRUE)
+
+on_new_page <- function(grid) {
   cur <- grDevices::dev.cur()
-  if (cur == 1L) state$newpage_pending <- TRUE
-  else if (state$replayed && cur == state$dev) check_replay()
-  if (cur > 1L && cur == state$dev) {
-    # PNG and SVG both: the finished page is kept to be drawn again as SVG
-    # when the call ends (pages past the cap are not).
-    if (state$display$svg && state$display$png && state$page_n >= 1L &&
-        length(state$recs) <= caps$plots)
-      state$recs[[length(state$recs) + 1L]] <- grDevices::recordPlot()
-    # The page before this one is finished: its index among the pages the
-    # call reports (a replayed page that got nothing new is not reported),
-    # and its file, which the device writes as this hook returns (the
-    # worker reads it then: pages.rs).
-    done <- state$page_n - as.integer(state$drop_first)
-    if (done > 0L && done <= caps$plots)
-      .Call(emit, "plot_page", as.character(done - 1L),
-            sprintf(if (state$display$png) "%s/rvisor-plot-%04d.png" else "%s/rvisor-plot-%04d.svg",
-                    state$plot_dir, state$page_n), NULL)
-    state$page_n <- state$page_n + 1L
+  if (cur == 1L) {
+    state$newpage_pending <- TRUE
+    return(invisible())
   }
+  if (cur != state$dev) return(invisible())
+  if (state$replayed) check_replay()
+  # par() on our device, open already: it opens no other.
+  if (!grid && !isTRUE(graphics::par("page"))) return(invisible())
+  # PNG and SVG both: the finished page is kept to be drawn again as SVG
+  # when the call ends (pages past the cap are not).
+  if (state$display$svg && state$display$png && state$page_n >= 1L &&
+      length(state$recs) <= caps$plots)
+    state$recs[[length(state$recs) + 1L]] <- grDevices::recordPlot()
+  # The page before this one is finished: its index among the pages the
+  # call reports (a replayed page that got nothing new is not reported),
+  # and its file, which the device writes as this hook returns (the
+  # worker reads it then: pages.rs).
+  done <- state$page_n - as.integer(state$drop_first)
+  if (done > 0L && done <= caps$plots)
+    .Call(emit, "plot_page", as.character(done - 1L),
+          sprintf(if (state$display$png) "%s/rvisor-plot-%04d.png" else "%s/rvisor-plot-%04d.svg",
+                  state$plot_dir, state$page_n), NULL)
+  state$page_n <- state$page_n + 1L
   invisible()
 }
 
@@ -612,8 +635,8 @@ init <- function(plot_dir) {
   # through it: to the console, in order, with no child process (a
   # confined worker can run none).
   options(pager = show_files)
-  setHook("before.plot.new", on_new_page)
-  setHook("before.grid.newpage", on_new_page)
+  setHook("before.plot.new", on_base_page)
+  setHook("before.grid.newpage", on_grid_page)
   # Attaching copies `helpers`; later changes (tools) go to the copy. R's
   # own step of attach(): the closure around it would also look for S4
   # metadata (helpers has none) and leave ~2,600 cons cells of methods'
@@ -668,7 +691,9 @@ compiled_closures <- function() {
 ## pager) for the compiled ones.
 adopt_compiled <- function(fns) {
   env <- environment(compile_driver)
-  old <- list(handlers = our_handlers, on_new_page = on_new_page)
+  old <- list(handlers = our_handlers, before.plot.new = on_base_page,
+              before.grid.newpage = on_grid_page)
+  new_hooks <- list(before.plot.new = "on_base_page", before.grid.newpage = "on_grid_page")
   for (nm in names(fns)) assign(nm, fns[[nm]], envir = env)
   env$our_handlers <- list(warning = env$on_warning, message = env$on_message,
                            error = env$on_error, interrupt = env$on_interrupt)
@@ -680,7 +705,7 @@ adopt_compiled <- function(fns) {
   state$gh <- NULL
   options(device = env$open_device, pager = env$show_files)
   for (h in c("before.plot.new", "before.grid.newpage")) {
-    hooks <- lapply(getHook(h), function(f) if (identical(f, old$on_new_page)) env$on_new_page else f)
+    hooks <- lapply(getHook(h), function(f) if (identical(f, old[[h]])) env[[new_hooks[[h]]]] else f)
     setHook(h, hooks, "replace")
   }
   state$compiled <- TRUE

@@ -496,6 +496,25 @@ fn plots_come_as_png_svg_or_both_and_as_displays() {
     let r = w.run("abline(h = 5)", &fmt(PlotFormat::Both));
     assert_eq!(r.plots.len(), 1, "{}", r.console);
     assert!(text(&r, 0, "image/svg+xml").contains("<svg"));
+    // A page of two panels is one page, and its SVG is drawn once both are
+    // on it: 100 points against the next page's 2. (The page hook runs for
+    // each panel; the SVG was once recorded when the second panel began,
+    // with the first panel alone.) The call's `par()` opens the device,
+    // which replays the last call's page; that page got only settings,
+    // so it is not reported again.
+    let r = w.run(
+        "par(mfrow = c(1, 2)); plot(1:50); plot(1:50); par(mfrow = c(1, 1)); plot(1:2)",
+        &fmt(PlotFormat::Both),
+    );
+    assert_eq!(r.plots.len(), 2, "{}", r.console);
+    let (two_panels, two_points) = (
+        text(&r, 0, "image/svg+xml").len(),
+        text(&r, 1, "image/svg+xml").len(),
+    );
+    assert!(
+        two_panels > two_points * 3 / 2,
+        "{two_panels} bytes of SVG for 2 panels of 50 points, {two_points} for 2 points"
+    );
 }
 
 #[test]

@@ -1185,9 +1185,21 @@ fn a_page_of_several_panels_is_read_once_it_is_written() {
         )
         .unwrap();
     let mut ev = h.events();
-    let r = result_of(&mut ev);
+    // Each page's `plot` event, in order, with its index among the result's
+    // plots: the page hook runs for each of the 4 panels, and only the
+    // first begins a page (it once counted 4 pages there, and sent indices
+    // past the result's plots).
+    let mut plot_events = Vec::new();
+    let r = loop {
+        match next_event(&mut ev).kind {
+            EventKind::Plot { index } => plot_events.push(index),
+            EventKind::Result { result } => break *result,
+            _ => {}
+        }
+    };
     assert_eq!(r.outcome, Outcome::Complete, "{:?}", r.error);
     assert_eq!(r.plots.len(), 3, "the 4-panel page, plot 5 and plot 6");
+    assert_eq!(plot_events, [0, 1, 2]);
     use base64::Engine;
     for p in &r.plots {
         let png = base64::engine::general_purpose::STANDARD
