@@ -222,7 +222,9 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
     // confined worker holds. On Debian's R here: 8,899 and 8,474, then
     // 9,012 and 9,204 with the host-side parts (install.packages through
     // the server, readline through a front end) kept as text until first
-    // used (their text is the vector cells).
+    // used (their text is the vector cells); 9,550 cons cells with the
+    // plot hooks that tell a page from a panel and the replayed page that
+    // got only settings.
     let f = script(
         "invisible(gc()); g <- gc()
          cat(g[1, 1], g[2, 1], '\n')
@@ -255,9 +257,9 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
     let (theirs, rns) = counts(rscript, "Rscript");
     assert_eq!(ns, rns, "loaded namespaces");
     let (n, v) = (ours[0] - theirs[0], ours[1] - theirs[1]);
-    assert!((0..9_500).contains(&n), "{n} cons cells more than Rscript");
+    assert!((0..10_000).contains(&n), "{n} cons cells more than Rscript");
     assert!(
-        (0..9_500).contains(&v),
+        (0..10_000).contains(&v),
         "{v} vector cells more than Rscript"
     );
 }
