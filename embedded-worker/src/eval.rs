@@ -414,7 +414,9 @@ pub fn run(r: &R, req: RunRequest, files: Vec<std::fs::File>) -> RunResult {
     tools::begin_call(req.execution_id.clone());
     // Sys.sleep() wakes up to send waiting events when the call streams.
     r::set_event_wait(tok, stream::wait_usec(req.stream));
+    let depth = r::protect_depth(tok);
     let escaped = evaluate(tok, r, &req).is_err();
+    r::rebalance(tok, depth);
     r::set_event_wait(tok, 0);
     RUNNING.with(|x| x.borrow_mut().take());
     tools::end_call();
@@ -594,9 +596,14 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
         let ended = r::toplevel(tok, move || {
             // SAFETY: on the R thread, in the expression's own top-level
             // context; `exprs` is preserved and `v` protected until printed
-            // (the jump of an error resets the stack); `out` points to
-            // `step` in the caller's frame. Nothing here has a destructor.
+            // (the jump of an error resets the stack; a return does not, so
+            // the `protected` count is unprotected at the end); `out` points
+            // to `step` in the caller's frame. Nothing here has a destructor.
             unsafe {
+                // R_ToplevelExec restores the protection stack only when the
+                // code jumps out: 2 left on it per expression overflowed its
+                // 50,000 after ~25,000 calls, and every later call failed.
+                let mut protected = 2;
                 let begin = Rf_protect(Rf_lang1(Rf_findVarInFrame(
                     driver,
                     Rf_install(c"begin_expr".as_ptr()),
@@ -614,6 +621,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                         // Its HTML as a display (or, when none can be
                         // made, `unsupported` with the reason).
                         let call = Rf_protect(Rf_lang2(Rf_install(c"show_html".as_ptr()), v));
+                        protected += 1;
                         display::showing_value(true);
                         Rf_eval(call, driver);
                         display::showing_value(false);
@@ -623,6 +631,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                             Rf_findVarInFrame(driver, Rf_install(c"report_html".as_ptr())),
                             v,
                         ));
+                        protected += 1;
                         Rf_eval(call, driver);
                     } else {
                         let table = rich
@@ -654,6 +663,7 @@ fn evaluate(tok: RThread, r: &R, req: &RunRequest) -> Result<(), String> {
                 // What R's loop reads when it parses the next expression:
                 // the options as this one (and its callbacks) left them.
                 (*out).keep_source = srcref::keep_source();
+                Rf_unprotect(protected);
             }
         });
         keep_source = step.keep_source;

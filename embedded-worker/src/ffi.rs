@@ -72,6 +72,10 @@ extern "C" {
     /// expression, as R's REPL does; `succeeded` and `visible` are
     /// `Rboolean`s. A callback that returns FALSE is removed.
     pub fn Rf_callToplevelHandlers(expr: SEXP, value: SEXP, succeeded: c_int, visible: c_int);
+    /// The top of R's protection stack (`PROTECT`'s count of slots in use,
+    /// of `R_PPStackSize`): read and balanced around each call
+    /// (`r::protect_depth`, `r::rebalance`).
+    pub static R_PPStackTop: c_int;
     /// `class(x)` (`single_string` 0: every class, implicit ones too);
     /// exported by libR, not in libR-sys.
     pub fn R_data_class(obj: SEXP, single_string: c_int) -> SEXP;

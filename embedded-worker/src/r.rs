@@ -172,6 +172,34 @@ pub fn toplevel<F: FnOnce() + Copy>(_tok: RThread, f: F) -> Ended {
     }
 }
 
+/// The depth of R's protection stack now: what [`rebalance`] restores.
+pub fn protect_depth(_tok: RThread) -> c_int {
+    // SAFETY: on the R thread (the token), the only one that changes it.
+    unsafe { ffi::R_PPStackTop }
+}
+
+/// Puts R's protection stack back to `depth` (from [`protect_depth`] when
+/// the call began), once the call has ended. Nothing of a call stays
+/// protected on the stack after it (what lives on is preserved), so
+/// anything left is a leak: one slot a call would run out R's 50,000
+/// after as many calls, and every later call would fail ("protection
+/// stack overflow"). Debug builds (the tests) stop on it; a release
+/// worker says it on stderr and undoes it.
+pub fn rebalance(tok: RThread, depth: c_int) {
+    let now = protect_depth(tok);
+    if now > depth {
+        debug_assert!(false, "a call left {} on R's protection stack", now - depth);
+        eprintln!(
+            "rvisor worker: a call left {} on R's protection stack; undone",
+            now - depth
+        );
+        // SAFETY: on the R thread; the `now - depth` slots above `depth`
+        // were pushed during the call, which has ended, and nothing
+        // protected by them is used after it.
+        unsafe { Rf_unprotect(now - depth) };
+    }
+}
+
 /// The message of the last R error, without R's "Error in call : " prefix
 /// and "Calls:" line.
 pub fn last_error_message(_tok: RThread) -> String {

@@ -250,6 +250,26 @@ fn variables_packages_and_options_persist_across_calls() {
 // ---------------------------------------------------------------------------
 // 2. ordering
 
+/// R's protection stack has 50,000 slots. Each top-level expression once
+/// left 2 on it, so one call of 30,000 expressions (or ~25,000 calls of
+/// one) failed with "protection stack overflow", and so did every later
+/// call of the session. (A debug worker, which the tests run, also stops
+/// on any call that leaves a slot behind: eval.rs, `rebalance`.)
+#[test]
+fn a_long_session_does_not_wear_out_rs_protection_stack() {
+    let sup = supervisor();
+    let s = session(&sup);
+    let code = format!("x <- 0\n{}x\n", "x<-x+1\n".repeat(30_000));
+    let r = run(&s, &code);
+    assert_eq!(r.outcome, Outcome::Complete, "{:?}", r.error);
+    assert!(r.console.contains("[1] 30000"), "{}", r.console);
+    for _ in 0..3 {
+        let r = run(&s, "x + 1");
+        assert_eq!(r.outcome, Outcome::Complete, "{:?}", r.error);
+        assert!(r.console.contains("[1] 30001"), "{}", r.console);
+    }
+}
+
 #[test]
 fn queued_calls_run_in_order_and_each_result_is_complete() {
     let sup = supervisor();
