@@ -2,15 +2,37 @@
 
 use std::io::Read;
 
+/// Fills `buf` from the kernel's CSPRNG: getrandom(2), one system call
+/// (a kernel's 5 messages a cell each take an id, and opening
+/// /dev/urandom for each was a sixth of its shell thread's time), else
+/// /dev/urandom. False if neither could.
+fn fill_random(buf: &mut [u8]) -> bool {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes
+        // for the duration of the call; getrandom writes at most that many.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n > 0 {
+            done += n as usize;
+        } else if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        } else {
+            break;
+        }
+    }
+    done == buf.len()
+        || std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(buf))
+            .is_ok()
+}
+
 /// `n` random bytes as lowercase hex.
 pub fn random_hex(n: usize) -> String {
     let mut buf = vec![0u8; n];
-    let filled = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .is_ok();
-    if !filled {
-        // /dev/urandom is always there on Linux; fall back to time and pid so
-        // ids stay unique even in a stripped-down environment.
+    if !fill_random(&mut buf) {
+        // The kernel's CSPRNG is always there on Linux; fall back to time
+        // and pid so ids stay unique even in a stripped-down environment.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -20,7 +42,13 @@ pub fn random_hex(n: usize) -> String {
             *b = (seed >> ((i % 16) * 8)) as u8 ^ i as u8;
         }
     }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * n);
+    for b in buf {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 15)] as char);
+    }
+    out
 }
 
 /// Whether `id` has the form of a session id (`s-HEX`, `NODE.s-HEX`, or
@@ -56,5 +84,12 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a.len(), 36);
         assert_eq!(a.matches('-').count(), 4);
+        let h = super::random_hex(3);
+        assert_eq!(h.len(), 6);
+        assert!(h
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        // 64 random bits: two alike would be a broken source.
+        assert_ne!(super::random_hex(8), super::random_hex(8));
     }
 }
