@@ -329,6 +329,69 @@ fn upload_read_write_download(confined: bool) {
         .error(404, "not_found");
 }
 
+/// Each session call reports the files it changed, compared with a listing
+/// before it. A listing taken while the session is idle is kept and is the
+/// next call's "before" (no second walk of the worker's directory) only
+/// while nothing can have changed the files: so a file put or deleted
+/// through the API between calls is not reported as the next call's, and a
+/// file the call recreates or appends to is.
+fn calls_report_what_they_changed(confined: bool) {
+    let srv = Server::start(confined, FileLimits::default());
+    let c = Client {
+        base: &srv.base,
+        token: TOK_A,
+    };
+    let id = c.session();
+    let changed = |code: &str| -> Vec<String> {
+        let a = c.post(&format!("/v1/sessions/{id}/run"), json!({ "code": code }));
+        let v = a.json();
+        assert_eq!(v["outcome"], "complete", "{code}: {v}");
+        let mut names: Vec<String> = v["artifacts"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|f| f["name"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    assert_eq!(changed("writeLines('a', 'a.txt')"), ["a.txt"]);
+    assert!(changed("x <- 1").is_empty());
+    assert!(changed("x <- 2").is_empty());
+    // Put between calls: the API's change, not the call's.
+    assert_eq!(
+        c.put(&format!("/v1/sessions/{id}/files/b.txt"), b"b")
+            .status,
+        201
+    );
+    assert!(changed("x <- 3").is_empty());
+    assert_eq!(changed("writeLines('b2', 'b.txt')"), ["b.txt"]);
+    // Deleted through the API, then made again by a call: the call's.
+    assert_eq!(
+        c.delete(&format!("/v1/sessions/{id}/files/a.txt")).status,
+        204
+    );
+    assert_eq!(changed("writeLines('a', 'a.txt')"), ["a.txt"]);
+    // The same name, more bytes.
+    assert_eq!(
+        changed("cat('more', file = 'a.txt', append = TRUE)"),
+        ["a.txt"]
+    );
+    assert!(changed("x <- 4").is_empty());
+}
+
+#[test]
+fn confined_calls_report_what_they_changed() {
+    calls_report_what_they_changed(true);
+}
+
+#[test]
+fn unconfined_calls_report_what_they_changed() {
+    calls_report_what_they_changed(false);
+}
+
 #[test]
 fn confined_files_go_in_and_out_byte_identical() {
     upload_read_write_download(true);

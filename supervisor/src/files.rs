@@ -290,6 +290,26 @@ pub struct Stamp {
 /// A listing of a working directory: name -> stamp (regular files only).
 pub type Snapshot = HashMap<String, (Stamp, FileInfo)>;
 
+/// What a listing of a confined session's files was taken under: its
+/// worker, how many calls it had taken, and how many changes the files
+/// API had made. While all three are the same and no call runs, nothing
+/// but a process the session left in the background can have changed the
+/// files, so the listing is still the files as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ListingKey {
+    pub(crate) generation: u64,
+    pub(crate) calls: u64,
+    pub(crate) epoch: u64,
+}
+
+/// The last listing a session took while idle, with its key and bound.
+#[derive(Debug, Clone)]
+pub(crate) struct KeptListing {
+    pub(crate) key: ListingKey,
+    pub(crate) max_files: usize,
+    pub(crate) snapshot: Snapshot,
+}
+
 /// Lists the regular files below `root`, at most `max` (one more is an
 /// error), at most `file_rules::MAX_DEPTH` deep.
 pub(crate) fn list(root: OwnedFd, max: usize) -> Result<Snapshot, FileError> {

@@ -56,18 +56,27 @@ impl LiveCall {
     }
 }
 
-/// CPU time (user + system) process `pid` used, in milliseconds, from
-/// `/proc/PID/stat` (clock ticks).
+/// CPU time (user + system) process `pid` used, in milliseconds: its
+/// CPU-time clock (two system calls; reading `/proc/PID/stat` was three,
+/// and a twentieth of a kernel cell's host time), read at every call's
+/// start.
 fn proc_cpu_ms(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces: count after its ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    // SAFETY: sysconf only reads a system constant.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (ticks > 0).then(|| (utime + stime) * 1000.0 / ticks as f64)
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock_getcpuclockid writes a clockid_t we own; any pid may
+    // be asked (an ended one fails with ESRCH).
+    if unsafe { libc::clock_getcpuclockid(pid, &mut clock) } != 0 {
+        return None;
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes a timespec we own.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(ts.tv_sec as f64 * 1000.0 + ts.tv_nsec as f64 / 1e6)
 }
 
 // ---------------------------------------------------------------------------
@@ -170,6 +179,15 @@ pub(crate) struct Inner {
     /// Set by [`Session::kill_worker`]: why the host killed the worker,
     /// for the running call's result and the next result's notice.
     kill_reason: Option<String>,
+    /// Calls taken from the queue so far, and changes the files API made
+    /// ([`Session::files_changed`]): with the generation, what a kept
+    /// listing of the files is valid for.
+    calls_taken: u64,
+    files_epoch: u64,
+    /// The files as the last listing taken while no call ran found them:
+    /// a call's listing after it ends is the next call's listing before
+    /// it, rather than a second walk of the worker's directory.
+    kept_listing: Option<crate::files::KeptListing>,
 }
 
 #[derive(Debug)]
@@ -560,6 +578,9 @@ impl Shared {
                 abandoned: false,
                 release_waiters: Vec::new(),
                 kill_reason: None,
+                calls_taken: 0,
+                files_epoch: 0,
+                kept_listing: None,
             }),
             cv: Condvar::new(),
             store: None,
@@ -654,6 +675,7 @@ impl Shared {
                         let _ = w.send(Err("a call arrived before it could hibernate".into()));
                     }
                 }
+                i.calls_taken += 1;
                 i.running = Some(Taken {
                     execution_id: p.execution_id.clone(),
                     code: p.code.clone(),

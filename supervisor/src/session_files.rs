@@ -85,14 +85,24 @@ impl Session {
         generation: Option<u64>,
     ) -> Result<Option<Snapshot>, FileError> {
         let place = self.files_place();
-        match &place {
+        let key = match &place {
             Place::NoWorker => return Ok(None),
             Place::Worker { generation: g, .. } if generation.is_some_and(|want| want != *g) => {
                 return Ok(None)
             }
-            _ => {}
+            // Only a confined session's directory is reachable by nothing
+            // but its worker and this API (a host directory is anyone's).
+            Place::Worker { generation: g, .. } => self.listing_key(*g),
+            Place::Host(_) => None,
+        };
+        if let Some(kept) = key.and_then(|k| self.kept_listing(k, max_files)) {
+            return Ok(Some(kept));
         }
-        list(open_root(&place)?, max_files).map(Some)
+        let listed = list(open_root(&place)?, max_files)?;
+        if let Some(k) = key {
+            self.keep_listing(k, max_files, &listed);
+        }
+        Ok(Some(listed))
     }
 
     /// Starts an upload of `name` (checked and normalised), within

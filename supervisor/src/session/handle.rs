@@ -454,8 +454,55 @@ impl Session {
     /// hibernation or release writes a new one.
     pub fn files_changed(&self) {
         let s = self.shared();
-        lock(&s.inner).dirty = true;
+        {
+            let mut i = lock(&s.inner);
+            i.dirty = true;
+            i.files_epoch += 1;
+            i.kept_listing = None;
+        }
         s.cv.notify_all();
+    }
+
+    /// The key a listing of the files taken now is valid for, if no call
+    /// is running (one could be changing the files as they are listed).
+    pub(crate) fn listing_key(&self, generation: u64) -> Option<crate::files::ListingKey> {
+        let i = lock(&self.shared().inner);
+        (i.running.is_none() && i.generation == generation).then_some(crate::files::ListingKey {
+            generation,
+            calls: i.calls_taken,
+            epoch: i.files_epoch,
+        })
+    }
+
+    /// The kept listing, if it was taken under `key` within `max_files`.
+    pub(crate) fn kept_listing(
+        &self,
+        key: crate::files::ListingKey,
+        max_files: usize,
+    ) -> Option<crate::files::Snapshot> {
+        let i = lock(&self.shared().inner);
+        i.kept_listing
+            .as_ref()
+            .filter(|k| k.key == key && k.max_files == max_files)
+            .map(|k| k.snapshot.clone())
+    }
+
+    /// Keeps `snapshot`, taken under `key`, if nothing moved while it was
+    /// taken (the key is still the current one and no call runs).
+    pub(crate) fn keep_listing(
+        &self,
+        key: crate::files::ListingKey,
+        max_files: usize,
+        snapshot: &crate::files::Snapshot,
+    ) {
+        if self.listing_key(key.generation) != Some(key) {
+            return;
+        }
+        lock(&self.shared().inner).kept_listing = Some(crate::files::KeptListing {
+            key,
+            max_files,
+            snapshot: snapshot.clone(),
+        });
     }
 
     /// Checkpoints the session's state now (after the running call, before

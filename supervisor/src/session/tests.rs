@@ -12,6 +12,29 @@ fn rfc3339_shape() {
     assert!(t.ends_with('Z'));
 }
 
+#[test]
+fn a_process_cpu_time_grows_as_it_works_and_an_ended_one_has_none() {
+    let me = std::process::id();
+    let before = super::proc_cpu_ms(me).expect("this process's CPU time");
+    // Work until the clock moves (it is in nanoseconds: a few ms of work).
+    let mut x = 0u64;
+    let mut after = before;
+    for round in 0..1000u64 {
+        for i in 0..100_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i ^ round);
+        }
+        after = super::proc_cpu_ms(me).unwrap();
+        if after > before {
+            break;
+        }
+    }
+    assert!(after > before, "{before} ms, then {after} ms ({x})");
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    assert_eq!(super::proc_cpu_ms(pid), None, "a reaped process");
+}
+
 /// A session whose workers are fakes (no R, no root).
 fn session(fake: &Fake, opts: SessionOptions) -> Session {
     let shared = Shared::new("s-test".into(), opts, None, false);
