@@ -14,6 +14,56 @@ fn script(text: &str) -> PathBuf {
     p
 }
 
+/// A command that ends leaves no directory of its zygote or workers in the
+/// temporary directory: each `rvisor run` and `session --jsonl` left one
+/// (the zygote's, with R's tempdir() in it) while threads still held the
+/// zygote when the process exited.
+#[test]
+fn commands_leave_nothing_in_the_temporary_directory() {
+    let tmp = std::env::temp_dir().join(format!("rvisor-cli-tmp-{}", rvisor::ids::random_hex(6)));
+    std::fs::create_dir(&tmp).unwrap();
+    // Confined workers (their own uids) reach their directory below it.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = script("plot(1:3); cat(file.exists(tempdir()), '\n')\n");
+    let left = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let out = rvisor()
+        .arg("run")
+        .arg(&f)
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "TRUE");
+    assert_eq!(left(), Vec::<String>::new(), "after rvisor run");
+    let mut child = rvisor()
+        .args(["session", "--jsonl"])
+        .env("TMPDIR", &tmp)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, r#"{{"id":1,"op":"run","code":"plot(1); 1 + 1"}}"#).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(r#""outcome":"complete""#));
+    assert_eq!(left(), Vec::<String>::new(), "after session --jsonl");
+    let _ = std::fs::remove_dir(&tmp);
+}
+
 #[test]
 fn run_prints_the_console_and_exits_zero_on_success() {
     let f = script("cat('hello\\n'); 1 + 1\n");

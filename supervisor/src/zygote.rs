@@ -396,6 +396,13 @@ impl Zygote {
                 let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
                 let _ = c.kill();
                 let _ = c.wait();
+                // Its directory (R's tempdir() in it) goes with it now, not
+                // when the last handle drops: threads still holding one
+                // when the process exits (`rvisor run`, `session --jsonl`)
+                // left a /tmp/rvisor-* directory behind each time.
+                if let Some(t) = &self._tmp {
+                    let _ = std::fs::remove_dir_all(t.path());
+                }
             }
             None if self.is_alive() => {
                 // SAFETY: kill(2) of the warm zygote, a child of the base
