@@ -17,7 +17,8 @@ fn script(text: &str) -> PathBuf {
 /// A command that ends leaves no directory of its zygote or workers in the
 /// temporary directory: each `rvisor run` and `session --jsonl` left one
 /// (the zygote's, with R's tempdir() in it) while threads still held the
-/// zygote when the process exited.
+/// zygote when the process exited, and a worker being ended after a reset
+/// (or a spare being forked) could leave its own.
 #[test]
 fn commands_leave_nothing_in_the_temporary_directory() {
     let tmp = std::env::temp_dir().join(format!("rvisor-cli-tmp-{}", rvisor::ids::random_hex(6)));
@@ -56,6 +57,10 @@ fn commands_leave_nothing_in_the_temporary_directory() {
         use std::io::Write;
         let mut stdin = child.stdin.take().unwrap();
         writeln!(stdin, r#"{{"id":1,"op":"run","code":"plot(1); 1 + 1"}}"#).unwrap();
+        // A reset ends the worker on a thread of its own: the process
+        // exits while it may still be ending (its directory was left).
+        writeln!(stdin, r#"{{"id":2,"op":"reset"}}"#).unwrap();
+        writeln!(stdin, r#"{{"id":3,"op":"run","code":"2"}}"#).unwrap();
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());

@@ -266,6 +266,15 @@ pub struct Pool {
     inner: Mutex<Inner>,
     cv: Condvar,
     shut: AtomicBool,
+    /// The keeper thread while it runs: [`Pool::shutdown`] waits for it,
+    /// so a spare it was forking is dropped (its directory removed) before
+    /// the process exits, rather than left in the temporary directory.
+    keeper: Arc<(Mutex<Option<std::thread::ThreadId>>, Condvar)>,
+}
+
+/// A lock of any of the pool's mutexes, a poisoned one taken as it is.
+fn lock_any<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -307,17 +316,27 @@ impl Pool {
             inner: Mutex::new(Inner::default()),
             cv: Condvar::new(),
             shut: AtomicBool::new(false),
+            keeper: Arc::new((Mutex::new(None), Condvar::new())),
         });
         if pool.cfg.zygote {
             lock(&pool.inner).starting = true;
             let weak = Arc::downgrade(&pool);
-            std::thread::Builder::new()
+            let alive = pool.keeper.clone();
+            let mut running = lock_any(&alive.0);
+            let spawned = std::thread::Builder::new()
                 .name("rvisor-pool".into())
-                .spawn(move || keeper(weak))
+                .spawn({
+                    let alive = alive.clone();
+                    move || {
+                        let _gone = KeeperGone(alive);
+                        keeper(weak)
+                    }
+                })
                 .map_err(|source| Error::Io {
                     what: "start the pool thread",
                     source,
                 })?;
+            *running = Some(spawned.thread().id());
         }
         Ok(pool)
     }
@@ -683,6 +702,22 @@ impl Pool {
             z.kill();
         }
         self.cv.notify_all();
+        // The keeper sees the stop at its next step (a fork of a killed
+        // zygote fails at once); bounded, and never on the keeper itself
+        // (the pool can be dropped there).
+        let (m, cv) = &*self.keeper;
+        let end = std::time::Instant::now() + KEEPER_STOP_WAIT;
+        let mut k = lock_any(m);
+        while let Some(id) = *k {
+            let now = std::time::Instant::now();
+            if id == std::thread::current().id() || now >= end {
+                break;
+            }
+            k = cv
+                .wait_timeout(k, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     /// The process id of the zygote that forks workers without preloads
@@ -760,6 +795,19 @@ fn names_package(code: &str, pkg: &str) -> bool {
     code.match_indices(pkg).any(|(at, _)| {
         !word(code[..at].chars().next_back()) && !word(code[at + pkg.len()..].chars().next())
     })
+}
+
+/// How long [`Pool::shutdown`] waits for the keeper thread to end.
+const KEEPER_STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// Says, when the keeper thread ends however it does, that it has.
+struct KeeperGone(Arc<(Mutex<Option<std::thread::ThreadId>>, Condvar)>);
+
+impl Drop for KeeperGone {
+    fn drop(&mut self) {
+        *lock_any(&self.0 .0) = None;
+        self.0 .1.notify_all();
+    }
 }
 
 /// The keeper thread: (re)starts the zygote, asks it for a warm zygote and

@@ -25,7 +25,7 @@ use crate::tools::CallContext;
 use crate::worker::{Interrupter, Worker, WorkerSource};
 use rvisor_protocol::{Outcome, RunResult, StreamMode};
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -220,6 +220,15 @@ impl Registry {
         lock(&self.workers).remove(&w.pid());
     }
 
+    /// Removes the worker `pid` with directory `dir`, not another that
+    /// got its pid since.
+    pub(crate) fn remove_exact(&self, pid: u32, dir: &Path) {
+        let mut m = lock(&self.workers);
+        if m.get(&pid).is_some_and(|d| d == dir) {
+            m.remove(&pid);
+        }
+    }
+
     pub(crate) fn kill_all(&self) {
         let workers = std::mem::take(&mut *lock(&self.workers));
         for (pid, tmp) in workers {
@@ -261,6 +270,11 @@ impl WorkerSource for PoolSource {
 
     fn forget(&mut self, w: &Worker) {
         self.registry.remove(w);
+    }
+
+    fn forget_later(&mut self, w: &Worker) -> Box<dyn FnOnce() + Send> {
+        let (registry, pid, dir) = (self.registry.clone(), w.pid(), w.temp_dir().to_path_buf());
+        Box::new(move || registry.remove_exact(pid, &dir))
     }
 
     fn will_run(&mut self, code: &str) {
@@ -482,14 +496,42 @@ impl Inner {
 
 /// Ends a worker without holding up the session: the shutdown (and, if
 /// the worker does not exit, the kill) happens on a thread of its own.
+/// It stays known to the source (the supervisor's registry) until it is
+/// gone: a process that exits while it ends still kills it and removes its
+/// directory (it left /tmp/rvisor-* behind when `session --jsonl` ended
+/// right after a reset).
 fn retire(source: &mut impl WorkerSource, w: Worker) {
-    source.forget(&w);
+    let forget = source.forget_later(&w);
+    let retiring = Retiring {
+        worker: Some(w),
+        forget: Some(forget),
+    };
     let spawned = std::thread::Builder::new()
         .name("rvisor-retire".into())
-        .spawn(move || w.shutdown(Duration::from_millis(200)));
+        .spawn(move || {
+            let mut r = retiring;
+            if let Some(w) = r.worker.take() {
+                w.shutdown(Duration::from_millis(200));
+            }
+        });
     // Without a thread, the worker was moved into the failed closure and
-    // is killed as it is dropped.
+    // is killed as it is dropped, then forgotten.
     drop(spawned);
+}
+
+/// A worker being ended, then forgotten (also when its thread never ran).
+struct Retiring {
+    worker: Option<Worker>,
+    forget: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for Retiring {
+    fn drop(&mut self) {
+        drop(self.worker.take());
+        if let Some(f) = self.forget.take() {
+            f();
+        }
+    }
 }
 
 /// How a worker that died while idle ended, if it did: the link closing

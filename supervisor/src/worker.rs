@@ -99,6 +99,13 @@ pub(crate) trait WorkerSource: Send + 'static {
     fn start(&mut self) -> Result<Worker, Error>;
     /// Forgets a worker that has ended or is being ended.
     fn forget(&mut self, w: &Worker);
+    /// Forgets `w` when the returned function is called: a worker being
+    /// ended on a thread of its own stays known (to be killed, its
+    /// directory removed, if the process exits first) until it is gone.
+    fn forget_later(&mut self, w: &Worker) -> Box<dyn FnOnce() + Send> {
+        self.forget(w);
+        Box::new(|| {})
+    }
     /// Sees the code of each call the session is about to run, before a
     /// worker is started for it: a call naming a preloaded package makes
     /// this and later workers of the session come with the preloads.
