@@ -108,7 +108,10 @@ impl Drop for TestDir {
 
 /// The real `rvisor serve` binary, unconfined unless asked (confinement is
 /// not the subject of most tests that use it), on a free loopback port with
-/// a data directory of its own; killed when dropped.
+/// a data directory and a temporary directory of its own; killed when
+/// dropped (its zygote's and workers' directories go with the temporary
+/// one: a killed server cannot remove them, and each test left them in
+/// /tmp).
 #[derive(Debug)]
 pub struct ServeBin {
     /// The server process.
@@ -116,6 +119,7 @@ pub struct ServeBin {
     /// `IP:PORT` it listens on (from its "listening on" line).
     pub addr: String,
     _dir: TestDir,
+    _tmp: TestDir,
 }
 
 /// How [`ServeBin::start_with`] starts the server.
@@ -152,7 +156,14 @@ impl ServeBin {
     pub fn start_with(opts: ServeOptions<'_>) -> Self {
         use std::io::{BufRead, Read};
         let dir = TestDir::new("rvisor-serve-bin");
+        // Confined workers (their own uids) reach their directories below it.
+        let tmp = TestDir::new("rvisor-serve-tmp");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755));
+        }
         let mut cmd = std::process::Command::new(rvisor_bin());
+        cmd.env("TMPDIR", tmp.path());
         if !opts.confined {
             cmd.arg("--unconfined");
         }
@@ -205,6 +216,7 @@ impl ServeBin {
             child,
             addr: addr.unwrap_or_default(),
             _dir: dir,
+            _tmp: tmp,
         }
     }
 

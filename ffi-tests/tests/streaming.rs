@@ -339,7 +339,7 @@ fn events_can_be_awaited_without_a_runtime_of_ours() {
 /// `rvisor session --jsonl` as a child: its output lines on a channel.
 struct Jsonl {
     child: std::process::Child,
-    stdin: std::process::ChildStdin,
+    stdin: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<Value>,
 }
 
@@ -366,15 +366,16 @@ impl Jsonl {
         });
         Self {
             child,
-            stdin,
+            stdin: Some(stdin),
             lines,
         }
     }
 
     fn send(&mut self, v: Value) {
         use std::io::Write;
-        writeln!(self.stdin, "{v}").unwrap();
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{v}").unwrap();
+        stdin.flush().unwrap();
     }
 
     fn line(&mut self) -> Value {
@@ -385,7 +386,18 @@ impl Jsonl {
 }
 
 impl Drop for Jsonl {
+    /// Ends it as a harness does, by closing its stdin (a killed one
+    /// cannot remove its zygote's and workers' directories from /tmp);
+    /// killed if it has not ended within the deadline.
     fn drop(&mut self) {
+        drop(self.stdin.take());
+        let end = Instant::now() + DEADLINE;
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
