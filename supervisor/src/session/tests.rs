@@ -403,12 +403,16 @@ fn a_cancel_while_a_hibernated_session_restores_resolves_the_call_at_once() {
     file.extend_from_slice(b"STATE{}");
     file.extend_from_slice(&2u32.to_be_bytes());
     for how in [How::Cancel, How::CancelCall] {
-        // Put back each time: a closed session deletes its checkpoint.
+        // A session of its own each time: the one before deletes its
+        // checkpoint as it closes, on its runner thread, which under load
+        // could come after this one's checkpoint was put (the restore then
+        // found none and the fake was never asked to restore).
+        let id = format!("s-test-{how:?}");
         let staged = crate::checkpoint::anonymous_file(&dir).unwrap();
         std::io::Write::write_all(&mut &staged, &file).unwrap();
-        store.put("s-test", &staged, file.len() as u64).unwrap();
+        store.put(&id, &staged, file.len() as u64).unwrap();
         let fake = Fake::new();
-        let mut shared = Shared::new("s-test".into(), quick(), None, false);
+        let mut shared = Shared::new(id, quick(), None, false);
         Arc::get_mut(&mut shared).unwrap().store = Some(store.clone());
         {
             let mut i = lock(&shared.inner);
