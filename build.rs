@@ -21,6 +21,11 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-env=RVISOR_BUILD_R_HOME={}", r_home.display());
+    // The worker's own R_SaveAsPng (embedded-worker/src/png_save.rs) must be
+    // in its dynamic symbol table for cairo.so's calls to bind to it.
+    if std::env::var("CARGO_PKG_NAME").as_deref() == Ok("rvisor-worker") {
+        println!("cargo:rustc-link-arg-bins=-Wl,--export-dynamic-symbol=R_SaveAsPng");
+    }
     // The `R` front-end script exports where R's shared files, headers and
     // docs are (Debian: /usr/share/R/...); embedded R gets none of them, so
     // R.home("doc") and friends pointed nowhere. Bake them in too.

@@ -17,6 +17,7 @@ mod link;
 mod markup;
 mod pages;
 mod pause;
+mod png_save;
 mod r;
 mod result_block;
 mod serve;

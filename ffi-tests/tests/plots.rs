@@ -154,3 +154,128 @@ fn user_devices_are_left_alone() {
     assert!(f.exists());
     let _ = std::fs::remove_file(f);
 }
+
+/// A PNG file's pixels as RGBA (palettes and tRNS expanded), its size, its
+/// resolution chunk (pixels per metre) and the first two bytes of its zlib
+/// stream.
+struct Decoded {
+    rgba: Vec<u8>,
+    size: (u32, u32),
+    ppm: Option<u32>,
+    zlib_header: [u8; 2],
+}
+
+fn decode(path: &std::path::Path) -> Decoded {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut dec = png::Decoder::new(std::io::Cursor::new(&bytes));
+    dec.set_transformations(png::Transformations::EXPAND);
+    let mut reader = dec.read_info().expect("a PNG");
+    let mut buf = vec![0; reader.output_buffer_size().expect("a size")];
+    let frame = reader.next_frame(&mut buf).expect("its pixels");
+    let data = &buf[..frame.buffer_size()];
+    let rgba = match frame.color_type {
+        png::ColorType::Rgba => data.to_vec(),
+        png::ColorType::Rgb => data
+            .chunks(3)
+            .flat_map(|p| [p[0], p[1], p[2], 255])
+            .collect(),
+        other => panic!("{}: unexpected colour type {other:?}", path.display()),
+    };
+    let ppm = reader.info().pixel_dims.map(|d| d.xppu);
+    let idat = bytes
+        .windows(4)
+        .position(|w| w == b"IDAT")
+        .expect("an IDAT chunk");
+    Decoded {
+        rgba,
+        size: (frame.width, frame.height),
+        ppm,
+        zlib_header: [bytes[idat + 4], bytes[idat + 5]],
+    }
+}
+
+/// The worker writes PNG pages with its own `R_SaveAsPng`
+/// (embedded-worker/src/png_save.rs), which cairo.so binds in place of R's:
+/// each page here is drawn twice in the worker, through `png(type =
+/// "cairo")` (that writer) and `png(type = "cairo-png")` (cairo's own
+/// writer, which R's device calls instead), and the two files must hold the
+/// same pixels: a palette page, a page of more than 256 colours, and
+/// transparent pages of both kinds (cairo rounds un-premultiplied colours
+/// its own way, so colours of partly transparent pixels may differ by one).
+#[test]
+fn pngs_from_the_faster_writer_decode_to_cairos_pixels() {
+    let mut w = worker();
+    let dir = std::env::temp_dir().join(format!("rvisor-png-{}", rvisor::ids::random_hex(4)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pages = [
+        ("palette", "", "plot(1:10, main = 'palette')"),
+        ("rgb", "", "image(volcano, col = hcl.colors(500))"),
+        (
+            "alpha_palette",
+            ", bg = 'transparent'",
+            "plot(1:10, col = rgb(1, 0, 0, 0.5), pch = 19, cex = 5)",
+        ),
+        (
+            "alpha_rgb",
+            ", bg = 'transparent'",
+            "image(volcano, col = hcl.colors(500, alpha = 0.7))",
+        ),
+    ];
+    for (name, args, draw) in pages {
+        let ours = dir.join(format!("{name}-ours.png"));
+        let cairo = dir.join(format!("{name}-cairo.png"));
+        let code = format!(
+            "for (f in list(c('{}', 'cairo'), c('{}', 'cairo-png'))) {{ \
+               png(f[[1]], width = 400, height = 300, type = f[[2]]{args}); {draw}; \
+               invisible(dev.off()) }}",
+            ours.display(),
+            cairo.display()
+        );
+        let r = run(&mut w, &code);
+        assert_eq!(r.outcome, Outcome::Complete, "{name}: {}", r.console);
+        let (a, b) = (decode(&ours), decode(&cairo));
+        assert_eq!(a.size, (400, 300), "{name}");
+        assert_eq!(a.size, b.size, "{name}");
+        // fdeflate's header (FLEVEL 0); libpng at R's default level writes
+        // 78 9C or 78 DA, so this is the worker's writer, not R's.
+        assert_eq!(
+            a.zlib_header,
+            [0x78, 0x01],
+            "{name}: not the worker's writer"
+        );
+        let mut differ = 0;
+        for (pa, pb) in a.rgba.chunks(4).zip(b.rgba.chunks(4)) {
+            assert_eq!(pa[3], pb[3], "{name}: alpha differs");
+            let close = pa[3] == 0
+                || (0..3).all(|c| {
+                    if pa[3] == 255 {
+                        pa[c] == pb[c]
+                    } else {
+                        pa[c].abs_diff(pb[c]) <= 1
+                    }
+                });
+            if !close {
+                differ += 1;
+            }
+        }
+        assert_eq!(differ, 0, "{name}: {differ} pixels differ from cairo's");
+        if name.starts_with("alpha") {
+            assert!(
+                a.rgba.chunks(4).any(|p| p[3] == 0) && a.rgba.chunks(4).any(|p| p[3] == 255),
+                "{name}: the page is partly transparent"
+            );
+        }
+    }
+    // The resolution goes into a pHYs chunk, as R's writer puts it.
+    let f = dir.join("res.png");
+    let r = run(
+        &mut w,
+        &format!(
+            "png('{}', width = 300, height = 300, res = 150, type = 'cairo'); plot(1); invisible(dev.off())",
+            f.display()
+        ),
+    );
+    assert_eq!(r.outcome, Outcome::Complete, "{}", r.console);
+    assert_eq!(decode(&f).ppm, Some(5905));
+    let _ = std::fs::remove_dir_all(&dir);
+}
