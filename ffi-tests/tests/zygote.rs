@@ -260,7 +260,7 @@ fn ready_zygote_preloads_ggplot2_keeps_spares_and_forks_session_workers() {
         "the preloaded zygote is the warm one's child"
     );
     assert!(st.startup_ms.contains_key("preloaded.preload"), "{st:?}");
-    assert_eq!(st.spares_target, 2);
+    assert_eq!(st.spares_target, PoolConfig::default().spares);
     assert!(st.zygote_starts >= 3, "base, warm, preloaded: {st:?}");
     assert_eq!(st.last_error, None);
     wait_until("the spares of both zygotes to reach their target", || {
@@ -1079,10 +1079,11 @@ fn a_tenant_librarys_next_session_takes_a_spare_forked_with_that_library() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-/// A pool whose held refills wait `hold` at most, without the preloaded
-/// zygote (its spares are not what these tests count).
+/// A pool of two spares whose held refills wait `hold` at most, without
+/// the preloaded zygote (its spares are not what these tests count).
 fn holding_supervisor(hold: Duration) -> Supervisor {
     ready(supervisor_with(PoolConfig {
+        spares: 2,
         preload_on_first_use: true,
         refill_hold: hold,
         ..PoolConfig::default()

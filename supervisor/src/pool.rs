@@ -34,7 +34,9 @@ pub struct PoolConfig {
     /// Fork workers from a zygote (default true). Off: every worker is a
     /// fresh process that starts R (~100-300 ms).
     pub zygote: bool,
-    /// Pre-forked spares kept ready (default 2).
+    /// Pre-forked spares kept ready of each zygote (default 4: a burst of
+    /// new sessions is handed spares while the keeper forks more; a spare
+    /// costs ~1-2 MB until its session's first collection).
     pub spares: usize,
     /// Packages the preloaded zygote loads (None: ggplot2 when installed).
     /// Changing them needs a new zygote (a new supervisor). Workers are
@@ -71,7 +73,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             zygote: true,
-            spares: 2,
+            spares: 4,
             preload: None,
             preload_on_first_use: false,
             refill_hold: DEFAULT_REFILL_HOLD,
