@@ -276,17 +276,22 @@ fn supervisor_quiet() -> Result<rvisor::Supervisor> {
 }
 
 fn supervisor_quiet_with(style: rvisor::StyleEngine) -> Result<rvisor::Supervisor> {
-    // One-off commands need one worker: a zygote without preloads or spares
-    // (workers are confined only when forked from it).
+    // One-off commands need one worker: confined, a zygote without preloads
+    // or spares (workers are confined only when forked from it); unconfined,
+    // the worker itself. An unconfined pool with a zygote spawns a worker
+    // while the zygote's R still starts (a server must not wait), so a
+    // one-off command started R twice at once: twice Rscript's CPU, and
+    // 1.2x its wall time on 2 cores.
+    let base = base_config();
     let cfg = rvisor::SupervisorConfig {
         pool: rvisor::PoolConfig {
-            zygote: true,
+            zygote: base.confinement.enabled,
             spares: 0,
             preload: Some(Vec::new()),
             ..Default::default()
         },
         style,
-        ..base_config()
+        ..base
     };
     Ok(rvisor::Supervisor::new(cfg)?)
 }
