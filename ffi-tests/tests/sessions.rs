@@ -1533,3 +1533,139 @@ fn a_call_made_right_after_reset_runs_in_the_fresh_session() {
     assert!(r.console.ends_with("[1] FALSE\n"), "{}", r.console);
     assert!(r.console.starts_with("rvisor: started a fresh R session"));
 }
+
+/// The `rvisor-<16 hex>` directories (workers' and zygotes') under `root`
+/// (not the CLI's own, such as its table store's).
+fn worker_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_prefix("rvisor-"))
+                    .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A supervisor killed with SIGKILL runs no clean-up: its workers' and
+/// zygotes' directories stay in its temp root (they did for good before).
+/// The next supervisor that starts on that root removes them, since
+/// nobody holds their locks any more (supervisor/src/tempdir.rs), and
+/// leaves those of a supervisor still running alone: its session goes on
+/// using its directory.
+#[test]
+fn a_killed_supervisors_directories_are_removed_by_the_next_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::env::temp_dir().join(format!("rvisor-sweep-{}", rvisor::ids::random_hex(6)));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let on_root = || {
+        let mut cfg = SupervisorConfig::default();
+        cfg.worker.temp_root = root.clone();
+        Supervisor::new(cfg).expect("supervisor starts")
+    };
+
+    // A live supervisor on the root, its session's file in its directory.
+    let live = on_root();
+    let s = live.session().expect("session");
+    let r = run(
+        &s,
+        "f <- file.path(tempdir(), 'kept'); writeLines('here', f); file.exists(f)",
+    );
+    assert_eq!(r.console, "[1] TRUE\n", "{r:?}");
+    // Its pool settled (the warm zygote has taken over from the base one,
+    // whose spares it replaced, and every spare is made): from here on it
+    // removes none of its directories by itself.
+    let t0 = Instant::now();
+    loop {
+        let st = live.pool_status();
+        let settled = st.warm
+            && st.spares >= st.spares_target
+            && (st.preloaded.is_empty() || st.preloaded_spares >= st.spares_target)
+            && st.refills_held == 0;
+        if settled {
+            break;
+        }
+        assert!(t0.elapsed() < DEADLINE, "the pool did not settle: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let live_dirs = worker_dirs(&root);
+    assert!(!live_dirs.is_empty());
+
+    // A CLI on the same root: it runs a call, then is killed.
+    let mut cli = Command::new(rvisor_ffi_tests::rvisor_bin())
+        .args(["session", "--jsonl"])
+        .env("TMPDIR", &root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the CLI");
+    let mut stdin = cli.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        r#"{{"id": 1, "op": "run", "code": "writeLines('x', file.path(tempdir(), 'f'))"}}"#
+    )
+    .unwrap();
+    let mut out = BufReader::new(cli.stdout.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the CLI ended before its result"
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["id"] == 1 && v.get("result").is_some() {
+            assert_eq!(v["result"]["outcome"], "complete", "{v}");
+            break;
+        }
+    }
+    let killed: Vec<PathBuf> = worker_dirs(&root)
+        .into_iter()
+        .filter(|d| !live_dirs.contains(d))
+        .collect();
+    assert!(!killed.is_empty(), "the CLI made directories on the root");
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    assert!(
+        killed.iter().all(|d| d.exists()),
+        "nothing removes a killed supervisor's directories"
+    );
+
+    // The next supervisor on the root removes them (in the background).
+    let _next = on_root();
+    let t0 = Instant::now();
+    while killed.iter().any(|d| d.exists()) {
+        assert!(
+            t0.elapsed() < DEADLINE,
+            "left: {:?}",
+            killed.iter().filter(|d| d.exists()).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for d in &killed {
+        assert!(
+            !d.with_extension("lock").exists(),
+            "{}'s lock went too",
+            d.display()
+        );
+    }
+    // The live supervisor's are all there, and its session goes on.
+    let gone: Vec<_> = live_dirs.iter().filter(|d| !d.exists()).collect();
+    assert!(
+        gone.is_empty(),
+        "a live supervisor's directories were removed: {gone:?}"
+    );
+    let r = run(&s, "readLines(f)");
+    assert_eq!(r.console, "[1] \"here\"\n", "{r:?}");
+    drop(s);
+    drop(live);
+    drop(_next);
+    let _ = std::fs::remove_dir_all(&root);
+}

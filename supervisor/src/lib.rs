@@ -50,6 +50,7 @@ pub mod rules;
 pub mod session;
 mod session_files;
 mod supervisor;
+mod tempdir;
 #[cfg(test)]
 mod testing;
 pub mod tools;

@@ -9,7 +9,6 @@
 
 use crate::confine::{AllowedProgram, Cgroups, Confinement, Limits, Uids};
 use crate::error::{ConfineError, Error};
-use crate::ids;
 use rvisor_protocol::{write_frame, FrameError, ToWorker};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -140,38 +139,7 @@ pub fn locate_worker() -> Result<PathBuf, Error> {
     Err(Error::WorkerNotFound(looked.join(", ")))
 }
 
-/// A private directory removed when dropped.
-#[derive(Debug)]
-pub(crate) struct TempDir(PathBuf);
-
-impl TempDir {
-    /// The directory.
-    pub(crate) fn path(&self) -> &Path {
-        &self.0
-    }
-
-    /// A new `rvisor-<random>` directory (mode 0700) under `root`. The
-    /// name carries no host pid: a confined worker sees its directory
-    /// under this path (docs/confinement.md).
-    pub(crate) fn new(root: &Path) -> Result<Self, Error> {
-        use std::os::unix::fs::DirBuilderExt;
-        let p = root.join(format!("rvisor-{}", ids::random_hex(8)));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&p)
-            .map_err(|source| Error::Io {
-                what: "create the worker's temporary directory",
-                source,
-            })?;
-        Ok(Self(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub(crate) use crate::tempdir::TempDir;
 
 /// How a worker process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -697,30 +697,12 @@ impl Drop for SupShared {
     }
 }
 
-/// Removes `rvisor-<pid>-*` directories of processes that no longer exist.
+/// Removes, in the background, the directories supervisors that were
+/// killed left under `root` (their locks are no longer held:
+/// [`crate::tempdir`]); a start does not wait for the deletion.
 fn sweep_stale_dirs(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix("rvisor-") else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        if let Ok(meta) = e.metadata() {
-            use std::os::unix::fs::MetadataExt;
-            // SAFETY: geteuid has no preconditions.
-            let me = unsafe { libc::geteuid() };
-            if meta.is_dir() && meta.uid() == me {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
+    let root = root.to_path_buf();
+    let _ = std::thread::Builder::new()
+        .name("rvisor-sweep".into())
+        .spawn(move || crate::tempdir::sweep(&root));
 }
