@@ -14,7 +14,7 @@ use rvisor::{
     Confinement, EnvPolicy, Outcome, Rejection, RunOptions, RunResult, Session, SessionOptions,
     SessionState, Supervisor, SupervisorConfig, Tool,
 };
-use rvisor_ffi_tests::{inside, parent_pid};
+use rvisor_ffi_tests::{inside, parent_pid, wait_for};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -1238,24 +1238,20 @@ struct Cli {
 
 impl Cli {
     fn start() -> Self {
-        let exe = std::env::current_exe().unwrap();
-        let bin = exe
-            .parent()
-            .and_then(Path::parent)
-            .map(|d| d.join("rvisor"))
-            .unwrap();
-        assert!(
-            bin.is_file(),
-            "{} exists (cargo build --workspace)",
-            bin.display()
-        );
-        let mut child = Command::new(&bin)
-            .args(["session", "--jsonl"])
+        Self::start_in(None)
+    }
+
+    /// The CLI with its temporary root (`TMPDIR`) at `tmp`, when given.
+    fn start_in(tmp: Option<&Path>) -> Self {
+        let mut cmd = Command::new(rvisor_ffi_tests::rvisor_bin());
+        cmd.args(["session", "--jsonl"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the CLI");
+            .stderr(Stdio::inherit());
+        if let Some(t) = tmp {
+            cmd.env("TMPDIR", t);
+        }
+        let mut child = cmd.spawn().expect("start the CLI");
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
@@ -1562,8 +1558,8 @@ fn worker_dirs(root: &Path) -> Vec<PathBuf> {
 #[test]
 fn a_killed_supervisors_directories_are_removed_by_the_next_one() {
     use std::os::unix::fs::PermissionsExt;
-    let root = std::env::temp_dir().join(format!("rvisor-sweep-{}", rvisor::ids::random_hex(6)));
-    std::fs::create_dir(&root).unwrap();
+    let dir = rvisor_ffi_tests::TestDir::new("rvisor-sweep");
+    let root = dir.path().to_path_buf();
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let on_root = || {
         let mut cfg = SupervisorConfig::default();
@@ -1582,73 +1578,41 @@ fn a_killed_supervisors_directories_are_removed_by_the_next_one() {
     // Its pool settled (the warm zygote has taken over from the base one,
     // whose spares it replaced, and every spare is made): from here on it
     // removes none of its directories by itself.
-    let t0 = Instant::now();
-    loop {
+    wait_for("the live pool to settle", DEADLINE, || {
         let st = live.pool_status();
-        let settled = st.warm
+        (st.warm
             && st.spares >= st.spares_target
             && (st.preloaded.is_empty() || st.preloaded_spares >= st.spares_target)
-            && st.refills_held == 0;
-        if settled {
-            break;
-        }
-        assert!(t0.elapsed() < DEADLINE, "the pool did not settle: {st:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            && st.refills_held == 0)
+            .then_some(())
+    });
     let live_dirs = worker_dirs(&root);
     assert!(!live_dirs.is_empty());
 
-    // A CLI on the same root: it runs a call, then is killed.
-    let mut cli = Command::new(rvisor_ffi_tests::rvisor_bin())
-        .args(["session", "--jsonl"])
-        .env("TMPDIR", &root)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the CLI");
-    let mut stdin = cli.stdin.take().unwrap();
-    writeln!(
-        stdin,
-        r#"{{"id": 1, "op": "run", "code": "writeLines('x', file.path(tempdir(), 'f'))"}}"#
-    )
-    .unwrap();
-    let mut out = BufReader::new(cli.stdout.take().unwrap());
-    loop {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "the CLI ended before its result"
-        );
-        let v: Value = serde_json::from_str(&line).unwrap();
-        if v["id"] == 1 && v.get("result").is_some() {
-            assert_eq!(v["result"]["outcome"], "complete", "{v}");
-            break;
-        }
-    }
+    // A CLI on the same root: it runs a call, then is killed (SIGKILL, as
+    // dropping a Cli does).
+    let mut cli = Cli::start_in(Some(&root));
+    let r = cli.run(1, None, "writeLines('x', file.path(tempdir(), 'f'))");
+    assert_eq!(r["outcome"], "complete", "{r}");
+    drop(cli);
+    // What it left (up to the kill its own pool may still have replaced a
+    // spare, removing that one's directory itself).
     let killed: Vec<PathBuf> = worker_dirs(&root)
         .into_iter()
         .filter(|d| !live_dirs.contains(d))
         .collect();
-    assert!(!killed.is_empty(), "the CLI made directories on the root");
-    cli.kill().unwrap();
-    cli.wait().unwrap();
     assert!(
-        killed.iter().all(|d| d.exists()),
-        "nothing removes a killed supervisor's directories"
+        !killed.is_empty(),
+        "a killed supervisor leaves its directories behind"
     );
 
     // The next supervisor on the root removes them (in the background).
     let _next = on_root();
-    let t0 = Instant::now();
-    while killed.iter().any(|d| d.exists()) {
-        assert!(
-            t0.elapsed() < DEADLINE,
-            "left: {:?}",
-            killed.iter().filter(|d| d.exists()).collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(
+        "the killed supervisor's directories to go",
+        DEADLINE,
+        || killed.iter().all(|d| !d.exists()).then_some(()),
+    );
     for d in &killed {
         assert!(
             !d.with_extension("lock").exists(),
@@ -1666,6 +1630,4 @@ fn a_killed_supervisors_directories_are_removed_by_the_next_one() {
     assert_eq!(r.console, "[1] \"here\"\n", "{r:?}");
     drop(s);
     drop(live);
-    drop(_next);
-    let _ = std::fs::remove_dir_all(&root);
 }
