@@ -97,16 +97,10 @@ impl Signer {
     }
 }
 
-/// Lowercase hex, by table: every message's signature is written with it
-/// (a `format!` per byte was 2% of a kernel host's CPU a cell).
+/// Lowercase hex (every message's signature; a `format!` per byte was 2%
+/// of a kernel host's CPU a cell).
 fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(2 * bytes.len());
-    for &b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 15)]));
-    }
-    out
+    rvisor::ids::hex(bytes)
 }
 
 fn unhex(s: &[u8]) -> Option<Vec<u8>> {
