@@ -235,7 +235,7 @@ impl Registry {
             // SAFETY: kill(2) of a process group we created; if it already
             // ended the call fails harmlessly.
             unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
-            let _ = std::fs::remove_dir_all(tmp);
+            crate::tempdir::remove_with_lock(&tmp);
         }
     }
 }

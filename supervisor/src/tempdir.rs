@@ -59,6 +59,24 @@ impl TempDir {
     }
 }
 
+impl TempDir {
+    /// Removes the directory and its lock now, ahead of the drop (which
+    /// then finds nothing to do): a process may exit before a thread that
+    /// holds the last handle gets to drop it.
+    pub(crate) fn remove_now(&self) {
+        remove_with_lock(&self.path);
+    }
+}
+
+/// Removes a worker's directory `dir` and then the lock file beside it
+/// (held or not: a lock without its directory protects nothing).
+pub(crate) fn remove_with_lock(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+    if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
+        let _ = std::fs::remove_file(dir.with_file_name(format!("{name}.lock")));
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         // The directory goes while the lock is still held; then the lock.
@@ -222,6 +240,19 @@ mod tests {
         assert!(std::fs::symlink_metadata(r.join(&name)).is_err());
         std::fs::remove_dir_all(&r).unwrap();
         std::fs::remove_dir_all(&target).unwrap();
+    }
+
+    #[test]
+    fn removed_ahead_of_its_drop_the_directory_takes_its_lock_along() {
+        let r = root();
+        let d = TempDir::new(&r).unwrap();
+        let (dir, lock) = (d.path().to_path_buf(), d.lock.as_ref().unwrap().0.clone());
+        std::fs::write(dir.join("f"), b"x").unwrap();
+        d.remove_now();
+        assert!(!dir.exists() && !lock.exists());
+        drop(d); // finds nothing left, and says nothing
+        assert_eq!(std::fs::read_dir(&r).unwrap().count(), 0);
+        std::fs::remove_dir(&r).unwrap();
     }
 
     #[test]

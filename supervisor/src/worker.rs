@@ -379,7 +379,7 @@ impl Worker {
         if !self.exited {
             self.transport.kill();
         }
-        let _ = std::fs::remove_dir_all(self._tmp.path());
+        self._tmp.remove_now();
         let spawned = std::thread::Builder::new()
             .name("rvisor-discard".into())
             .spawn(move || drop(self));

@@ -401,7 +401,7 @@ impl Zygote {
                 // when the process exits (`rvisor run`, `session --jsonl`)
                 // left a /tmp/rvisor-* directory behind each time.
                 if let Some(t) = &self._tmp {
-                    let _ = std::fs::remove_dir_all(t.path());
+                    t.remove_now();
                 }
             }
             None if self.is_alive() => {
