@@ -28,20 +28,43 @@ pub fn send(msg: &FromWorker) -> Result<(), FrameError> {
 /// Sends one frame whose JSON payload is already serialised (a result,
 /// sized by `eval::result_frame`).
 pub fn send_payload(payload: &[u8]) -> Result<(), FrameError> {
-    use std::io::Write;
     let len = u32::try_from(payload.len()).map_err(|_| FrameError::TooLarge(payload.len()))?;
     if payload.len() > rvisor_protocol::MAX_FRAME_BYTES {
         return Err(FrameError::TooLarge(payload.len()));
     }
     LINK.with(|l| match l.borrow_mut().as_mut() {
         Some(s) => {
-            s.write_all(&len.to_be_bytes())?;
-            s.write_all(payload)?;
-            s.flush()?;
+            write_all_vectored(s, &len.to_be_bytes(), payload)?;
             Ok(())
         }
         None => Err(FrameError::Closed),
     })
+}
+
+/// Writes `head` then `body` in as few writes as the socket takes: one
+/// `writev` for a frame that fits its buffer. Written as two, the frame's
+/// length arrived alone and woke the supervisor's reader twice per result.
+fn write_all_vectored(
+    s: &mut impl std::io::Write,
+    head: &[u8],
+    body: &[u8],
+) -> std::io::Result<()> {
+    use std::io::IoSlice;
+    let mut sent = 0usize;
+    let total = head.len() + body.len();
+    while sent < head.len() {
+        let bufs = [IoSlice::new(&head[sent..]), IoSlice::new(body)];
+        match s.write_vectored(&bufs) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if sent < total {
+        s.write_all(&body[sent - head.len()..])?;
+    }
+    Ok(())
 }
 
 /// Reads the next frame and the descriptors that came with it (a run's
@@ -107,6 +130,62 @@ pub fn wait_tool_result(call_id: u64) -> ToolOutcome {
                 ))
             }
             Err(e) => return ToolOutcome::Error(format!("the link to the supervisor failed: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_all_vectored;
+
+    /// A writer that takes at most `step` bytes a call (a socket whose
+    /// buffer is nearly full), counting its calls.
+    struct Trickle {
+        out: Vec<u8>,
+        step: usize,
+        calls: usize,
+    }
+
+    impl std::io::Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.calls += 1;
+            let n = buf.len().min(self.step);
+            self.out.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+            self.calls += 1;
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(self.step - n);
+                self.out.extend_from_slice(&b[..k]);
+                n += k;
+                if n == self.step {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_frame_goes_whole_and_in_order_however_the_writes_are_cut() {
+        let body: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        for step in [1, 3, 4, 5, 700, 1004, 1 << 20] {
+            let mut w = Trickle {
+                out: Vec::new(),
+                step,
+                calls: 0,
+            };
+            write_all_vectored(&mut w, b"\0\0\x03\xe8", &body).unwrap();
+            assert_eq!(&w.out[..4], b"\0\0\x03\xe8", "step {step}");
+            assert_eq!(&w.out[4..], &body[..], "step {step}");
+            if step >= 1004 {
+                assert_eq!(w.calls, 1, "a frame that fits is one write");
+            }
         }
     }
 }

@@ -1334,32 +1334,113 @@ enum ReadError {
     Oversized { len: u64, limit: u64 },
 }
 
-/// Reads one frame of at most `limit` bytes (the frame format of
-/// `rvisor_protocol::read_frame`), refusing a larger one before allocating.
-fn read_bounded(sock: &mut UnixStream, limit: u64) -> Result<FromWorker, ReadError> {
-    use std::io::Read;
-    let mut len = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match sock.read(&mut len[got..]) {
-            Ok(0) if got == 0 => {
-                return Err(ReadError::Link("the peer closed the connection".into()))
-            }
-            Ok(0) => return Err(ReadError::Link("the link ended inside a frame".into())),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(ReadError::Link(format!("failed to read a frame: {e}"))),
+/// The socket's frames (the frame format of `rvisor_protocol::read_frame`),
+/// read in as few reads as they arrived in: a frame that came whole (its
+/// length and its payload, one write of the worker's) is one read, and
+/// frames that came together are split here. A frame longer than `limit`
+/// is refused from its length, before its payload is read or allocated.
+struct FrameReader {
+    /// Read from the socket: `buf[start..end]` is not yet taken.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+/// What one read asks for, and what the buffer keeps between frames.
+const READ_CHUNK: usize = 64 * 1024;
+
+impl FrameReader {
+    fn new() -> Self {
+        FrameReader {
+            buf: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
         }
     }
-    let len = u64::from(u32::from_be_bytes(len));
-    if len > limit {
-        return Err(ReadError::Oversized { len, limit });
+
+    /// Whether part of a frame is read and not yet taken.
+    fn has_partial(&self) -> bool {
+        self.end > self.start
     }
-    let mut payload = vec![0u8; len as usize];
-    sock.read_exact(&mut payload)
-        .map_err(|e| ReadError::Link(format!("failed to read a frame: {e}")))?;
-    serde_json::from_slice(&payload)
-        .map_err(|e| ReadError::Link(format!("failed to decode a frame: {e}")))
+
+    /// The length its prefix announces for the next frame, once read.
+    fn next_len(&self) -> Option<u64> {
+        let head = self.buf.get(self.start..self.start + 4)?;
+        (self.end - self.start >= 4)
+            .then(|| u64::from(u32::from_be_bytes([head[0], head[1], head[2], head[3]])))
+    }
+
+    /// The next frame if it was read whole, taken out of the buffer; an
+    /// oversized length is an error at once; None: more must be read.
+    fn take(&mut self, limit: u64) -> Option<Result<FromWorker, ReadError>> {
+        let len = self.next_len()?;
+        if len > limit {
+            return Some(Err(ReadError::Oversized { len, limit }));
+        }
+        let frame_end = self.start + 4 + len as usize;
+        if frame_end > self.end {
+            return None;
+        }
+        let frame = serde_json::from_slice(&self.buf[self.start + 4..frame_end])
+            .map_err(|e| ReadError::Link(format!("failed to decode a frame: {e}")));
+        self.start = frame_end;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > READ_CHUNK {
+                // Back to its usual size after a large frame.
+                self.buf.truncate(READ_CHUNK);
+                self.buf.shrink_to_fit();
+            }
+        }
+        Some(frame)
+    }
+
+    /// Reads what the socket has (it polled readable). Once a frame's
+    /// length is known and its payload is larger than the room left, the
+    /// room is made and the rest of it read at once, as the worker is
+    /// sending it.
+    fn fill(&mut self, sock: &mut UnixStream, limit: u64) -> Result<(), ReadError> {
+        use std::io::Read;
+        let need = match self.next_len() {
+            Some(len) if len <= limit => 4 + len as usize,
+            _ => 4,
+        };
+        if self.start + need > self.buf.len() {
+            // Move the partial frame to the front, and grow for a large one.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if need > self.buf.len() {
+                self.buf.resize(need, 0);
+            }
+        }
+        let big = need > READ_CHUNK;
+        loop {
+            let got = if big {
+                let to = self.start + need;
+                sock.read_exact(&mut self.buf[self.end..to])
+                    .map(|()| to - self.end)
+            } else {
+                sock.read(&mut self.buf[self.end..])
+            };
+            match got {
+                Ok(0) if self.has_partial() => {
+                    return Err(ReadError::Link("the link ended inside a frame".into()))
+                }
+                Ok(0) => return Err(ReadError::Link("the peer closed the connection".into())),
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Err(ReadError::Link("the link ended inside a frame".into()))
+                }
+                Err(e) => return Err(ReadError::Link(format!("failed to read a frame: {e}"))),
+            }
+        }
+    }
 }
 
 /// The one thread that reads a worker's socket and its stdout/stderr
@@ -1377,7 +1458,38 @@ fn io_thread(
     frame_limit: Arc<AtomicU64>,
 ) {
     let mut raw = RawPipes::new(pipes);
+    let mut frames = FrameReader::new();
     loop {
+        // The frames read whole so far, in order; after each, the pipes
+        // are drained (what the call printed before its result is its).
+        let limit = frame_limit.load(Ordering::Relaxed);
+        while let Some(frame) = frames.take(limit) {
+            match frame {
+                Ok(frame) => {
+                    raw.frame_boundary(&tx);
+                    if tx.send(LinkEvent::Frame(Ok(frame))).is_err() {
+                        return;
+                    }
+                }
+                Err(ReadError::Oversized { len, limit }) => {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                    raw.flush(&tx);
+                    let why = format!(
+                        "the worker sent a frame of {len} bytes, over this call's limit of \
+                         {limit} bytes (4 x max_output_bytes + {} MiB); it was killed",
+                        bounds::FRAME_OVERHEAD_BYTES >> 20
+                    );
+                    let _ = tx.send(LinkEvent::Oversized(why.clone()));
+                    let _ = tx.send(LinkEvent::Frame(Err(why)));
+                    return;
+                }
+                Err(ReadError::Link(e)) => {
+                    raw.finish(&tx);
+                    let _ = tx.send(LinkEvent::Frame(Err(e)));
+                    return;
+                }
+            }
+        }
         let mut fds = [
             libc::pollfd {
                 fd: sock.as_raw_fd(),
@@ -1404,30 +1516,11 @@ fn io_thread(
         if fds[0].revents == 0 {
             continue;
         }
-        match read_bounded(&mut sock, frame_limit.load(Ordering::Relaxed)) {
-            Ok(frame) => {
-                raw.frame_boundary(&tx);
-                if tx.send(LinkEvent::Frame(Ok(frame))).is_err() {
-                    return;
-                }
-            }
-            Err(ReadError::Oversized { len, limit }) => {
-                let _ = sock.shutdown(std::net::Shutdown::Both);
-                raw.flush(&tx);
-                let why = format!(
-                    "the worker sent a frame of {len} bytes, over this call's limit of {limit} \
-                     bytes (4 x max_output_bytes + {} MiB); it was killed",
-                    bounds::FRAME_OVERHEAD_BYTES >> 20
-                );
-                let _ = tx.send(LinkEvent::Oversized(why.clone()));
-                let _ = tx.send(LinkEvent::Frame(Err(why)));
-                return;
-            }
-            Err(ReadError::Link(e)) => {
-                raw.finish(&tx);
-                let _ = tx.send(LinkEvent::Frame(Err(e)));
-                return;
-            }
+        if let Err(e) = frames.fill(&mut sock, limit) {
+            let ReadError::Link(e) = e else { continue };
+            raw.finish(&tx);
+            let _ = tx.send(LinkEvent::Frame(Err(e)));
+            return;
         }
     }
 }
@@ -1443,4 +1536,109 @@ fn printed(out: &[u8], err: &[u8]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn frame(msg: &FromWorker) -> Vec<u8> {
+        let payload = serde_json::to_vec(msg).unwrap();
+        let mut out = (payload.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    fn tool_call(i: u64, args: serde_json::Value) -> FromWorker {
+        FromWorker::ToolCall {
+            execution_id: format!("e{i}"),
+            call_id: i,
+            name: "t".into(),
+            args,
+        }
+    }
+
+    /// Reads `n` frames as the I/O thread does: what is whole first, then
+    /// a read.
+    fn read_frames(
+        reader: &mut FrameReader,
+        sock: &mut UnixStream,
+        n: usize,
+        limit: u64,
+    ) -> Result<Vec<FromWorker>, String> {
+        let mut got = Vec::new();
+        while got.len() < n {
+            match reader.take(limit) {
+                Some(Ok(f)) => got.push(f),
+                Some(Err(ReadError::Link(e))) => return Err(e),
+                Some(Err(ReadError::Oversized { len, .. })) => return Err(format!("over: {len}")),
+                None => reader.fill(sock, limit).map_err(|e| match e {
+                    ReadError::Link(e) => e,
+                    ReadError::Oversized { .. } => unreachable!("fill does not judge sizes"),
+                })?,
+            }
+        }
+        Ok(got)
+    }
+
+    #[test]
+    fn frames_are_split_and_joined_however_they_arrive() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        // Small frames, a large one (several reads, a grown buffer), small
+        // again: sent in pieces of every size across frame boundaries.
+        let big = serde_json::Value::String("x".repeat(3 * READ_CHUNK));
+        let msgs: Vec<FromWorker> = (0..20)
+            .map(|i| {
+                if i == 7 {
+                    tool_call(i, big.clone())
+                } else {
+                    tool_call(i, serde_json::json!([i]))
+                }
+            })
+            .collect();
+        let bytes: Vec<u8> = msgs.iter().flat_map(frame).collect();
+        let writer = std::thread::spawn(move || {
+            let mut at = 0;
+            let mut step = 1;
+            while at < bytes.len() {
+                let end = (at + step).min(bytes.len());
+                a.write_all(&bytes[at..end]).unwrap();
+                at = end;
+                step = step * 7 % 1013 + 1;
+            }
+        });
+        let mut reader = FrameReader::new();
+        let got = read_frames(&mut reader, &mut b, msgs.len(), u64::MAX).unwrap();
+        writer.join().unwrap();
+        assert_eq!(got, msgs);
+        assert!(!reader.has_partial());
+        assert_eq!(reader.buf.len(), READ_CHUNK, "back to its usual size");
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_from_its_length_and_an_end_is_told_apart() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let small = tool_call(1, serde_json::json!(1));
+        let large = tool_call(2, serde_json::Value::String("y".repeat(1000)));
+        a.write_all(&frame(&small)).unwrap();
+        // Only the length of the large one: it is refused without its payload.
+        a.write_all(&frame(&large)[..4]).unwrap();
+        let mut reader = FrameReader::new();
+        let got = read_frames(&mut reader, &mut b, 1, 500).unwrap();
+        assert_eq!(got, vec![small]);
+        let over = read_frames(&mut reader, &mut b, 1, 500).unwrap_err();
+        assert!(over.starts_with("over: "), "{over}");
+
+        // A link that ends inside a frame, and one that ends between frames.
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        a.write_all(&frame(&large)[..10]).unwrap();
+        drop(a);
+        let e = read_frames(&mut FrameReader::new(), &mut b, 1, u64::MAX).unwrap_err();
+        assert!(e.contains("inside a frame"), "{e}");
+        let (a, mut b) = UnixStream::pair().unwrap();
+        drop(a);
+        let e = read_frames(&mut FrameReader::new(), &mut b, 1, u64::MAX).unwrap_err();
+        assert!(e.contains("closed"), "{e}");
+    }
 }
