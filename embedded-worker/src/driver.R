@@ -65,12 +65,14 @@ clip <- function(x, n) {
 ## read, so it is called). Not when the driver loads: base's functions are
 ## lazily loaded, and forcing deparse() and .deparseOpts() would add some
 ## 400 cons cells to what a user's gc() counts.
+## Not clipped here: `emit` copies at most the call's output cap of a
+## string, and the worker cuts each call and frame to its cap.
 deparse_call <- function(cl) {
   if (is.null(cl)) return(NULL)
   if (is.null(opts <- state$deparse_opts)) opts <- state$deparse_opts <- deparse_options()
   s <- if (is.na(opts)) deparse(cl, width.cutoff = 500L, nlines = 2L)
        else .Internal(deparse(cl, 500L, TRUE, opts, 2L))
-  clip(if (length(s) > 1L) paste0(s[[1L]], " ...") else s, caps$call)
+  if (length(s) > 1L) paste0(s[[1L]], " ...") else s
 }
 
 deparse_options <- function() {
@@ -125,31 +127,33 @@ on_error <- function(e) {
   # overflow): do little, and never fail. A global handler: user code sits
   # at frame 1 up, as at the R prompt. Every step counts: an error's cost
   # is mostly this handler's (rvisor bench, "stop(\"boom\") then the next
-  # call"), so the common case takes no dispatch and one tryCatch().
-  if (identical(class(e), simple_error_class) &&
-      is.character(m <- .subset2(e, "message")) && length(m) == 1L) {
-    msg <- clip(m, caps$message)
-    cl <- .subset2(e, "call")
-  } else {
-    msg <- tryCatch(clip(conditionMessage(e), caps$message), error = function(e2) "unknown error")
-    cl <- tryCatch(conditionCall(e), error = function(e2) NULL)
-  }
-  # The call and the traceback, innermost frame first, within the caps.
-  ctb <- tryCatch({
-    calls <- sys.calls()
-    n <- length(calls) - 1L  # drop this handler's own frame
-    if (n >= 1L && identical(calls[[n]][[1L]], quote(.handleSimpleError))) n <- n - 1L
-    tb <- character()
-    if (n >= 1L) {
-      k <- min(n, caps$frames)
-      tb <- character(k)
-      for (j in seq_len(k)) tb[[j]] <- first_line(deparse_call(calls[[n + 1L - j]]))
-      if (n > k) tb <- c(tb, sprintf("... and %d more frames", n - k))
-    }
-    list(deparse_call(cl), tb)
-  }, error = function(e2) list(NULL, character()))
+  # call"). The common case, what stop("...") signals a few frames deep,
+  # takes no dispatch and no guard: nothing in it can fail there. The
+  # message goes as it is (`emit` copies at most the output cap of it and
+  # the worker cuts it to its own).
+  calls <- sys.calls()
+  if (length(calls) < 100L && identical(class(e), simple_error_class) &&
+      is.character(m <- .subset2(e, "message")) && length(m) == 1L)
+    return(.Call(emit, "error", m, deparse_call(.subset2(e, "call")), error_frames(calls)))
+  msg <- tryCatch(clip(conditionMessage(e), caps$message), error = function(e2) "unknown error")
+  cl <- tryCatch(conditionCall(e), error = function(e2) NULL)
+  ctb <- tryCatch(list(deparse_call(cl), error_frames(calls)),
+                  error = function(e2) list(NULL, character()))
   # The worker keeps R's own printing of this error off the console.
   .Call(emit, "error", msg, ctb[[1L]], ctb[[2L]])
+}
+
+## The traceback of an error, innermost frame first, within the caps:
+## `calls` are sys.calls() of on_error, whose own frame (and R's
+## .handleSimpleError under it) are not the user's.
+error_frames <- function(calls) {
+  n <- length(calls) - 1L
+  if (n >= 1L && identical(calls[[n]][[1L]], quote(.handleSimpleError))) n <- n - 1L
+  if (n < 1L) return(character())
+  k <- min(n, caps$frames)
+  tb <- character(k)
+  for (j in seq_len(k)) tb[[j]] <- first_line(deparse_call(calls[[n + 1L - j]]))
+  if (n > k) c(tb, sprintf("... and %d more frames", n - k)) else tb
 }
 
 on_interrupt <- function(i) {
