@@ -261,6 +261,19 @@ pub fn warm_up_validation(r: &r::R) {
 }
 
 /// Runs `codes` through the driver, discarding the results.
+/// A forked worker's own call, before its hello (zygote.rs): a value
+/// printed, as most calls do; then `.Last.value` is NULL again, as in a
+/// new R session.
+pub fn warm_up_fork(r: &r::R) {
+    warm_up_with(r, &["1"]);
+    // SAFETY: on the R thread, between calls; R_NilValue and the symbol
+    // are R's own constants.
+    unsafe {
+        use crate::r::sys::{R_LastvalueSymbol, R_NilValue};
+        r::set_base_value(R_LastvalueSymbol, R_NilValue);
+    }
+}
+
 fn warm_up_with(r: &r::R, codes: &[&str]) {
     for code in codes {
         let req = rvisor_protocol::RunRequest {

@@ -885,6 +885,10 @@ fn become_worker(
     };
 
     interrupt::install();
+    // One call of its own before the hello: its first call no longer pays
+    // for the pages a call writes (copies of the zygote's), which a spare
+    // now pays before it is handed to a session.
+    serve::warm_up_fork(&r);
     // SAFETY: `sock` is an owned descriptor; ownership moves to the stream.
     let stream = unsafe { UnixStream::from_raw_fd(sock.into_raw_fd()) };
     link::install(stream);
