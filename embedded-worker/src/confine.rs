@@ -4,12 +4,10 @@
 //! before it reads its first request: as root, or (rootless mode) as the
 //! owner of a new user namespace of its own, whose id maps it writes
 //! first (`map_ids`). Layers, in order:
-//! its cgroups (joined by the zygote meanwhile, as root: [`CgroupJoin`]) and
-//! new mount, ipc, uts and (unless network is on) network namespaces, a new
-//! root (tmpfs with read-only binds of what R needs, a size-capped private
-//! tmpfs for the temporary and working directory, a new /proc, a minimal
-//! /dev), rlimits, a new cgroup namespace once it is in its cgroups, an
-//! unprivileged uid/gid of its own with every
+//! its cgroups and new mount, ipc, uts, cgroup and (unless network is on)
+//! network namespaces, a new root (tmpfs with read-only binds of what R needs, a size-capped
+//! private tmpfs for the temporary and working directory, a new /proc, a
+//! minimal /dev), rlimits, an unprivileged uid/gid of its own with every
 //! capability dropped, no_new_privs, Landlock, and seccomp last. Any failure
 //! is returned: the caller ends the process rather than serve unconfined.
 //!
@@ -771,35 +769,18 @@ fn seccomp(exec: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// How a worker gets into its cgroups (`Confine::cgroups`).
-#[derive(Debug)]
-pub enum CgroupJoin {
-    /// It writes itself into each `cgroup.procs`, first of all.
-    Itself,
-    /// The zygote writes the worker's pid into them while the worker sets
-    /// up its namespaces, root and limits, and says how it went through
-    /// this pipe (its read end): one byte, `1` joined, anything else (or
-    /// the pipe closed) not. The first write into a `cgroup.procs` waits
-    /// for an RCU grace period of the kernel (5-15 ms here, most of a
-    /// confined fork's time), which the worker's own set-up now overlaps.
-    ByZygote(std::os::fd::OwnedFd),
-}
-
-/// Joins the worker's cgroups (so that its children are in them too) when
-/// it joins them itself, then enters new mount, ipc, uts and (unless
-/// network is on) network namespaces. The pid namespace was made by the
-/// zygote when it forked this process; the cgroup namespace is made once
-/// the worker is in its cgroups ([`cgroup_namespace`]), so it is rooted
-/// there.
-fn namespaces(c: &Confine, join: &CgroupJoin) -> Result<(), String> {
-    if let CgroupJoin::Itself = join {
-        for procs in &c.cgroups {
-            // "0": the writing process, whatever its pid in this namespace.
-            std::fs::write(procs, "0")
-                .map_err(|e| format!("could not join the cgroup {procs}: {e}"))?;
-        }
+/// Joins the worker's cgroups (so that its children are in them too, and
+/// the new cgroup namespace is rooted there), then enters new mount, ipc,
+/// uts, cgroup and (unless network is on) network namespaces. The pid
+/// namespace was made by the zygote when it forked this process.
+fn namespaces(c: &Confine) -> Result<(), String> {
+    for procs in &c.cgroups {
+        // "0": the writing process, whatever its pid in this namespace.
+        std::fs::write(procs, "0")
+            .map_err(|e| format!("could not join the cgroup {procs}: {e}"))?;
     }
-    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    let mut flags =
+        libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
     if !c.network {
         flags |= libc::CLONE_NEWNET;
     }
@@ -810,57 +791,6 @@ fn namespaces(c: &Confine, join: &CgroupJoin) -> Result<(), String> {
     Ok(())
 }
 
-/// Waits until the zygote has put this process into its cgroups (when it
-/// does), then enters a new cgroup namespace, rooted at them.
-fn cgroup_namespace(c: &Confine, join: CgroupJoin) -> Result<(), String> {
-    if let CgroupJoin::ByZygote(gate) = join {
-        use std::io::Read;
-        let mut said = [0u8; 1];
-        let mut gate = std::fs::File::from(gate);
-        let joined = loop {
-            match gate.read(&mut said) {
-                Ok(1) => break said[0] == b'1',
-                Ok(_) => break false,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break false,
-            }
-        };
-        if !joined {
-            return Err(format!(
-                "the zygote could not put the worker into its cgroups ({}); its \
-                 message is in the supervisor's log",
-                c.cgroups.join(", ")
-            ));
-        }
-    }
-    // SAFETY: unshare in this single-threaded process.
-    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
-        return Err(err("unshare the worker's cgroup namespace"));
-    }
-    Ok(())
-}
-
-/// The zygote's side of [`CgroupJoin::ByZygote`]: writes `pid` (of the
-/// zygote's pid namespace) into each of `cgroups`, then tells the worker
-/// through `gate` (its write end) whether that went.
-pub fn join_for(pid: libc::pid_t, cgroups: &[String], gate: std::os::fd::OwnedFd) {
-    use std::io::Write;
-    let mut failed = None;
-    for procs in cgroups {
-        if let Err(e) = std::fs::write(procs, pid.to_string()) {
-            failed = Some(format!(
-                "could not put worker {pid} into the cgroup {procs}: {e}"
-            ));
-            break;
-        }
-    }
-    if let Some(why) = &failed {
-        // The zygote's stderr goes to the supervisor's log.
-        eprintln!("rvisor-worker (zygote): {why}");
-    }
-    let _ = std::fs::File::from(gate).write_all(if failed.is_none() { b"1" } else { b"0" });
-}
-
 extern "C" fn on_sigxcpu(_sig: libc::c_int) {
     // SAFETY: _exit is async-signal-safe.
     unsafe { libc::_exit(EXIT_CPU_LIMIT) }
@@ -868,11 +798,10 @@ extern "C" fn on_sigxcpu(_sig: libc::c_int) {
 
 /// Confines this process; `work` is its temporary/working directory (a
 /// host path that stays the same inside).
-pub fn apply(c: &Confine, work: &str, join: CgroupJoin) -> Result<(), String> {
-    namespaces(c, &join)?;
+pub fn apply(c: &Confine, work: &str) -> Result<(), String> {
+    namespaces(c)?;
     filesystem(c, work)?;
     limits(c)?;
-    cgroup_namespace(c, join)?;
     credentials(c)?;
     // As pid 1 of its namespace the worker ignores SIGXCPU by default.
     // SAFETY: installs an async-signal-safe handler.

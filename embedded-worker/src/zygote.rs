@@ -539,37 +539,25 @@ fn fork_worker(
     }
     if let Some(c) = &req.confine {
         guard_programs(r);
-        let cgroups = c.cgroups.clone();
         let forked = if c.rootless {
-            Ok(fork_rootless(r, ctl.as_raw_fd(), req.clone(), fds, pipe).map(|p| (p, None)))
+            Ok(fork_rootless(r, ctl.as_raw_fd(), req.clone(), fds, pipe))
         } else {
             fork_confined(r, ctl.as_raw_fd(), req.clone(), fds, pipe)
         };
-        let (msg, join) = match forked? {
-            Ok((pid, gate)) => {
+        let msg = match forked? {
+            Ok(pid) => {
                 confined.insert(pid);
-                let msg = FromZygote::Forked {
+                FromZygote::Forked {
                     worker_id: req.worker_id,
                     pid: pid as u32,
-                };
-                (msg, gate.map(|g| (pid, g)))
+                }
             }
-            Err(message) => {
-                let msg = FromZygote::ForkFailed {
-                    worker_id: req.worker_id,
-                    message,
-                };
-                (msg, None)
-            }
+            Err(message) => FromZygote::ForkFailed {
+                worker_id: req.worker_id,
+                message,
+            },
         };
-        let sent = write_frame(ctl, &msg).map_err(|e| e.to_string());
-        // After the answer: the supervisor goes on while the kernel lets
-        // the worker into its cgroups (the worker waits for it before it
-        // serves anything, confine::CgroupJoin).
-        if let Some((pid, gate)) = join {
-            confine::join_for(pid, &cgroups, gate);
-        }
-        return sent;
+        return write_frame(ctl, &msg).map_err(|e| e.to_string());
     }
     let zygote_pid = std::process::id() as libc::pid_t;
     // SAFETY: the zygote is single-threaded (it starts no threads and BLAS
@@ -577,16 +565,7 @@ fn fork_worker(
     // `become_worker`, which never returns.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        become_worker(
-            r,
-            ctl.as_raw_fd(),
-            req,
-            fds,
-            pipe,
-            zygote_pid,
-            None,
-            confine::CgroupJoin::Itself,
-        );
+        become_worker(r, ctl.as_raw_fd(), req, fds, pipe, zygote_pid, None);
     }
     let error = std::io::Error::last_os_error();
     drop(fds); // the child has its copies
@@ -613,29 +592,18 @@ fn guard_programs(r: &r::R) {
 /// goes back to its own (`setns`), so later forks are not affected. The
 /// worker makes its other namespaces itself (`become_worker`). The outer
 /// `Err` is fatal for the zygote (it could not go back to its own pid
-/// namespace); the inner one is a failed fork. With cgroups to join, the
-/// worker's pid goes into them from here (`confine::join_for`, with the
-/// returned write end of the gate) while the worker sets itself up.
+/// namespace); the inner one is a failed fork.
 fn fork_confined(
     r: &r::R,
     ctl_fd: RawFd,
     req: ForkRequest,
     fds: Vec<OwnedFd>,
     pipe: [RawFd; 2],
-) -> Result<Result<(libc::pid_t, Option<OwnedFd>), String>, String> {
+) -> Result<Result<libc::pid_t, String>, String> {
     let own = OWN_PIDNS.load(Ordering::SeqCst);
     if own < 0 {
         return Ok(Err("the zygote has no handle on its pid namespace".into()));
     }
-    let has_cgroups = req.confine.as_ref().is_some_and(|c| !c.cgroups.is_empty());
-    let gate = if has_cgroups {
-        match cloexec_pipe() {
-            Ok(p) => Some(p),
-            Err(e) => return Ok(Err(format!("could not make the worker's cgroup gate: {e}"))),
-        }
-    } else {
-        None
-    };
     // SAFETY: unshare affects only the pid namespace of this process's
     // next children; the zygote is single-threaded.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
@@ -649,23 +617,12 @@ fn fork_confined(
     // continues in `become_worker`, which never returns.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        let join = match gate {
-            Some((read, write)) => {
-                drop(write);
-                confine::CgroupJoin::ByZygote(read)
-            }
-            None => confine::CgroupJoin::Itself,
-        };
-        become_worker(r, ctl_fd, req, fds, pipe, zygote_pid, None, join);
+        become_worker(r, ctl_fd, req, fds, pipe, zygote_pid, None);
     }
     let fork_error = std::io::Error::last_os_error();
     drop(fds); // the child has its copies
-    let gate = gate.map(|(read, write)| {
-        drop(read);
-        write
-    });
-    // SAFETY: setns with a namespace descriptor we own, back to our own pid
-    // namespace for the children that follow.
+               // SAFETY: setns with a namespace descriptor we own, back to our own pid
+               // namespace for the children that follow.
     if unsafe { libc::setns(own, libc::CLONE_NEWPID) } != 0 {
         return Err(format!(
             "could not return to the zygote's pid namespace: {}",
@@ -675,19 +632,7 @@ fn fork_confined(
     if pid < 0 {
         return Ok(Err(format!("fork failed: {fork_error}")));
     }
-    Ok(Ok((pid, gate)))
-}
-
-/// A pipe whose ends close on exec: (read, write).
-fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    use std::os::fd::FromRawFd;
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 fills the two descriptors of the array we own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 returned two new descriptors that nothing else owns.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(Ok(pid))
 }
 
 /// Rootless mode: forks a confined worker into a new user namespace and,
@@ -718,16 +663,7 @@ fn fork_rootless(
     // `become_worker`, which never returns.
     let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     if pid == 0 {
-        become_worker(
-            r,
-            ctl_fd,
-            req,
-            fds,
-            pipe,
-            zygote_pid,
-            Some(outer),
-            confine::CgroupJoin::Itself,
-        );
+        become_worker(r, ctl_fd, req, fds, pipe, zygote_pid, Some(outer));
     }
     let fork_error = std::io::Error::last_os_error();
     drop(fds); // the child has its copies
@@ -745,9 +681,7 @@ static OWN_PIDNS: AtomicI32 = AtomicI32::new(-1);
 
 /// The child side of a fork: set up, then serve calls; never returns.
 /// `outer_ids`: rootless mode, the zygote's uid and gid to map into the
-/// child's new user namespace; `join`: how a confined worker gets into its
-/// cgroups.
-#[allow(clippy::too_many_arguments)]
+/// child's new user namespace.
 fn become_worker(
     r: &r::R,
     ctl_fd: RawFd,
@@ -756,7 +690,6 @@ fn become_worker(
     pipe: [RawFd; 2],
     parent_pid: libc::pid_t,
     outer_ids: Option<(u32, u32)>,
-    join: confine::CgroupJoin,
 ) -> ! {
     let mut fds = fds.into_iter();
     let (Some(sock), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
@@ -835,7 +768,7 @@ fn become_worker(
             None if c.rootless => Err("a rootless worker was forked without its ids".into()),
             None => Ok(()),
         };
-        if let Err(e) = mapped.and_then(|()| confine::apply(c, &req.temp_dir, join)) {
+        if let Err(e) = mapped.and_then(|()| confine::apply(c, &req.temp_dir)) {
             eprintln!("rvisor-worker: confinement failed, the worker does not start: {e}");
             // SAFETY: end the child at once.
             unsafe { libc::_exit(72) }
