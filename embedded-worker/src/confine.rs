@@ -775,9 +775,7 @@ fn seccomp(exec: bool) -> Result<(), String> {
 /// namespace was made by the zygote when it forked this process.
 fn namespaces(c: &Confine) -> Result<(), String> {
     for procs in &c.cgroups {
-        // "0": the writing process, whatever its pid in this namespace.
-        std::fs::write(procs, "0")
-            .map_err(|e| format!("could not join the cgroup {procs}: {e}"))?;
+        join_cgroup(procs)?;
     }
     let mut flags =
         libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
@@ -789,6 +787,28 @@ fn namespaces(c: &Confine) -> Result<(), String> {
         return Err(err("unshare the worker's namespaces"));
     }
     Ok(())
+}
+
+/// Moves this process into the cgroup whose `cgroup.procs` is `procs`.
+///
+/// A write to `cgroup.procs` moves a whole thread group under the
+/// kernel's cgroup threadgroup rwsem taken for writing, and the first
+/// such taking after a quiet spell waits for an RCU grace period: 5-16 ms
+/// here, most of a confined fork's time. A cgroup v1 `tasks` file moves
+/// one thread, and "0" (the writing thread itself) takes no such lock
+/// (~0.3 ms). The worker is single-threaded here (a fork has only the
+/// forking thread, and the `unshare` of its mount namespace right after
+/// would fail with another thread sharing its file system state), so that
+/// thread is the whole process. Without a `tasks` file it could write
+/// (cgroup v2, a subtree delegated without it), `cgroup.procs` as before.
+fn join_cgroup(procs: &str) -> Result<(), String> {
+    if let Some(dir) = procs.strip_suffix("/cgroup.procs") {
+        if std::fs::write(format!("{dir}/tasks"), "0").is_ok() {
+            return Ok(());
+        }
+    }
+    // "0": the writing process, whatever its pid in this namespace.
+    std::fs::write(procs, "0").map_err(|e| format!("could not join the cgroup {procs}: {e}"))
 }
 
 extern "C" fn on_sigxcpu(_sig: libc::c_int) {
