@@ -1550,7 +1550,8 @@ fn worker_dirs(root: &Path) -> Vec<PathBuf> {
 }
 
 /// A supervisor killed with SIGKILL runs no clean-up: its workers' and
-/// zygotes' directories stay in its temp root (they did for good before).
+/// zygotes' directories, and a `session --jsonl`'s directory of published
+/// tables, stay in its temp root (they did for good before).
 /// The next supervisor that starts on that root removes them, since
 /// nobody holds their locks any more (supervisor/src/tempdir.rs), and
 /// leaves those of a supervisor still running alone: its session goes on
@@ -1604,6 +1605,12 @@ fn a_killed_supervisors_directories_are_removed_by_the_next_one() {
     assert!(
         !killed.is_empty(),
         "a killed supervisor leaves its directories behind"
+    );
+    // Among them the directory of the tables its calls publish (the
+    // table store's `cache` is in it), a scratch directory of its own.
+    assert!(
+        killed.iter().any(|d| d.join("cache").is_dir()),
+        "the killed CLI's table directory is one of {killed:?}"
     );
 
     // The next supervisor on the root removes them (in the background),

@@ -120,16 +120,19 @@ fn to_line(r: &Response<'_>) -> Value {
 
 /// Serves requests from `input` until it ends, writing responses to
 /// `output`; then waits for running calls and closes the sessions. Tables
-/// that calls publish live in a private directory removed at the end.
+/// that calls publish live in a private directory removed at the end (or,
+/// if this process is killed, by the next supervisor's sweep).
 pub fn serve<R: BufRead, W: Write + Send + 'static>(
     sup: &Supervisor,
     input: R,
     output: W,
 ) -> std::io::Result<()> {
-    let dir = std::env::temp_dir().join(format!(
-        "rvisor-jsonl-tables-{}",
-        rvisor::ids::random_hex(6)
-    ));
+    let scratch = sup.scratch_dir().map_err(|e| {
+        std::io::Error::other(format!(
+            "could not make the directory for published tables: {e}"
+        ))
+    })?;
+    let dir = scratch.path().to_path_buf();
     let service = Service::new(
         sup.clone(),
         ServiceConfig {
@@ -147,7 +150,8 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
     )?;
     let served = serve_with(&service, input, output);
     service.close_all();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(service);
+    drop(scratch);
     served
 }
 

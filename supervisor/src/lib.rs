@@ -90,5 +90,6 @@ pub use session::{
     KILLED_OVER_BUDGET, MAX_CHECKPOINT_RETRY, MAX_WATCHERS, RESUMED_MOVED, RESUMED_RESTART,
 };
 pub use supervisor::{Supervisor, SupervisorConfig};
+pub use tempdir::ScratchDir;
 pub use tools::{CallContext, Tool, ToolCall, ToolHandler};
 pub use worker::{Canceller, Interrupter, Worker};

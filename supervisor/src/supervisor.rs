@@ -325,6 +325,13 @@ impl Supervisor {
         mark("supervisor.shut");
     }
 
+    /// A new private directory for the host's own files under the
+    /// workers' temporary root, removed when dropped or, if this process
+    /// is killed, by the next supervisor that starts on that root.
+    pub fn scratch_dir(&self) -> Result<crate::ScratchDir, Error> {
+        crate::ScratchDir::new(&self.inner.cfg.worker.temp_root)
+    }
+
     /// Time since the supervisor was created.
     pub fn uptime(&self) -> Duration {
         self.inner.started.elapsed()

@@ -59,6 +59,25 @@ impl TempDir {
     }
 }
 
+/// A private directory of a host process (mode 0700, `rvisor-<hex>` under
+/// the supervisor's temporary root): removed when dropped, and by the next
+/// supervisor's sweep when the process is killed first, as the workers'
+/// directories are ([`crate::Supervisor::scratch_dir`]; `session --jsonl`
+/// keeps the tables its calls publish in one).
+#[derive(Debug)]
+pub struct ScratchDir(TempDir);
+
+impl ScratchDir {
+    pub(crate) fn new(root: &Path) -> Result<Self, Error> {
+        TempDir::new(root).map(ScratchDir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
 impl TempDir {
     /// Removes the directory and its lock now, ahead of the drop (which
     /// then finds nothing to do): a process may exit before a thread that
