@@ -260,7 +260,6 @@ pub fn warm_up_validation(r: &r::R) {
     }
 }
 
-/// Runs `codes` through the driver, discarding the results.
 /// A forked worker's own call, before its hello (zygote.rs): a value
 /// printed, as most calls do; then `.Last.value` is NULL again, as in a
 /// new R session.
@@ -274,6 +273,7 @@ pub fn warm_up_fork(r: &r::R) {
     }
 }
 
+/// Runs `codes` through the driver, discarding the results.
 fn warm_up_with(r: &r::R, codes: &[&str]) {
     for code in codes {
         let req = rvisor_protocol::RunRequest {

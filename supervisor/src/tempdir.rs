@@ -57,6 +57,21 @@ impl TempDir {
         }
         Ok(Self { path, lock })
     }
+
+    /// Removes the directory and its lock now, ahead of the drop (which
+    /// then finds nothing to do): a process may exit before a thread that
+    /// holds the last handle gets to drop it.
+    pub(crate) fn remove_now(&self) {
+        remove_with_lock(&self.path);
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        // The directory goes while the lock is still held; then the lock.
+        remove_with_lock(&self.path);
+        drop(self.lock.take());
+    }
 }
 
 /// A private directory of a host process (mode 0700, `rvisor-<hex>` under
@@ -78,33 +93,18 @@ impl ScratchDir {
     }
 }
 
-impl TempDir {
-    /// Removes the directory and its lock now, ahead of the drop (which
-    /// then finds nothing to do): a process may exit before a thread that
-    /// holds the last handle gets to drop it.
-    pub(crate) fn remove_now(&self) {
-        remove_with_lock(&self.path);
-    }
+/// The lock file beside directory `dir`: `<dir>.lock`.
+fn lock_path(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    dir.with_file_name(name)
 }
 
 /// Removes a worker's directory `dir` and then the lock file beside it
 /// (held or not: a lock without its directory protects nothing).
 pub(crate) fn remove_with_lock(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
-    if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
-        let _ = std::fs::remove_file(dir.with_file_name(format!("{name}.lock")));
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        // The directory goes while the lock is still held; then the lock.
-        let _ = std::fs::remove_dir_all(&self.path);
-        if let Some((p, file)) = self.lock.take() {
-            let _ = std::fs::remove_file(p);
-            drop(file);
-        }
-    }
+    let _ = std::fs::remove_file(lock_path(dir));
 }
 
 /// `flock(fd, LOCK_EX | LOCK_NB)`: whether this open file now holds it.
@@ -128,7 +128,7 @@ fn hold_lock(root: &Path, name: &str) -> std::io::Result<(PathBuf, File)> {
         let _ = std::fs::remove_file(&new);
         return Err(e);
     }
-    let path = root.join(format!("{name}.lock"));
+    let path = lock_path(&root.join(name));
     if let Err(e) = std::fs::rename(&new, &path) {
         let _ = std::fs::remove_file(&new);
         return Err(e);
