@@ -1202,6 +1202,48 @@ fn a_tenants_file_bytes_survive_a_restart_and_count_on_every_node() {
     });
 }
 
+/// An upload to a session this node has not counted yet, on a node whose
+/// count of the store is stale (here: not read yet) while the store holds
+/// another node's session's files, reads the store's count and is
+/// answered, and the tenant's usage then counts both. (The upload once
+/// held the lock that reading the count takes: it hung, and with it every
+/// later count of the node; the OpenAPI fuzzing found it.)
+#[test]
+fn an_upload_to_an_uncounted_session_reads_the_stores_count() {
+    use rvisor_ffi_tests::cluster::{call, post_json, Node, NodeOptions, Store};
+    let store = rvisor_ffi_tests::TestDir::new("files-count-store");
+    let opts = NodeOptions {
+        store: Store::Dir(store.path()),
+        extra: &["--file-quota-mb", "1"],
+        ..NodeOptions::default()
+    };
+    let new_session = |n: &Node| {
+        let a = post_json(&n.url("/v1/sessions"), "t", json!({}));
+        assert_eq!(a.status, 201, "{a:?}");
+        a.body["id"].as_str().unwrap().to_string()
+    };
+    let upload = |n: &Node, id: &str, name: &str, len: usize| {
+        call(
+            "PUT",
+            &n.url(&format!("/v1/sessions/{id}/files/{name}")),
+            "t",
+            Some(("application/octet-stream", vec![7u8; len])),
+        )
+    };
+    let one = Node::start("n1", &opts);
+    let id = new_session(&one);
+    let up = upload(&one, &id, "a.bin", 1000);
+    assert_eq!(up.status, 201, "{up:?}");
+    // A second node: its first upload, before anything else counted the
+    // tenant's files there (the client gives up after 120 s: a hang fails).
+    let two = Node::start("n2", &opts);
+    let other = new_session(&two);
+    let up = upload(&two, &other, "b.bin", 2000);
+    assert_eq!(up.status, 201, "{up:?}");
+    let u = call("GET", &two.url("/v1/usage"), "t", None);
+    assert_eq!(u.body["file_bytes"], 3000, "{u:?}");
+}
+
 /// The `.objects` folders of a directory store: the files kept beside
 /// checkpoints, by sha256, and their lists.
 fn objects_in(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -257,9 +257,12 @@ impl Service {
     ) -> Result<SessionUpload, ServiceError> {
         let s = self.session(tenant, id)?;
         let limits = *self.file_limits();
-        let this = lock(&self.inner.file_bytes)
-            .get(id)
-            .map(|h| h.bytes)
+        // Its own statement: the guard must be gone before the store's
+        // count is read, which takes the same lock (as one expression the
+        // guard lived through `or_else`, and an upload to a session this
+        // node had not counted, once the count was stale, hung forever).
+        let seen = lock(&self.inner.file_bytes).get(id).map(|h| h.bytes);
+        let this = seen
             .or_else(|| self.stored_file_bytes(tenant).get(id).map(|h| h.bytes))
             .unwrap_or(0);
         let upload = s.begin_upload(name, &limits).map_err(file_error)?;
