@@ -106,7 +106,10 @@ rc=${PIPESTATUS[0]}
 set -e
 took=$(( $(date +%s) - start ))
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-  echo "fuzz-openapi: FAILED: schemathesis did not finish within ${budget} s" >&2
+  # A request that never finished is the usual cause: the server logs
+  # each request when it is answered, so its last lines say where it was.
+  tail -n 20 "$tmp/server.log" >&2
+  echo "fuzz-openapi: FAILED: schemathesis did not finish within ${budget} s (the server's last log lines above)" >&2
   exit 1
 fi
 if ! kill -0 "$pid" 2>/dev/null; then
