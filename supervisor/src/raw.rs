@@ -1,6 +1,6 @@
 //! Output of a process read by background threads until it closes: used for
 //! the zygote's stderr, so a zygote that fails to start can say why. (A
-//! worker's fds 1 and 2 are read by its I/O thread, see worker.rs.)
+//! worker's fds 1 and 2 are read by its link, see worker/io.rs.)
 
 use std::io::Read;
 use std::sync::{Arc, Condvar, Mutex};

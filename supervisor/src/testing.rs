@@ -20,7 +20,7 @@
 
 use crate::error::Error;
 use crate::process::{ExitInfo, TempDir, Transport};
-use crate::worker::{LinkEvent, Worker, WorkerSource};
+use crate::worker::{LinkEvent, LinkRx, LinkTx, Worker, WorkerSource};
 use rvisor_protocol::{
     ErrorInfo, FrameError, FromWorker, Outcome, RunResult, Segment, ToWorker, ToolOutcome,
     WorkerHello, PROTOCOL_VERSION,
@@ -226,7 +226,7 @@ impl Transport for FakeTransport {
 /// The fake "R process": answers frames as the scripts say.
 struct FakeProcess {
     input: Receiver<Input>,
-    events: Sender<LinkEvent>,
+    events: LinkTx,
     exit: Arc<ExitCell>,
     notes: Sender<Note>,
     gate: Arc<Gate>,
@@ -458,7 +458,7 @@ impl Fake {
     /// A worker over a fake transport, after the real handshake.
     pub(crate) fn worker(&self) -> Result<Worker, Error> {
         let (tx, rx) = mpsc::channel();
-        let (events_tx, events) = mpsc::channel();
+        let (events_tx, events) = LinkRx::channel();
         let exit = Arc::new(ExitCell::default());
         let pid = {
             let mut inputs = self.inputs.lock().unwrap_or_else(|e| e.into_inner());

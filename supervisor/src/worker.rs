@@ -3,9 +3,10 @@
 //! survive the worker (results, queue, metadata).
 //!
 //! The worker talks to its process through a [`Transport`] and hears from
-//! it through a channel of [`LinkEvent`]s (fed by the I/O thread of a real
-//! process), so a call's state machine (result, tool calls, cancel,
-//! deadline, kill) runs the same against a fake worker in unit tests.
+//! it as [`LinkEvent`]s ([`io::LinkRx`]: a real process's socket, read by
+//! the call loop itself, and what other threads send), so a call's state
+//! machine (result, tool calls, cancel, deadline, kill) runs the same
+//! against a fake worker in unit tests, whose events come over a channel.
 
 use crate::call::{cpu_limit_result, mark_stopped, push_raw, validate_call, Stop};
 use crate::error::{CheckpointError, Error, ValidateError};
@@ -23,8 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ pub use crate::call::CallOptions;
 pub use crate::process::{locate_worker, ExitInfo, WorkerConfig};
 
 mod io;
-use io::io_thread;
+pub(crate) use io::{LinkRx, LinkTx};
 
 /// What reaches a worker's call loop: frames from the worker, tool results
 /// from handler threads, cancellation from other threads.
@@ -44,8 +44,8 @@ pub(crate) enum LinkEvent {
     /// Raw output was dropped on these streams (more than
     /// `bounds::RAW_BYTES` between two frames); sent before the next frame.
     RawDropped([bool; 2]),
-    /// The worker announced a frame over the call's limit: the I/O thread
-    /// stopped reading (the link is closed) and the worker must be killed.
+    /// The worker announced a frame over the call's limit: the link
+    /// stopped reading (it is closed) and the worker must be killed.
     Oversized(String),
     /// A frame, or the end of the link (`Err`).
     Frame(Result<FromWorker, String>),
@@ -61,7 +61,7 @@ pub(crate) enum LinkEvent {
 /// Cancels a running call from another thread.
 #[derive(Debug, Clone)]
 pub struct Canceller {
-    tx: Sender<LinkEvent>,
+    tx: LinkTx,
 }
 
 impl Canceller {
@@ -122,18 +122,15 @@ pub(crate) trait WorkerSource: Send + 'static {
 #[derive(Debug)]
 pub struct Worker {
     transport: Box<dyn Transport>,
-    events: Receiver<LinkEvent>,
-    events_tx: Sender<LinkEvent>,
+    events: LinkRx,
+    events_tx: LinkTx,
     /// Raw output that arrived and has not been attached to a result yet.
     raw: [Vec<u8>; 2],
     /// Raw output was dropped since the last result (per stream).
     raw_dropped: [bool; 2],
-    /// The largest frame the I/O thread reads (shared with it): set from
-    /// the output cap of each call.
-    frame_limit: Arc<AtomicU64>,
     /// The output cap of the call running or last run.
     call_cap: u64,
-    /// The link's I/O thread has reported the end of the link.
+    /// The link has reported its end.
     link_closed: bool,
     /// A cancel read while no call ran, by execution id: a state, so the
     /// call it names is not sent (the message was already consumed).
@@ -173,8 +170,8 @@ impl Worker {
         Self::connect(Proc::Spawned(child), parent, pipes, tmp, remaining, t0)
     }
 
-    /// Starts the I/O thread of a started worker process, then says hello
-    /// and waits for R to be ready.
+    /// Opens the link of a started worker process (its pipes' thread
+    /// starts), then says hello and waits for R to be ready.
     pub(crate) fn connect(
         proc: Proc,
         parent: UnixStream,
@@ -187,37 +184,23 @@ impl Worker {
             what: "clone the worker socket",
             source,
         })?;
-        let (events_tx, events) = mpsc::channel();
-        let tx = events_tx.clone();
-        let frame_limit = Arc::new(AtomicU64::new(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES)));
-        let limit = frame_limit.clone();
-        std::thread::Builder::new()
-            .name("rvisor-worker-io".into())
-            .spawn(move || io_thread(reader, pipes, tx, limit))
+        let link = LinkRx::open(reader, pipes, result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES))
             .map_err(|source| Error::Io {
-                what: "start the worker I/O thread",
+                what: "open the worker's link",
                 source,
             })?;
         let transport = OsTransport {
             proc,
             stream: parent,
         };
-        let mut w = Self::handshake(
-            Box::new(transport),
-            (events_tx, events),
-            tmp,
-            startup_timeout,
-            t0,
-        )?;
-        w.frame_limit = frame_limit;
-        Ok(w)
+        Self::handshake(Box::new(transport), link, tmp, startup_timeout, t0)
     }
 
     /// Says hello over `transport` and waits (up to `startup_timeout`) for
     /// the worker's answer on `events`.
     pub(crate) fn handshake(
         transport: Box<dyn Transport>,
-        (events_tx, events): (Sender<LinkEvent>, Receiver<LinkEvent>),
+        (events_tx, events): (LinkTx, LinkRx),
         tmp: TempDir,
         startup_timeout: Duration,
         t0: Instant,
@@ -228,7 +211,6 @@ impl Worker {
             events_tx,
             raw: [Vec::new(), Vec::new()],
             raw_dropped: [false; 2],
-            frame_limit: Arc::new(AtomicU64::new(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES))),
             call_cap: DEFAULT_MAX_OUTPUT_BYTES,
             link_closed: false,
             cancel_asked: None,
@@ -255,7 +237,7 @@ impl Worker {
             )
             .map_err(|e| Error::Startup(format!("the worker closed its link at once ({e})")))?;
         let first = loop {
-            match w.events.recv_timeout(startup_timeout) {
+            match w.events.recv_timeout(Some(startup_timeout)) {
                 Ok(LinkEvent::Raw(raw)) => w.keep_raw(raw),
                 Ok(LinkEvent::Cancel(id)) => w.cancel_asked = Some(id),
                 Ok(LinkEvent::Frame(f)) => break Ok(f),
@@ -546,10 +528,9 @@ impl Worker {
         // more is killed (see `io_thread`).
         self.call_cap = opts.max_output_bytes;
         self.raw_dropped = [false; 2];
-        self.frame_limit.store(
+        self.events.set_frame_limit(
             result_frame_limit(opts.max_output_bytes)
                 .max(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES)),
-            Ordering::Relaxed,
         );
         let req = RunRequest {
             seq,
@@ -610,15 +591,9 @@ impl Worker {
                 (Some(_), None) => Some(Instant::now() + CPU_POLL),
                 (None, t) => t,
             };
-            let event = match until {
-                Some(t) => self
-                    .events
-                    .recv_timeout(t.saturating_duration_since(Instant::now())),
-                None => self
-                    .events
-                    .recv()
-                    .map_err(|_| RecvTimeoutError::Disconnected),
-            };
+            let event = self
+                .events
+                .recv_timeout(until.map(|t| t.saturating_duration_since(Instant::now())));
             match event {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
                 Ok(LinkEvent::RawDropped(d)) => self.note_dropped(d),
@@ -782,7 +757,7 @@ impl Worker {
         }
     }
 
-    /// Notes raw output the I/O thread dropped.
+    /// Notes raw output the link dropped.
     fn note_dropped(&mut self, dropped: [bool; 2]) {
         for (mine, d) in self.raw_dropped.iter_mut().zip(dropped) {
             *mine |= d;
@@ -890,7 +865,7 @@ impl Worker {
         loop {
             match self
                 .events
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
+                .recv_timeout(Some(end.saturating_duration_since(Instant::now())))
             {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
                 Ok(LinkEvent::Frame(Ok(FromWorker::Validation { json }))) => {
@@ -1036,7 +1011,7 @@ impl Worker {
         loop {
             match self
                 .events
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
+                .recv_timeout(Some(end.saturating_duration_since(Instant::now())))
             {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
                 Ok(LinkEvent::Frame(Ok(
@@ -1093,14 +1068,14 @@ impl Worker {
         }
     }
 
-    /// Waits (bounded) for the I/O thread to report the end of the link,
+    /// Waits (bounded) for the link to report its end,
     /// keeping the raw output that came with it.
     fn collect_until_closed(&mut self, wait: Duration) {
         let end = Instant::now() + wait;
         while !self.link_closed {
             match self
                 .events
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
+                .recv_timeout(Some(end.saturating_duration_since(Instant::now())))
             {
                 Ok(LinkEvent::Raw(raw)) => self.keep_raw(raw),
                 Ok(LinkEvent::RawDropped(d)) => self.note_dropped(d),
@@ -1122,7 +1097,7 @@ impl Worker {
     /// Whether the worker's link has closed while no call was running (the
     /// worker died while idle). Drains stale events of earlier calls.
     pub fn link_closed(&mut self) -> bool {
-        while let Ok(ev) = self.events.try_recv() {
+        while let Some(ev) = self.events.try_recv() {
             match ev {
                 LinkEvent::Raw(raw) => self.keep_raw(raw),
                 LinkEvent::RawDropped(d) => self.note_dropped(d),
@@ -1137,7 +1112,7 @@ impl Worker {
                 _ => {}
             }
         }
-        // The I/O thread may not have seen the hang-up yet: ask the link.
+        // The link may not have been read since the hang-up: ask the socket.
         self.link_closed || self.transport.peer_gone()
     }
 

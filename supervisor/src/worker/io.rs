@@ -1,24 +1,33 @@
-//! The supervisor's side of a worker's link: the one thread that reads the
-//! worker's socket (its frames, [`FrameReader`]) and its stdout and stderr
-//! pipes ([`RawPipes`]), and hands what it read to the call loop as
-//! [`LinkEvent`]s.
+//! The supervisor's side of a worker's link. The call loop reads the
+//! worker's socket itself ([`LinkRx`], frames through a [`FrameReader`]):
+//! a result wakes the thread that waits for it, with no hand-over between
+//! threads. A thread of the link's own reads the worker's stdout and
+//! stderr pipes as they fill ([`RawPipes`], shared with the call loop),
+//! so a flood never blocks the worker; at each frame the call loop drains
+//! them too, so what a call printed before its result is that result's.
+//! Tool results and cancels from other threads come through a channel
+//! ([`LinkTx`]) whose sends wake the call loop's poll (an eventfd).
 
 use super::LinkEvent;
 use rvisor_protocol::bounds;
 use rvisor_protocol::FromWorker;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Reads everything available from a non-blocking pipe into `buf`, keeping
 /// at most `budget` more bytes (the rest is read and dropped, so the writer
-/// never blocks on a full pipe). Returns whether the pipe is still open and
-/// whether bytes were dropped.
-fn drain_pipe(fd: &OwnedFd, buf: &mut Vec<u8>, budget: &mut usize) -> (bool, bool) {
-    let mut chunk = [0u8; 16 * 1024];
+/// never blocks on a full pipe), through `chunk`. Returns whether the pipe
+/// is still open and whether bytes were dropped.
+fn drain_pipe(
+    fd: &OwnedFd,
+    buf: &mut Vec<u8>,
+    budget: &mut usize,
+    chunk: &mut [u8],
+) -> (bool, bool) {
     let mut dropped = false;
     loop {
         // SAFETY: read(2) into our buffer from a descriptor we own.
@@ -52,8 +61,8 @@ fn pipe_pollfd(fd: &OwnedFd, open: bool) -> libc::pollfd {
     }
 }
 
-/// The raw output side of the I/O thread: both pipes, what was read and not
-/// yet sent, and how much more may be kept before the next frame
+/// The raw output side of the link: both pipes, what was read and not yet
+/// handed over, and how much more may be kept before the next frame
 /// (`bounds::RAW_BYTES` per stream), so a flood from the worker or from a
 /// process it left behind never grows the supervisor's memory, whether a
 /// call is running (and consuming the events) or not.
@@ -63,6 +72,8 @@ struct RawPipes {
     bufs: [Vec<u8>; 2],
     budget: [usize; 2],
     dropped: [bool; 2],
+    /// What each read(2) reads into (allocated once).
+    chunk: Box<[u8]>,
 }
 
 impl RawPipes {
@@ -80,42 +91,47 @@ impl RawPipes {
             bufs: [Vec::new(), Vec::new()],
             budget: [bounds::RAW_BYTES; 2],
             dropped: [false; 2],
+            chunk: vec![0u8; 16 * 1024].into_boxed_slice(),
         }
     }
 
     /// Drains pipe `i` if it is open.
     fn drain(&mut self, i: usize) {
         if self.open[i] {
-            let (open, dropped) =
-                drain_pipe(&self.pipes[i], &mut self.bufs[i], &mut self.budget[i]);
+            let (open, dropped) = drain_pipe(
+                &self.pipes[i],
+                &mut self.bufs[i],
+                &mut self.budget[i],
+                &mut self.chunk,
+            );
             self.open[i] = open;
             self.dropped[i] |= dropped;
         }
     }
 
-    /// Sends what was read (and what was dropped) to the call loop.
-    fn flush(&mut self, tx: &Sender<LinkEvent>) {
+    /// Hands over what was read (and what was dropped) as events.
+    fn flush(&mut self, out: &mut dyn FnMut(LinkEvent)) {
         if !self.bufs[0].is_empty() || !self.bufs[1].is_empty() {
-            let _ = tx.send(LinkEvent::Raw(std::mem::take(&mut self.bufs)));
+            out(LinkEvent::Raw(std::mem::take(&mut self.bufs)));
         }
         if self.dropped.contains(&true) {
-            let _ = tx.send(LinkEvent::RawDropped(std::mem::take(&mut self.dropped)));
+            out(LinkEvent::RawDropped(std::mem::take(&mut self.dropped)));
         }
     }
 
     /// A frame came: everything before it belongs to that frame's call, and
     /// the next call gets a full budget.
-    fn frame_boundary(&mut self, tx: &Sender<LinkEvent>) {
+    fn frame_boundary(&mut self, out: &mut dyn FnMut(LinkEvent)) {
         self.drain(0);
         self.drain(1);
-        self.flush(tx);
+        self.flush(out);
         self.budget = [bounds::RAW_BYTES; 2];
     }
 
     /// The worker is gone: collect what it printed on its way out (a crash
     /// report), waiting briefly for the pipes to close (a background child
     /// may hold them open).
-    fn finish(&mut self, tx: &Sender<LinkEvent>) {
+    fn finish(&mut self, out: &mut dyn FnMut(LinkEvent)) {
         let end = Instant::now() + Duration::from_millis(200);
         while self.open.iter().any(|o| *o) {
             let left = end.saturating_duration_since(Instant::now());
@@ -131,7 +147,7 @@ impl RawPipes {
             self.drain(0);
             self.drain(1);
         }
-        self.flush(tx);
+        self.flush(out);
     }
 }
 
@@ -205,12 +221,11 @@ impl FrameReader {
         Some(frame)
     }
 
-    /// Reads what the socket has (it polled readable). Once a frame's
+    /// Reads what the socket has (it polled readable), without waiting:
+    /// a part of a frame is kept until the rest comes. Once a frame's
     /// length is known and its payload is larger than the room left, the
-    /// room is made and the rest of it read at once, as the worker is
-    /// sending it.
-    fn fill(&mut self, sock: &mut UnixStream, limit: u64) -> Result<(), ReadError> {
-        use std::io::Read;
+    /// room is made for all of it.
+    fn fill(&mut self, sock: &UnixStream, limit: u64) -> Result<(), ReadError> {
         let need = match self.next_len() {
             Some(len) if len <= limit => 4 + len as usize,
             _ => 4,
@@ -224,112 +239,321 @@ impl FrameReader {
                 self.buf.resize(need, 0);
             }
         }
-        let big = need > READ_CHUNK;
         loop {
-            let got = if big {
-                let to = self.start + need;
-                sock.read_exact(&mut self.buf[self.end..to])
-                    .map(|()| to - self.end)
-            } else {
-                sock.read(&mut self.buf[self.end..])
+            let room = &mut self.buf[self.end..];
+            // SAFETY: recv(2) into the part of our buffer past `end`, from a
+            // socket we hold open; MSG_DONTWAIT keeps the call loop's own
+            // poll the only place it waits.
+            let n = unsafe {
+                libc::recv(
+                    sock.as_raw_fd(),
+                    room.as_mut_ptr().cast(),
+                    room.len(),
+                    libc::MSG_DONTWAIT,
+                )
             };
-            match got {
-                Ok(0) if self.has_partial() => {
-                    return Err(ReadError::Link("the link ended inside a frame".into()))
-                }
-                Ok(0) => return Err(ReadError::Link("the peer closed the connection".into())),
-                Ok(n) => {
-                    self.end += n;
-                    return Ok(());
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Err(ReadError::Link("the link ended inside a frame".into()))
-                }
-                Err(e) => return Err(ReadError::Link(format!("failed to read a frame: {e}"))),
+            if n > 0 {
+                self.end += n as usize;
+                return Ok(());
+            }
+            if n == 0 {
+                return Err(ReadError::Link(if self.has_partial() {
+                    "the link ended inside a frame".into()
+                } else {
+                    "the peer closed the connection".into()
+                }));
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => {}
+                std::io::ErrorKind::WouldBlock => return Ok(()),
+                _ => return Err(ReadError::Link(format!("failed to read a frame: {e}"))),
             }
         }
     }
 }
 
-/// The one thread that reads a worker's socket and its stdout/stderr
-/// pipes. Reading all three in one thread is what makes raw output land in
-/// the right result without any marker: everything the call wrote to its
-/// fds (itself, or child processes it waited for) is in the pipes before
-/// the worker sends the result frame, so draining the pipes right after
-/// reading that frame gets all of it. Frames are read up to `frame_limit`
-/// bytes (set per call from its output cap); a larger one is never read:
-/// the thread reports it and stops, and the call loop kills the worker.
-pub(super) fn io_thread(
-    mut sock: UnixStream,
-    pipes: [OwnedFd; 2],
+/// The sending side of a worker's link events (tool results, cancels,
+/// raw output handed over in pieces): a channel, and for a real worker the
+/// eventfd that wakes its call loop's poll.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkTx {
     tx: Sender<LinkEvent>,
-    frame_limit: Arc<AtomicU64>,
-) {
-    let mut raw = RawPipes::new(pipes);
-    let mut frames = FrameReader::new();
-    loop {
-        // The frames read whole so far, in order; after each, the pipes
-        // are drained (what the call printed before its result is its).
-        let limit = frame_limit.load(Ordering::Relaxed);
-        while let Some(frame) = frames.take(limit) {
+    wake: Option<Arc<OwnedFd>>,
+}
+
+impl LinkTx {
+    /// Queues `ev` for the call loop and wakes it. `Err`: the worker (its
+    /// call loop's side) is gone.
+    pub(crate) fn send(&self, ev: LinkEvent) -> Result<(), ()> {
+        self.tx.send(ev).map_err(|_| ())?;
+        if let Some(w) = &self.wake {
+            let one = 1u64;
+            // SAFETY: write(2) of 8 bytes from a local to an eventfd we hold
+            // open; a full counter (EAGAIN) already wakes the poll.
+            unsafe { libc::write(w.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+        Ok(())
+    }
+}
+
+/// The call loop's side of a worker's link: the events other threads sent
+/// ([`LinkTx`]) and, for a real worker, its socket, read here.
+pub(crate) struct LinkRx {
+    rx: Receiver<LinkEvent>,
+    sock: Option<SockSide>,
+}
+
+impl std::fmt::Debug for LinkRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkRx")
+            .field("socket", &self.sock.as_ref().map(|s| s.sock.as_raw_fd()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A real worker's socket as the call loop reads it.
+struct SockSide {
+    sock: UnixStream,
+    frames: FrameReader,
+    raw: Arc<Mutex<RawPipes>>,
+    wake: Arc<OwnedFd>,
+    /// Events read and not yet returned, in order.
+    pending: VecDeque<LinkEvent>,
+    /// The link ended (EOF, a broken frame, an oversized one): the socket
+    /// is read no more.
+    ended: bool,
+    /// The largest frame read (set from the output cap of each call).
+    limit: u64,
+    /// Dropped with this side: the pipes' thread then ends.
+    _stop: OwnedFd,
+}
+
+fn lock(raw: &Mutex<RawPipes>) -> MutexGuard<'_, RawPipes> {
+    raw.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SockSide {
+    /// Reads what the socket has and turns every whole frame into events
+    /// (the pipes drained before each, so its call's raw output comes
+    /// first).
+    fn read(&mut self) {
+        if let Err(e) = self.frames.fill(&self.sock, self.limit) {
+            if let ReadError::Link(e) = e {
+                self.end(e);
+            }
+            return;
+        }
+        while let Some(frame) = self.frames.take(self.limit) {
+            let pending = &mut self.pending;
             match frame {
                 Ok(frame) => {
-                    raw.frame_boundary(&tx);
-                    if tx.send(LinkEvent::Frame(Ok(frame))).is_err() {
-                        return;
-                    }
+                    lock(&self.raw).frame_boundary(&mut |ev| pending.push_back(ev));
+                    pending.push_back(LinkEvent::Frame(Ok(frame)));
                 }
                 Err(ReadError::Oversized { len, limit }) => {
-                    let _ = sock.shutdown(std::net::Shutdown::Both);
-                    raw.flush(&tx);
+                    let _ = self.sock.shutdown(std::net::Shutdown::Both);
+                    lock(&self.raw).flush(&mut |ev| pending.push_back(ev));
                     let why = format!(
                         "the worker sent a frame of {len} bytes, over this call's limit of \
                          {limit} bytes (4 x max_output_bytes + {} MiB); it was killed",
                         bounds::FRAME_OVERHEAD_BYTES >> 20
                     );
-                    let _ = tx.send(LinkEvent::Oversized(why.clone()));
-                    let _ = tx.send(LinkEvent::Frame(Err(why)));
+                    pending.push_back(LinkEvent::Oversized(why.clone()));
+                    pending.push_back(LinkEvent::Frame(Err(why)));
+                    self.ended = true;
                     return;
                 }
                 Err(ReadError::Link(e)) => {
-                    raw.finish(&tx);
-                    let _ = tx.send(LinkEvent::Frame(Err(e)));
+                    self.end(e);
                     return;
                 }
             }
         }
-        let mut fds = [
-            libc::pollfd {
-                fd: sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
+    }
+
+    /// The link ended: what the worker printed on its way out, then the end.
+    fn end(&mut self, why: String) {
+        let pending = &mut self.pending;
+        lock(&self.raw).finish(&mut |ev| pending.push_back(ev));
+        pending.push_back(LinkEvent::Frame(Err(why)));
+        self.ended = true;
+    }
+}
+
+impl LinkRx {
+    /// A link of events only (a fake worker's, in unit tests).
+    #[cfg(test)]
+    pub(crate) fn channel() -> (LinkTx, LinkRx) {
+        let (tx, rx) = mpsc::channel();
+        (LinkTx { tx, wake: None }, LinkRx { rx, sock: None })
+    }
+
+    /// The link of a real worker: its socket (a clone of the one requests
+    /// are written to) and its stdout and stderr pipes, whose thread it
+    /// starts.
+    pub(crate) fn open(
+        sock: UnixStream,
+        pipes: [OwnedFd; 2],
+        limit: u64,
+    ) -> std::io::Result<(LinkTx, LinkRx)> {
+        // SAFETY: eventfd(2) returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned here alone.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let (stop_r, stop_w) = super::pipe()?;
+        let (tx, rx) = mpsc::channel();
+        let tx = LinkTx {
+            tx,
+            wake: Some(wake.clone()),
+        };
+        let raw = Arc::new(Mutex::new(RawPipes::new(pipes)));
+        let (thread_raw, thread_tx) = (raw.clone(), tx.clone());
+        std::thread::Builder::new()
+            .name("rvisor-worker-io".into())
+            .spawn(move || pipes_thread(&thread_raw, &stop_r, &thread_tx))?;
+        let side = SockSide {
+            sock,
+            frames: FrameReader::new(),
+            raw,
+            wake,
+            pending: VecDeque::new(),
+            ended: false,
+            limit,
+            _stop: stop_w,
+        };
+        Ok((
+            tx,
+            LinkRx {
+                rx,
+                sock: Some(side),
             },
-            pipe_pollfd(&raw.pipes[0], raw.open[0]),
-            pipe_pollfd(&raw.pipes[1], raw.open[1]),
-        ];
+        ))
+    }
+
+    /// The largest frame read from now on.
+    pub(crate) fn set_frame_limit(&mut self, limit: u64) {
+        if let Some(s) = &mut self.sock {
+            s.limit = limit;
+        }
+    }
+
+    /// An event already there (sent, or read before), without reading the
+    /// socket.
+    pub(crate) fn try_recv(&mut self) -> Option<LinkEvent> {
+        if let Some(ev) = self.sock.as_mut().and_then(|s| s.pending.pop_front()) {
+            return Some(ev);
+        }
+        self.rx.try_recv().ok()
+    }
+
+    /// The next event, waiting at most `wait` (`None`: as long as it takes).
+    pub(crate) fn recv_timeout(
+        &mut self,
+        wait: Option<Duration>,
+    ) -> Result<LinkEvent, RecvTimeoutError> {
+        let end = wait.and_then(|w| Instant::now().checked_add(w));
+        loop {
+            if let Some(ev) = self.sock.as_mut().and_then(|s| s.pending.pop_front()) {
+                return Ok(ev);
+            }
+            match self.rx.try_recv() {
+                Ok(ev) => return Ok(ev),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {}
+            }
+            let left = end.map(|e| e.saturating_duration_since(Instant::now()));
+            let side = match &mut self.sock {
+                Some(s) if !s.ended => s,
+                // Nothing more to read: only what other threads send.
+                _ => {
+                    return match left {
+                        Some(l) => self.rx.recv_timeout(l),
+                        None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    }
+                }
+            };
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(RecvTimeoutError::Timeout);
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: side.sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: side.wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // Whole milliseconds, rounded up: a deadline is never early.
+            let ms = left.map_or(-1, |l| {
+                i32::try_from(l.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+            });
+            // SAFETY: poll on two pollfds we own.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if n <= 0 {
+                continue; // EINTR, or the time is up (checked above)
+            }
+            if fds[1].revents != 0 {
+                let mut count = 0u64;
+                // SAFETY: read(2) of the eventfd's 8-byte counter into a
+                // local; it resets it (sends before this are in the channel).
+                unsafe { libc::read(side.wake.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+            }
+            if fds[0].revents != 0 {
+                side.read();
+            }
+        }
+    }
+}
+
+/// The pipes' thread: reads the worker's stdout and stderr as they fill,
+/// so the worker (or a process it left behind) never blocks on a full
+/// pipe, and hands them to the call loop in pieces of at most 1 MiB, the
+/// rest waiting for the next frame. It ends when both pipes close or the
+/// link's reading side is dropped (`stop` hangs up).
+fn pipes_thread(raw: &Mutex<RawPipes>, stop: &OwnedFd, tx: &LinkTx) {
+    loop {
+        let mut fds = {
+            let r = lock(raw);
+            if !r.open.contains(&true) {
+                return;
+            }
+            [
+                pipe_pollfd(&r.pipes[0], r.open[0]),
+                pipe_pollfd(&r.pipes[1], r.open[1]),
+                libc::pollfd {
+                    fd: stop.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ]
+        };
         // SAFETY: poll on three pollfds we own (negative fds are ignored).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
         if n < 0 {
             continue; // EINTR
         }
-        for i in 0..2 {
-            if fds[i + 1].revents != 0 {
-                raw.drain(i);
+        if fds[2].revents != 0 {
+            return;
+        }
+        let mut r = lock(raw);
+        for (i, fd) in fds[..2].iter().enumerate() {
+            if fd.revents != 0 {
+                r.drain(i);
             }
         }
         // Hand over in pieces: the call loop keeps at most its share.
-        if raw.bufs[0].len() + raw.bufs[1].len() > 1024 * 1024 {
-            raw.flush(&tx);
-        }
-        if fds[0].revents == 0 {
-            continue;
-        }
-        if let Err(e) = frames.fill(&mut sock, limit) {
-            let ReadError::Link(e) = e else { continue };
-            raw.finish(&tx);
-            let _ = tx.send(LinkEvent::Frame(Err(e)));
-            return;
+        if r.bufs[0].len() + r.bufs[1].len() > 1024 * 1024 {
+            r.flush(&mut |ev| {
+                let _ = tx.send(ev);
+            });
         }
     }
 }
@@ -359,7 +583,7 @@ mod tests {
     /// a read.
     fn read_frames(
         reader: &mut FrameReader,
-        sock: &mut UnixStream,
+        sock: &UnixStream,
         n: usize,
         limit: u64,
     ) -> Result<Vec<FromWorker>, String> {
@@ -369,10 +593,19 @@ mod tests {
                 Some(Ok(f)) => got.push(f),
                 Some(Err(ReadError::Link(e))) => return Err(e),
                 Some(Err(ReadError::Oversized { len, .. })) => return Err(format!("over: {len}")),
-                None => reader.fill(sock, limit).map_err(|e| match e {
-                    ReadError::Link(e) => e,
-                    ReadError::Oversized { .. } => unreachable!("fill does not judge sizes"),
-                })?,
+                None => {
+                    let mut pfd = libc::pollfd {
+                        fd: sock.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: poll on one pollfd we own.
+                    unsafe { libc::poll(&mut pfd, 1, -1) };
+                    reader.fill(sock, limit).map_err(|e| match e {
+                        ReadError::Link(e) => e,
+                        ReadError::Oversized { .. } => unreachable!("fill does not judge sizes"),
+                    })?
+                }
             }
         }
         Ok(got)
@@ -380,7 +613,7 @@ mod tests {
 
     #[test]
     fn frames_are_split_and_joined_however_they_arrive() {
-        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let (mut a, b) = UnixStream::pair().unwrap();
         // Small frames, a large one (several reads, a grown buffer), small
         // again: sent in pieces of every size across frame boundaries.
         let big = serde_json::Value::String("x".repeat(3 * READ_CHUNK));
@@ -405,7 +638,7 @@ mod tests {
             }
         });
         let mut reader = FrameReader::new();
-        let got = read_frames(&mut reader, &mut b, msgs.len(), u64::MAX).unwrap();
+        let got = read_frames(&mut reader, &b, msgs.len(), u64::MAX).unwrap();
         writer.join().unwrap();
         assert_eq!(got, msgs);
         assert!(!reader.has_partial());
@@ -414,27 +647,27 @@ mod tests {
 
     #[test]
     fn an_oversized_frame_is_refused_from_its_length_and_an_end_is_told_apart() {
-        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let (mut a, b) = UnixStream::pair().unwrap();
         let small = tool_call(1, serde_json::json!(1));
         let large = tool_call(2, serde_json::Value::String("y".repeat(1000)));
         a.write_all(&frame(&small)).unwrap();
         // Only the length of the large one: it is refused without its payload.
         a.write_all(&frame(&large)[..4]).unwrap();
         let mut reader = FrameReader::new();
-        let got = read_frames(&mut reader, &mut b, 1, 500).unwrap();
+        let got = read_frames(&mut reader, &b, 1, 500).unwrap();
         assert_eq!(got, vec![small]);
-        let over = read_frames(&mut reader, &mut b, 1, 500).unwrap_err();
+        let over = read_frames(&mut reader, &b, 1, 500).unwrap_err();
         assert!(over.starts_with("over: "), "{over}");
 
         // A link that ends inside a frame, and one that ends between frames.
-        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let (mut a, b) = UnixStream::pair().unwrap();
         a.write_all(&frame(&large)[..10]).unwrap();
         drop(a);
-        let e = read_frames(&mut FrameReader::new(), &mut b, 1, u64::MAX).unwrap_err();
+        let e = read_frames(&mut FrameReader::new(), &b, 1, u64::MAX).unwrap_err();
         assert!(e.contains("inside a frame"), "{e}");
-        let (a, mut b) = UnixStream::pair().unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
         drop(a);
-        let e = read_frames(&mut FrameReader::new(), &mut b, 1, u64::MAX).unwrap_err();
+        let e = read_frames(&mut FrameReader::new(), &b, 1, u64::MAX).unwrap_err();
         assert!(e.contains("closed"), "{e}");
     }
 }
