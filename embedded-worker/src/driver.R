@@ -1001,20 +1001,30 @@ env_strings <- function() .Internal(Sys.getenv(character(), ""))
 ## worker.
 on_demand <- function(...) {
   env <- environment(on_demand)
-  for (text in c(...)) {
-    for (e in parse(text = text, keep.source = FALSE)) {
-      if (!is.call(e) || !identical(e[[1L]], as.name("<-")) || !is.name(e[[2L]]))
-        stop("a part loaded on demand may only assign names at top level")
-      name <- as.character(e[[2L]])
-      eval(bquote(delayedAssign(.(name), load_part(.(text), .(name)),
-                                eval.env = .(env), assign.env = .(env))))
-    }
+  args <- list(...)
+  # Pairs: a part's text, then the names it assigns (found by the worker at
+  # build time, so no part is parsed here: that took ~4 ms of each start).
+  # seq_len (a primitive): seq() would force base's lazily loaded
+  # seq.default into every worker's heap (~1,300 cons cells).
+  for (i in seq_len(length(args) %/% 2L)) {
+    text <- args[[2L * i - 1L]]
+    names <- args[[2L * i]]
+    # call() is a primitive (bquote() is a closure, twice as slow here).
+    for (name in names)
+      eval(call("delayedAssign", name, call("load_part", text, name, names), env, env))
   }
   invisible()
 }
 
-load_part <- function(text, name) {
+load_part <- function(text, name, names) {
   env <- environment(load_part)
-  for (e in parse(text = text, keep.source = FALSE)) eval(e, env)
+  for (e in parse(text = text, keep.source = FALSE)) {
+    # The names were read from the text without R's parser: a part that
+    # does anything else at top level is refused as soon as it is loaded.
+    if (!is.call(e) || !identical(e[[1L]], as.name("<-")) || !is.name(e[[2L]]) ||
+        !(as.character(e[[2L]]) %in% names))
+      stop("a part loaded on demand may only assign, at top level, the names it declares")
+    eval(e, env)
+  }
   get(name, envir = env, inherits = FALSE)
 }

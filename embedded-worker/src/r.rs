@@ -324,6 +324,25 @@ fn without_comment_lines(text: &str) -> String {
         })
 }
 
+/// The names a part assigns at top level: its lines that start, at column
+/// 0, with a name and `<-` (a part is only such assignments, indented
+/// bodies and comments; the driver's `load_part` refuses one that is not
+/// as soon as it is loaded).
+fn part_names(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.split_once("<-")?;
+            let name = name.trim_end();
+            let first = name.chars().next()?;
+            let ok = (first.is_ascii_alphabetic() || first == '.')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '_');
+            (ok && !rest.starts_with('-')).then_some(name)
+        })
+        .collect()
+}
+
 /// Where R's hooks and the driver's native routines deliver what they get.
 /// Set once by [`start`]; plain function pointers, so the callbacks below
 /// can reach them from `extern "C"` frames without knowing their modules.
@@ -1009,9 +1028,17 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         // user's gc() would count).
         let tok = RThread::assume();
         protected(tok, |scope| {
-            let parts =
-                DRIVER_PARTS.map(|text| scope.protect(mk_string(&without_comment_lines(text))));
-            call_driver(driver, c"on_demand", &parts).map(|_| ())
+            let mut args = Vec::with_capacity(2 * DRIVER_PARTS.len());
+            for text in DRIVER_PARTS {
+                args.push(scope.protect(mk_string(&without_comment_lines(text))));
+                let names = part_names(text);
+                let v = scope.protect(Rf_allocVector(SEXPTYPE::STRSXP, names.len() as R_xlen_t));
+                for (i, n) in names.iter().enumerate() {
+                    SET_STRING_ELT(v, i as R_xlen_t, mk_char(n));
+                }
+                args.push(v);
+            }
+            call_driver(driver, c"on_demand", &args).map(|_| ())
         })
         .map_err(|e| format!("failed to bind the driver's parts: {e}"))?;
         eval_string(&driver_caps(), driver)
@@ -1056,4 +1083,30 @@ pub fn r_string(s: &str) -> String {
     }
     out.push('\'');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parts_names_are_its_top_level_assignments() {
+        let text = "## a comment\nfirst <- function(x) {\n  inner <- x\n  inner\n}\n\
+                    .dotted_2 <- 1\nx[1] <- 2\nnot_this <<- 3\n# gone <- 4\n";
+        assert_eq!(part_names(text), vec!["first", ".dotted_2"]);
+        // Every part the driver loads on demand declares what it assigns.
+        let all: Vec<&str> = DRIVER_PARTS.iter().flat_map(|p| part_names(p)).collect();
+        for p in DRIVER_PARTS {
+            assert!(!part_names(p).is_empty());
+        }
+        for known in [
+            "validate",
+            "checkpoint_state",
+            "restore_state",
+            "show_table",
+            "install_input",
+        ] {
+            assert!(all.contains(&known), "{known} in {all:?}");
+        }
+    }
 }
