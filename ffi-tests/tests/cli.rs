@@ -8,10 +8,33 @@ fn rvisor() -> Command {
     Command::new(rvisor_ffi_tests::rvisor_bin())
 }
 
-fn script(text: &str) -> PathBuf {
+fn script(text: &str) -> Script {
     let p = std::env::temp_dir().join(format!("rvisor-cli-{}.R", rvisor::ids::random_hex(6)));
     std::fs::write(&p, text).unwrap();
-    p
+    Script(p)
+}
+
+/// A script file in the temporary directory, removed when dropped (every
+/// run of this suite left ~20 of them behind).
+struct Script(PathBuf);
+
+impl std::ops::Deref for Script {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Script {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A command that ends leaves no directory of its zygote or workers in the
