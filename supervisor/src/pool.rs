@@ -701,7 +701,7 @@ impl Pool {
         drop(warm_spares);
         drop(preloaded_spares);
         for z in [preloaded, warm, base].into_iter().flatten() {
-            z.kill();
+            z.kill_in_background();
         }
         self.cv.notify_all();
         // The keeper sees the stop at its next step (a fork of a killed

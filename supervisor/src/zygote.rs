@@ -389,6 +389,31 @@ impl Zygote {
         }
     }
 
+    /// Kills the zygote as [`Zygote::kill`] does, but leaves the waiting
+    /// for its end (the kernel tearing down its memory: ~5 ms here) to a
+    /// thread, so a supervisor shutting down does not wait for it (a
+    /// process that exits then leaves the reaping to init). Its directory
+    /// goes at once: a killed zygote writes nothing more.
+    pub fn kill_in_background(self: Arc<Self>) {
+        let Some(c) = &self.child else {
+            self.kill();
+            return;
+        };
+        let _ = c.lock().unwrap_or_else(|e| e.into_inner()).kill();
+        if let Some(t) = &self._tmp {
+            t.remove_now();
+        }
+        let reaper = std::thread::Builder::new()
+            .name("rvisor-reap".into())
+            .spawn({
+                let z = self.clone();
+                move || z.wait()
+            });
+        if reaper.is_err() {
+            self.wait();
+        }
+    }
+
     /// Kills the zygote (its workers die with it: parent-death signal).
     pub fn kill(&self) {
         match &self.child {
