@@ -897,12 +897,14 @@ pub(crate) fn cpu_usage_file(dirs: &[PathBuf]) -> Option<PathBuf> {
 /// Removes worker groups (their processes have ended).
 pub(crate) fn remove(dirs: &[PathBuf]) {
     for d in dirs {
-        // A dying process can hold a group for a moment: retry briefly.
-        for _ in 0..50 {
+        // A dying process holds its group until the kernel has torn it
+        // down (~1-3 ms here): retry often, for at most 100 ms (a shutting
+        // down supervisor waits here for the worker it killed last).
+        for _ in 0..400 {
             match std::fs::remove_dir(d) {
                 Ok(()) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                Err(_) => std::thread::sleep(std::time::Duration::from_micros(250)),
             }
         }
     }
