@@ -785,7 +785,7 @@ fn clients_that_do_not_read_hold_only_their_bound_and_their_memory_goes_back_whe
     const LINES: usize = 8000; // of 1000 bytes each
     const MIB: u64 = 1 << 20;
     // How far the server's memory may be above where it started (the
-    // workers' I/O threads, the allocator's slack), far below what the
+    // workers' pipe threads, the allocator's slack), far below what the
     // streams would hold without their bound (~27 MiB).
     const MARGIN: u64 = 16 * MIB;
     let serve = rvisor_ffi_tests::ServeBin::start(&[

@@ -525,7 +525,7 @@ impl Worker {
             }
         }
         // The result frame may be at most this large; a worker that sends
-        // more is killed (see `io_thread`).
+        // more is killed (see `io::SockSide::read`).
         self.call_cap = opts.max_output_bytes;
         self.raw_dropped = [false; 2];
         self.events.set_frame_limit(

@@ -579,7 +579,7 @@ mod tests {
         }
     }
 
-    /// Reads `n` frames as the I/O thread does: what is whole first, then
+    /// Reads `n` frames as the call loop does: what is whole first, then
     /// a read.
     fn read_frames(
         reader: &mut FrameReader,
