@@ -249,17 +249,6 @@ pub fn warm_up_conditions(r: &r::R) {
     }
 }
 
-/// Runs the validation path twice (R's JIT compiles a closure on its
-/// second call), so a forked worker's first validations do not pay
-/// ~100-200 ms each for compiling the driver's parse-data walk.
-pub fn warm_up_validation(r: &r::R) {
-    let script = "f <- function(x) {\n  if (x > 1) y <- get('x')\n  for (i in 1:2) x <- x + i\n}\nstats::sd(1:3)\n";
-    let forbidden = ["system".to_string(), "get".to_string()];
-    for _ in 0..2 {
-        let _ = eval::validate(r, script, &forbidden, 8, "none");
-    }
-}
-
 /// A forked worker's own call, before its hello (zygote.rs): a value
 /// printed, as most calls do; then `.Last.value` is NULL again, as in a
 /// new R session.

@@ -392,8 +392,11 @@ fn serve_warm(r: &r::R, mut ctl: UnixStream, req: &WarmRequest, t0: Instant) -> 
     ready(r, ctl, loaded, t0, phases, true)
 }
 
-/// The warm zygote's work: preloads, plots, the driver's and validation's
-/// JIT warm-up.
+/// The warm zygote's work: preloads, plots, the driver's warm-up. Not
+/// validation's: it runs only in the supervisor's one validation worker,
+/// where its first call costs ~6 ms more cold, while its closures and
+/// parse data in the zygote's heap cost every session 2.4 MB of private
+/// memory after its first full collection (docs/process-model.md).
 fn warm(
     r: &r::R,
     wanted: Option<&[String]>,
@@ -402,7 +405,6 @@ fn warm(
 ) -> (Vec<String>, Vec<(String, String)>) {
     call_quiet(r, c"jit_off");
     let loaded = preload(r, wanted, plots, phases);
-    serve::warm_up_validation(r);
     serve::warm_up(r);
     serve::warm_up_conditions(r);
     compile_driver_apart(r);
