@@ -9,11 +9,13 @@
 //! - Takeovers of different sessions do not wait for each other.
 //! - A node paused (SIGSTOP) past its lease never serves, nor acknowledges
 //!   a call of, a session another node took over meanwhile.
+//! - A hand-off whose checkpoint the store refuses is put off: the session
+//!   stays (state and lease) with its node until the store takes it.
 
 use rvisor_ffi_tests::cluster::{post_json, Answer, Moto, Node, NodeOptions, Store, START};
 use rvisor_ffi_tests::{wait_for, TestDir};
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn node(id: &str, store: &Path) -> Node {
@@ -94,6 +96,25 @@ fn lease(store: &Path, id: &str) -> Option<(String, u64)> {
         v["holder"].as_str()?.to_string(),
         v["expires_unix"].as_u64()?,
     ))
+}
+
+/// The file of session `id`'s checkpoint in the store directory.
+fn checkpoint_file(dir: &Path, id: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if let Some(f) = checkpoint_file(&p, id) {
+                return Some(f);
+            }
+        } else if p.file_name().is_some_and(|n| n == "checkpoint")
+            && p.parent()
+                .and_then(|d| d.file_name())
+                .is_some_and(|n| n == id)
+        {
+            return Some(p);
+        }
+    }
+    None
 }
 
 fn unix_now() -> u64 {
@@ -312,4 +333,41 @@ fn a_streamed_call_that_spans_a_pause_past_the_lease_says_its_effects_were_not_k
     let msg = r["error"]["message"].as_str().unwrap_or("");
     assert!(msg.contains("another node took the session over"), "{msg}");
     assert_eq!(console(&n2, &s, "cat(x)"), "1");
+}
+
+/// A hand-off whose checkpoint the store refuses (here: a directory where
+/// the checkpoint's file goes) is put off while the node still holds the
+/// lease: the asking node answers busy, the node keeps serving the session
+/// with its state, and once the store takes checkpoints again the session
+/// moves with the calls acknowledged meanwhile. (It used to give the lease
+/// up all the same, and the asking node resumed the older checkpoint.)
+#[test]
+fn a_hand_off_whose_checkpoint_the_store_refuses_is_put_off_and_loses_nothing() {
+    let store = TestDir::new("rvisor-ownership-store");
+    let n1 = node("n1", store.path());
+    let n2 = node("n2", store.path());
+    let id = new_session(&n1);
+    assert_eq!(console(&n1, &id, "x <- 1; cat(x)"), "1");
+    let ck = post_json(
+        &n1.url(&format!("/v1/sessions/{id}/checkpoint")),
+        "",
+        json!({}),
+    );
+    assert_eq!(ck.status, 200, "{ck:?}");
+    let file = checkpoint_file(store.path(), &id).expect("the session's checkpoint in the store");
+    std::fs::remove_file(&file).expect("remove the checkpoint");
+    std::fs::create_dir_all(file.join("in-the-way")).expect("block the checkpoint's place");
+    // Acknowledged on n1, and not in any checkpoint.
+    assert_eq!(console(&n1, &id, "x <- 2; cat(x)"), "2");
+
+    let asked = run(&n2, &id, "cat(x)");
+    assert_eq!(
+        asked.status, 503,
+        "n2 must not get the session without x = 2: {asked:?}"
+    );
+    assert_eq!(lease(store.path(), &id).map(|l| l.0).as_deref(), Some("n1"));
+    assert_eq!(console(&n1, &id, "cat(x)"), "2");
+
+    std::fs::remove_dir_all(&file).expect("unblock the checkpoint's place");
+    assert_eq!(console_when_there(&n2, &id, "cat(x)"), "2");
 }

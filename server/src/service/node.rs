@@ -439,6 +439,30 @@ impl Service {
     fn hand_over(&self, d: &SessionStore, id: &str) {
         let one = self.inner.owner.session(id);
         one.hold(|| {
+            // The state first, while the session still runs here. A
+            // release whose checkpoint the store refuses retires the worker
+            // all the same, and the lease went with it: the asking node
+            // resumed the older checkpoint and the calls acknowledged here
+            // since were lost (a renewal held up on a loaded machine leaves
+            // the lease short of the second a write needs, and the write is
+            // refused as fenced while the lease is still ours). While it is
+            // ours, the hand-off waits for a later round (the asking node
+            // answers busy meanwhile, and its client retries).
+            let here = lock(&self.inner.sessions)
+                .get(id)
+                .map(|e| e.session.clone());
+            if let Some(s) = here {
+                if let Err(rvisor::CheckpointError::Store(why) | rvisor::CheckpointError::Fenced(why)) =
+                    s.checkpoint()
+                {
+                    if d.confirm(id, Duration::ZERO).is_ok() {
+                        tracing::warn!(target: "rvisor::sessions", session = %id,
+                            "hand-off put off: the session's state could not be stored ({why}); \
+                             it stays here, and the hand-off is tried again");
+                        return;
+                    }
+                }
+            }
             if let Some(e) = self.forget(id) {
                 self.inner.owner.moved(
                     id,
