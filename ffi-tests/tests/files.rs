@@ -1097,31 +1097,10 @@ fn mcp_files_are_resources_and_results_link_them() {
 /// `quota`) on either.
 #[test]
 fn a_tenants_file_bytes_survive_a_restart_and_count_on_every_node() {
-    use rvisor_ffi_tests::cluster::{call, post_json, Node, NodeOptions, Store};
+    use rvisor_ffi_tests::cluster::{call, post_json, Node};
     let store = rvisor_ffi_tests::TestDir::new("files-quota-store");
-    let opts = NodeOptions {
-        store: Store::Dir(store.path()),
-        extra: &["--file-quota-mb", "1"],
-        ..NodeOptions::default()
-    };
-    let usage = |n: &Node| {
-        let u = call("GET", &n.url("/v1/usage"), "t", None);
-        assert_eq!(u.status, 200, "{u:?}");
-        u.body["file_bytes"].clone()
-    };
-    let new_session = |n: &Node| {
-        let a = post_json(&n.url("/v1/sessions"), "t", json!({}));
-        assert_eq!(a.status, 201, "{a:?}");
-        a.body["id"].as_str().unwrap().to_string()
-    };
-    let upload = |n: &Node, id: &str, name: &str, len: usize| {
-        call(
-            "PUT",
-            &n.url(&format!("/v1/sessions/{id}/files/{name}")),
-            "t",
-            Some(("application/octet-stream", vec![7u8; len])),
-        )
-    };
+    let opts = quota_nodes(store.path());
+    let (usage, new_session, upload) = (node_file_bytes, node_session, node_upload);
     let one = Node::start("n1", &opts);
     let r = post_json(
         &one.url("/v1/run"),
@@ -1210,26 +1189,10 @@ fn a_tenants_file_bytes_survive_a_restart_and_count_on_every_node() {
 /// later count of the node; the OpenAPI fuzzing found it.)
 #[test]
 fn an_upload_to_an_uncounted_session_reads_the_stores_count() {
-    use rvisor_ffi_tests::cluster::{call, post_json, Node, NodeOptions, Store};
+    use rvisor_ffi_tests::cluster::Node;
     let store = rvisor_ffi_tests::TestDir::new("files-count-store");
-    let opts = NodeOptions {
-        store: Store::Dir(store.path()),
-        extra: &["--file-quota-mb", "1"],
-        ..NodeOptions::default()
-    };
-    let new_session = |n: &Node| {
-        let a = post_json(&n.url("/v1/sessions"), "t", json!({}));
-        assert_eq!(a.status, 201, "{a:?}");
-        a.body["id"].as_str().unwrap().to_string()
-    };
-    let upload = |n: &Node, id: &str, name: &str, len: usize| {
-        call(
-            "PUT",
-            &n.url(&format!("/v1/sessions/{id}/files/{name}")),
-            "t",
-            Some(("application/octet-stream", vec![7u8; len])),
-        )
-    };
+    let opts = quota_nodes(store.path());
+    let (new_session, upload) = (node_session, node_upload);
     let one = Node::start("n1", &opts);
     let id = new_session(&one);
     let up = upload(&one, &id, "a.bin", 1000);
@@ -1240,8 +1203,46 @@ fn an_upload_to_an_uncounted_session_reads_the_stores_count() {
     let other = new_session(&two);
     let up = upload(&two, &other, "b.bin", 2000);
     assert_eq!(up.status, 201, "{up:?}");
-    let u = call("GET", &two.url("/v1/usage"), "t", None);
-    assert_eq!(u.body["file_bytes"], 3000, "{u:?}");
+    assert_eq!(node_file_bytes(&two), 3000);
+}
+
+/// Nodes over the store directory `store` with a 1 MiB quota of files
+/// per tenant.
+fn quota_nodes(store: &std::path::Path) -> rvisor_ffi_tests::cluster::NodeOptions<'_> {
+    rvisor_ffi_tests::cluster::NodeOptions {
+        store: rvisor_ffi_tests::cluster::Store::Dir(store),
+        extra: &["--file-quota-mb", "1"],
+        ..Default::default()
+    }
+}
+
+/// The bytes of tenant `t`'s files as node `n`'s `/v1/usage` counts them.
+fn node_file_bytes(n: &rvisor_ffi_tests::cluster::Node) -> serde_json::Value {
+    let u = rvisor_ffi_tests::cluster::call("GET", &n.url("/v1/usage"), "t", None);
+    assert_eq!(u.status, 200, "{u:?}");
+    u.body["file_bytes"].clone()
+}
+
+/// A new session of tenant `t` on node `n`.
+fn node_session(n: &rvisor_ffi_tests::cluster::Node) -> String {
+    let a = rvisor_ffi_tests::cluster::post_json(&n.url("/v1/sessions"), "t", json!({}));
+    assert_eq!(a.status, 201, "{a:?}");
+    a.body["id"].as_str().unwrap().to_string()
+}
+
+/// `len` bytes uploaded as file `name` of session `id` on node `n`.
+fn node_upload(
+    n: &rvisor_ffi_tests::cluster::Node,
+    id: &str,
+    name: &str,
+    len: usize,
+) -> rvisor_ffi_tests::cluster::Answer {
+    rvisor_ffi_tests::cluster::call(
+        "PUT",
+        &n.url(&format!("/v1/sessions/{id}/files/{name}")),
+        "t",
+        Some(("application/octet-stream", vec![7u8; len])),
+    )
 }
 
 /// The `.objects` folders of a directory store: the files kept beside
