@@ -44,6 +44,14 @@ struct Cli {
     /// even if no session uses them (docs/process-model.md, "Memory").
     #[arg(long, global = true)]
     preload_at_start: bool,
+    /// Let the kernel merge identical memory pages across workers
+    /// (same-page merging, KSM): live sessions after a full gc() share
+    /// most of their heap again. Opens a side channel between sessions
+    /// (and tenants): a process can tell that another holds a page of the
+    /// same content. Needs Linux 6.4+ and /sys/kernel/mm/ksm/run set to 1
+    /// by root (docs/process-model.md, "Memory").
+    #[arg(long, global = true)]
+    merge_pages: bool,
 }
 
 /// OS confinement of workers (every command that runs R).
@@ -85,6 +93,9 @@ static CONFINE: std::sync::OnceLock<rvisor::Confinement> = std::sync::OnceLock::
 
 /// `--preload-at-start`, for [`base_config`].
 static PRELOAD_AT_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `--merge-pages`, for [`base_config`].
+static MERGE_PAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl ConfineArgs {
     fn confinement(&self) -> Result<rvisor::Confinement> {
@@ -137,6 +148,10 @@ fn base_config() -> rvisor::SupervisorConfig {
         confinement: CONFINE.get().cloned().unwrap_or_default(),
         pool: rvisor::PoolConfig {
             preload_on_first_use: !PRELOAD_AT_START.load(std::sync::atomic::Ordering::Relaxed),
+            ..Default::default()
+        },
+        worker: rvisor::WorkerConfig {
+            merge_pages: MERGE_PAGES.load(std::sync::atomic::Ordering::Relaxed),
             ..Default::default()
         },
         ..Default::default()
@@ -319,6 +334,16 @@ fn main() -> ExitCode {
 fn command() -> ExitCode {
     let cli = Cli::parse();
     PRELOAD_AT_START.store(cli.preload_at_start, std::sync::atomic::Ordering::Relaxed);
+    MERGE_PAGES.store(cli.merge_pages, std::sync::atomic::Ordering::Relaxed);
+    if cli.merge_pages {
+        eprintln!(
+            "rvisor: --merge-pages: identical memory pages of workers may be merged; a merged \
+             page is a side channel between sessions (and tenants) that share it"
+        );
+        if let Err(why) = rvisor::page_merging_state() {
+            eprintln!("rvisor: WARNING: --merge-pages: {why}");
+        }
+    }
     match cli.confine.confinement() {
         Ok(c) => {
             let _ = CONFINE.set(c);

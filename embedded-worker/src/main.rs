@@ -90,6 +90,7 @@ fn main() -> ExitCode {
     rvisor_protocol::timing::mark(rvisor_protocol::timing::WORKER_MAIN);
     ensure_stack();
     std::env::remove_var(ENV_REEXEC);
+    merge_pages_if_asked();
     if let Some(fd) = std::env::var(rvisor_protocol::ENV_ZYGOTE_FD)
         .ok()
         .and_then(|v| v.parse::<i32>().ok())
@@ -127,6 +128,28 @@ fn main() -> ExitCode {
             eprintln!("rvisor-worker: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Asks the kernel to merge this process's pages with identical ones of
+/// other processes that asked too, when the supervisor says so
+/// (`ENV_MERGE_PAGES`): before R starts, so R's whole heap is covered;
+/// a zygote's forks inherit it. A kernel without it only costs the
+/// saving, so a failure is reported and the process goes on.
+fn merge_pages_if_asked() {
+    if std::env::var_os(rvisor_protocol::ENV_MERGE_PAGES).is_none() {
+        return;
+    }
+    std::env::remove_var(rvisor_protocol::ENV_MERGE_PAGES);
+    // SAFETY: PR_SET_MEMORY_MERGE takes an integer flag and no pointer; it
+    // only sets a flag of this process's memory map.
+    let rc = unsafe { libc::prctl(libc::PR_SET_MEMORY_MERGE, 1, 0, 0, 0) };
+    if rc != 0 {
+        eprintln!(
+            "rvisor-worker: same-page merging was asked for but not set: {} (it needs Linux \
+             6.4 or later with CONFIG_KSM)",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

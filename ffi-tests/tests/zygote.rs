@@ -1152,3 +1152,73 @@ fn a_held_refill_is_made_by_its_deadline_when_the_first_call_goes_on() {
     assert!(long.try_result().is_none(), "A's first call still runs");
     cancel_and_wait(&a, long);
 }
+
+/// Whether process `pid` asked the kernel to merge its pages
+/// (`prctl(PR_SET_MEMORY_MERGE)`, shown in /proc/PID/ksm_stat since Linux
+/// 6.4, the kernel these tests run on).
+fn merges_pages(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).unwrap_or_else(|e| {
+        panic!("read /proc/{pid}/ksm_stat (same-page merging needs Linux 6.4 or later): {e}")
+    });
+    match stat
+        .lines()
+        .find_map(|l| l.strip_prefix("ksm_merge_any:"))
+        .map(str::trim)
+    {
+        Some("yes") => true,
+        Some("no") => false,
+        other => panic!("no ksm_merge_any line for {pid} ({other:?}): {stat}"),
+    }
+}
+
+/// `WorkerConfig::merge_pages` reaches every worker however it is made
+/// (the zygotes and their forks, a worker spawned without a zygote), and
+/// is off by default: a merged page is a side channel between sessions.
+#[test]
+fn workers_ask_for_page_merging_only_when_the_host_opts_in() {
+    let plain = ready_supervisor();
+    let s = plain.session().expect("session");
+    assert!(!plain.sandbox().page_merging, "health says it is off");
+    assert!(!merges_pages(zygote_pid(&plain)), "default: the zygote");
+    assert!(!merges_pages(worker_pid(&s)), "default: a session's worker");
+    drop(s);
+    drop(plain);
+
+    let merging = |pool: PoolConfig| {
+        let confinement = if pool.zygote {
+            rvisor::Confinement::default()
+        } else {
+            rvisor::Confinement::unconfined()
+        };
+        Supervisor::new(SupervisorConfig {
+            pool,
+            confinement,
+            worker: rvisor::WorkerConfig {
+                merge_pages: true,
+                ..rvisor::WorkerConfig::default()
+            },
+            ..SupervisorConfig::default()
+        })
+        .expect("supervisor starts")
+    };
+    let sup = ready(merging(PoolConfig::default()));
+    let s = sup.session().expect("session");
+    let pid = assert_forked(&sup, &s);
+    assert!(sup.sandbox().page_merging, "health says it is on");
+    assert!(merges_pages(zygote_pid(&sup)), "the warm zygote");
+    assert!(merges_pages(pid), "a confined worker forked by it");
+    // The state is the session's as ever: merging changes no value.
+    assert_eq!(lines(&call_ok(&s, "x <- 1:3; sum(x)")), vec!["[1] 6"]);
+    drop(s);
+    drop(sup);
+
+    let spawned = merging(PoolConfig {
+        zygote: false,
+        ..PoolConfig::default()
+    });
+    let s = spawned.session().expect("session");
+    assert!(
+        merges_pages(worker_pid(&s)),
+        "a worker spawned without a zygote"
+    );
+}

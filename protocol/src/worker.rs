@@ -6,6 +6,12 @@ use serde::{Deserialize, Serialize};
 /// Name of the environment variable that carries the worker's end of the
 /// socketpair (a file descriptor number inherited across exec).
 pub const ENV_WORKER_FD: &str = "RVISOR_WORKER_FD";
+
+/// Set (to `1`) in the environment of a zygote or worker whose memory the
+/// kernel may merge with other processes' pages of the same content
+/// (`WorkerConfig::merge_pages`): it asks for it with
+/// `prctl(PR_SET_MEMORY_MERGE)` before R starts, and its forks inherit it.
+pub const ENV_MERGE_PAGES: &str = "RVISOR_MERGE_PAGES";
 /// Largest tool request (serialised arguments) accepted, in bytes.
 pub const MAX_TOOL_REQUEST_BYTES: usize = 256 * 1024;
 /// Largest tool result (serialised JSON) accepted, in bytes.

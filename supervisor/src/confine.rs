@@ -240,6 +240,11 @@ pub struct Sandbox {
     /// absent when unconfined (workers run any program).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub programs: Option<Vec<AllowedProgram>>,
+    /// Workers ask the kernel to merge their identical pages with each
+    /// other's (`WorkerConfig::merge_pages`, `--merge-pages`): a side
+    /// channel between sessions. Absent when off (the default).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub page_merging: bool,
 }
 
 /// The kernel's Landlock ABI version, or None.
@@ -265,6 +270,7 @@ fn landlock_abi() -> Option<i64> {
 pub fn probe(c: &Confinement, temp_root: &Path) -> Result<Sandbox, ConfineError> {
     if !c.enabled {
         return Ok(Sandbox {
+            page_merging: false,
             mode: "unconfined".into(),
             privilege: None,
             layers: Vec::new(),
@@ -348,6 +354,7 @@ pub fn probe(c: &Confinement, temp_root: &Path) -> Result<Sandbox, ConfineError>
             ),
         ]);
     Ok(Sandbox {
+        page_merging: false,
         mode: "confined".into(),
         privilege: Some(if rootless { "rootless" } else { "root" }.into()),
         layers,

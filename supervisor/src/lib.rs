@@ -77,7 +77,7 @@ pub use ops::{
     Health, Package, PackagesError, Problem, SafetyRules, StyleEngine, StyleNote, Validation,
 };
 pub use pool::{Pool, PoolConfig, PoolMode, PoolStatus};
-pub use process::{locate_worker, ExitInfo, WorkerConfig};
+pub use process::{locate_worker, page_merging_state, ExitInfo, WorkerConfig};
 pub use rvisor_protocol::timing;
 pub use rvisor_protocol::{
     Artifact, CallEvent, Display, DisplayOptions, ErrorInfo, EventKind, Outcome, Plot, PlotFormat,

@@ -62,6 +62,16 @@ pub struct WorkerConfig {
     /// The programs confined workers may run, resolved (set by the
     /// supervisor from `Confinement.programs`).
     pub programs: Vec<AllowedProgram>,
+    /// Let the kernel merge identical pages of the workers' memory
+    /// (same-page merging, KSM) across workers: after a full `gc()` most
+    /// of a live session's heap is a copy of its zygote's that the
+    /// collection wrote to, and merging shares the pages that stayed the
+    /// same again. Off by default: a merged page is a side channel
+    /// between the processes that share it, across sessions and tenants
+    /// (docs/process-model.md, "Memory"). Needs Linux 6.4 or later and
+    /// KSM on host-wide (`/sys/kernel/mm/ksm/run` 1, see
+    /// [`crate::page_merging_state`]).
+    pub merge_pages: bool,
 }
 
 impl Default for WorkerConfig {
@@ -78,6 +88,7 @@ impl Default for WorkerConfig {
             cgroups: None,
             uids: None,
             programs: Vec::new(),
+            merge_pages: false,
         }
     }
 }
@@ -504,6 +515,9 @@ pub(crate) fn launch(
         cmd.env(k, v);
     }
     cmd.envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
+    if cfg.merge_pages {
+        cmd.env(rvisor_protocol::ENV_MERGE_PAGES, "1");
+    }
     cmd.env("TMPDIR", tmp.path())
         .env(fd_var, "3")
         .stdin(Stdio::null())
@@ -537,5 +551,23 @@ pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
         }
         use std::os::fd::FromRawFd;
         Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
+}
+
+/// Whether the host merges the pages of processes that ask for it
+/// ([`WorkerConfig::merge_pages`]): `Err` says why not and what to do.
+pub fn page_merging_state() -> Result<(), String> {
+    const RUN: &str = "/sys/kernel/mm/ksm/run";
+    match std::fs::read_to_string(RUN) {
+        Ok(v) if v.trim() == "1" => Ok(()),
+        Ok(v) => Err(format!(
+            "the kernel's same-page merging is off ({RUN} is {}): nothing is merged until \
+             root turns it on (`echo 1 > {RUN}`)",
+            v.trim()
+        )),
+        Err(e) => Err(format!(
+            "this kernel has no same-page merging ({RUN}: {e}); it needs CONFIG_KSM and \
+             Linux 6.4 or later"
+        )),
     }
 }

@@ -83,6 +83,7 @@ impl Supervisor {
         }
         let mut sandbox = crate::confine::probe(&cfg.confinement, &cfg.worker.temp_root)
             .map_err(Error::Confinement)?;
+        sandbox.page_merging = cfg.worker.merge_pages;
         if cfg.confinement.enabled {
             cfg.confinement
                 .limits

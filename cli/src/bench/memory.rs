@@ -159,6 +159,34 @@ pub fn run(
             note: (!notes.is_empty()).then(|| notes.join("; ")),
         });
     }
+    // The opt-in: the cases without and with ggplot2 on a server whose
+    // workers' identical pages the kernel merges (each session's `v` is
+    // its own random numbers: forked workers have their own streams).
+    for (k, case) in CASES.iter().enumerate().take(2) {
+        progress(&format!("memory: {} with --merge-pages (rvisor)", case.id));
+        let (pss, private, note) = match rvisor::page_merging_state() {
+            Err(why) => (None, None, Some(format!("rvisor: not measured: {why}"))),
+            Ok(()) => match rvisor_case_with(&rvisor, case, true) {
+                Ok((p, u)) => (Some(p), Some(u), None),
+                Err(e) => (None, None, Some(format!("rvisor: {e}"))),
+            },
+        };
+        let same = rows.get(k).cloned();
+        rows.push(Row {
+            case: format!("{}_merge_pages", case.id),
+            title: format!(
+                "{}, `rvisor serve --merge-pages` (opt-in; after ksmd's next three scans)",
+                case.title
+            ),
+            rvisor_pss_per_session: pss,
+            rvisor_private: private,
+            baseline_pss_per_session: None,
+            baseline_private: None,
+            rserve_pss_per_session: same.as_ref().and_then(|r| r.rserve_pss_per_session),
+            rserve_private: same.as_ref().and_then(|r| r.rserve_private),
+            note,
+        });
+    }
     Ok(MemoryReport {
         sessions: SESSIONS,
         how: format!(
@@ -175,7 +203,14 @@ pub fn run(
 /// PSS per session of a fresh `rvisor serve`'s tree after `case`, and the
 /// median private bytes of the sessions' workers.
 fn rvisor_case(bin: &std::path::Path, case: &Case) -> Result<(u64, u64), String> {
-    let server = Serve::start(bin)?;
+    rvisor_case_with(bin, case, false)
+}
+
+/// [`rvisor_case`], with `merge`: a server with `--merge-pages`, measured
+/// once the kernel's merging thread has scanned everything three times
+/// since the calls ended ([`wait_for_merging`]).
+fn rvisor_case_with(bin: &std::path::Path, case: &Case, merge: bool) -> Result<(u64, u64), String> {
+    let server = Serve::start(bin, if merge { &["--merge-pages"] } else { &[] })?;
     // The preloaded zygote and both kinds of spares, as a server that has
     // been up a while has them.
     server.wait_pool()?;
@@ -218,6 +253,9 @@ fn rvisor_case(bin: &std::path::Path, case: &Case) -> Result<(u64, u64), String>
     }
     // What the last calls freed is freed; spares forked meanwhile are up.
     std::thread::sleep(Duration::from_millis(500));
+    if merge {
+        wait_for_merging(Duration::from_secs(420))?;
+    }
     let mut private = Vec::new();
     for id in &ids {
         let st = server.get(&format!("/v1/sessions/{id}"))?;
@@ -235,6 +273,34 @@ fn rvisor_case(bin: &std::path::Path, case: &Case) -> Result<(u64, u64), String>
     private.sort_unstable();
     let median = private.get(private.len() / 2).copied().unwrap_or(0);
     Ok((total / SESSIONS as u64, median))
+}
+
+/// Waits until `ksmd` finished three more full scans (at most `within`):
+/// a page is merged once two scans in a row found it unchanged, and the
+/// first count may end a scan that was under way. A scan takes what the
+/// host's `/sys/kernel/mm/ksm/pages_to_scan` and `sleep_millisecs` make
+/// it (Debian's 100 pages per 20 ms: ~10 s for the sessions without
+/// ggplot2, ~1 min with it).
+fn wait_for_merging(within: Duration) -> Result<(), String> {
+    let scans = || -> Result<u64, String> {
+        std::fs::read_to_string("/sys/kernel/mm/ksm/full_scans")
+            .map_err(|e| format!("cannot read ksmd's scans: {e}"))?
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| format!("ksmd's scans: {e}"))
+    };
+    let start = scans()?;
+    let end = Instant::now() + within;
+    while scans()? < start + 3 {
+        if Instant::now() > end {
+            return Err(format!(
+                "ksmd did not scan three times within {} s",
+                within.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
 }
 
 /// Proportional and private bytes of one process.
@@ -305,7 +371,7 @@ impl Drop for TempDir {
 }
 
 impl Serve {
-    fn start(bin: &std::path::Path) -> Result<Serve, String> {
+    fn start(bin: &std::path::Path, extra: &[&str]) -> Result<Serve, String> {
         let dir = std::env::temp_dir().join(format!(
             "rvisor-bench-memory-{}-{}",
             std::process::id(),
@@ -315,6 +381,7 @@ impl Serve {
         let dir = TempDir(dir);
         let mut child = Command::new(bin)
             .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
+            .args(extra)
             .arg("--data-dir")
             .arg(dir.0.join("data"))
             .stdin(Stdio::null())
