@@ -392,16 +392,10 @@ impl Zygote {
     /// Kills the zygote as [`Zygote::kill`] does, but leaves the waiting
     /// for its end (the kernel tearing down its memory: ~5 ms here) to a
     /// thread, so a supervisor shutting down does not wait for it (a
-    /// process that exits then leaves the reaping to init). Its directory
-    /// goes at once: a killed zygote writes nothing more.
+    /// process that exits then leaves the reaping to init).
     pub fn kill_in_background(self: Arc<Self>) {
-        let Some(c) = &self.child else {
-            self.kill();
+        if !self.send_kill() {
             return;
-        };
-        let _ = c.lock().unwrap_or_else(|e| e.into_inner()).kill();
-        if let Some(t) = &self._tmp {
-            t.remove_now();
         }
         let reaper = std::thread::Builder::new()
             .name("rvisor-reap".into())
@@ -416,18 +410,25 @@ impl Zygote {
 
     /// Kills the zygote (its workers die with it: parent-death signal).
     pub fn kill(&self) {
+        if self.send_kill() {
+            self.wait();
+        }
+    }
+
+    /// Sends the zygote SIGKILL; true when it is this process's child,
+    /// to be reaped ([`Zygote::wait`]). Its directory (R's tempdir() in
+    /// it) goes now, not when the last handle drops (a killed zygote
+    /// writes nothing more): threads still holding one when the process
+    /// exits (`rvisor run`, `session --jsonl`) left a /tmp/rvisor-*
+    /// directory behind each time.
+    fn send_kill(&self) -> bool {
         match &self.child {
             Some(c) => {
-                let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
-                let _ = c.kill();
-                let _ = c.wait();
-                // Its directory (R's tempdir() in it) goes with it now, not
-                // when the last handle drops: threads still holding one
-                // when the process exits (`rvisor run`, `session --jsonl`)
-                // left a /tmp/rvisor-* directory behind each time.
+                let _ = c.lock().unwrap_or_else(|e| e.into_inner()).kill();
                 if let Some(t) = &self._tmp {
                     t.remove_now();
                 }
+                true
             }
             None if self.is_alive() => {
                 // SAFETY: kill(2) of the warm zygote, a child of the base
@@ -435,8 +436,9 @@ impl Zygote {
                 // link closes when it ends; then at worst a zombie, or no
                 // process, gets the signal).
                 unsafe { libc::kill(self.hello.pid as libc::pid_t, libc::SIGKILL) };
+                false
             }
-            None => {}
+            None => false,
         }
     }
 
