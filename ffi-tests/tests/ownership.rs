@@ -32,6 +32,14 @@ fn node_on(id: &str, store: Store<'_>) -> Node {
     )
 }
 
+/// Nodes n1 and n2 on one fresh store (kept as long as the directory).
+fn two_nodes() -> (TestDir, Node, Node) {
+    let store = TestDir::new("rvisor-ownership-store");
+    let n1 = node("n1", store.path());
+    let n2 = node("n2", store.path());
+    (store, n1, n2)
+}
+
 fn new_session(n: &Node) -> String {
     let a = post_json(&n.url("/v1/sessions"), "", json!({}));
     assert_eq!(a.status, 201, "{a:?}");
@@ -126,9 +134,7 @@ fn unix_now() -> u64 {
 
 #[test]
 fn a_hand_off_waiting_for_a_long_call_keeps_the_nodes_other_leases_renewed() {
-    let store = TestDir::new("rvisor-ownership-store");
-    let n1 = node("n1", store.path());
-    let n2 = node("n2", store.path());
+    let (store, n1, n2) = two_nodes();
     let busy = new_session(&n1);
     let idle = new_session(&n1);
     assert_eq!(console(&n1, &idle, "y <- 'kept'; cat(y)"), "kept");
@@ -177,9 +183,7 @@ fn a_hand_off_waiting_for_a_long_call_keeps_the_nodes_other_leases_renewed() {
 
 #[test]
 fn takeovers_of_different_sessions_do_not_wait_for_each_other() {
-    let store = TestDir::new("rvisor-ownership-store");
-    let n1 = node("n1", store.path());
-    let n2 = node("n2", store.path());
+    let (store, n1, n2) = two_nodes();
     let mut n3 = node("n3", store.path());
     let busy = new_session(&n1);
     let free = new_session(&n3);
@@ -343,9 +347,7 @@ fn a_streamed_call_that_spans_a_pause_past_the_lease_says_its_effects_were_not_k
 /// up all the same, and the asking node resumed the older checkpoint.)
 #[test]
 fn a_hand_off_whose_checkpoint_the_store_refuses_is_put_off_and_loses_nothing() {
-    let store = TestDir::new("rvisor-ownership-store");
-    let n1 = node("n1", store.path());
-    let n2 = node("n2", store.path());
+    let (store, n1, n2) = two_nodes();
     let id = new_session(&n1);
     assert_eq!(console(&n1, &id, "x <- 1; cat(x)"), "1");
     let ck = post_json(

@@ -32,6 +32,10 @@ const DEADLINE: Duration = Duration::from_secs(120);
 // Helpers
 
 fn supervisor_with(pool: PoolConfig) -> Supervisor {
+    supervisor_of(pool, rvisor::WorkerConfig::default())
+}
+
+fn supervisor_of(pool: PoolConfig, worker: rvisor::WorkerConfig) -> Supervisor {
     // Spawned workers cannot be confined (only the zygote forks confined
     // ones): a pool without a zygote is the explicit unconfined mode.
     let confinement = if pool.zygote {
@@ -42,6 +46,7 @@ fn supervisor_with(pool: PoolConfig) -> Supervisor {
     Supervisor::new(SupervisorConfig {
         pool,
         confinement,
+        worker,
         ..SupervisorConfig::default()
     })
     .expect("supervisor starts")
@@ -1197,21 +1202,13 @@ fn workers_ask_for_page_merging_only_when_the_host_opts_in() {
     drop(plain);
 
     let merging = |pool: PoolConfig| {
-        let confinement = if pool.zygote {
-            rvisor::Confinement::default()
-        } else {
-            rvisor::Confinement::unconfined()
-        };
-        Supervisor::new(SupervisorConfig {
+        supervisor_of(
             pool,
-            confinement,
-            worker: rvisor::WorkerConfig {
+            rvisor::WorkerConfig {
                 merge_pages: true,
                 ..rvisor::WorkerConfig::default()
             },
-            ..SupervisorConfig::default()
-        })
-        .expect("supervisor starts")
+        )
     };
     let sup = ready(merging(PoolConfig::default()));
     let s = sup.session().expect("session");
