@@ -143,11 +143,11 @@ on_error <- function(e) {
         identical(substitute(e), quote(simpleError(msg, call)))) {
       f <- parent.frame()
       if (is.character(m <- f$msg) && length(m) == 1L)
-        return(.Call(emit, "error", m, deparse_call(f$call), error_frames(calls)))
+        return(report_error(m, f$call, calls))
     }
     if (identical(class(e), simple_error_class) &&
         is.character(m <- .subset2(e, "message")) && length(m) == 1L)
-      return(.Call(emit, "error", m, deparse_call(.subset2(e, "call")), error_frames(calls)))
+      return(report_error(m, .subset2(e, "call"), calls))
   }
   msg <- tryCatch(clip(conditionMessage(e), caps$message), error = function(e2) "unknown error")
   cl <- tryCatch(conditionCall(e), error = function(e2) NULL)
@@ -155,6 +155,16 @@ on_error <- function(e) {
                   error = function(e2) list(NULL, character()))
   # The worker keeps R's own printing of this error off the console.
   .Call(emit, "error", msg, ctb[[1L]], ctb[[2L]])
+}
+
+## Reports an error whose message is one string. The worker writes the
+## call and the traceback itself when they are calls of named functions on
+## names and short constants (deparse.rs: what R's deparser gives, without
+## its set-up for each, some 50,000 instructions of `stop("boom")`); it
+## says NULL for anything else, and R's deparser writes them.
+report_error <- function(m, cl, calls) {
+  if (is.null(.Call(error_sym, m, cl, calls, caps$frames)))
+    .Call(emit, "error", m, deparse_call(cl), error_frames(calls))
 }
 
 ## The traceback of an error, innermost frame first, within the caps:

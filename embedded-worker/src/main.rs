@@ -7,6 +7,7 @@
 
 mod confine;
 mod console;
+mod deparse;
 mod display;
 mod due;
 mod eval;

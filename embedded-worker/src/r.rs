@@ -461,6 +461,37 @@ unsafe extern "C" fn rvisor_emit(kind: SEXP, a: SEXP, b: SEXP, c: SEXP) -> SEXP 
     unsafe { R_NilValue }
 }
 
+/// `.Call` entry of the driver's error handler for what `stop("...")` and
+/// R's C code signal: reports the error (as `emit("error", msg, call,
+/// frames)` would) when its call and every frame of `calls` are of the
+/// kind [`crate::deparse`] writes, and says so (TRUE); NULL otherwise,
+/// with nothing reported, and the driver deparses with R's deparser.
+unsafe extern "C" fn rvisor_error(msg: SEXP, call: SEXP, calls: SEXP, max_frames: SEXP) -> SEXP {
+    // SAFETY: on the R thread, called by .Call with four live arguments.
+    unsafe {
+        let text = if call == R_NilValue {
+            Vec::new()
+        } else {
+            match crate::deparse::simple(call) {
+                Some(t) => vec![t],
+                None => return R_NilValue,
+            }
+        };
+        let max = Rf_asInteger(max_frames);
+        if max == R_NaInt || max < 0 {
+            return R_NilValue;
+        }
+        let Some(frames) = crate::deparse::frames(calls, max as usize) else {
+            return R_NilValue;
+        };
+        let msg = strings_bounded(msg, EMIT_STRINGS, EMIT_BYTES.load(Ordering::Relaxed));
+        if let Some(h) = HOOKS.get() {
+            (h.emit)("error", msg, text, frames);
+        }
+        Rf_ScalarLogical(1)
+    }
+}
+
 /// Strings of a character vector, NA as `None` (anything else: empty).
 ///
 /// # Safety
@@ -960,7 +991,7 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
     // SAFETY: R is initialised; on the R thread. The method table is
     // 'static and terminated by a null entry, as R_registerRoutines requires.
     unsafe {
-        static mut CALL_METHODS: [R_CallMethodDef; 4] = [
+        static mut CALL_METHODS: [R_CallMethodDef; 5] = [
             R_CallMethodDef {
                 name: c"rvisor_emit".as_ptr(),
                 fun: None,
@@ -975,6 +1006,11 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
                 name: c"rvisor_markup".as_ptr(),
                 fun: None,
                 numArgs: 2,
+            },
+            R_CallMethodDef {
+                name: c"rvisor_error".as_ptr(),
+                fun: None,
+                numArgs: 4,
             },
             R_CallMethodDef {
                 name: ptr::null(),
@@ -999,6 +1035,11 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
             unsafe extern "C" fn(SEXP, SEXP) -> SEXP,
             unsafe extern "C" fn() -> *mut std::os::raw::c_void,
         >(markup));
+        let error: unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP = rvisor_error;
+        CALL_METHODS[3].fun = Some(std::mem::transmute::<
+            unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP,
+            unsafe extern "C" fn() -> *mut std::os::raw::c_void,
+        >(error));
         let info = R_getEmbeddingDllInfo();
         R_registerRoutines(
             info,
@@ -1020,6 +1061,8 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         Rf_defineVar(Rf_install(c"tool_sym".as_ptr()), sym, driver);
         let sym = eval_string("getNativeSymbolInfo('rvisor_markup')", R_BaseEnv)?;
         Rf_defineVar(Rf_install(c"markup_sym".as_ptr()), sym, driver);
+        let sym = eval_string("getNativeSymbolInfo('rvisor_error')", R_BaseEnv)?;
+        Rf_defineVar(Rf_install(c"error_sym".as_ptr()), sym, driver);
         eval_string(DRIVER_SOURCE, driver)
             .map_err(|e| format!("failed to load the driver: {e}"))?;
         // One call for all parts: R's JIT compiles a closure on its second

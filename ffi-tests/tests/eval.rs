@@ -234,3 +234,61 @@ fn deep_recursion_ends_in_an_r_error_and_the_worker_lives() {
     assert!(r.error.unwrap().message.contains("C stack usage"));
     assert_eq!(run(&mut w, "1 + 1").console, "[1] 2\n");
 }
+
+/// The call and traceback of an error are what R's deparse() writes for
+/// them (one line; a longer call's first line and " ..."), whether the
+/// worker writes them itself (calls of named functions on names and short
+/// constants) or leaves them to R's deparser (operators, backticks,
+/// non-ASCII strings, numbers in scientific notation, long calls).
+#[test]
+fn an_errors_call_and_traceback_are_what_deparse_writes() {
+    let mut w = worker();
+    let setup = run(
+        &mut w,
+        "f <- function(...) stop('x')\ng <- function(...) f(...)\n\
+         d <- function(cl) { s <- deparse(cl, width.cutoff = 500L, nlines = 2L)\n\
+         if (length(s) > 1L) paste0(s[[1L]], ' ...') else s }",
+    );
+    assert_eq!(setup.outcome, Outcome::Complete, "{}", setup.console);
+    let long = format!("g({})", vec!["\"abcdefghij\""; 60].join(", "));
+    let cases = [
+        "g()".to_string(),
+        r#"g("a\"b\\c\n\td", 'single', "")"#.into(),
+        "g(1L, -2L, 0, 3, 99999, 1e5, 1500000, 1e15, 0.5, -7)".into(),
+        "g(TRUE, FALSE, NA, NA_integer_, NA_real_, NA_character_, NULL, Inf, NaN)".into(),
+        "g(n = 1, .x = 'a', x, T, ..1)".into(),
+        "g(h(k(1, z = 2)), list())".into(),
+        "g(base::paste('a'), 1 + 2, x[1], -y, `my var`, 'é', \"\\x01\")".into(),
+        "g(function(x) x, if (TRUE) 1, {1}, (2), ~x)".into(),
+        "g(`if`(TRUE, 1), `my fun`(1), 1:3, c(a = 1))".into(),
+        long,
+    ];
+    for code in &cases {
+        let r = run(&mut w, code);
+        assert_eq!(r.outcome, Outcome::Error, "{code}: {}", r.console);
+        let e = r.error.expect("error");
+        assert_eq!(e.message, "x");
+        assert_eq!(e.call.as_deref(), Some("f(...)"), "{code}");
+        let expected = run(
+            &mut w,
+            &format!("cat(d(quote(stop('x'))), d(quote(f(...))), d(quote({code})), sep = '\\n')"),
+        );
+        assert_eq!(expected.outcome, Outcome::Complete, "{}", expected.console);
+        let expected: Vec<&str> = expected.console.lines().collect();
+        assert_eq!(e.traceback, expected, "{code}");
+    }
+    // With scipen set, R may write a whole number either way: R decides.
+    let r = run(&mut w, "options(scipen = 5); g(1e5, 123)");
+    let e = r.error.expect("error");
+    let expected = run(&mut w, "cat(d(quote(g(1e5, 123))))");
+    assert_eq!(e.traceback[2], expected.console);
+    assert_eq!(e.traceback[2], "g(100000, 123)");
+    // An error R's C code signals: the call is the primitive's.
+    let r = run(
+        &mut w,
+        "options(scipen = 0); h <- function(v) sqrt(v); h('a')",
+    );
+    let e = r.error.expect("error");
+    assert_eq!(e.call.as_deref(), Some("sqrt(v)"));
+    assert_eq!(e.traceback, vec!["h(\"a\")"]);
+}
