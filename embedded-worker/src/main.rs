@@ -7,11 +7,13 @@
 
 mod confine;
 mod console;
+mod control;
 mod deparse;
 mod display;
 mod due;
 mod eval;
 mod ffi;
+mod huge;
 mod hydrate;
 mod interrupt;
 mod link;
@@ -21,6 +23,7 @@ mod pause;
 mod png_save;
 mod r;
 mod result_block;
+mod retired;
 mod serve;
 mod srcref;
 mod state;
@@ -89,6 +92,16 @@ fn ensure_stack() {
 
 fn main() -> ExitCode {
     rvisor_protocol::timing::mark(rvisor_protocol::timing::WORKER_MAIN);
+    if let Ok(spec) = std::env::var(rvisor_protocol::ENV_ZYGOTE_RETIRED) {
+        std::env::remove_var(rvisor_protocol::ENV_ZYGOTE_RETIRED);
+        return match retired::serve(&spec) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rvisor-worker (retired zygote): {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     ensure_stack();
     std::env::remove_var(ENV_REEXEC);
     merge_pages_if_asked();

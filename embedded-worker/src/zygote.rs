@@ -13,10 +13,11 @@
 //! forked child takes its descriptors, environment and temporary directory
 //! from the request and then runs the ordinary worker loop.
 
+use crate::control::{chld_pipe, refuse_fork, serve_control, CHLD_PIPE};
 use crate::r::r_string;
 use crate::{confine, eval, ffi, interrupt, link, r, serve};
 use rvisor_protocol::{
-    fdpass, write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, WarmRequest, ZygoteHello,
+    write_frame, ForkRequest, FromZygote, RunRequest, ToZygote, WarmRequest, ZygoteHello,
     ENV_PRELOAD, ENV_ZYGOTE_BASE, PROTOCOL_VERSION,
 };
 use std::collections::HashSet;
@@ -25,18 +26,6 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Instant;
-
-/// Write end of the self-pipe that SIGCHLD pokes.
-static CHLD_PIPE: AtomicI32 = AtomicI32::new(-1);
-
-extern "C" fn on_sigchld(_sig: libc::c_int) {
-    let fd = CHLD_PIPE.load(Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: write(2) of one byte from a static to our own pipe;
-        // async-signal-safe. A full pipe means a wake-up is pending anyway.
-        unsafe { libc::write(fd, b"c".as_ptr().cast(), 1) };
-    }
-}
 
 fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
     eval::run(
@@ -222,70 +211,33 @@ fn read_hello(ctl: &mut UnixStream) -> Result<(), String> {
     }
 }
 
-/// A self-pipe that SIGCHLD pokes, so poll() wakes up to reap; installs
-/// the handler.
-fn chld_pipe() -> Result<[RawFd; 2], String> {
-    let mut pipe = [0 as RawFd; 2];
-    // SAFETY: pipe2 fills the two-element array we own; sigaction installs
-    // an async-signal-safe handler (a one-byte write to the pipe's write
-    // end, published in CHLD_PIPE before the handler is installed).
-    unsafe {
-        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) != 0 {
-            return Err("failed to create the SIGCHLD pipe".into());
-        }
-        CHLD_PIPE.store(pipe[1], Ordering::SeqCst);
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = on_sigchld as *const () as usize;
-        libc::sigemptyset(&mut act.sa_mask);
-        act.sa_flags = libc::SA_NOCLDSTOP;
-        libc::sigaction(libc::SIGCHLD, &act, std::ptr::null_mut());
-    }
-    Ok(pipe)
-}
-
 /// The fork loop of a ready zygote (base or warm): fork requests from
 /// `ctl`, children reaped as SIGCHLD pokes `pipe`. Returns when the
 /// supervisor closes the socket.
-fn serve_forks(r: &r::R, mut ctl: UnixStream, pipe: [RawFd; 2]) -> Result<(), String> {
+fn serve_forks(r: &r::R, ctl: UnixStream, pipe: [RawFd; 2]) -> Result<(), String> {
     // Confined workers (pid 1 of their namespaces: see `fork_confined`).
     let mut confined: HashSet<libc::pid_t> = HashSet::new();
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: ctl.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: pipe[0],
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on two pollfds we own.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            continue; // EINTR (SIGCHLD): reap below on the next round
-        }
-        if fds[1].revents != 0 {
-            let mut buf = [0u8; 64];
-            // SAFETY: read into our buffer from our non-blocking pipe.
-            while unsafe { libc::read(pipe[0], buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-            reap(&mut ctl, &mut confined)?;
-        }
-        if fds[0].revents != 0 {
-            let (req, fds) = match fdpass::recv_frame_with_fds::<_, ToZygote>(&mut ctl) {
-                Ok(x) => x,
-                Err(rvisor_protocol::FrameError::Closed) => return Ok(()),
-                Err(e) => return Err(format!("failed to read a request: {e}")),
-            };
-            match req {
-                ToZygote::Fork(req) => fork_worker(r, &mut ctl, req, fds, pipe, &mut confined)?,
-                ToZygote::Warm(req) => fork_warm(r, &mut ctl, req, fds, pipe)?,
-                ToZygote::Hello { .. } => return Err("unexpected second hello".into()),
+    serve_control(
+        ctl,
+        pipe,
+        &mut confined,
+        |ctl, req, fds, confined| match req {
+            ToZygote::Fork(req) => fork_worker(r, ctl, req, fds, pipe, confined),
+            ToZygote::Warm(req) => fork_warm(r, ctl, req, fds, pipe),
+            ToZygote::Retire => {
+                // Returns only when the re-execution failed: then this zygote
+                // goes on as it was (the supervisor sees no `Retired`).
+                let why = crate::retired::retire(ctl.as_raw_fd(), confined);
+                eprintln!("rvisor-worker (zygote): could not retire: {why}");
+                Ok(())
             }
-        }
-    }
+            ToZygote::Compact => {
+                crate::huge::collapse_heap();
+                Ok(())
+            }
+            ToZygote::Hello { .. } => Err("unexpected second hello".into()),
+        },
+    )
 }
 
 /// Forks the warm zygote (see [`ToZygote::Warm`]) and says so.
@@ -315,10 +267,6 @@ fn fork_warm(
 }
 
 /// Tells the supervisor that fork request `worker_id` failed, and why.
-fn refuse_fork(ctl: &mut UnixStream, worker_id: u64, message: String) -> Result<(), String> {
-    write_frame(ctl, &FromZygote::ForkFailed { worker_id, message }).map_err(|e| e.to_string())
-}
-
 /// Tells the supervisor how fork request `worker_id` went: `pid` from
 /// fork(2), `error` its errno when negative.
 fn answer_fork(
@@ -482,9 +430,17 @@ fn ready(
     mut ctl: UnixStream,
     (preloaded, failed): (Vec<String>, Vec<(String, String)>),
     t0: Instant,
-    phases: Phases,
+    mut phases: Phases,
     warm: bool,
 ) -> Result<(), String> {
+    // The zygotes that serve sessions fork most: their heap in huge pages
+    // (huge.rs). The base zygote serves only while the warm one starts,
+    // and `rvisor run`'s one fork, where collapsing would cost more than
+    // it saves.
+    if warm {
+        crate::huge::collapse_heap();
+        phases.mark("huge_pages");
+    }
     let pipe = chld_pipe()?;
     let hello = ZygoteHello {
         protocol_version: PROTOCOL_VERSION,
@@ -498,33 +454,6 @@ fn ready(
     };
     write_frame(&mut ctl, &FromZygote::Hello(hello)).map_err(|e| e.to_string())?;
     serve_forks(r, ctl, pipe)
-}
-
-/// Reaps every ended child and reports it. A confined worker cannot die of
-/// SIGXCPU (pid 1 of its namespace): its handler exits with
-/// `EXIT_CPU_LIMIT`, reported here as the signal.
-fn reap(ctl: &mut UnixStream, confined: &mut HashSet<libc::pid_t>) -> Result<(), String> {
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid on our own children, non-blocking.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid <= 0 {
-            return Ok(());
-        }
-        let (code, signal) = if libc::WIFEXITED(status) {
-            (Some(libc::WEXITSTATUS(status)), None)
-        } else if libc::WIFSIGNALED(status) {
-            (None, Some(libc::WTERMSIG(status)))
-        } else {
-            (None, None)
-        };
-        let (code, signal) = match (confined.remove(&pid), code) {
-            (true, Some(confine::EXIT_CPU_LIMIT)) => (None, Some(libc::SIGXCPU)),
-            _ => (code, signal),
-        };
-        let pid = pid as u32;
-        write_frame(ctl, &FromZygote::Exited { pid, code, signal }).map_err(|e| e.to_string())?;
-    }
 }
 
 fn fork_worker(

@@ -590,16 +590,17 @@ fn killed_zygote_is_replaced_and_sessions_keep_working() {
     assert_ne!(new_worker, old_worker);
     assert_eq!(out, "FALSE", "the old worker's state is gone");
 
-    // A warm zygote comes back with a new pid (forked from the base
-    // zygote again, which outlived it).
+    // A warm zygote comes back with a new pid, forked from a new base
+    // zygote: the old one had retired (given up R) once the warm one
+    // served, so it could not fork another.
     wait_until("a restarted zygote", || {
         let st = sup.pool_status();
         st.mode == PoolMode::Zygote && st.warm && st.zygote_pid.is_some_and(|p| p != old)
     });
-    assert_eq!(
-        sup.pool().base_zygote_pid(),
-        before_base,
-        "the base zygote outlived the warm one"
+    let after_base = sup.pool().base_zygote_pid();
+    assert!(
+        after_base.is_some_and(|b| Some(b) != before_base),
+        "a new base zygote: {after_base:?} (was {before_base:?})"
     );
     // The preloaded zygote, its child, died with it and comes back too,
     // forked from the new warm zygote.
@@ -1226,4 +1227,109 @@ fn workers_ask_for_page_merging_only_when_the_host_opts_in() {
     });
     let s = spawned.session().expect("session");
     assert_merges(&s, "a worker spawned without a zygote");
+}
+
+/// Field `name` of /proc/<pid>/smaps_rollup, in kB.
+fn rollup_kb(pid: u32, name: &str) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_else(|e| panic!("smaps_rollup of {pid}: {e}"));
+    rollup
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {rollup}"))
+}
+
+/// `AnonHugePages` of /proc/<pid>/smaps_rollup, in kB.
+fn anon_huge_kb(pid: u32) -> u64 {
+    rollup_kb(pid, "AnonHugePages")
+}
+
+/// Once the warm zygote serves, the base zygote retires: it gives up R and
+/// its heap (a few MB of anonymous memory left of ~40), and it still reaps
+/// the workers it forked before, which keep working meanwhile.
+#[test]
+fn the_base_zygote_retires_once_the_warm_one_serves_and_still_reaps_its_workers() {
+    let sup = supervisor_with(PoolConfig::default());
+    // A session whose first call comes before the warm zygote is up (R's
+    // start, then ~1 s of warm-up): the base zygote forks its worker.
+    let early = sup.session().expect("session");
+    let worker = worker_pid(&early);
+    let base = sup.pool().base_zygote_pid().expect("a base zygote");
+    assert_eq!(
+        ppid_of(worker),
+        base,
+        "the early worker is the base zygote's"
+    );
+    call_ok(&early, "x <- 41");
+    let sup = ready(sup);
+    wait_until("the base zygote to retire", || {
+        rollup_kb(base, "Anonymous") < 8 * 1024
+    });
+    assert_eq!(sup.pool().base_zygote_pid(), Some(base), "the same process");
+    // Its early worker still works, and forks now come from the warm zygote.
+    assert_eq!(lines(&call_ok(&early, "x + 1")), vec!["[1] 42"]);
+    let later = sup.session().expect("session");
+    assert_forked(&sup, &later);
+    assert_ne!(zygote_pid(&sup), base);
+    // The early worker's end is reaped by the retired zygote (a process
+    // nobody reaps stays as a zombie in /proc).
+    early.close();
+    wait_until("the early worker to be reaped", || {
+        !Path::new(&format!("/proc/{worker}")).exists()
+    });
+}
+
+/// Whether this kernel collapses anonymous memory into huge pages on
+/// request (MADV_COLLAPSE, Linux 6.1), tried on a mapping of our own.
+fn kernel_collapses() -> bool {
+    const LEN: usize = 4 << 20;
+    // SAFETY: a fresh private anonymous mapping of our own, touched, advised
+    // and unmapped here; nothing else refers to it.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return false;
+        }
+        let start = (p as usize + (2 << 20) - 1) & !((2 << 20) - 1);
+        std::ptr::write_volatile(start as *mut u8, 1);
+        let ok = libc::madvise(start as *mut libc::c_void, 2 << 20, 25) == 0;
+        libc::munmap(p, LEN);
+        ok
+    }
+}
+
+/// The warm zygote's heap is in huge pages (embedded-worker/src/huge.rs),
+/// which its forks share whole until they write: a session's worker maps
+/// some of them still after its calls, and its state is its own as ever.
+#[test]
+fn the_warm_zygotes_heap_is_in_huge_pages_that_workers_share() {
+    if !kernel_collapses() {
+        eprintln!("skipped: this kernel does not collapse memory into huge pages (MADV_COLLAPSE)");
+        return;
+    }
+    let sup = ready_supervisor();
+    let z = zygote_pid(&sup);
+    assert!(
+        anon_huge_kb(z) >= 2048,
+        "the warm zygote {z} has no huge pages: {:?}",
+        sup.pool_status()
+    );
+    let s = sup.session().expect("session");
+    let pid = assert_forked(&sup, &s);
+    assert_eq!(lines(&call_ok(&s, "v <- 1:10; sum(v)")), vec!["[1] 55"]);
+    assert!(
+        anon_huge_kb(pid) >= 2048,
+        "the session's worker {pid} maps none of the zygote's huge pages"
+    );
+    // A full collection writes over the whole heap: the worker's own copies.
+    let r = call_ok(&s, "invisible(gc()); x <- rnorm(10); length(x)");
+    assert_eq!(lines(&r), vec!["[1] 10"]);
 }

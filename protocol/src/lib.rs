@@ -24,9 +24,10 @@ pub use worker::*;
 pub use zygote::*;
 
 /// Version of the supervisor <-> worker frame protocol. Bump on every
-/// incompatible change of [`ToWorker`] or [`FromWorker`]; the hello exchange
-/// refuses a worker built with another version.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// incompatible change of [`ToWorker`], [`FromWorker`], [`ToZygote`] or
+/// [`FromZygote`]; the hello exchange refuses a worker (or zygote) built
+/// with another version.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Version of the [`RunResult`] schema (the `schema_version` field).
 pub const SCHEMA_VERSION: u32 = 1;

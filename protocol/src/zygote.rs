@@ -14,6 +14,10 @@ pub const ENV_PRELOAD: &str = "RVISOR_PRELOAD";
 /// warming the plot devices; a [`ToZygote::Warm`] request then forks the
 /// warm zygote that does (the pool's hand-over, ARCHITECTURE.md).
 pub const ENV_ZYGOTE_BASE: &str = "RVISOR_ZYGOTE_BASE";
+/// Name of the environment variable a retired base zygote re-executes
+/// itself with ([`ToZygote::Retire`]): its control socket's descriptor,
+/// then the pids of the confined workers it forked, comma-separated.
+pub const ENV_ZYGOTE_RETIRED: &str = "RVISOR_ZYGOTE_RETIRED";
 
 /// Supervisor to zygote.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +41,17 @@ pub enum ToZygote {
     /// child's end with [`FromZygote::Exited`] like any other child's. The
     /// child dies with this zygote (parent-death signal).
     Warm(WarmRequest),
+    /// To a base zygote whose warm zygote serves: give up R and its heap
+    /// (the process re-executes itself as a *retired* zygote, so the warm
+    /// zygote's pages, which it shared, become that one's alone), keep
+    /// reaping and reporting the children it has, and refuse forks. It
+    /// answers [`FromZygote::Retired`] once it runs as such; the warm
+    /// zygote still dies with it.
+    Retire,
+    /// To a warm zygote: put its heap in huge pages where its pages are its
+    /// own (sent once its base zygote retired), so that its forks copy
+    /// fewer page table entries. No answer.
+    Compact,
 }
 
 /// What a warm zygote does before it serves.
@@ -154,6 +169,8 @@ pub enum FromZygote {
         /// Why.
         message: String,
     },
+    /// The zygote retired ([`ToZygote::Retire`]): it forks no more.
+    Retired,
     /// A forked worker ended (the zygote, its parent, reaped it).
     Exited {
         /// Its process id.

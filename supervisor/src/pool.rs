@@ -222,6 +222,8 @@ struct Inner {
     /// deadlines.
     holds: Vec<(u64, std::time::Instant)>,
     next_hold: u64,
+    /// When the base zygote was asked to retire ([`settle`]).
+    settle_since: Option<std::time::Instant>,
 }
 
 /// A worker, with the hold on its refill when it was a spare taken while
@@ -285,11 +287,22 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 
 impl Inner {
     /// The zygote that forks workers without preloads now: the warm one
-    /// when it is up, else the base one, if alive.
+    /// when it is up, else the base one, if alive and not retired.
     fn current(&self) -> Option<Arc<Zygote>> {
-        self.warm
-            .live()
-            .or_else(|| self.base.clone().filter(|z| z.is_alive()))
+        self.warm.live().or_else(|| {
+            self.base
+                .clone()
+                .filter(|z| z.is_alive() && !z.is_retiring())
+        })
+    }
+
+    /// The base zygote, unless it is dead, or retired while no warm zygote
+    /// is up or being made (then a new one has to be started).
+    fn usable_base(&self) -> Option<Arc<Zygote>> {
+        let warm_gone = !self.warm.making && self.warm.live().is_none();
+        self.base
+            .clone()
+            .filter(|z| z.is_alive() && !(z.is_retiring() && warm_gone))
     }
 
     /// Whether a refill is held back now ([`RefillHold`]); forgets the
@@ -583,8 +596,13 @@ impl Pool {
             };
             drop(i);
             match zygote.fork(cfg) {
-                // The zygote died under us: wait for its successor.
-                Err(_) if !zygote.is_alive() && std::time::Instant::now() < end => {
+                // The zygote died under us, or it was the base zygote and
+                // retired meanwhile (its warm zygote serves now): ask the
+                // one that forks now.
+                Err(_)
+                    if (!zygote.is_alive() || zygote.is_retiring())
+                        && std::time::Instant::now() < end =>
+                {
                     self.cv.notify_all();
                     continue;
                 }
@@ -822,7 +840,7 @@ fn keeper(pool: std::sync::Weak<Pool>) {
         if p.shut.load(Ordering::SeqCst) {
             return;
         }
-        let base = lock(&p.inner).base.clone().filter(|z| z.is_alive());
+        let base = lock(&p.inner).usable_base();
         if base.is_none() {
             let old = {
                 let mut i = lock(&p.inner);
@@ -881,6 +899,14 @@ fn keeper(pool: std::sync::Weak<Pool>) {
                     .filter(|_| !i.nothing_to_preload)
                     .filter(|_| i.preload_wanted || !p.cfg.preload_on_first_use)
             };
+            if settle(&p, &base) {
+                // Forks from the warm zygote wait (a little) until its base
+                // retired and its heap is compact: a page it still shared
+                // would stay out of its huge pages.
+                let i = lock(&p.inner);
+                let _ = p.cv.wait_timeout(i, Duration::from_millis(20));
+                continue;
+            }
             if let Some(warm) = warm {
                 start_making(&p, &pool, &warm, Which::Preloaded);
             }
@@ -990,6 +1016,30 @@ fn keeper(pool: std::sync::Weak<Pool>) {
         let _ = p.cv.wait_timeout(i, wait);
     }
 }
+
+/// Once the warm zygote is up: asks the base zygote to retire (it gives up
+/// R and its heap, which the warm zygote shared: embedded-worker's
+/// retired.rs), then, once it has, the warm zygote to put its heap in huge
+/// pages (huge.rs). True while that is under way, for at most
+/// [`SETTLE_LIMIT`] after the warm zygote came up.
+fn settle(p: &Pool, base: &Arc<Zygote>) -> bool {
+    let mut i = lock(&p.inner);
+    let Some(warm) = i.warm.live() else {
+        return false;
+    };
+    if !base.is_retiring() {
+        base.retire();
+        i.settle_since = Some(std::time::Instant::now());
+    }
+    if base.is_retired() || !base.is_alive() {
+        warm.compact();
+        return false;
+    }
+    i.settle_since.is_some_and(|t| t.elapsed() < SETTLE_LIMIT)
+}
+
+/// How long forks from a new warm zygote wait for its base to retire.
+const SETTLE_LIMIT: Duration = Duration::from_secs(2);
 
 /// The version of the R installation workers start R from, read from its
 /// base package's `DESCRIPTION` without starting R: `R_HOME` as a worker

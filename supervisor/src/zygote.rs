@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +30,8 @@ pub(crate) struct ZygoteState {
     cgroups_of: HashMap<u32, Vec<std::path::PathBuf>>,
     exits: HashMap<u32, ExitInfo>,
     alive: bool,
+    /// It said it retired ([`Zygote::retire`]).
+    retired: bool,
 }
 
 /// Shared between the zygote handle, its reader thread and forked workers.
@@ -118,6 +121,10 @@ pub struct Zygote {
     /// base zygote's child: that one reaps it).
     child: Option<Mutex<Child>>,
     next_id: Mutex<u64>,
+    /// [`Zygote::retire`] was asked: it forks no more.
+    retiring: AtomicBool,
+    /// [`Zygote::compact`] was asked.
+    compacted: AtomicBool,
     _tmp: Option<TempDir>,
 }
 
@@ -171,6 +178,8 @@ impl Zygote {
                 hello,
                 child: Some(Mutex::new(child)),
                 next_id: Mutex::new(0),
+                retiring: Default::default(),
+                compacted: Default::default(),
                 _tmp: Some(tmp),
             }),
             Err(why) => {
@@ -235,6 +244,8 @@ impl Zygote {
                 hello,
                 child: None,
                 next_id: Mutex::new(0),
+                retiring: Default::default(),
+                compacted: Default::default(),
                 _tmp: None,
             }),
             Err(why) => {
@@ -315,6 +326,11 @@ impl Zygote {
                                 crate::confine::remove(&g);
                             }
                         }
+                        Ok(FromZygote::Retired) => {
+                            sh.state.lock().unwrap_or_else(|e| e.into_inner()).retired = true;
+                            sh.cv.notify_all();
+                            on_exit();
+                        }
                         Ok(FromZygote::Hello(_)) => {}
                         Err(_) => break,
                     }
@@ -366,6 +382,47 @@ impl Zygote {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .alive
+    }
+
+    /// Asks this base zygote to retire (once): its warm zygote serves, and
+    /// it gives up R and its heap, reaping and reporting its children
+    /// still (`ToZygote::Retire`). It forks nothing from now on.
+    pub fn retire(&self) {
+        if self.retiring.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = write_frame(&mut &*ctl, &ToZygote::Retire);
+    }
+
+    /// Whether [`Zygote::retire`] was asked (it forks no more).
+    pub fn is_retiring(&self) -> bool {
+        self.retiring.load(Ordering::SeqCst)
+    }
+
+    /// Whether it said it retired.
+    pub fn is_retired(&self) -> bool {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retired
+    }
+
+    /// Asks this warm zygote (once) to put its heap in huge pages where its
+    /// pages are its own (`ToZygote::Compact`): after its base retired,
+    /// before it forks most of its workers.
+    pub fn compact(&self) {
+        if self.compacted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = write_frame(&mut &*ctl, &ToZygote::Compact);
+    }
+
+    /// Whether [`Zygote::compact`] was asked.
+    pub fn is_compacted(&self) -> bool {
+        self.compacted.load(Ordering::SeqCst)
     }
 
     /// Whether this is a warm zygote (preloads done) rather than a base one.
