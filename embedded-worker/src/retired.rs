@@ -43,6 +43,12 @@ fn parse(spec: &str) -> Option<(RawFd, HashSet<libc::pid_t>)> {
 /// Re-executes this (base) zygote as a retired one. Returns only when it
 /// could not, with why; the zygote then serves on as it was.
 pub fn retire(ctl: RawFd, confined: &HashSet<libc::pid_t>) -> String {
+    // The binary by its path (the kernel's link, which a process under
+    // valgrind sees as its own program's, not valgrind's).
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return format!("could not find its own binary: {e}"),
+    };
     // SAFETY: fcntl on the control socket this zygote owns: it is kept
     // open across the exec below (everything else of the zygote's is
     // close-on-exec or harmless to keep).
@@ -52,7 +58,7 @@ pub fn retire(ctl: RawFd, confined: &HashSet<libc::pid_t>) -> String {
             std::io::Error::last_os_error()
         );
     }
-    let err = std::process::Command::new("/proc/self/exe")
+    let err = std::process::Command::new(exe)
         .arg0("rvisor-worker")
         .env_remove(ENV_ZYGOTE_FD)
         .env_remove(rvisor_protocol::timing::ENV_TIMING)
