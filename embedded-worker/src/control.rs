@@ -92,6 +92,7 @@ pub(crate) fn serve_control(
     }
 }
 
+/// Tells the supervisor that fork request `worker_id` failed, and why.
 pub(crate) fn refuse_fork(
     ctl: &mut UnixStream,
     worker_id: u64,

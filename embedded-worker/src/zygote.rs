@@ -4,7 +4,9 @@
 //! The pool starts a *base* zygote (R up, nothing preloaded: it serves
 //! within R's start-up time) and asks it for a *warm* zygote, a forked
 //! child that preloads and warms up while the base already serves, then
-//! takes over the forking (`ToZygote::Warm`).
+//! takes over the forking (`ToZygote::Warm`). The base zygote then retires
+//! (`ToZygote::Retire`, retired.rs) and the warm one puts its heap in huge
+//! pages (`ToZygote::Compact`, huge.rs).
 //!
 //! The zygote is single-threaded and never evaluates user code: only its own
 //! warm-up. It reads `Fork` requests (with the new worker's socket and output
@@ -266,7 +268,6 @@ fn fork_warm(
     answer_fork(ctl, worker_id, pid, "fork of the warm zygote failed", error)
 }
 
-/// Tells the supervisor that fork request `worker_id` failed, and why.
 /// Tells the supervisor how fork request `worker_id` went: `pid` from
 /// fork(2), `error` its errno when negative.
 fn answer_fork(
