@@ -1317,11 +1317,11 @@ fn the_warm_zygotes_heap_is_in_huge_pages_that_workers_share() {
     }
     let sup = ready_supervisor();
     let z = zygote_pid(&sup);
-    assert!(
-        anon_huge_kb(z) >= 2048,
-        "the warm zygote {z} has no huge pages: {:?}",
-        sup.pool_status()
-    );
+    // The bulk comes once the base zygote has retired (a few ms after the
+    // warm one is up, longer on a loaded machine).
+    wait_until("the warm zygote's heap in huge pages", || {
+        anon_huge_kb(z) >= 8 * 1024
+    });
     let s = sup.session().expect("session");
     let pid = assert_forked(&sup, &s);
     assert_eq!(lines(&call_ok(&s, "v <- 1:10; sum(v)")), vec!["[1] 55"]);
