@@ -25,45 +25,10 @@ const MAX_LEN: usize = 400;
 /// Deepest nesting of calls written here.
 const MAX_DEPTH: usize = 8;
 
-/// R's reserved words: never a bare name.
-const RESERVED: &[&str] = &[
-    "if",
-    "else",
-    "repeat",
-    "while",
-    "function",
-    "for",
-    "next",
-    "break",
-    "TRUE",
-    "FALSE",
-    "NULL",
-    "Inf",
-    "NaN",
-    "NA",
-    "NA_integer_",
-    "NA_real_",
-    "NA_character_",
-    "NA_complex_",
-    "in",
-];
-
-/// Whether R writes `name` bare (not in backticks): a syntactic name, ASCII
-/// only (R's test takes the locale's letters; others are left to R).
+/// Whether R writes `name` bare in a call: the names of
+/// [`rvisor_protocol::names::bare_name`], and `...`.
 pub fn syntactic(name: &str) -> bool {
-    if name == "..." {
-        return true;
-    }
-    let b = name.as_bytes();
-    let Some(&first) = b.first() else {
-        return false;
-    };
-    let start_ok = first.is_ascii_alphabetic()
-        || (first == b'.' && !b.get(1).is_some_and(|c| c.is_ascii_digit() || *c == b'.'));
-    start_ok
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'_')
-        && !RESERVED.contains(&name)
+    name == "..." || rvisor_protocol::names::bare_name(name)
 }
 
 /// A string constant as R deparses it (double quotes), or `None` for a
@@ -296,7 +261,7 @@ mod tests {
 
     #[test]
     fn names_r_writes_bare() {
-        for ok in ["f", "stop", ".f", "f.g_h2", "...", "x1", "T"] {
+        for ok in ["f", "stop", ".f", "f.g_h2", "...", "x1", "T", "..a"] {
             assert!(syntactic(ok), "{ok}");
         }
         for no in [

@@ -116,16 +116,20 @@ fn worker_pid(session: &Session) -> u32 {
     st.pid.unwrap_or_else(|| panic!("no worker pid: {st:?}"))
 }
 
-/// Field `name` of /proc/<pid>/status.
-fn proc_status(pid: u32, name: &str) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
-    status
-        .lines()
+/// Field `name` of /proc/<pid>/<file> (`status`, `smaps_rollup`).
+fn proc_field(pid: u32, file: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/{file}: {e}"));
+    text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .unwrap_or_else(|| panic!("no {name} line for {pid}"))
+        .unwrap_or_else(|| panic!("no {name} line in /proc/{pid}/{file}"))
         .trim()
         .to_string()
+}
+
+/// Field `name` of /proc/<pid>/status.
+fn proc_status(pid: u32, name: &str) -> String {
+    proc_field(pid, "status", name)
 }
 
 /// The parent process id of `pid`; panics if it does not run.
@@ -1231,13 +1235,11 @@ fn workers_ask_for_page_merging_only_when_the_host_opts_in() {
 
 /// Field `name` of /proc/<pid>/smaps_rollup, in kB.
 fn rollup_kb(pid: u32, name: &str) -> u64 {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_else(|e| panic!("smaps_rollup of {pid}: {e}"));
-    rollup
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {rollup}"))
+    let v = proc_field(pid, "smaps_rollup", name);
+    v.trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} of {pid} is not a size: {v:?}"))
 }
 
 /// `AnonHugePages` of /proc/<pid>/smaps_rollup, in kB.

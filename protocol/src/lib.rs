@@ -10,6 +10,7 @@ pub mod display;
 pub mod event;
 pub mod fdpass;
 pub mod frame;
+pub mod names;
 pub mod result;
 pub mod timing;
 pub mod worker;

@@ -149,29 +149,6 @@ impl Default for SafetyRules {
     }
 }
 
-/// R's reserved words, which are not valid variable names.
-const RESERVED: &[&str] = &[
-    "if",
-    "else",
-    "repeat",
-    "while",
-    "function",
-    "for",
-    "next",
-    "break",
-    "TRUE",
-    "FALSE",
-    "NULL",
-    "Inf",
-    "NaN",
-    "NA",
-    "NA_integer_",
-    "NA_real_",
-    "NA_character_",
-    "NA_complex_",
-    "in",
-];
-
 /// The longest name R accepts for a symbol, in bytes (R's `MAXIDSIZE`):
 /// a longer one is an R error ("variable names are limited to 10000
 /// bytes") as soon as it is bound.
@@ -206,21 +183,7 @@ fn cut_name(name: &str) -> String {
 /// Whether `name` is a syntactic R name (usable as a variable without
 /// backquotes) of at most [`MAX_NAME_BYTES`].
 pub fn syntactic_name(name: &str) -> bool {
-    if name.len() > MAX_NAME_BYTES {
-        return false;
-    }
-    let b = name.as_bytes();
-    let ok_start = match b.first() {
-        Some(c) if c.is_ascii_alphabetic() => true,
-        Some(b'.') => !matches!(b.get(1), Some(c) if c.is_ascii_digit()),
-        _ => false,
-    };
-    ok_start
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'_')
-        && !RESERVED.contains(&name)
-        && !(name.starts_with("..") && name[2..].chars().all(|c| c.is_ascii_digit()))
-        && name != "..."
+    name.len() <= MAX_NAME_BYTES && rvisor_protocol::names::bare_name(name)
 }
 
 /// Checks variables for a run: at most `rules.max_variables`, syntactic

@@ -388,11 +388,16 @@ impl Zygote {
     /// it gives up R and its heap, reaping and reporting its children
     /// still (`ToZygote::Retire`). It forks nothing from now on.
     pub fn retire(&self) {
-        if self.retiring.swap(true, Ordering::SeqCst) {
-            return;
+        self.send_once(&self.retiring, &ToZygote::Retire);
+    }
+
+    /// Sends `msg` unless `sent` says it was; no answer is read (a zygote
+    /// whose link broke is seen dead by the reader thread).
+    fn send_once(&self, sent: &AtomicBool, msg: &ToZygote) {
+        if !sent.swap(true, Ordering::SeqCst) {
+            let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = write_frame(&mut &*ctl, msg);
         }
-        let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = write_frame(&mut &*ctl, &ToZygote::Retire);
     }
 
     /// Whether [`Zygote::retire`] was asked (it forks no more).
@@ -413,16 +418,7 @@ impl Zygote {
     /// pages are its own (`ToZygote::Compact`): after its base retired,
     /// before it forks most of its workers.
     pub fn compact(&self) {
-        if self.compacted.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let ctl = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = write_frame(&mut &*ctl, &ToZygote::Compact);
-    }
-
-    /// Whether [`Zygote::compact`] was asked.
-    pub fn is_compacted(&self) -> bool {
-        self.compacted.load(Ordering::SeqCst)
+        self.send_once(&self.compacted, &ToZygote::Compact);
     }
 
     /// Whether this is a warm zygote (preloads done) rather than a base one.
