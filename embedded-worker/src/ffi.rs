@@ -63,6 +63,8 @@ extern "C" {
     /// Whether the value of the last evaluation is visible (an `Rboolean`);
     /// read right after `Rf_eval` of a top-level expression, as R's REPL does.
     pub static mut R_Visible: c_int;
+    /// A full garbage collection.
+    pub fn R_gc();
     /// The text of the last error R reported ("Error in f() : msg\n").
     pub fn R_curErrorBuf() -> *const c_char;
     /// Sets a symbol's value in the base environment (how R's REPL sets

@@ -76,6 +76,23 @@ pub fn recv_with_fds() -> Result<(ToWorker, Vec<std::os::fd::OwnedFd>), FrameErr
     })
 }
 
+/// Whether a frame from the supervisor is waiting, or comes within
+/// `timeout_ms` (0: now; the link closed counts as readable).
+pub fn readable(timeout_ms: i32) -> bool {
+    LINK.with(|l| match l.borrow().as_ref() {
+        Some(s) => {
+            let mut p = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(s),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one pollfd of a descriptor the stream owns.
+            unsafe { libc::poll(&mut p, 1, timeout_ms) != 0 }
+        }
+        None => true,
+    })
+}
+
 /// Reads the next frame from the supervisor (blocking).
 pub fn recv() -> Result<ToWorker, FrameError> {
     LINK.with(|l| match l.borrow_mut().as_mut() {

@@ -13,6 +13,7 @@ mod display;
 mod due;
 mod eval;
 mod ffi;
+mod heap_image;
 mod huge;
 mod hydrate;
 mod interrupt;

@@ -89,6 +89,10 @@ fn add_libraries_after(r: &r::R) {
 
 /// Says hello with R ready, then evaluates calls until the supervisor
 /// closes the link or says shutdown. Used by exec'd and forked workers.
+/// How long a worker waits idle after calls before it gives its copies
+/// of the zygote's pages back.
+const GIVE_BACK_IDLE_MS: i32 = 100;
+
 pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
     add_libraries_after(r);
     let hello = WorkerHello {
@@ -110,7 +114,20 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
     // checkpoint saves only what the session changed.
     // SAFETY: on the R thread, R started; the driver is preserved.
     let _ = unsafe { r::call_driver(r.driver, c"mark_start", &[]) };
+    // Whether calls ran since the worker last gave its copies of the
+    // zygote's pages back (heap_image.rs): it does once idle for
+    // `GIVE_BACK_IDLE_MS`, and stops as soon as a request comes.
+    let mut ran = false;
+    let mut gc_seconds_then = 0.0;
     loop {
+        if std::mem::take(&mut ran) && !link::readable(GIVE_BACK_IDLE_MS) {
+            let gc_seconds = gc_seconds(r);
+            let collected = gc_seconds > gc_seconds_then;
+            if !crate::heap_image::give_back(|| link::readable(0), collected).stopped {
+                gc_seconds_then = gc_seconds;
+            }
+        }
+        ran = true;
         match link::recv_with_fds() {
             Ok((ToWorker::Run(req), fds)) => answer_call(r, req, fds)?,
             Ok((
@@ -165,6 +182,19 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
             Ok((ToWorker::Shutdown, _)) | Err(FrameError::Closed) => return Ok(()),
             Ok((ToWorker::Hello { .. }, _)) => return Err("unexpected second hello".into()),
             Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// The seconds R has spent collecting garbage (`gc.time()`), or 0.
+fn gc_seconds(_r: &r::R) -> f64 {
+    // SAFETY: on the R thread, between calls: evaluates base's own
+    // function in the base environment (a binding R code cannot change)
+    // and reads the double it returns at once.
+    unsafe {
+        match r::eval_string("gc.time()[[1L]]", crate::r::sys::R_BaseEnv) {
+            Ok(v) => crate::r::sys::Rf_asReal(v),
+            Err(_) => 0.0,
         }
     }
 }

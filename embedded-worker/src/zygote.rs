@@ -434,13 +434,28 @@ fn ready(
     mut phases: Phases,
     warm: bool,
 ) -> Result<(), String> {
-    // The zygotes that serve sessions fork most: their heap in huge pages
-    // (huge.rs). The base zygote serves only while the warm one starts,
-    // and `rvisor run`'s one fork, where collapsing would cost more than
-    // it saves.
+    // The zygotes that serve sessions: collected twice (what the first
+    // frees, finalizers included, the second does not find), so that a
+    // worker's own full collection leaves most pages as they are here; then
+    // their heap into its image (heap_image.rs), which their workers give
+    // their copies back to, in huge pages where it can be. Without an image,
+    // the anonymous heap in huge pages (huge.rs). The base zygote serves
+    // only while the warm one starts, and `rvisor run`'s one fork, where
+    // either would cost more than it saves.
     if warm {
-        crate::huge::collapse_heap();
-        phases.mark("huge_pages");
+        // SAFETY: on the R thread, between evaluations.
+        unsafe {
+            ffi::R_gc();
+            ffi::R_gc();
+        }
+        match crate::heap_image::take() {
+            Ok(_) => phases.mark("heap_image"),
+            Err(e) => {
+                eprintln!("rvisor-worker (zygote): no heap image, workers keep their copies: {e}");
+                crate::huge::collapse_heap();
+                phases.mark("huge_pages");
+            }
+        }
     }
     let pipe = chld_pipe()?;
     let hello = ZygoteHello {

@@ -1242,9 +1242,11 @@ fn rollup_kb(pid: u32, name: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{name} of {pid} is not a size: {v:?}"))
 }
 
-/// `AnonHugePages` of /proc/<pid>/smaps_rollup, in kB.
-fn anon_huge_kb(pid: u32) -> u64 {
-    rollup_kb(pid, "AnonHugePages")
+/// Memory /proc/<pid>/smaps_rollup says is mapped in huge pages, in kB:
+/// anonymous (huge.rs) or of the heap image's file on its tmpfs
+/// (heap_image.rs).
+fn huge_kb(pid: u32) -> u64 {
+    rollup_kb(pid, "AnonHugePages") + rollup_kb(pid, "ShmemPmdMapped")
 }
 
 /// Once the warm zygote serves, the base zygote retires: it gives up R and
@@ -1308,8 +1310,9 @@ fn kernel_collapses() -> bool {
     }
 }
 
-/// The warm zygote's heap is in huge pages (embedded-worker/src/huge.rs),
-/// which its forks share whole until they write: a session's worker maps
+/// The warm zygote's heap is in huge pages (its image's, heap_image.rs;
+/// without one, anonymous ones, huge.rs), which its forks share whole
+/// until they write: a session's worker maps
 /// some of them still after its calls, and its state is its own as ever.
 #[test]
 fn the_warm_zygotes_heap_is_in_huge_pages_that_workers_share() {
@@ -1322,13 +1325,13 @@ fn the_warm_zygotes_heap_is_in_huge_pages_that_workers_share() {
     // The bulk comes once the base zygote has retired (a few ms after the
     // warm one is up, longer on a loaded machine).
     wait_until("the warm zygote's heap in huge pages", || {
-        anon_huge_kb(z) >= 8 * 1024
+        huge_kb(z) >= 8 * 1024
     });
     let s = sup.session().expect("session");
     let pid = assert_forked(&sup, &s);
     assert_eq!(lines(&call_ok(&s, "v <- 1:10; sum(v)")), vec!["[1] 55"]);
     assert!(
-        anon_huge_kb(pid) >= 2048,
+        huge_kb(pid) >= 2048,
         "the session's worker {pid} maps none of the zygote's huge pages"
     );
     // A full collection writes over the whole heap: the worker's own copies.
