@@ -571,10 +571,18 @@ pub fn give_back(mut stop: impl FnMut() -> bool, collected: bool) -> GivenBack {
     // those pages of the image read the image again, the others zeros).
     // SAFETY: on R's thread, the only one, between calls.
     unsafe { libc::malloc_trim(0) };
+    if stop() {
+        got.stopped = true;
+        return got;
+    }
     let own = |e: u64| e & PRESENT != 0 && e & FILE_PAGE == 0;
     let Some(entries) = read_entries(pagemap, parts) else {
         return got;
     };
+    if stop() {
+        got.stopped = true;
+        return got;
+    }
     let now = entries.iter().filter(|e| own(**e)).count();
     if !collected && now < *kept + MIN_NEW {
         // No collection ran, and too few pages became this process's own
