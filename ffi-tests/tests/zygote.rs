@@ -1322,6 +1322,14 @@ fn the_warm_zygotes_heap_is_in_huge_pages_that_workers_share() {
     }
     let sup = ready_supervisor();
     let z = zygote_pid(&sup);
+    // A zygote that may not mount a tmpfs (rootless) keeps its image in a
+    // memfd, in small pages (which a fork does not copy either: the
+    // zygote maps them in a view no fork inherits).
+    let maps = std::fs::read_to_string(format!("/proc/{z}/maps")).expect("the zygote's maps");
+    if maps.contains("/memfd:rvisor-heap-image") {
+        eprintln!("skipped: the zygote's heap image is a memfd, in small pages (no tmpfs mount)");
+        return;
+    }
     // The bulk comes once the base zygote has retired (a few ms after the
     // warm one is up, longer on a loaded machine).
     wait_until("the warm zygote's heap in huge pages", || {
