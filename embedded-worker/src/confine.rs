@@ -18,6 +18,7 @@
 //! program directories are noexec with only those files bound back
 //! executable.
 
+use crate::caps;
 use rvisor_protocol::{Confine, ProgramFile};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -524,11 +525,11 @@ fn credentials(c: &Confine) -> Result<(), String> {
         );
         if c.rootless {
             // No capabilities in any set (version 3: two 32-bit halves).
-            let mut header = CapHeader {
-                version: LINUX_CAPABILITY_VERSION_3,
+            let mut header = caps::CapHeader {
+                version: caps::LINUX_CAPABILITY_VERSION_3,
                 pid: 0,
             };
-            let data = [CapData::default(); 2];
+            let data = [caps::CapData::default(); 2];
             if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
                 return Err(err("capset"));
             }
@@ -556,52 +557,6 @@ fn credentials(c: &Confine) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// `struct __user_cap_header_struct` of capset(2).
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-/// `struct __user_cap_data_struct` of capset(2).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-/// Runs `f` with CAP_SYS_ADMIN out of this thread's effective set (back
-/// after, if it was there): what `f` opens is opened as by a process
-/// without it (`/proc/self/pagemap` then shows no physical addresses).
-pub fn without_sys_admin<T>(f: impl FnOnce() -> T) -> T {
-    const SYS_ADMIN: u32 = 1 << 21; // CAP_SYS_ADMIN
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget fills two CapData (version 3) for this thread.
-    let got = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } == 0;
-    let had = got && data[0].effective & SYS_ADMIN != 0;
-    if had {
-        let mut less = data;
-        less[0].effective &= !SYS_ADMIN;
-        // SAFETY: capset with the sets capget gave, one bit fewer.
-        unsafe { libc::syscall(libc::SYS_capset, &mut header, less.as_ptr()) };
-    }
-    let out = f();
-    if had {
-        // SAFETY: capset back to the sets capget gave (the bit is still
-        // in the permitted set, so it may be raised again).
-        unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
-    }
-    out
 }
 
 /// Landlock: read anything in the new root (it holds only what was bound),
@@ -850,11 +805,6 @@ pub fn apply(c: &Confine, work: &str) -> Result<(), String> {
     namespaces(c)?;
     filesystem(c, work)?;
     limits(c)?;
-    // The worker's pagemap, for giving its copies of the zygote's pages
-    // back (heap_image.rs): once its credentials change it may no longer
-    // open it (a process that changed them is not dumpable, so its /proc
-    // files are root's).
-    crate::heap_image::open_pagemap();
     credentials(c)?;
     // As pid 1 of its namespace the worker ignores SIGXCPU by default.
     // SAFETY: installs an async-signal-safe handler.

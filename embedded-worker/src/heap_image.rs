@@ -513,12 +513,13 @@ const MADV_POPULATE_READ: libc::c_int = 22;
 /// (so reading it shows no physical addresses, which would help an attack
 /// on the memory's rows; the flags [`give_back`] reads are there anyway).
 fn own_pagemap() -> Option<std::fs::File> {
-    crate::confine::without_sys_admin(|| std::fs::File::open("/proc/self/pagemap").ok())
+    crate::caps::without_sys_admin(|| std::fs::File::open("/proc/self/pagemap").ok())
 }
 
-/// Opens this worker's pagemap for [`give_back`], if it has an image: a
-/// confined worker does it before its credentials change (after, its
-/// /proc files are root's); another one at its first [`give_back`].
+/// Opens this worker's pagemap for [`give_back`], if it has an image:
+/// right after the fork, before confinement changes its credentials
+/// (after, it is not dumpable and its /proc files are root's; the
+/// descriptor stays this process's pagemap wherever /proc is then).
 pub fn open_pagemap() {
     let mut image = IMAGE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(i) = image.as_mut() {

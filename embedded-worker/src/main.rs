@@ -5,6 +5,7 @@
 //! pipes it reads, and fd 0 from /dev/null. Frames are those of
 //! `rvisor-protocol`. There is no path another process could connect to.
 
+mod caps;
 mod confine;
 mod console;
 mod control;

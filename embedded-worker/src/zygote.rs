@@ -709,6 +709,9 @@ fn become_worker(
             }
         }
     }
+    // Its pagemap, for giving its copies of the zygote's pages back
+    // (heap_image.rs), while it may still open it.
+    crate::heap_image::open_pagemap();
     if let Some(c) = &req.confine {
         let mapped = match outer_ids {
             Some((uid, gid)) => confine::map_ids(c, uid, gid),
