@@ -346,15 +346,8 @@ pub fn take() -> Result<usize, String> {
     let mut runs = vec![(0usize, 0usize); pages];
     let mut parts: Vec<Part> = Vec::with_capacity(ranges.len());
     let mut bytes = 0;
-    // SAFETY: sigfillset/sigprocmask on local sets: no handler runs (and
-    // writes) until the mask is restored below.
-    let old = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::sigprocmask(libc::SIG_SETMASK, &all, &mut old);
-        old
-    };
+    // No signal handler runs (and writes) until the mask is restored below.
+    let held = SignalsHeld::new();
     let mut failed: Option<&str> = None;
     // Which pages hold something: present or swapped out, or, in a
     // mapping of an earlier image, data of its file.
@@ -370,7 +363,7 @@ pub fn take() -> Result<usize, String> {
                 break 'ranges;
             }
             for (j, (h, c)) in chunk.iter_mut().zip(want.chunks_exact(8)).enumerate() {
-                let e = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+                let e = entry(c);
                 let in_file = r.earlier.is_some_and(|off| {
                     let at = off + ((k * 512 + j) * PAGE) as u64;
                     earlier_data.iter().any(|&(a, b)| a <= at && at < b)
@@ -449,8 +442,7 @@ pub fn take() -> Result<usize, String> {
             }
         }
     }
-    // SAFETY: restores the signal mask saved above.
-    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    drop(held);
     if let Some(e) = failed {
         return Err(e.into());
     }
@@ -645,11 +637,7 @@ fn read_entries(pagemap: &std::fs::File, parts: &[Part]) -> Option<Vec<u64>> {
             .ok()?;
         at += n * 8;
     }
-    Some(
-        raw.chunks_exact(8)
-            .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect(),
-    )
+    Some(raw.chunks_exact(8).map(entry).collect())
 }
 
 /// Drops the pages at `addr` (as many as `theirs` holds) that equal
@@ -657,15 +645,9 @@ fn read_entries(pagemap: &std::fs::File, parts: &[Part]) -> Option<Vec<u64>> {
 /// file, which a read would fill); returns how many it dropped.
 fn drop_equal(addr: usize, theirs: &[u8]) -> usize {
     let mut dropped = 0;
-    // SAFETY: blocks signals while pages are compared and dropped: a
-    // handler that wrote to a page between the two would lose its write.
-    let old = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::sigprocmask(libc::SIG_SETMASK, &all, &mut old);
-        old
-    };
+    // Signals wait while pages are compared and dropped: a handler that
+    // wrote to a page between the two would lose its write.
+    let _held = SignalsHeld::new();
     let pages = theirs.len() / PAGE;
     let mut k = 0;
     let same = |j: usize| {
@@ -700,9 +682,36 @@ fn drop_equal(addr: usize, theirs: &[u8]) -> usize {
             dropped += k - first;
         }
     }
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     dropped
+}
+
+/// Every signal blocked for this thread until it is dropped, when the
+/// mask before is restored.
+struct SignalsHeld(libc::sigset_t);
+
+impl SignalsHeld {
+    fn new() -> Self {
+        // SAFETY: sigfillset/sigprocmask on local sets.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::sigprocmask(libc::SIG_SETMASK, &all, &mut old);
+            SignalsHeld(old)
+        }
+    }
+}
+
+impl Drop for SignalsHeld {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `new` saved.
+        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
+/// One `/proc/self/pagemap` entry from its 8 bytes.
+fn entry(c: &[u8]) -> u64 {
+    u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
 }
 
 #[cfg(test)]

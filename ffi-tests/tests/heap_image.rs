@@ -123,6 +123,25 @@ fn collect_and_measure(s: &Session, pid: u32, code: &str) -> (u64, String) {
     (copied, r.console)
 }
 
+/// Descriptor `n` of process `pid`, the same open file taken into this
+/// process (pidfd_getfd; the tests run as root).
+fn take_fd(pid: u32, n: i32) -> std::fs::File {
+    // SAFETY: pidfd_open/pidfd_getfd on the worker; the descriptors
+    // returned are checked and owned right away.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0);
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let pidfd = std::os::fd::OwnedFd::from_raw_fd(pidfd as i32);
+        let got = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), n, 0);
+        assert!(got >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
+        std::fs::File::from(std::os::fd::OwnedFd::from_raw_fd(got as i32))
+    }
+}
+
 fn worker_pid(s: &Session) -> u32 {
     call_ok(s, "invisible(0)");
     s.status().pid.expect("the session's worker pid")
@@ -182,20 +201,7 @@ fn a_worker_cannot_write_to_the_heap_image() {
         .expect("a descriptor number");
     // The worker's descriptor is read-only: the same open file, taken
     // into this process, refuses a write.
-    // SAFETY: pidfd_open/pidfd_getfd on the worker (the test runs as
-    // root); the descriptors returned are owned right away.
-    let theirs = unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0);
-        assert!(
-            pidfd >= 0,
-            "pidfd_open: {}",
-            std::io::Error::last_os_error()
-        );
-        let pidfd = std::os::fd::OwnedFd::from_raw_fd(pidfd as i32);
-        let got = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), n, 0);
-        assert!(got >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
-        std::fs::File::from(std::os::fd::OwnedFd::from_raw_fd(got as i32))
-    };
+    let theirs = take_fd(pid, n);
     let mut first = [0u8; 16];
     theirs
         .read_exact_at(&mut first, 0)
@@ -290,20 +296,7 @@ fn a_workers_pagemap_shows_no_physical_addresses() {
         .find(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.ends_with("pagemap")))
         .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .expect("the worker holds its pagemap open");
-    // SAFETY: pidfd_open/pidfd_getfd on the worker; the descriptors
-    // returned are owned right away.
-    let pagemap = unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0);
-        assert!(
-            pidfd >= 0,
-            "pidfd_open: {}",
-            std::io::Error::last_os_error()
-        );
-        let pidfd = std::os::fd::OwnedFd::from_raw_fd(pidfd as i32);
-        let got = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
-        assert!(got >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
-        std::fs::File::from(std::os::fd::OwnedFd::from_raw_fd(got as i32))
-    };
+    let pagemap = take_fd(pid, fd);
     // Its image mappings: present pages, and not one physical address.
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
     let mut present = 0;
