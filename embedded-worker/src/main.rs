@@ -20,6 +20,7 @@ mod hydrate;
 mod interrupt;
 mod link;
 mod markup;
+mod next_request;
 mod pages;
 mod pause;
 mod png_save;

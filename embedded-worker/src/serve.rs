@@ -10,6 +10,7 @@ use crate::{console, eval, interrupt, link, pause, r, state, stream, tools};
 use rvisor_protocol::{
     timing, FrameError, FromWorker, StateOutcome, ToWorker, WorkerHello, PROTOCOL_VERSION,
 };
+use std::time::Instant;
 
 /// Starts R with its hooks delivering to this worker's modules: console
 /// text to the capture, `quit()` and the driver's reports to the call, and
@@ -119,8 +120,12 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
     // `GIVE_BACK_IDLE_MS`, and stops as soon as a request comes.
     let mut ran = false;
     let mut gc_seconds_then = 0.0;
+    // Whether to poll for the next request a moment before sleeping
+    // (next_request.rs).
+    let mut next = crate::next_request::NextRequest::default();
     loop {
-        if std::mem::take(&mut ran) && !link::readable(GIVE_BACK_IDLE_MS) {
+        let came = next.poll(|| link::readable(0));
+        if std::mem::take(&mut ran) && !came && !link::readable(GIVE_BACK_IDLE_MS) {
             let gc_seconds = gc_seconds(r);
             let collected = gc_seconds > gc_seconds_then;
             if !crate::heap_image::give_back(|| link::readable(0), collected).stopped {
@@ -128,8 +133,14 @@ pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
             }
         }
         ran = true;
-        match link::recv_with_fds() {
-            Ok((ToWorker::Run(req), fds)) => answer_call(r, req, fds)?,
+        let frame = link::recv_with_fds();
+        next.arrived(Instant::now());
+        match frame {
+            Ok((ToWorker::Run(req), fds)) => {
+                let spin_us = req.spin_us;
+                answer_call(r, req, fds)?;
+                next.answered(spin_us, Instant::now());
+            }
             Ok((
                 ToWorker::Validate {
                     script,
@@ -309,6 +320,7 @@ fn warm_up_with(r: &r::R, codes: &[&str]) {
             tables: Vec::new(),
             stream: rvisor_protocol::StreamMode::Off,
             display: Default::default(),
+            spin_us: 0,
         };
         let _ = eval::run(r, req, Vec::new());
     }

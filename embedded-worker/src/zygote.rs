@@ -46,6 +46,7 @@ fn run_quiet(r: &r::R, code: &str) -> rvisor_protocol::RunResult {
             tables: Vec::new(),
             stream: rvisor_protocol::StreamMode::Off,
             display: Default::default(),
+            spin_us: 0,
         },
         Vec::new(),
     )

@@ -133,6 +133,13 @@ pub struct RunRequest {
     /// Which rich results to make (tables, HTML values, plot formats).
     #[serde(default)]
     pub display: crate::DisplayOptions,
+    /// How long, in microseconds, the worker may poll for its next request
+    /// after it answers this one, before it sleeps (0: it sleeps at once).
+    /// The supervisor asks for it when the host has a CPU to spare: a
+    /// request that comes then is read at once, without the wake-up of a
+    /// sleeping process (the supervisor's `spin.rs`).
+    #[serde(default)]
+    pub spin_us: u32,
 }
 
 /// What a tool handler produced.

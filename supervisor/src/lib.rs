@@ -49,6 +49,7 @@ mod raw;
 pub mod rules;
 pub mod session;
 mod session_files;
+mod spin;
 mod supervisor;
 mod tempdir;
 #[cfg(test)]

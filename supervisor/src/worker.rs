@@ -118,6 +118,14 @@ pub(crate) trait WorkerSource: Send + 'static {
     fn call_ended(&mut self) {}
 }
 
+/// How a call is sent: its number, the events its caller follows, how
+/// long the worker may poll for its next request after it (spin.rs).
+struct Sending {
+    seq: u64,
+    stream: StreamMode,
+    spin_us: u32,
+}
+
 /// A running worker.
 #[derive(Debug)]
 pub struct Worker {
@@ -139,6 +147,9 @@ pub struct Worker {
     startup: Duration,
     exited: bool,
     call_seq: u64,
+    /// Its last call was answered within `spin::WINDOW` of being sent: the
+    /// next one polls for its answer that long before sleeping.
+    quick: bool,
     /// Forked into OS confinement (its files are under /proc/PID/root).
     pub(crate) confined: bool,
     /// Its cgroup's CPU time (ns) of itself and its children, if counted.
@@ -224,6 +235,7 @@ impl Worker {
             startup: Duration::ZERO,
             exited: false,
             call_seq: 0,
+            quick: true,
             confined: false,
             cpu_usage: None,
             _tmp: tmp,
@@ -473,10 +485,33 @@ impl Worker {
         self.call_seq += 1;
         let seq = self.call_seq;
         let mode = events.map_or(StreamMode::Off, EventSink::mode);
-        let res = match self.send_call(seq, &execution_id, code, opts, ctx, mode) {
-            Ok(()) => self.call_loop(seq, execution_id, code, opts, ctx, events),
+        // Polling instead of sleeping while a CPU is spare (spin.rs).
+        let flight = crate::spin::Flight::start();
+        let spare = flight.spare();
+        let sent = Instant::now();
+        let spin_us = if spare {
+            u32::try_from(crate::spin::WINDOW.as_micros()).unwrap_or(0)
+        } else {
+            0
+        };
+        let how = Sending {
+            seq,
+            stream: mode,
+            spin_us,
+        };
+        let res = match self.send_call(&how, &execution_id, code, opts, ctx) {
+            Ok(()) => {
+                if spare && self.quick {
+                    self.events.poll_until(Some(sent + crate::spin::WINDOW));
+                }
+                let res = self.call_loop(seq, execution_id, code, opts, ctx, events);
+                self.events.poll_until(None);
+                self.quick = sent.elapsed() <= crate::spin::WINDOW;
+                res
+            }
             Err(failed) => *failed,
         };
+        drop(flight);
         if let Some(t) = token {
             t.clear();
         }
@@ -487,12 +522,11 @@ impl Worker {
     /// cannot see the store). `Err`: the call's result, nothing ran.
     fn send_call(
         &mut self,
-        seq: u64,
+        how: &Sending,
         execution_id: &str,
         code: &str,
         opts: &CallOptions,
         ctx: &CallContext,
-        stream: StreamMode,
     ) -> Result<(), Box<RunResult>> {
         let refuse = |outcome, message| {
             Box::new(RunResult::failed(
@@ -533,7 +567,7 @@ impl Worker {
                 .max(result_frame_limit(DEFAULT_MAX_OUTPUT_BYTES)),
         );
         let req = RunRequest {
-            seq,
+            seq: how.seq,
             execution_id: execution_id.to_string(),
             code: crate::call::unix_newlines(code).into_owned(),
             plot_width: opts.plot_width,
@@ -544,8 +578,9 @@ impl Worker {
             tools: ctx.tools.iter().map(|t| t.name.clone()).collect(),
             variables: ctx.variables.clone(),
             tables: ctx.tables.iter().map(|(n, _)| n.clone()).collect(),
-            stream,
+            stream: how.stream,
             display: opts.display,
+            spin_us: how.spin_us,
         };
         let fds: Vec<std::os::fd::RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let sent = self.transport.send(&ToWorker::Run(req), &fds);

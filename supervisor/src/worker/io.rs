@@ -302,6 +302,8 @@ impl LinkTx {
 pub(crate) struct LinkRx {
     rx: Receiver<LinkEvent>,
     sock: Option<SockSide>,
+    /// See [`LinkRx::poll_until`].
+    poll_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for LinkRx {
@@ -386,7 +388,14 @@ impl LinkRx {
     #[cfg(test)]
     pub(crate) fn channel() -> (LinkTx, LinkRx) {
         let (tx, rx) = mpsc::channel();
-        (LinkTx { tx, wake: None }, LinkRx { rx, sock: None })
+        (
+            LinkTx { tx, wake: None },
+            LinkRx {
+                rx,
+                sock: None,
+                poll_until: None,
+            },
+        )
     }
 
     /// The link of a real worker: its socket (a clone of the one requests
@@ -430,6 +439,7 @@ impl LinkRx {
             LinkRx {
                 rx,
                 sock: Some(side),
+                poll_until: None,
             },
         ))
     }
@@ -448,6 +458,13 @@ impl LinkRx {
             return Some(ev);
         }
         self.rx.try_recv().ok()
+    }
+
+    /// Until when [`LinkRx::recv_timeout`] polls the socket (yielding the
+    /// CPU between polls) before it sleeps in `poll` (spin.rs). `None`:
+    /// it sleeps at once.
+    pub(crate) fn poll_until(&mut self, until: Option<Instant>) {
+        self.poll_until = until;
     }
 
     /// The next event, waiting at most `wait` (`None`: as long as it takes).
@@ -495,8 +512,14 @@ impl LinkRx {
             let ms = left.map_or(-1, |l| {
                 i32::try_from(l.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
             });
+            let polling = self.poll_until.is_some_and(|t| Instant::now() < t);
             // SAFETY: poll on two pollfds we own.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, if polling { 0 } else { ms }) };
+            if n == 0 && polling {
+                // SAFETY: sched_yield takes no arguments.
+                unsafe { libc::sched_yield() };
+                continue;
+            }
             if n <= 0 {
                 continue; // EINTR, or the time is up (checked above)
             }
