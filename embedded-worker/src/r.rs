@@ -932,6 +932,47 @@ pub fn use_rtmp_temp_dir() {
     }
 }
 
+/// The JIT level R sets at start-up from `R_ENABLE_JIT` (C's `atoi` of
+/// it; 3 when unset).
+fn jit_level(var: Option<&std::ffi::OsStr>) -> i32 {
+    let Some(v) = var else { return 3 };
+    let v = v.to_string_lossy();
+    let t = v.trim_start();
+    let (sign, digits) = match t.as_bytes().first() {
+        Some(b'-') => (-1i64, &t[1..]),
+        Some(b'+') => (1, &t[1..]),
+        _ => (1, t),
+    };
+    let n = digits
+        .bytes()
+        .take_while(u8::is_ascii_digit)
+        .fold(0i64, |n, d| {
+            (n * 10 + i64::from(d - b'0')).min(i64::from(i32::MAX))
+        });
+    (sign * n) as i32
+}
+
+/// R's default packages, as its start-up would have loaded them, and its
+/// JIT at the level it would have set (start.R says why).
+///
+/// # Safety
+/// On the R thread, R initialised by `setup_Rmainloop`.
+unsafe fn load_default_packages(
+    default_packages: Option<&std::ffi::OsStr>,
+    enable_jit: Option<&std::ffi::OsStr>,
+) -> Result<(), String> {
+    let dp = default_packages.map_or(String::new(), |v| v.to_string_lossy().into_owned());
+    let level = jit_level(enable_jit);
+    if let Some(why) = string_problem(&dp) {
+        return Err(format!("R_DEFAULT_PACKAGES cannot be given to R: {why}"));
+    }
+    let code = format!("({})({}, {level}L)", include_str!("start.R"), r_string(&dp));
+    // SAFETY: per the function's contract.
+    unsafe { eval_string(&code, R_BaseEnv) }
+        .map(|_| ())
+        .map_err(|e| format!("failed to load R's default packages: {e}"))
+}
+
 /// Starts R with `hooks` receiving what it reports. Must be called once, on
 /// the main thread, before anything else touches R.
 pub fn start(hooks: Hooks) -> Result<R, String> {
@@ -957,6 +998,12 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         // Without a UTF-8 locale R prints non-ASCII text as <U+00E9>.
         std::env::set_var("LANG", "C.UTF-8");
     }
+    // The default packages are loaded after R's start-up, with the JIT off
+    // until they are (start.R); both variables are put back right after.
+    let default_packages = std::env::var_os("R_DEFAULT_PACKAGES");
+    let enable_jit = std::env::var_os("R_ENABLE_JIT");
+    std::env::set_var("R_DEFAULT_PACKAGES", "NULL");
+    std::env::set_var("R_ENABLE_JIT", "0");
     let args: Vec<CString> = ["R", "--vanilla", "--quiet", "--no-echo", "--no-save"]
         .iter()
         .map(|a| CString::new(*a).expect("static argument"))
@@ -983,6 +1030,17 @@ pub fn start(hooks: Hooks) -> Result<R, String> {
         ffi::ptr_R_FlushConsole = Some(flush_console);
         setup_Rmainloop();
     }
+    for (var, was) in [
+        ("R_DEFAULT_PACKAGES", &default_packages),
+        ("R_ENABLE_JIT", &enable_jit),
+    ] {
+        match was {
+            Some(v) => std::env::set_var(var, v),
+            None => std::env::remove_var(var),
+        }
+    }
+    // SAFETY: R is initialised; on the R thread.
+    unsafe { load_default_packages(default_packages.as_deref(), enable_jit.as_deref()) }?;
     let added: Vec<_> = std::env::vars_os()
         .filter(|(k, v)| k != "R_SESSION_TMPDIR" && env_before.get(k) != Some(v))
         .collect();
@@ -1150,6 +1208,23 @@ mod tests {
             "install_input",
         ] {
             assert!(all.contains(&known), "{known} in {all:?}");
+        }
+    }
+
+    #[test]
+    fn the_jit_level_is_what_r_reads_from_r_enable_jit() {
+        use std::ffi::OsStr;
+        assert_eq!(jit_level(None), 3);
+        for (v, want) in [
+            ("0", 0),
+            ("2", 2),
+            (" 1", 1),
+            ("3x", 3),
+            ("x", 0),
+            ("", 0),
+            ("-1", -1),
+        ] {
+            assert_eq!(jit_level(Some(OsStr::new(v))), want, "{v:?}");
         }
     }
 }

@@ -344,6 +344,59 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
 }
 
 #[test]
+fn r_starts_with_the_state_rscripts_start_gives() {
+    // The worker loads R's default packages itself, after R's start-up,
+    // answering utils' two shell commands for osVersion from uname(2) and
+    // the PATH (embedded-worker/src/start.R): what a script sees of the
+    // start is Rscript's, but for the attached "rvisor" environment (by
+    // design, docs/r-semantics.md), and a confined worker's program guard.
+    let f = script(
+        "cat(utils::osVersion, '\\n')
+         cat(setdiff(search(), 'rvisor'), '\\n')
+         cat(getOption('defaultPackages'), '\\n')
+         cat(loadedNamespaces(), '\\n')
+         cat(compiler::enableJIT(-1), '\\n')
+         cat(Sys.getenv(c('R_DEFAULT_PACKAGES', 'R_ENABLE_JIT'), unset = 'unset'), '\\n')
+         cat(sessionInfo()$running, '\\n')
+         cat(bindingIsLocked('system', baseenv()), bindingIsLocked('Sys.which', baseenv()), '\\n')
+         cat(nzchar(Sys.which('uname')), '\\n')
+",
+    );
+    let g = script(
+        "cat(identical(environment(system), baseenv()), '\\n')
+         cat(identical(deparse(system), deparse(get('system', .BaseNamespaceEnv))), '\\n')
+         cat(deparse(body(Sys.which))[1:3], sep = '\\n')
+",
+    );
+    let out = |mut c: Command, what: &str| {
+        let out = c.env("LANG", "C.UTF-8").output().unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let rscript = |f: &std::path::Path| {
+        let mut c = Command::new("Rscript");
+        c.arg("--vanilla").arg(f);
+        out(c, "Rscript")
+    };
+    let theirs = rscript(&f);
+    assert!(theirs.contains("utils"), "{theirs}");
+    let mut confined = rvisor();
+    confined.args(["--allow-program", "uname", "run"]).arg(&f);
+    assert_eq!(out(confined, "confined"), theirs);
+    let mut unconfined = rvisor();
+    unconfined.args(["--unconfined", "run"]).arg(&f);
+    assert_eq!(out(unconfined, "unconfined"), theirs);
+    // Unconfined, base's system() and Sys.which() are R's own again.
+    let mut unconfined = rvisor();
+    unconfined.args(["--unconfined", "run"]).arg(&g);
+    assert_eq!(out(unconfined, "unconfined"), rscript(&g));
+}
+
+#[test]
 fn run_finds_the_callers_project_root_as_rscript_does_once_the_project_is_exposed() {
     // here::here() and rprojroot walk up from the working directory to
     // the first directory holding DESCRIPTION, .git, *.Rproj...; the same
