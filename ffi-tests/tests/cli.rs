@@ -344,6 +344,49 @@ fn run_loads_what_rscript_loads_and_gc_counts_few_cells_of_rvisors_own() {
 }
 
 #[test]
+fn the_driver_parses_to_the_same_code_without_its_comment_lines() {
+    // The worker gives R the driver and its parts without their comment
+    // lines (r.rs, `without_comment_lines`): a line of a string running
+    // over lines that began with `#` would be lost. R says whether each
+    // file parses to the same expressions either way.
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../embedded-worker/src");
+    let mut files: Vec<_> = std::fs::read_dir(&src)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("driver") && n.ends_with(".R"))
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "the driver's files in {}", src.display());
+    for f in files {
+        let out = Command::new("Rscript")
+            .arg("--vanilla")
+            .arg("-e")
+            .arg(
+                "txt <- readLines(commandArgs(TRUE)[1], encoding = 'UTF-8')
+                 kept <- txt[!grepl('^[[:space:]]*#', txt)]
+                 a <- parse(text = txt, keep.source = FALSE, encoding = 'UTF-8')
+                 b <- parse(text = kept, keep.source = FALSE, encoding = 'UTF-8')
+                 cat(identical(a, b), length(a), length(txt) - length(kept))",
+            )
+            .arg(&f)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            said.starts_with("TRUE "),
+            "{}: {said} {}",
+            f.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn r_starts_with_the_state_rscripts_start_gives() {
     // The worker loads R's default packages itself, after R's start-up,
     // answering utils' two shell commands for osVersion from uname(2) and
