@@ -20,7 +20,10 @@ use std::time::Duration;
 /// How long a runner polls for an answer, and a worker for its next
 /// request, before sleeping. About three times what a worker takes for
 /// `1+1` or `stop("boom")` from request to answer.
-pub(crate) const WINDOW: Duration = Duration::from_micros(200);
+pub(crate) const WINDOW: Duration = Duration::from_micros(WINDOW_US as u64);
+
+/// [`WINDOW`] in microseconds, as a request carries it.
+const WINDOW_US: u32 = 200;
 
 /// Calls being sent or answered in this process.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -55,6 +58,16 @@ impl Flight {
     /// Whether the host had a CPU to spare for polling when it started.
     pub(crate) fn spare(&self) -> bool {
         self.spare
+    }
+
+    /// How long the worker may poll for its next request after answering
+    /// this call (`RunRequest::spin_us`): [`WINDOW`] with a CPU to spare.
+    pub(crate) fn spin_us(&self) -> u32 {
+        if self.spare {
+            WINDOW_US
+        } else {
+            0
+        }
     }
 }
 

@@ -489,15 +489,10 @@ impl Worker {
         let flight = crate::spin::Flight::start();
         let spare = flight.spare();
         let sent = Instant::now();
-        let spin_us = if spare {
-            u32::try_from(crate::spin::WINDOW.as_micros()).unwrap_or(0)
-        } else {
-            0
-        };
         let how = Sending {
             seq,
             stream: mode,
-            spin_us,
+            spin_us: flight.spin_us(),
         };
         let res = match self.send_call(&how, &execution_id, code, opts, ctx) {
             Ok(()) => {
