@@ -1583,7 +1583,7 @@ fn a_killed_supervisors_directories_are_removed_by_the_next_one() {
         let st = live.pool_status();
         (st.warm
             && st.spares >= st.spares_target
-            && (st.preloaded.is_empty() || st.preloaded_spares >= st.spares_target)
+            && (st.preloaded.is_empty() || st.preloaded_spares >= st.preloaded_spares_target)
             && st.refills_held == 0)
             .then_some(())
     });

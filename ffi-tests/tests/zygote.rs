@@ -274,7 +274,7 @@ fn ready_zygote_preloads_ggplot2_keeps_spares_and_forks_session_workers() {
     assert_eq!(st.last_error, None);
     wait_until("the spares of both zygotes to reach their target", || {
         let st = sup.pool_status();
-        st.spares >= st.spares_target && st.preloaded_spares >= st.spares_target
+        st.spares >= st.spares_target && st.preloaded_spares >= st.preloaded_spares_target
     });
 
     // A session whose first call names ggplot2 is forked by the preloaded
@@ -1131,6 +1131,70 @@ fn a_spare_taken_while_another_is_ready_is_refilled_when_its_first_call_ends() {
     cancel_and_wait(&a, long);
     spares_back(&sup, "both spares back once A's first call ended");
     call_ok(&a, "1+1");
+}
+
+/// A burst of new sessions larger than the spares: the asks that found
+/// none ready raise how many the pool keeps (at most `spares_max`), and
+/// the keeper forks up to that, so the next burst of that size is handed
+/// spares; once `spares_raised_for` passed without a miss, the pool keeps
+/// `spares` again and ends the others.
+#[test]
+fn a_burst_that_found_no_spare_raises_the_spares_kept_for_a_while() {
+    let sup = ready(supervisor_with(PoolConfig {
+        spares: 1,
+        spares_max: 3,
+        spares_raised_for: Duration::from_secs(3),
+        preload_on_first_use: true,
+        ..PoolConfig::default()
+    }));
+    let st = sup.pool_status();
+    assert_eq!((st.spares, st.spares_target), (1, 1), "{st:?}");
+
+    // Four sessions ask at once. One spare is ready and the keeper forks
+    // one at a time (milliseconds each), so the other asks find none and
+    // are forked for on the spot.
+    let gate = std::sync::Barrier::new(4);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let s = sup.session().expect("session");
+                gate.wait();
+                call_ok(&s, "1+1");
+            });
+        }
+    });
+    let st = sup.pool_status();
+    assert!(
+        (2..=3).contains(&st.spares_target),
+        "three asks found no spare: {st:?}"
+    );
+    // Asked for before a call: the sessions take their workers then.
+    wait_until("the raised number of spares ready", || {
+        let st = sup.pool_status();
+        st.spares_target >= 2 && st.spares == st.spares_target
+    });
+    let raised = sup.pool_status().spares;
+
+    // A burst of that size now takes spares only: nothing more is raised.
+    let sessions: Vec<Session> = (0..raised)
+        .map(|_| sup.session().expect("session"))
+        .collect();
+    for s in &sessions {
+        call_ok(s, "1+1");
+    }
+    assert_eq!(
+        sup.pool_status().spares_target,
+        raised,
+        "{:?}",
+        sup.pool_status()
+    );
+    drop(sessions);
+
+    // Quiet for `spares_raised_for`: back to one spare.
+    wait_until("one spare again after the quiet while", || {
+        let st = sup.pool_status();
+        st.spares_target == 1 && st.spares == 1
+    });
 }
 
 /// Both spares are ready and no refill is held, within the deadline.

@@ -29,6 +29,7 @@
 //! ```
 
 mod batch;
+mod burst;
 mod call;
 mod cancel;
 pub mod checkpoint;

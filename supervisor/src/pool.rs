@@ -17,6 +17,7 @@
 //! as the pool, which matters: the zygote's parent-death signal fires when
 //! the thread that spawned it ends.
 
+use crate::burst::Burst;
 use crate::error::Error;
 use crate::process::WorkerConfig;
 use crate::worker::Worker;
@@ -38,6 +39,15 @@ pub struct PoolConfig {
     /// new sessions is handed spares while the keeper forks more; a spare
     /// costs ~1-2 MB until its session's first collection).
     pub spares: usize,
+    /// The most spares a zygote's stage keeps when bursts of new sessions
+    /// found none ready (default 16): each such miss raises the number
+    /// kept by one, for `spares_raised_for` after the last miss
+    /// (burst.rs). At or below `spares`: always `spares`.
+    pub spares_max: usize,
+    /// How long spares raised by a burst's misses are kept after the last
+    /// miss (default ten minutes); then the keeper ends those beyond
+    /// `spares`.
+    pub spares_raised_for: Duration,
     /// Packages the preloaded zygote loads (None: ggplot2 when installed).
     /// Changing them needs a new zygote (a new supervisor). Workers are
     /// forked from a base zygote (R up, nothing loaded) as soon as R has
@@ -74,6 +84,8 @@ impl Default for PoolConfig {
         Self {
             zygote: true,
             spares: 4,
+            spares_max: 16,
+            spares_raised_for: crate::burst::REMEMBER,
             preload: None,
             preload_on_first_use: false,
             refill_hold: DEFAULT_REFILL_HOLD,
@@ -108,8 +120,8 @@ pub struct PoolStatus {
     pub zygote_pid: Option<u32>,
     /// Ready spares without preloads.
     pub spares: usize,
-    /// Spares the pool aims to keep, of each kind (without preloads and,
-    /// once the preloaded zygote is up, with them).
+    /// Spares the pool aims to keep without preloads: `PoolConfig::spares`,
+    /// raised while bursts of new sessions found none ready (burst.rs).
     pub spares_target: usize,
     /// Packages the preloaded zygote loaded (empty until it is up).
     pub preloaded: Vec<String>,
@@ -119,6 +131,10 @@ pub struct PoolStatus {
     /// Ready spares of the preloaded zygote.
     #[serde(default)]
     pub preloaded_spares: usize,
+    /// Spares the pool aims to keep of the preloaded zygote once it is up
+    /// (as `spares_target`).
+    #[serde(default)]
+    pub preloaded_spares_target: usize,
     /// The process ids of the ready spares forked with the libraries of
     /// the workers asked for lately (a tenant's library; at most
     /// [`RECENT_LIBRARIES`]).
@@ -164,6 +180,9 @@ struct Stage {
     backoff: Duration,
     /// Ready workers it forked.
     spares: VecDeque<Worker>,
+    /// The asks that found no spare ready lately, which raise how many
+    /// it keeps.
+    burst: Burst,
 }
 
 impl Stage {
@@ -175,6 +194,7 @@ impl Stage {
     /// allows a new attempt at once; returns them to be dropped outside
     /// the lock.
     fn clear(&mut self) -> (Option<Arc<Zygote>>, VecDeque<Worker>) {
+        self.burst = Burst::new(self.burst.remember());
         self.failed = false;
         self.retry_at = None;
         self.backoff = Duration::from_millis(250);
@@ -221,6 +241,9 @@ struct Inner {
     /// The refills held back (by [`RefillHold`]s): their ids and
     /// deadlines.
     holds: Vec<(u64, std::time::Instant)>,
+    /// The latest ask for a spare: the keeper refills a stage that still
+    /// has one only [`crate::burst::QUIET`] after it, when a burst is over.
+    last_ask: Option<std::time::Instant>,
     next_hold: u64,
     /// When the base zygote was asked to retire ([`settle`]).
     settle_since: Option<std::time::Instant>,
@@ -324,11 +347,14 @@ impl Pool {
     /// A pool making workers like `base`; starts the keeper thread when the
     /// zygote is enabled.
     pub fn new(base: WorkerConfig, cfg: PoolConfig) -> Result<Arc<Pool>, Error> {
+        let mut inner = Inner::default();
+        inner.warm.burst = Burst::new(cfg.spares_raised_for);
+        inner.preloaded.burst = Burst::new(cfg.spares_raised_for);
         let pool = Arc::new_cyclic(|me| Pool {
             me: me.clone(),
             base,
             cfg,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(inner),
             cv: Condvar::new(),
             shut: AtomicBool::new(false),
             keeper: Arc::new((Mutex::new(None), Condvar::new())),
@@ -446,6 +472,14 @@ impl Pool {
         w.is_alive().then_some((w, None))
     }
 
+    /// How many spares `stage` keeps now: the pool's `spares`, raised by
+    /// the misses of late bursts (burst.rs).
+    fn target(&self, stage: &Stage, now: std::time::Instant) -> usize {
+        stage
+            .burst
+            .target(now, self.cfg.spares, self.cfg.spares_max)
+    }
+
     /// A live spare that fits `cfg`, if there is one (the keeper refills):
     /// with `preloads`, one of the preloaded zygote (none while it is not
     /// up), else one without preloads. When another spare of its kind is
@@ -464,6 +498,23 @@ impl Pool {
             };
             let spare = stage.spares.pop_front();
             let others = !stage.spares.is_empty();
+            let now = std::time::Instant::now();
+            // None ready while the stage's zygote serves: a burst larger
+            // than the spares; the next one gets more.
+            let serves = if preloads {
+                i.preloaded.live().is_some()
+            } else {
+                i.current().is_some()
+            };
+            let stage = if preloads {
+                &mut i.preloaded
+            } else {
+                &mut i.warm
+            };
+            if spare.is_none() && serves && self.cfg.spares > 0 {
+                stage.burst.miss(now, self.cfg.spares, self.cfg.spares_max);
+            }
+            i.last_ask = Some(now);
             let hold = (spare.is_some() && others && !self.cfg.refill_hold.is_zero()).then(|| {
                 let id = i.next_hold;
                 i.next_hold += 1;
@@ -638,13 +689,22 @@ impl Pool {
             },
             zygote_pid: live.map(|z| z.pid()),
             spares: i.warm.spares.len(),
-            spares_target: if self.cfg.zygote { self.cfg.spares } else { 0 },
+            spares_target: if self.cfg.zygote {
+                self.target(&i.warm, std::time::Instant::now())
+            } else {
+                0
+            },
             preloaded: preloaded
                 .as_ref()
                 .map(|z| z.hello().preloaded.clone())
                 .unwrap_or_default(),
             preloaded_zygote_pid: preloaded.as_ref().map(|z| z.pid()),
             preloaded_spares: i.preloaded.spares.len(),
+            preloaded_spares_target: if self.cfg.zygote {
+                self.target(&i.preloaded, std::time::Instant::now())
+            } else {
+                0
+            },
             library_spare_pids: i
                 .library_spares
                 .iter()
@@ -916,11 +976,34 @@ fn keeper(pool: std::sync::Weak<Pool>) {
         // While a session's first call runs in a spare it took (a
         // `RefillHold`), a kind that still has a spare ready waits: on a
         // machine with few cores the fork would compete with that call.
+        // A stage whose raised target fell back ends its spares beyond
+        // it, one per turn (the youngest: the oldest are handed over first).
+        let surplus = {
+            let mut i = lock(&p.inner);
+            let now = std::time::Instant::now();
+            let (warm, preloaded) = (p.target(&i.warm, now), p.target(&i.preloaded, now));
+            if i.warm.spares.len() > warm {
+                i.warm.spares.pop_back()
+            } else if i.preloaded.spares.len() > preloaded {
+                i.preloaded.spares.pop_back()
+            } else {
+                None
+            }
+        };
+        if surplus.is_some() {
+            drop(surplus);
+            continue;
+        }
         let zygote = {
             let mut i = lock(&p.inner);
-            let holding = i.holding(std::time::Instant::now());
-            let wants =
-                |s: &Stage| s.spares.len() < p.cfg.spares && (s.spares.is_empty() || !holding);
+            let now = std::time::Instant::now();
+            let holding = i.holding(now);
+            let quiet = i
+                .last_ask
+                .is_none_or(|t| now.saturating_duration_since(t) >= crate::burst::QUIET);
+            let wants = |s: &Stage| {
+                s.spares.len() < p.target(s, now) && (s.spares.is_empty() || (!holding && quiet))
+            };
             if wants(&i.warm) {
                 i.current().map(|z| (z, Which::Warm))
             } else if wants(&i.preloaded) {
@@ -1005,14 +1088,20 @@ fn keeper(pool: std::sync::Weak<Pool>) {
         // is due, or shutdown. The timeout is a safety net only; the
         // events above notify.
         let i = lock(&p.inner);
-        let wait = [i.warm.retry_at, i.preloaded.retry_at]
-            .into_iter()
-            .flatten()
-            .chain(i.holds.iter().map(|&(_, end)| end))
-            .min()
-            .map(|t| t.saturating_duration_since(std::time::Instant::now()))
-            .unwrap_or(Duration::from_secs(5))
-            .clamp(Duration::from_millis(10), Duration::from_secs(5));
+        let wait = [
+            i.warm.retry_at,
+            i.preloaded.retry_at,
+            i.warm.burst.falls_back_at(),
+            i.preloaded.burst.falls_back_at(),
+            i.last_ask.map(|t| t + crate::burst::QUIET),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(i.holds.iter().map(|&(_, end)| end))
+        .min()
+        .map(|t| t.saturating_duration_since(std::time::Instant::now()))
+        .unwrap_or(Duration::from_secs(5))
+        .clamp(Duration::from_millis(10), Duration::from_secs(5));
         let _ = p.cv.wait_timeout(i, wait);
     }
 }

@@ -419,7 +419,9 @@ impl Serve {
                 let target = w["spares_target"].as_u64().unwrap_or(0);
                 let preloaded = w["preloaded_zygote_pid"].as_u64().is_some();
                 let spares = w["spares"].as_u64().unwrap_or(0) >= target;
-                let pre_spares = w["preloaded_spares"].as_u64().unwrap_or(0) >= target;
+                // (An older server has no preloaded_spares_target.)
+                let pre_target = w["preloaded_spares_target"].as_u64().unwrap_or(target);
+                let pre_spares = w["preloaded_spares"].as_u64().unwrap_or(0) >= pre_target;
                 // An older server (one zygote) has no preloaded_zygote_pid.
                 let one_zygote = w.get("preloaded_zygote_pid").is_none();
                 // Nor does one that makes it when a call first names a
