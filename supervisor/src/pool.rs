@@ -40,9 +40,9 @@ pub struct PoolConfig {
     /// costs ~1-2 MB until its session's first collection).
     pub spares: usize,
     /// The most spares a zygote's stage keeps when bursts of new sessions
-    /// found none ready (default 16): each such miss raises the number
-    /// kept by one, for `spares_raised_for` after the last miss
-    /// (burst.rs). At or below `spares`: always `spares`.
+    /// found none ready (default 16): such a miss raises the number kept
+    /// to the asks of its burst so far, for `spares_raised_for` after the
+    /// last miss (burst.rs). At or below `spares`: always `spares`.
     pub spares_max: usize,
     /// How long spares raised by a burst's misses are kept after the last
     /// miss (default ten minutes); then the keeper ends those beyond
@@ -499,8 +499,8 @@ impl Pool {
             let spare = stage.spares.pop_front();
             let others = !stage.spares.is_empty();
             let now = std::time::Instant::now();
-            // None ready while the stage's zygote serves: a burst larger
-            // than the spares; the next one gets more.
+            // The asks while the stage's zygote serves: one that finds
+            // none ready raises how many are kept (burst.rs).
             let serves = if preloads {
                 i.preloaded.live().is_some()
             } else {
@@ -511,8 +511,11 @@ impl Pool {
             } else {
                 &mut i.warm
             };
-            if spare.is_none() && serves && self.cfg.spares > 0 {
-                stage.burst.miss(now, self.cfg.spares, self.cfg.spares_max);
+            if serves && self.cfg.spares > 0 {
+                let hit = spare.is_some();
+                stage
+                    .burst
+                    .ask(now, hit, self.cfg.spares, self.cfg.spares_max);
             }
             i.last_ask = Some(now);
             let hold = (spare.is_some() && others && !self.cfg.refill_hold.is_zero()).then(|| {
