@@ -92,7 +92,7 @@ fn add_libraries_after(r: &r::R) {
 /// closes the link or says shutdown. Used by exec'd and forked workers.
 /// How long a worker waits idle after calls before it gives its copies
 /// of the zygote's pages back.
-const GIVE_BACK_IDLE_MS: i32 = 100;
+const GIVE_BACK_IDLE_MS: i32 = rvisor_protocol::GIVE_BACK_IDLE_MS as i32;
 
 pub fn serve_calls(r: &r::R, startup_ms: f64) -> Result<(), String> {
     add_libraries_after(r);

@@ -39,5 +39,12 @@ pub const DEFAULT_PLOT_WIDTH: u32 = 1000;
 pub const DEFAULT_PLOT_HEIGHT: u32 = 650;
 /// Largest plot side accepted, in pixels.
 pub const MAX_PLOT_SIDE: u32 = 4096;
+/// How long a forked worker waits idle after calls before it gives back
+/// its copies of its zygote's heap pages that are unchanged (the worker's
+/// heap_image.rs; docs/process-model.md, "Memory"), in milliseconds.
+/// Calls a few seconds apart keep their pages: after a give-back a
+/// session's next calls copy the pages they write again, which made an
+/// error and the next call ~2x slower for the next 50 pairs.
+pub const GIVE_BACK_IDLE_MS: u32 = 5000;
 /// Default cap on the output of one call (console text and plots), in bytes.
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 8 * 1024 * 1024;

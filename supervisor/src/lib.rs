@@ -84,7 +84,7 @@ pub use rvisor_protocol::timing;
 pub use rvisor_protocol::{
     Artifact, CallEvent, Display, DisplayOptions, ErrorInfo, EventKind, Outcome, Plot, PlotFormat,
     RunResult, Segment, SessionInfo, StreamMode, Usage, DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,
+    DEFAULT_PLOT_HEIGHT, DEFAULT_PLOT_WIDTH, GIVE_BACK_IDLE_MS, MAX_PLOT_SIDE, RUN_RESULT_FIELDS,
 };
 pub use session::{
     CallHandle, EnvPolicy, Rejection, ResetInfo, RunOptions, RunningCall, Session, SessionOptions,

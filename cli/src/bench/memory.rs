@@ -200,6 +200,14 @@ pub fn run(
     })
 }
 
+/// How long after the last call the memory of live sessions is read: the
+/// workers' idle time before they give back their copies of their
+/// zygote's unchanged pages, then 0.5 s for the give-back (15-25 ms of
+/// comparison after a full collection) and the freed memory to settle.
+pub fn given_back_wait() -> Duration {
+    Duration::from_millis(u64::from(rvisor::GIVE_BACK_IDLE_MS) + 500)
+}
+
 /// PSS per session of a fresh `rvisor serve`'s tree after `case`, and the
 /// median private bytes of the sessions' workers.
 fn rvisor_case(bin: &std::path::Path, case: &Case) -> Result<(u64, u64), String> {
@@ -251,8 +259,10 @@ fn rvisor_case_with(bin: &std::path::Path, case: &Case, merge: bool) -> Result<(
             }
         }
     }
-    // What the last calls freed is freed; spares forked meanwhile are up.
-    std::thread::sleep(Duration::from_millis(500));
+    // What the last calls freed is freed, spares forked meanwhile are up,
+    // and the workers, idle, gave back their copies of their zygote's
+    // pages that the collection left unchanged.
+    std::thread::sleep(given_back_wait());
     if merge {
         wait_for_merging(Duration::from_secs(420))?;
     }

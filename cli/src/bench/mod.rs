@@ -866,11 +866,10 @@ pub fn run(quick: bool, progress: &mut dyn FnMut(&str)) -> Result<Report, String
     for s in &idle {
         let _ = s.run("invisible(gc())").map(|h| h.wait());
     }
-    // Measured as the memory section does, 0.5 s after the last call: a
-    // worker gives back its copies of its zygote's pages that a full
-    // collection left unchanged once it has idled for 0.1 s
-    // (embedded-worker's heap_image.rs).
-    std::thread::sleep(Duration::from_millis(500));
+    // Measured as the memory section does, once the workers have given
+    // back their copies of their zygote's pages that a full collection
+    // left unchanged (embedded-worker's heap_image.rs).
+    std::thread::sleep(memory::given_back_wait());
     for s in &idle {
         if let Some((_, _, u)) = s.status().pid.and_then(smaps) {
             gc_uss.push(u);
