@@ -1367,6 +1367,21 @@ fn fifty_concurrent_runs_from_ten_clients_all_answer() {
         "{}",
         m.text
     );
+    // The spares the pool keeps now (raised by bursts), as health says.
+    let gauge = |name: &str| -> u64 {
+        m.text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {}", m.text))
+    };
+    let health = srv.client().get("/v1/health").ok();
+    assert_eq!(
+        gauge("rvisor_spare_workers_target"),
+        health["workers"]["spares_target"]
+            .as_u64()
+            .expect("spares_target"),
+        "{health}"
+    );
 }
 
 #[test]

@@ -65,9 +65,9 @@ impl Burst {
         }
     }
 
-    /// How long a raise lasts after the last miss.
-    pub(crate) fn remember(&self) -> Duration {
-        self.remember
+    /// Forgets the asks and misses (the stage's zygote was replaced).
+    pub(crate) fn reset(&mut self) {
+        *self = Burst::new(self.remember);
     }
 
     /// A worker was asked for; `hit`: a spare was ready.

@@ -194,7 +194,7 @@ impl Stage {
     /// allows a new attempt at once; returns them to be dropped outside
     /// the lock.
     fn clear(&mut self) -> (Option<Arc<Zygote>>, VecDeque<Worker>) {
-        self.burst = Burst::new(self.burst.remember());
+        self.burst.reset();
         self.failed = false;
         self.retry_at = None;
         self.backoff = Duration::from_millis(250);
@@ -491,16 +491,10 @@ impl Pool {
         }
         let (spare, hold) = {
             let mut i = lock(&self.inner);
-            let stage = if preloads {
-                &mut i.preloaded
-            } else {
-                &mut i.warm
-            };
-            let spare = stage.spares.pop_front();
-            let others = !stage.spares.is_empty();
             let now = std::time::Instant::now();
-            // The asks while the stage's zygote serves: one that finds
-            // none ready raises how many are kept (burst.rs).
+            i.last_ask = Some(now);
+            // Asks while the stage's zygote serves count: one that finds
+            // no spare ready raises how many are kept (burst.rs).
             let serves = if preloads {
                 i.preloaded.live().is_some()
             } else {
@@ -511,13 +505,14 @@ impl Pool {
             } else {
                 &mut i.warm
             };
+            let spare = stage.spares.pop_front();
+            let others = !stage.spares.is_empty();
             if serves && self.cfg.spares > 0 {
                 let hit = spare.is_some();
                 stage
                     .burst
                     .ask(now, hit, self.cfg.spares, self.cfg.spares_max);
             }
-            i.last_ask = Some(now);
             let hold = (spare.is_some() && others && !self.cfg.refill_hold.is_zero()).then(|| {
                 let id = i.next_hold;
                 i.next_hold += 1;
@@ -974,11 +969,6 @@ fn keeper(pool: std::sync::Weak<Pool>) {
                 start_making(&p, &pool, &warm, Which::Preloaded);
             }
         }
-        // Top up the spares, one fork at a time, outside the lock: those
-        // without preloads first (most sessions), then the preloaded ones.
-        // While a session's first call runs in a spare it took (a
-        // `RefillHold`), a kind that still has a spare ready waits: on a
-        // machine with few cores the fork would compete with that call.
         // A stage whose raised target fell back ends its spares beyond
         // it, one per turn (the youngest: the oldest are handed over first).
         let surplus = {
@@ -997,6 +987,12 @@ fn keeper(pool: std::sync::Weak<Pool>) {
             drop(surplus);
             continue;
         }
+        // Top up the spares, one fork at a time, outside the lock: those
+        // without preloads first (most sessions), then the preloaded ones.
+        // While a session's first call runs in a spare it took (a
+        // `RefillHold`), or less than `burst::QUIET` after the latest ask,
+        // a kind that still has a spare ready waits: on a machine with few
+        // cores the fork would compete with those sessions.
         let zygote = {
             let mut i = lock(&p.inner);
             let now = std::time::Instant::now();

@@ -214,8 +214,9 @@ impl Service {
             (sessions.len(), queued)
         };
         out.push_str(&format!(
-            "# TYPE rvisor_sessions gauge\nrvisor_sessions {n}\n# TYPE rvisor_queue_depth gauge\nrvisor_queue_depth {queued}\n# TYPE rvisor_spare_workers gauge\nrvisor_spare_workers {}\n# TYPE rvisor_zygote_up gauge\nrvisor_zygote_up {}\n",
+            "# TYPE rvisor_sessions gauge\nrvisor_sessions {n}\n# TYPE rvisor_queue_depth gauge\nrvisor_queue_depth {queued}\n# TYPE rvisor_spare_workers gauge\nrvisor_spare_workers {}\n# TYPE rvisor_spare_workers_target gauge\nrvisor_spare_workers_target {}\n# TYPE rvisor_zygote_up gauge\nrvisor_zygote_up {}\n",
             pool.spares,
+            pool.spares_target,
             u8::from(pool.mode == rvisor::PoolMode::Zygote),
         ));
         out.push_str(&self.inner.admission.metrics_text(self.sessions_view()));
