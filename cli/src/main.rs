@@ -297,7 +297,10 @@ fn supervisor_quiet_with(style: rvisor::StyleEngine) -> Result<rvisor::Superviso
     // while the zygote's R still starts (a server must not wait), so a
     // one-off command started R twice at once: twice Rscript's CPU, and
     // 1.2x its wall time on 2 cores.
-    let base = base_config();
+    let mut base = base_config();
+    // Its worker lives for one call: R's memory in huge pages makes R
+    // start and allocate faster (WorkerConfig::malloc_huge_pages).
+    base.worker.malloc_huge_pages = true;
     let cfg = rvisor::SupervisorConfig {
         pool: rvisor::PoolConfig {
             zygote: base.confinement.enabled,

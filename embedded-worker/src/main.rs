@@ -107,6 +107,16 @@ fn main() -> ExitCode {
     }
     ensure_stack();
     std::env::remove_var(ENV_REEXEC);
+    // Read by the dynamic loader already (WorkerConfig::malloc_huge_pages);
+    // R code and the programs it runs do not see it. A value the host
+    // passed on purpose (another tunable) stays.
+    if std::env::var_os(rvisor_protocol::ENV_GLIBC_TUNABLES).as_deref()
+        == Some(std::ffi::OsStr::new(
+            rvisor_protocol::MALLOC_HUGE_PAGES_TUNABLE,
+        ))
+    {
+        std::env::remove_var(rvisor_protocol::ENV_GLIBC_TUNABLES);
+    }
     merge_pages_if_asked();
     if let Some(fd) = std::env::var(rvisor_protocol::ENV_ZYGOTE_FD)
         .ok()

@@ -439,6 +439,56 @@ fn r_starts_with_the_state_rscripts_start_gives() {
     assert_eq!(out(unconfined, "unconfined"), rscript(&g));
 }
 
+/// `rvisor run`'s worker lives for one call, so R's malloc takes its
+/// memory in transparent huge pages (WorkerConfig::malloc_huge_pages: a
+/// quarter of the page faults while R starts), through a glibc tunable
+/// that R code does not see; Rscript's R, with glibc's default, has none
+/// where the kernel gives huge pages only to memory that asks for them.
+#[test]
+fn run_gives_r_huge_pages_without_showing_the_tunable() {
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if !thp.contains("[madvise]") && !thp.contains("[always]") {
+        eprintln!("skipped: this kernel gives no transparent huge pages ({thp:?})");
+        return;
+    }
+    let f = script(
+        "cat(Sys.getenv('GLIBC_TUNABLES', unset = 'unset'), '\\n')
+         x <- numeric(4e6); x[] <- 1
+         l <- grep('^AnonHugePages', readLines('/proc/self/smaps_rollup'), value = TRUE)
+         cat(as.numeric(gsub('[^0-9]', '', l)), '\\n')
+",
+    );
+    let huge_kb = |mut c: Command, what: &str| -> u64 {
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        assert_eq!(lines.len(), 2, "{what}: {text}");
+        assert_eq!(lines[0], "unset", "{what}: R code sees the tunable");
+        lines[1].parse().unwrap()
+    };
+    let mut confined = rvisor();
+    confined.arg("run").arg(&f);
+    let confined = huge_kb(confined, "confined");
+    let mut unconfined = rvisor();
+    unconfined.args(["--unconfined", "run"]).arg(&f);
+    let unconfined = huge_kb(unconfined, "unconfined");
+    // The 32 MB vector alone spans at least 14 aligned 2 MiB pages.
+    for (what, kb) in [("confined", confined), ("unconfined", unconfined)] {
+        assert!(kb >= 14 * 2048, "{what}: {kb} kB in huge pages");
+    }
+    if thp.contains("[madvise]") {
+        let mut c = Command::new("Rscript");
+        c.arg("--vanilla").arg(&f);
+        assert_eq!(huge_kb(c, "Rscript"), 0);
+    }
+}
+
 #[test]
 fn run_finds_the_callers_project_root_as_rscript_does_once_the_project_is_exposed() {
     // here::here() and rprojroot walk up from the working directory to

@@ -12,6 +12,13 @@ pub const ENV_WORKER_FD: &str = "RVISOR_WORKER_FD";
 /// (`WorkerConfig::merge_pages`): it asks for it with
 /// `prctl(PR_SET_MEMORY_MERGE)` before R starts, and its forks inherit it.
 pub const ENV_MERGE_PAGES: &str = "RVISOR_MERGE_PAGES";
+/// glibc's tunables, which the dynamic loader reads as a process starts:
+/// set for a worker or zygote whose malloc uses transparent huge pages
+/// (`WorkerConfig::malloc_huge_pages`), then taken out of its environment
+/// by the worker, as R code and the programs it runs have no use for it.
+pub const ENV_GLIBC_TUNABLES: &str = "GLIBC_TUNABLES";
+/// The value of [`ENV_GLIBC_TUNABLES`] for malloc in transparent huge pages.
+pub const MALLOC_HUGE_PAGES_TUNABLE: &str = "glibc.malloc.hugetlb=1";
 /// Largest tool request (serialised arguments) accepted, in bytes.
 pub const MAX_TOOL_REQUEST_BYTES: usize = 256 * 1024;
 /// Largest tool result (serialised JSON) accepted, in bytes.
