@@ -244,6 +244,10 @@ struct Inner {
     /// The latest ask for a spare: the keeper refills a stage that still
     /// has one only [`crate::burst::QUIET`] after it, when a burst is over.
     last_ask: Option<std::time::Instant>,
+    /// Workers being ended that wait for the burst to pass
+    /// ([`Pool::after_burst`]), and the memory of their own they hold.
+    ending_after_burst: usize,
+    ending_bytes: u64,
     next_hold: u64,
     /// When the base zygote was asked to retire ([`settle`]).
     settle_since: Option<std::time::Instant>,
@@ -252,6 +256,30 @@ struct Inner {
 /// A worker, with the hold on its refill when it was a spare taken while
 /// another was ready.
 pub(crate) type Held = (Worker, Option<RefillHold>);
+
+/// Longest a worker being ended waits for a burst of new sessions to pass
+/// ([`Pool::after_burst`]).
+pub(crate) const ENDING_WAIT: Duration = Duration::from_millis(250);
+
+/// Most workers being ended that wait for a burst to pass at once
+/// ([`Pool::after_burst`]): the pool's default `spares_max`.
+pub(crate) const ENDING_WAITS: usize = 16;
+
+/// Most memory of their own (resident, less what is shared with a file or
+/// the zygote's heap image) the workers waiting for a burst to pass hold
+/// together ([`Pool::after_burst`]); a worker with more is ended at once.
+pub(crate) const ENDING_BYTES: u64 = 256 << 20;
+
+/// Resident memory of process `pid` less its file-backed and shared pages
+/// (`/proc/PID/statm`), bytes: what its end gives back.
+fn own_memory_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let mut f = statm.split_whitespace().skip(1).map(|v| v.parse::<u64>());
+    let (resident, shared) = (f.next()?.ok()?, f.next()?.ok()?);
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(resident.saturating_sub(shared) * u64::try_from(page).ok()?)
+}
 
 /// Libraries-after that get a spare of their own (a tenant's sessions
 /// come one after another: the next one is a hand-over, not a fork).
@@ -528,6 +556,54 @@ impl Pool {
         self.cv.notify_all();
         let mut w = spare?;
         w.is_alive().then_some((w, hold))
+    }
+
+    /// Waits, for worker `pid` about to be ended (its session closed),
+    /// until no spare was asked for in the last [`crate::burst::QUIET`]:
+    /// at most [`ENDING_WAIT`], and only while fewer than
+    /// [`ENDING_WAITS`] workers, holding at most [`ENDING_BYTES`] of
+    /// memory of their own together, wait so (others are ended at once).
+    /// A worker's end tears down its memory, ~2 ms of a core; in a burst
+    /// of new sessions on a machine with few cores that took a core from
+    /// the sessions starting, and a session handed a ready spare waited
+    /// for it (docs/process-model.md, "Spares that follow the bursts").
+    /// The worker is idle meanwhile (its session's calls have ended), and
+    /// stays known to the supervisor, which kills it if the process ends
+    /// first. Returns whether it waited.
+    pub(crate) fn after_burst(&self, pid: u32) -> bool {
+        let end = std::time::Instant::now() + ENDING_WAIT;
+        let mut i = lock(&self.inner);
+        let quiet = |i: &Inner, now: std::time::Instant| {
+            i.last_ask
+                .is_none_or(|t| now.saturating_duration_since(t) >= crate::burst::QUIET)
+        };
+        if quiet(&i, std::time::Instant::now()) || i.ending_after_burst >= ENDING_WAITS {
+            return false;
+        }
+        drop(i);
+        // Unknown (the process is gone, or /proc is not readable): at once.
+        let bytes = own_memory_bytes(pid).unwrap_or(u64::MAX);
+        i = lock(&self.inner);
+        if bytes > ENDING_BYTES.saturating_sub(i.ending_bytes) {
+            return false;
+        }
+        i.ending_after_burst += 1;
+        i.ending_bytes += bytes;
+        loop {
+            let now = std::time::Instant::now();
+            if quiet(&i, now) || now >= end || self.shut.load(Ordering::SeqCst) {
+                break;
+            }
+            let quiet_at = i.last_ask.map_or(now, |t| t + crate::burst::QUIET).min(end);
+            i = self
+                .cv
+                .wait_timeout(i, quiet_at.saturating_duration_since(now))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        i.ending_after_burst -= 1;
+        i.ending_bytes -= bytes;
+        true
     }
 
     /// A ready worker for `cfg` without preloads: a spare if one fits,
@@ -1263,7 +1339,55 @@ fn start_making(p: &Arc<Pool>, pool: &std::sync::Weak<Pool>, parent: &Arc<Zygote
 
 #[cfg(test)]
 mod tests {
-    use super::names_package;
+    use super::{lock, names_package, Pool, PoolConfig, ENDING_BYTES, ENDING_WAIT, ENDING_WAITS};
+    use std::time::{Duration, Instant};
+
+    /// A pool without a zygote, whose latest ask for a spare was at `ask`.
+    fn pool_asked_at(ask: Option<Instant>) -> std::sync::Arc<Pool> {
+        let cfg = PoolConfig {
+            zygote: false,
+            ..PoolConfig::default()
+        };
+        let pool = Pool::new(crate::WorkerConfig::default(), cfg).unwrap();
+        lock(&pool.inner).last_ask = ask;
+        pool
+    }
+
+    #[test]
+    fn a_worker_being_ended_waits_for_a_burst_of_asks_at_most_its_bound() {
+        // Asks that go on (the latest one still ahead): the wait ends at
+        // its bound, and the next worker may wait again.
+        let pool = pool_asked_at(Some(Instant::now() + Duration::from_secs(3600)));
+        let me = std::process::id();
+        let t = Instant::now();
+        assert!(pool.after_burst(me));
+        assert!(t.elapsed() >= ENDING_WAIT);
+        assert_eq!(lock(&pool.inner).ending_after_burst, 0);
+        assert_eq!(lock(&pool.inner).ending_bytes, 0);
+        // A burst that is over by the time it looks (the latest ask
+        // longer ago than QUIET), or no ask at all: no wait.
+        let over = Instant::now() - crate::burst::QUIET - Duration::from_millis(1);
+        assert!(!pool_asked_at(Some(over)).after_burst(me));
+        assert!(!pool_asked_at(None).after_burst(me));
+    }
+
+    #[test]
+    fn a_worker_being_ended_does_not_wait_past_the_bounds_of_count_and_memory() {
+        let pool = pool_asked_at(Some(Instant::now() + Duration::from_secs(3600)));
+        let me = std::process::id();
+        // As many waiting as allowed: the next one ends at once.
+        lock(&pool.inner).ending_after_burst = ENDING_WAITS;
+        assert!(!pool.after_burst(me));
+        // The waiting ones hold all the memory allowed: at once too.
+        lock(&pool.inner).ending_after_burst = 0;
+        lock(&pool.inner).ending_bytes = ENDING_BYTES;
+        assert!(!pool.after_burst(me));
+        // A process whose memory cannot be read (gone): at once.
+        lock(&pool.inner).ending_bytes = 0;
+        assert!(!pool.after_burst(u32::MAX));
+        // What a waiting worker counts: its own memory, read from /proc.
+        assert!(super::own_memory_bytes(me).is_some_and(|b| b > 0));
+    }
 
     #[test]
     fn a_package_is_named_as_a_whole_word() {

@@ -277,6 +277,13 @@ impl WorkerSource for PoolSource {
         Box::new(move || registry.remove_exact(pid, &dir))
     }
 
+    fn before_ending(&mut self, w: &Worker) -> Box<dyn FnOnce() + Send> {
+        let (pool, pid) = (self.pool.clone(), w.pid());
+        Box::new(move || {
+            pool.after_burst(pid);
+        })
+    }
+
     fn will_run(&mut self, code: &str) {
         if !self.preloads && self.pool.names_preload(code) {
             self.preloads = true;
@@ -500,8 +507,18 @@ impl Inner {
 /// gone: a process that exits while it ends still kills it and removes its
 /// directory (it left /tmp/rvisor-* behind when `session --jsonl` ended
 /// right after a reset).
-fn retire(source: &mut impl WorkerSource, w: Worker) {
+///
+/// `closed`: the session is closed, so nothing waits for this worker to
+/// end (unlike a reset's or a hibernation's, whose memory and slot the
+/// host may be waiting for), and it ends only after a burst of new
+/// sessions (`Pool::after_burst`).
+fn retire(source: &mut impl WorkerSource, w: Worker, closed: bool) {
     let forget = source.forget_later(&w);
+    let first = if closed {
+        source.before_ending(&w)
+    } else {
+        Box::new(|| {})
+    };
     let retiring = Retiring {
         worker: Some(w),
         forget: Some(forget),
@@ -510,6 +527,8 @@ fn retire(source: &mut impl WorkerSource, w: Worker) {
         .name("rvisor-retire".into())
         .spawn(move || {
             let mut r = retiring;
+            // Not during a burst of new sessions (Pool::after_burst).
+            first();
             if let Some(w) = r.worker.take() {
                 w.shutdown(Duration::from_millis(200));
             }
@@ -693,7 +712,7 @@ impl Shared {
                 }
                 if let Some(w) = worker.take() {
                     drop(i);
-                    retire(source, w);
+                    retire(source, w, false);
                     i = lock(&self.inner);
                 }
                 continue;
@@ -1088,7 +1107,7 @@ impl Shared {
                 Ok(w)
             }
             Err(why) => {
-                retire(source, w);
+                retire(source, w, false);
                 let w = source.start()?;
                 let mut i = lock(&self.inner);
                 if i.unreported_reset.is_none() {
@@ -1396,7 +1415,7 @@ impl Shared {
             None => Ok(None),
         };
         if let Some(w) = worker.take() {
-            retire(&mut source, w);
+            retire(&mut source, w, true);
         }
         // Gone before a release is answered: the session may be resumed in
         // this process at once, into a directory of the same name.

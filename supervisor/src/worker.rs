@@ -116,6 +116,12 @@ pub(crate) trait WorkerSource: Send + 'static {
     /// A call in the worker has ended (after the first one the pool may
     /// refill the spare it was: `pool::RefillHold`).
     fn call_ended(&mut self) {}
+    /// What worker `w`, being ended on a thread of its own after its
+    /// session closed, waits for first (the pool's `after_burst`: not
+    /// during a burst of new sessions).
+    fn before_ending(&mut self, _w: &Worker) -> Box<dyn FnOnce() + Send> {
+        Box::new(|| {})
+    }
 }
 
 /// How a call is sent: its number, the events its caller follows, how
