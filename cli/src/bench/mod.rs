@@ -451,6 +451,11 @@ pub(crate) struct Peers {
 }
 
 impl Peers {
+    /// The driver's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn start() -> Option<Peers> {
         let path =
             std::env::temp_dir().join(format!("rvisor-bench-peers-{}.R", std::process::id()));

@@ -7,7 +7,10 @@
 //!
 //! Every repetition runs every system once, in turn (interleaved), so
 //! background load hits all alike; the tables give medians and the ratio
-//! to `Rscript`.
+//! to `Rscript`. What a command leaves running after it ends (a killed
+//! zygote still tearing its memory down, a server's workers, an Rserve
+//! daemon being stopped) is waited for before the next row starts
+//! ([`Adopter`]): one row's teardown does not land in the next one's time.
 
 use super::{ms, rscript_calls, summarise, Peers, Stats};
 use rvisor::timing::{
@@ -296,6 +299,85 @@ fn run_once(
     Ok((d, spawned, at))
 }
 
+/// While the cold-start rows run, this process is the subreaper of what
+/// the commands it starts leave behind (`PR_SET_CHILD_SUBREAPER`): their
+/// orphans become its children, and [`Adopter::settle`] waits for them
+/// after each row. Before, the `rvisor run` row followed the `serve` row,
+/// whose zygotes and spares were still being torn down on the 2 cores
+/// when `run` started (its R start 103-144 ms there, 88 ms alone).
+struct Adopter {
+    /// Children that are not a command's leftovers (the peer driver), or
+    /// that did not end within [`SETTLE_WAIT`] once: not waited for again.
+    keep: Vec<u32>,
+}
+
+/// Longest wait for one row's leftovers to end.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
+
+impl Adopter {
+    fn start(keep: Vec<u32>) -> Adopter {
+        // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag and no
+        // pointer; it only marks this process as its orphans' reaper.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        Adopter { keep }
+    }
+
+    /// This process's children, less the ones kept.
+    fn leftovers(&self) -> Vec<u32> {
+        let me = std::process::id();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| !self.keep.contains(pid))
+            .filter(|pid| {
+                // The parent is the 4th field, after the command's
+                // parenthesised name (which may hold spaces).
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|st| {
+                        let rest = &st[st.rfind(')')? + 1..];
+                        rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                    })
+                    == Some(me)
+            })
+            .collect()
+    }
+
+    /// Reaps the leftovers of the rows so far, waiting (bounded) for those
+    /// still running.
+    fn settle(&mut self) {
+        let end = Instant::now() + SETTLE_WAIT;
+        loop {
+            let left = self.leftovers();
+            if left.is_empty() {
+                return;
+            }
+            for &pid in &left {
+                let mut status = 0;
+                // SAFETY: waits for a child of this process (its parent is
+                // this process, read just above), without blocking;
+                // `status` is a valid out-pointer.
+                unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+            }
+            if Instant::now() >= end {
+                self.keep.extend(self.leftovers());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Adopter {
+    fn drop(&mut self) {
+        self.settle();
+        // SAFETY: as in `start`; orphans go to init again.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
+    }
+}
+
 /// One timed command: spawned at, ended at (exit or result line), its
 /// marks by label.
 type Marks = (u128, u128, HashMap<String, Vec<u128>>);
@@ -540,6 +622,7 @@ pub fn run(reps: usize, progress: &mut dyn FnMut(&str)) -> Result<Startup, Strin
     // The confined `run` and `session --jsonl` rows write timing marks
     // (some 25 appends of one line: well under a millisecond), split below.
     let mut timed: HashMap<&str, Vec<Marks>> = HashMap::new();
+    let mut adopter = Adopter::start(peers.as_ref().map(Peers::pid).into_iter().collect());
     for rep in 0..reps {
         progress(&format!("cold starts {}/{reps}", rep + 1));
         for (i, row) in ROWS.iter().enumerate() {
@@ -583,9 +666,11 @@ pub fn run(reps: usize, progress: &mut dyn FnMut(&str)) -> Result<Startup, Strin
                 Ok(v) => samples[i].push(v),
                 Err(why) => notes[i] = Some(format!("cannot: {why}")),
             }
+            adopter.settle();
         }
     }
     drop(peers);
+    drop(adopter);
     let mut rows = Vec::new();
     for (i, row) in ROWS.iter().enumerate() {
         let system = match row.id {
