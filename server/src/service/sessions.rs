@@ -288,8 +288,19 @@ impl Service {
                 "this node is stopping and has handed the session off; retry in a moment \
                  (a router sends the call to the node that has it now)",
             ),
-            // A session closed under the caller is gone for it.
-            rvisor::Rejection::Closed => ServiceError::not_found("session"),
+            // Handed off to another node (it asked for it), or lost to
+            // one, between the lookup above and the call's queueing: the
+            // session goes on there, so the call is retryable, not a 404
+            // (the chaos test saw "session not found" for a live session).
+            rvisor::Rejection::Closed => match self.inner.owner.has_moved(id) {
+                Some(why) => {
+                    let mut e = ServiceError::new(ErrorCode::Busy, why);
+                    e.retry_after_seconds = Some(1);
+                    e
+                }
+                // A session closed under the caller is gone for it.
+                None => ServiceError::not_found("session"),
+            },
             other => other.into(),
         })?;
         let cancel = CancelToken::new();
