@@ -478,9 +478,11 @@ fn run_gives_r_huge_pages_without_showing_the_tunable() {
     let mut unconfined = rvisor();
     unconfined.args(["--unconfined", "run"]).arg(&f);
     let unconfined = huge_kb(unconfined, "unconfined");
-    // The 32 MB vector alone spans at least 14 aligned 2 MiB pages.
+    // The 32 MB vector alone spans 14 aligned 2 MiB pages (45-78 MB in
+    // huge pages here); at least one, as a fragmented host may give 4 KiB
+    // pages for some (without the tunable: none).
     for (what, kb) in [("confined", confined), ("unconfined", unconfined)] {
-        assert!(kb >= 14 * 2048, "{what}: {kb} kB in huge pages");
+        assert!(kb >= 2048, "{what}: {kb} kB in huge pages");
     }
     if thp.contains("[madvise]") {
         let mut c = Command::new("Rscript");
