@@ -337,6 +337,18 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 }
 
 impl Inner {
+    /// When the current burst of asks for spares is over: [`crate::burst::QUIET`]
+    /// after the latest ask (`None`: nothing was asked).
+    fn quiet_at(&self) -> Option<std::time::Instant> {
+        self.last_ask.map(|t| t + crate::burst::QUIET)
+    }
+
+    /// Whether no spare was asked for in the last [`crate::burst::QUIET`]
+    /// before `now`: the keeper refills, and closed sessions' workers end.
+    fn quiet(&self, now: std::time::Instant) -> bool {
+        self.quiet_at().is_none_or(|t| now >= t)
+    }
+
     /// The zygote that forks workers without preloads now: the warm one
     /// when it is up, else the base one, if alive and not retired.
     fn current(&self) -> Option<Arc<Zygote>> {
@@ -573,11 +585,7 @@ impl Pool {
     pub(crate) fn after_burst(&self, pid: u32) -> bool {
         let end = std::time::Instant::now() + ENDING_WAIT;
         let mut i = lock(&self.inner);
-        let quiet = |i: &Inner, now: std::time::Instant| {
-            i.last_ask
-                .is_none_or(|t| now.saturating_duration_since(t) >= crate::burst::QUIET)
-        };
-        if quiet(&i, std::time::Instant::now()) || i.ending_after_burst >= ENDING_WAITS {
+        if i.quiet(std::time::Instant::now()) || i.ending_after_burst >= ENDING_WAITS {
             return false;
         }
         drop(i);
@@ -591,10 +599,10 @@ impl Pool {
         i.ending_bytes += bytes;
         loop {
             let now = std::time::Instant::now();
-            if quiet(&i, now) || now >= end || self.shut.load(Ordering::SeqCst) {
+            if i.quiet(now) || now >= end || self.shut.load(Ordering::SeqCst) {
                 break;
             }
-            let quiet_at = i.last_ask.map_or(now, |t| t + crate::burst::QUIET).min(end);
+            let quiet_at = i.quiet_at().unwrap_or(now).min(end);
             i = self
                 .cv
                 .wait_timeout(i, quiet_at.saturating_duration_since(now))
@@ -1073,9 +1081,7 @@ fn keeper(pool: std::sync::Weak<Pool>) {
             let mut i = lock(&p.inner);
             let now = std::time::Instant::now();
             let holding = i.holding(now);
-            let quiet = i
-                .last_ask
-                .is_none_or(|t| now.saturating_duration_since(t) >= crate::burst::QUIET);
+            let quiet = i.quiet(now);
             let wants = |s: &Stage| {
                 s.spares.len() < p.target(s, now) && (s.spares.is_empty() || (!holding && quiet))
             };
@@ -1168,7 +1174,7 @@ fn keeper(pool: std::sync::Weak<Pool>) {
             i.preloaded.retry_at,
             i.warm.burst.falls_back_at(),
             i.preloaded.burst.falls_back_at(),
-            i.last_ask.map(|t| t + crate::burst::QUIET),
+            i.quiet_at(),
         ]
         .into_iter()
         .flatten()

@@ -292,15 +292,10 @@ impl Service {
             // one, between the lookup above and the call's queueing: the
             // session goes on there, so the call is retryable, not a 404
             // (the chaos test saw "session not found" for a live session).
-            rvisor::Rejection::Closed => match self.inner.owner.has_moved(id) {
-                Some(why) => {
-                    let mut e = ServiceError::new(ErrorCode::Busy, why);
-                    e.retry_after_seconds = Some(1);
-                    e
-                }
+            rvisor::Rejection::Closed => self
+                .moved_away(id)
                 // A session closed under the caller is gone for it.
-                None => ServiceError::not_found("session"),
-            },
+                .unwrap_or_else(|| ServiceError::not_found("session")),
             other => other.into(),
         })?;
         let cancel = CancelToken::new();
@@ -427,6 +422,12 @@ impl Service {
         Ok(s.status())
     }
 
+    /// 503 `busy`, retryable, when session `id` went to another node lately
+    /// (handed off or lost): a call of it that did not run here runs there.
+    fn moved_away(&self, id: &str) -> Option<ServiceError> {
+        self.inner.owner.has_moved(id).map(retry_busy)
+    }
+
     /// The retryable error to answer instead of a call's result `r`, when
     /// the session is elsewhere now: the call never ran because its
     /// session was handed off (this node drains: 503 `draining`; another
@@ -435,21 +436,15 @@ impl Service {
     /// session (503 `busy`). The client (or a router) retries where the
     /// session is now. `None` for every other result.
     pub fn handed_off(&self, r: &RunResult) -> Option<ServiceError> {
-        let owner = &self.inner.owner;
-        let retry = |code, why: String| {
-            let mut e = ServiceError::new(code, why);
-            e.retry_after_seconds = Some(1);
-            e
-        };
-        if let Some(why) = owner.is_not_kept(&r.execution_id) {
-            return Some(retry(ErrorCode::Busy, why));
+        if let Some(why) = self.inner.owner.is_not_kept(&r.execution_id) {
+            return Some(retry_busy(why));
         }
         let not_run = matches!(
             r.outcome,
             rvisor::Outcome::Closed | rvisor::Outcome::NotExecuted
         );
-        if let (true, Some(why)) = (not_run, owner.has_moved(&r.session.id)) {
-            return Some(retry(ErrorCode::Busy, why));
+        if let Some(e) = not_run.then(|| self.moved_away(&r.session.id)).flatten() {
+            return Some(e);
         }
         (r.outcome == rvisor::Outcome::Closed && self.inner.drain.is_draining()).then(|| {
             let why = r
@@ -493,4 +488,11 @@ impl Service {
             e.session.close();
         }
     }
+}
+
+/// 503 `busy`, to retry in a second (where the session is now).
+fn retry_busy(why: String) -> ServiceError {
+    let mut e = ServiceError::new(ErrorCode::Busy, why);
+    e.retry_after_seconds = Some(1);
+    e
 }
